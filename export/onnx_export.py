@@ -1,0 +1,180 @@
+"""PyTorch gMLP -> ONNX, with every Spatial Gating Unit exported as one `gmlp::SpatialGatingUnit` node.
+
+How (see docs/export.md and ../shared/notes/onnx-export.md): for the export only, each block's
+SGU module is wrapped so that its forward emits a single `torch.onnx.ops.symbolic` node; after the
+dynamo exporter has run, the function's body (export/sgu_function.py) is attached to the model.
+The model code itself knows nothing about ONNX.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import onnx_ir as ir
+import torch
+from torch import nn
+
+from model.configs import GMLPConfig, GMLPMaskedLMConfig
+from model.layers import SpatialGatingUnit
+
+from .sgu_function import DOMAIN, FUNCTION_VERSION, OP_TYPE, build_sgu_function
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 20  # opset 20 emits ONNX Gelu, which ORT fuses with the bias into BiasGelu
+
+
+class _SymbolicSGU(nn.Module):
+    """Export-time stand-in for a SpatialGatingUnit: one custom-domain node with the same inputs."""
+
+    def __init__(self, sgu: SpatialGatingUnit) -> None:
+        super().__init__()
+        self.sgu = sgu
+
+    def forward(
+        self, z: torch.Tensor, token_mask: torch.Tensor | None = None, gate_residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        inputs = [z, self.sgu.norm.weight, self.sgu.norm.bias, self.sgu.spatial_proj.weight, self.sgu.spatial_proj.bias]
+        inputs += [t for t in (token_mask, gate_residual) if t is not None]
+        shape = (*z.shape[:-1], z.shape[-1] // 2)
+        return torch.onnx.ops.symbolic(
+            f"{DOMAIN}::{OP_TYPE}", inputs, dtype=z.dtype, shape=shape, version=FUNCTION_VERSION
+        )
+
+
+class _MaskedLMGraph(nn.Module):
+    """The MLM graph contract: (input_ids [B, n], mask_positions [B, k]) -> logits [B, k, vocab]."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, mask_positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions=mask_positions)
+
+
+class _Float16Compute(nn.Module):
+    """fp16 weights and compute behind float32 inputs and outputs (the fp16 variant, for CUDA).
+
+    Exporting a half-precision copy gives a consistently typed graph; converting an fp32 graph
+    afterwards (onnxconverter-common) leaves Cast nodes that still produce float32.
+    """
+
+    def __init__(self, graph: nn.Module) -> None:
+        super().__init__()
+        self.inner = graph.half()
+
+    def forward(self, first: torch.Tensor, second: torch.Tensor | None = None) -> torch.Tensor:
+        # (pixel_values,) for vision, (input_ids, mask_positions) for the MLM; only pixels are float.
+        inputs = [x for x in (first, second) if x is not None]
+        return self.inner(*(x.half() if x.is_floating_point() else x for x in inputs)).float()
+
+
+def graph_module(model: nn.Module, fused: bool = True, float16: bool = False) -> nn.Module:
+    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), MLM wrapped."""
+    graph = copy.deepcopy(model).float().eval()
+    if fused:
+        for block in graph.blocks:
+            block.sgu = _SymbolicSGU(block.sgu)
+    if isinstance(graph.config, GMLPMaskedLMConfig):
+        graph = _MaskedLMGraph(graph)
+    return _Float16Compute(graph) if float16 else graph
+
+
+def example_inputs(config: GMLPConfig, batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Named example inputs of the graph contract (random but valid), used for export and checks."""
+    gen = torch.Generator().manual_seed(seed)
+    if isinstance(config, GMLPMaskedLMConfig):
+        ids = torch.randint(1000, config.vocab_size, (batch, config.n), generator=gen)
+        lengths = torch.randint(config.n // 4, config.n + 1, (batch,), generator=gen)
+        ids[torch.arange(config.n)[None, :] >= lengths[:, None]] = config.pad_token_id
+        positions = (torch.rand(batch, config.max_predictions, generator=gen) * lengths[:, None]).long()
+        return {"input_ids": ids, "mask_positions": positions}
+    pixels = torch.randn(batch, config.in_chans, config.img_size, config.img_size, generator=gen)
+    return {"pixel_values": pixels}
+
+
+def io_spec(config: GMLPConfig) -> tuple[list[dict], list[dict]]:
+    """Input and output descriptions for config.json (docs/formats.md)."""
+    if isinstance(config, GMLPMaskedLMConfig):
+        inputs = [
+            {"name": "input_ids", "dtype": "int64", "shape": ["batch", config.n]},
+            {"name": "mask_positions", "dtype": "int64", "shape": ["batch", config.max_predictions]},
+        ]
+        outputs = [
+            {"name": "logits", "dtype": "float32", "shape": ["batch", config.max_predictions, config.vocab_size]}
+        ]
+    else:
+        size = config.img_size
+        inputs = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", config.in_chans, size, size]}]
+        outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", config.num_classes]}]
+    return inputs, outputs
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    fused: bool = True,
+    float16: bool = False,
+    opset: int = DEFAULT_OPSET,
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """Export `model` (vision or MLM) to `path`; returns the path.
+
+    With `fused`, every block's SGU is one `gmlp::SpatialGatingUnit` node; otherwise it is
+    exported as ordinary ops (the "plain export" the benchmark compares against). With
+    `float16`, weights and compute are fp16 and the inputs/outputs stay float32.
+    """
+    config: GMLPConfig = model.config
+    graph = graph_module(model, fused=fused, float16=float16)
+    inputs = example_inputs(config, batch=2)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    dynamic_shapes = tuple({0: batch} for _ in inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            graph,
+            args=tuple(inputs.values()),
+            dynamo=True,
+            opset_version=opset,
+            input_names=list(inputs),
+            output_names=["logits"],
+            dynamic_shapes=dynamic_shapes,
+            optimize=True,
+            verbose=False,
+        )
+    onnx_model: ir.Model = program.model
+    if fused:
+        _attach_sgu_function(onnx_model, config, opset)
+    for key, value in (metadata or {}).items():
+        onnx_model.metadata_props[key] = value
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ir.save(onnx_model, path)
+    return path
+
+
+def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -> None:
+    nodes = [n for n in onnx_model.graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP_TYPE]
+    if len(nodes) != config.depth:
+        raise RuntimeError(f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}")
+    has_mask = isinstance(config, GMLPMaskedLMConfig)
+    has_attn = config.attn_dim is not None
+    function = build_sgu_function(
+        epsilon=config.sgu_norm_eps, has_mask=has_mask, has_attn=has_attn, opset=opset
+    )
+    onnx_model.functions[function.identifier()] = function
+    onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION
+    onnx_model.opset_imports[""] = opset
+
+
+def metadata_for(config: GMLPConfig, source_sha256: str | None) -> dict[str, str]:
+    meta = {"gmlp.config": json.dumps(config.to_dict()), "gmlp.task": config.task}
+    if source_sha256:
+        meta["gmlp.source_sha256"] = source_sha256
+    return meta

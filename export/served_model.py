@@ -1,0 +1,132 @@
+"""Checkpoint directory -> served-model directory (docs/formats.md), verified before it is written.
+
+Everything is first written to a temporary directory next to the destination and moved into place
+only after all checks pass, so a failed export never leaves a half-written model for the service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, file_sha256, load_checkpoint
+from model.configs import GMLPMaskedLMConfig
+
+from .onnx_export import DEFAULT_OPSET, export_onnx, io_spec, metadata_for
+from .variants import VARIANT_FILES, quantize_int8
+from .verify import ExportCheckError, ParityReport, check_fused_graph, check_optimized_graph, check_parity
+
+log = logging.getLogger(__name__)
+
+SERVED_FORMAT = "gmlp-served-model"
+FP32_TOLERANCE = 1e-4
+# Lower-precision variants are judged on what a user sees: the top-1 class/token.
+MIN_TOP1_AGREEMENT = {"int8": 0.8, "fp16": 0.95}
+
+
+def export_served_model(
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    variants: list[str] | tuple[str, ...] = ("fp32",),
+    *,
+    name: str | None = None,
+    opset: int = DEFAULT_OPSET,
+) -> dict[str, ParityReport]:
+    """Export, verify and write a served-model directory; returns the parity report per variant.
+
+    Raises ExportCheckError (and writes nothing) if the fp32 graph breaks its contract, fp32
+    parity exceeds 1e-4, or a variant's top-1 agreement with PyTorch is too low.
+    """
+    unknown = set(variants) - set(VARIANT_FILES)
+    if unknown:
+        raise ExportCheckError(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANT_FILES)}")
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    model = load_checkpoint(checkpoint_dir)
+    info = model.checkpoint_info
+    config = model.config
+    sha = file_sha256(checkpoint_dir / WEIGHTS_FILE)
+    metadata = metadata_for(config, sha)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    reports: dict[str, ParityReport] = {}
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
+        staging = Path(tmp)
+        fp32 = export_onnx(model, staging / VARIANT_FILES["fp32"], opset=opset, metadata=metadata)
+        check_fused_graph(fp32, config)
+        check_optimized_graph(fp32, config)
+        reports["fp32"] = check_parity(model, fp32, "fp32")
+        if reports["fp32"].max_abs_diff > FP32_TOLERANCE:
+            raise ExportCheckError(f"fp32 parity failed: {reports['fp32']} (tolerance {FP32_TOLERANCE})")
+        if "int8" in variants:
+            _add_metadata(quantize_int8(fp32, staging / VARIANT_FILES["int8"]), metadata)
+        if "fp16" in variants:
+            export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, opset=opset, metadata=metadata)
+        for variant in variants:
+            if variant == "fp32":
+                continue
+            reports[variant] = check_parity(model, staging / VARIANT_FILES[variant], variant)
+            if reports[variant].top1_agreement < MIN_TOP1_AGREEMENT[variant]:
+                raise ExportCheckError(
+                    f"{variant} check failed: {reports[variant]} "
+                    f"(needs >= {100 * MIN_TOP1_AGREEMENT[variant]:.0f}% top-1 agreement)"
+                )
+        _write_config(staging, info, config, variants, sha, opset, name or out_dir.name)
+        for extra in ("labels", "tokenizer"):
+            if extra in info:
+                shutil.copyfile(checkpoint_dir / info[extra], staging / info[extra])
+        if (checkpoint_dir / "README.md").is_file():
+            shutil.copyfile(checkpoint_dir / "README.md", staging / "README.md")
+        _replace_dir(staging, out_dir)
+    for report in reports.values():
+        log.info("%s", report)
+    return reports
+
+
+def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
+    import onnx
+
+    proto = onnx.load(str(path))
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **metadata})
+    onnx.save(proto, str(path))
+
+
+def _write_config(staging: Path, info: dict, config, variants, sha: str, opset: int, name: str) -> None:
+    inputs, outputs = io_spec(config)
+    served = {
+        "format": SERVED_FORMAT,
+        "format_version": 1,
+        "name": name,
+        "task": config.task,
+        "seq_len": config.seq_len,
+        "model": config.to_dict(),
+        "preprocessing": info.get("preprocessing", {}),
+        "variants": {v: VARIANT_FILES[v] for v in VARIANT_FILES if v in variants or v == "fp32"},
+        "inputs": inputs,
+        "outputs": outputs,
+        "source_sha256": sha,
+        "opset": opset,
+    }
+    if isinstance(config, GMLPMaskedLMConfig):
+        served.update(
+            tokenizer=info["tokenizer"],
+            max_predictions=config.max_predictions,
+            pad_token_id=config.pad_token_id,
+            mask_token_id=config.mask_token_id,
+            vocab_size=config.vocab_size,
+        )
+    else:
+        served["labels"] = info["labels"]
+    (staging / CONFIG_FILE).write_text(json.dumps(served, indent=2) + "\n")
+
+
+def _replace_dir(staging: Path, out_dir: Path) -> None:
+    """Move the verified files into `out_dir`, replacing an older export there."""
+    if out_dir.exists():
+        if not (out_dir / CONFIG_FILE).is_file() and any(out_dir.iterdir()):
+            raise ExportCheckError(f"{out_dir} exists and is not a served-model directory; not overwriting it")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    for item in staging.iterdir():
+        shutil.move(str(item), out_dir / item.name)

@@ -1,0 +1,115 @@
+"""Checks an exported model must pass: graph structure, ORT's optimised graph, parity with PyTorch.
+
+Used by `gmlp export` (a model that fails is not written) and by the tests.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from model.configs import GMLPConfig, GMLPMaskedLMConfig
+
+from .onnx_export import example_inputs
+from .sgu_function import DOMAIN, OP_TYPE
+
+
+class ExportCheckError(ValueError):
+    """An exported model failed a check; the message names the check."""
+
+
+@dataclass
+class ParityReport:
+    variant: str
+    max_abs_diff: float
+    top1_agreement: float
+    samples: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.variant}: max |logit diff| {self.max_abs_diff:.2e}, "
+            f"top-1 agreement {100 * self.top1_agreement:.1f}% over {self.samples} samples"
+        )
+
+
+def session(path: str | Path, providers: list[str] | None = None, threads: int = 0) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
+
+
+def torch_logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> np.ndarray:
+    with torch.no_grad():
+        if isinstance(model.config, GMLPMaskedLMConfig):
+            return model(inputs["input_ids"], positions=inputs["mask_positions"]).float().numpy()
+        return model(inputs["pixel_values"]).float().numpy()
+
+
+def check_parity(
+    model: nn.Module, path: str | Path, variant: str, batches: tuple[int, ...] = (1, 8)
+) -> ParityReport:
+    """Max abs logit difference and top-1 agreement between ORT (CPU) and PyTorch fp32."""
+    sess = session(path)
+    diffs, agree, total = [], 0, 0
+    for i, batch in enumerate(batches):
+        inputs = example_inputs(model.config, batch, seed=100 + i)
+        expected = torch_logits(model, inputs)
+        got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+        if got.shape != expected.shape:
+            raise ExportCheckError(f"{variant}: output shape {got.shape}, PyTorch gives {expected.shape}")
+        diffs.append(float(np.abs(got - expected).max()))
+        agree += int((got.argmax(-1) == expected.argmax(-1)).sum())
+        total += expected.argmax(-1).size
+    return ParityReport(variant, max(diffs), agree / total, total)
+
+
+def check_fused_graph(path: str | Path, config: GMLPConfig) -> None:
+    """The fp32 graph contract: the checker passes and every block's SGU is one function node."""
+    proto = onnx.load(str(path))
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise ExportCheckError(f"onnx.checker rejected {path}: {exc}") from exc
+    sgu_nodes = [n for n in proto.graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
+    if len(sgu_nodes) != config.depth:
+        raise ExportCheckError(f"{path}: {len(sgu_nodes)} {DOMAIN}::{OP_TYPE} nodes, expected {config.depth}")
+    functions = [f for f in proto.functions if f.domain == DOMAIN and f.name == OP_TYPE]
+    if len(functions) != 1:
+        raise ExportCheckError(f"{path}: expected one {DOMAIN}::{OP_TYPE} function, found {len(functions)}")
+
+
+def optimized_op_counts(path: str | Path) -> Counter:
+    """Op types of the graph ONNX Runtime actually runs (ORT_ENABLE_ALL, CPU)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath)
+    return Counter(n.op_type for n in optimized.graph.node)
+
+
+def check_optimized_graph(path: str | Path, config: GMLPConfig) -> Counter:
+    """After ORT inlines the SGU functions: GELU fused with its bias, no Transpose inside the blocks.
+
+    One Transpose may remain outside the blocks (the patch embedding's [B, d, n] -> [B, n, d], or
+    the tied decoder's view of the embedding matrix); any Transpose in a block would repeat with
+    depth, so more than one means the blocks have some.
+    """
+    ops = optimized_op_counts(path)
+    if ops.get("BiasGelu", 0) + ops.get("FastGelu", 0) < config.depth:
+        raise ExportCheckError(f"ORT did not fuse GELU with its bias in every block: {dict(ops)}")
+    if ops.get("Transpose", 0) > 1:
+        raise ExportCheckError(f"ORT's optimised graph has {ops['Transpose']} Transpose nodes: {dict(ops)}")
+    return ops

@@ -1,0 +1,183 @@
+"""Checkpoint directories: `model.safetensors` + `config.json` + `labels.json` or `tokenizer.json`.
+
+The format (docs/formats.md) is what training writes, `gmlp convert-timm` writes and
+`gmlp export` reads. Weights are safetensors only: nothing a user hands us is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .configs import MLM_TASK, VISION_TASK, GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig, config_from_dict
+from .mlm import GMLPForMaskedLM
+from .vision import GMLPVisionClassifier
+
+CHECKPOINT_FORMAT = "gmlp-checkpoint"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+LABELS_FILE = "labels.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used as it is; the message says what is wrong and where."""
+
+
+def build_model(config: GMLPConfig) -> nn.Module:
+    """A freshly initialised model for `config` (vision classifier or masked LM)."""
+    if isinstance(config, GMLPVisionConfig):
+        return GMLPVisionClassifier(config)
+    if isinstance(config, GMLPMaskedLMConfig):
+        return GMLPForMaskedLM(config)
+    raise TypeError(f"no model for config type {type(config).__name__}")
+
+
+def default_preprocessing(config: GMLPConfig) -> dict[str, Any]:
+    """Preprocessing recorded with a checkpoint when the caller gives none."""
+    if isinstance(config, GMLPVisionConfig):
+        return {
+            "crop_size": config.img_size,
+            "resize_size": config.img_size,
+            "crop_pct": 1.0,
+            "interpolation": "bicubic",
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.5, 0.5, 0.5],
+        }
+    assert isinstance(config, GMLPMaskedLMConfig)
+    return {"max_length": config.n, "pad_token_id": config.pad_token_id, "mask_token_id": config.mask_token_id}
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    labels: list[str] | None = None,
+    tokenizer: str | Path | None = None,
+    preprocessing: dict[str, Any] | None = None,
+    name: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write `model` as a checkpoint directory and return its path.
+
+    A classifier needs `labels` (one per class); a masked LM needs `tokenizer`, the path of a
+    `tokenizers` JSON file whose vocabulary size matches the model's.
+    """
+    config: GMLPConfig = model.config
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    info: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": name or out.resolve().name,
+        "task": config.task,
+        "seq_len": config.seq_len,
+        "model": config.to_dict(),
+        "preprocessing": preprocessing or default_preprocessing(config),
+        **(extra or {}),
+    }
+    if config.task == VISION_TASK:
+        if labels is None or len(labels) != config.num_classes:
+            raise CheckpointError(f"a classifier needs {config.num_classes} labels, got {labels and len(labels)}")
+        (out / LABELS_FILE).write_text(json.dumps(list(labels), indent=1))
+        info["labels"] = LABELS_FILE
+    else:
+        if tokenizer is None:
+            raise CheckpointError("a masked LM checkpoint needs its tokenizer.json")
+        if Path(tokenizer).resolve() != (out / TOKENIZER_FILE).resolve():
+            shutil.copyfile(tokenizer, out / TOKENIZER_FILE)
+        info["tokenizer"] = TOKENIZER_FILE
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, out / WEIGHTS_FILE, metadata={"format": "pt", "task": config.task})
+    (out / CONFIG_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
+    """The parsed `config.json` of a checkpoint directory, checked for the fields we rely on."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory (expected a checkpoint directory)")
+    cfg_path = root / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{root} has no {CONFIG_FILE}; is it a checkpoint directory?")
+    try:
+        info = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
+    if info.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{cfg_path}: format is {info.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+    for key in ("task", "model"):
+        if key not in info:
+            raise CheckpointError(f"{cfg_path} lacks {key!r}")
+    if info["task"] not in (VISION_TASK, MLM_TASK):
+        raise CheckpointError(f"{cfg_path}: unknown task {info['task']!r}")
+    return info
+
+
+def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load `state` into `model` or raise naming every missing, unexpected or mis-shaped key."""
+    expected = model.state_dict()
+    problems = [f"missing key {k!r}" for k in expected if k not in state]
+    problems += [f"unexpected key {k!r}" for k in state if k not in expected]
+    problems += [
+        f"key {k!r} has shape {tuple(state[k].shape)}, the model expects {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise CheckpointError(f"{source} does not fit the model: {shown}")
+    model.load_state_dict(state, strict=True)
+
+
+def load_checkpoint(path: str | Path) -> nn.Module:
+    """The model stored in checkpoint directory `path`, in eval mode.
+
+    Its `forward` takes `pixel_values` [batch, 3, H, W] (vision) or `input_ids` [batch, n] (MLM)
+    and returns logits. `model.checkpoint_info` holds the parsed config.json.
+    """
+    root = Path(path)
+    info = read_checkpoint_info(root)
+    try:
+        config = config_from_dict(info["model"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{root / CONFIG_FILE}: bad model config: {exc}") from exc
+    weights = root / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{root} has no {WEIGHTS_FILE}")
+    try:
+        state = load_file(weights)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{weights} is not a readable safetensors file: {exc}") from exc
+    model = build_model(config)
+    load_state_dict_strict(model, state, str(weights))
+    model.checkpoint_info = info
+    return model.eval()
+
+
+def read_labels(path: str | Path) -> list[str]:
+    """Class names from a JSON list, or from the ImageNet class-index form {"0": [wnid, name]}."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, list):
+        return [str(x) for x in data]
+    if isinstance(data, dict):
+        return [str(v[-1] if isinstance(v, list) else v) for _, v in sorted(data.items(), key=lambda kv: int(kv[0]))]
+    raise CheckpointError(f"{path}: labels must be a JSON list or an index -> name object")

@@ -1,0 +1,157 @@
+"""The building blocks of gMLP (Liu et al. 2021, "Pay Attention to MLPs", figure 1 and section 2).
+
+    shortcut = x
+    x = norm(x)
+    z = gelu(x @ U)                      # channel projection, d_model -> d_ffn
+    z = sgu(z [, tiny_attn(x)])          # spatial gating unit, d_ffn -> d_ffn / 2
+    out = shortcut + z @ V               # channel projection, d_ffn / 2 -> d_model
+
+    sgu(z): z1, z2 = split(z); z2 = norm(z2); return z1 * (W @ z2 + b [+ tiny_attn(x)])
+
+W is an n x n matrix over *tokens*, so the sequence length n is fixed and W carries position.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .configs import GMLPConfig
+
+
+class SpatialGatingUnit(nn.Module):
+    """Split the channels in two halves and gate the first with a spatial projection of the second.
+
+    The spatial projection is applied as `W @ z2` with W [n, n] broadcast over the batch (rather
+    than a Linear over the transposed tokens, as timm writes it): the same arithmetic, but it exports
+    to ONNX as a single MatMul with no Transpose around it.
+
+    `token_mask` (1 for real tokens, 0 for padding) zeroes the padded rows of the normalised gate
+    input, so padding contributes nothing through W's columns and a short padded sentence is mixed
+    exactly as the same tokens followed by nothing would be.
+    """
+
+    def __init__(self, d_ffn: int, seq_len: int, norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.seq_len = seq_len
+        self.norm = nn.LayerNorm(d_ffn // 2, eps=norm_eps)
+        self.spatial_proj = nn.Linear(seq_len, seq_len)
+
+    def init_weights(self) -> None:
+        # Paper section 2: W near zero and b = 1, so at init the unit computes z1 * 1 and every
+        # block starts as a plain FFN; this is what makes deep gMLPs trainable.
+        nn.init.normal_(self.spatial_proj.weight, std=1e-6)
+        nn.init.ones_(self.spatial_proj.bias)
+
+    def forward(
+        self,
+        z: torch.Tensor,
+        token_mask: torch.Tensor | None = None,
+        gate_residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        z1, z2 = z.chunk(2, dim=-1)
+        z2 = self.norm(z2)
+        if token_mask is not None:
+            z2 = z2 * token_mask
+        gate = torch.matmul(self.spatial_proj.weight, z2) + self.spatial_proj.bias[:, None]
+        if gate_residual is not None:
+            gate = gate + gate_residual
+        return z1 * gate
+
+
+class TinyAttention(nn.Module):
+    """aMLP's single-head attention (paper section 4.3): its output is added to the SGU's gate.
+
+    It reads the block's normalised input (width d_model) and writes d_ffn / 2 channels.
+    """
+
+    def __init__(self, d_model: int, d_out: int, attn_dim: int) -> None:
+        super().__init__()
+        self.attn_dim = attn_dim
+        self.qkv = nn.Linear(d_model, 3 * attn_dim)
+        self.proj = nn.Linear(attn_dim, d_out)
+
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.attn_dim))
+        if token_mask is not None:
+            # token_mask is [batch, n, 1]; padded keys get no weight.
+            scores = scores.masked_fill(token_mask.transpose(-1, -2) == 0, torch.finfo(scores.dtype).min)
+        return self.proj(torch.matmul(scores.softmax(dim=-1), v))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al. 2016): drop a sample's whole residual branch while training."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - self.p)
+        return x * keep / (1.0 - self.p)
+
+
+class GMLPBlock(nn.Module):
+    """One gMLP block: pre-norm, channel expansion, GELU, SGU (+ tiny attention), projection back."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ffn: int,
+        seq_len: int,
+        attn_dim: int | None = None,
+        norm_eps: float = 1e-6,
+        sgu_norm_eps: float = 1e-5,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.proj_in = nn.Linear(d_model, d_ffn)  # U
+        self.sgu = SpatialGatingUnit(d_ffn, seq_len, norm_eps=sgu_norm_eps)
+        self.attn = TinyAttention(d_model, d_ffn // 2, attn_dim) if attn_dim else None
+        self.proj_out = nn.Linear(d_ffn // 2, d_model)  # V
+        self.drop_path = DropPath(drop_path)
+
+    def init_weights(self) -> None:
+        for linear in self._channel_linears():
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.normal_(linear.bias, std=1e-6)
+        self.sgu.init_weights()
+
+    def _channel_linears(self) -> list[nn.Linear]:
+        linears = [self.proj_in, self.proj_out]
+        if self.attn is not None:
+            linears += [self.attn.qkv, self.attn.proj]
+        return linears
+
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        shortcut = x
+        x = self.norm(x)
+        gate_residual = self.attn(x, token_mask) if self.attn is not None else None
+        z = F.gelu(self.proj_in(x))
+        z = self.sgu(z, token_mask=token_mask, gate_residual=gate_residual)
+        return shortcut + self.drop_path(self.proj_out(z))
+
+
+def build_blocks(config: GMLPConfig) -> nn.ModuleList:
+    """The stack of `config.depth` blocks, stochastic depth increasing linearly to drop_path_rate."""
+    depth = config.depth
+    rates = [config.drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+    return nn.ModuleList(
+        GMLPBlock(
+            config.d_model,
+            config.d_ffn,
+            config.seq_len,
+            attn_dim=config.attn_dim,
+            norm_eps=config.norm_eps,
+            sgu_norm_eps=config.sgu_norm_eps,
+            drop_path=rate,
+        )
+        for rate in rates
+    )

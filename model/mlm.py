@@ -1,0 +1,63 @@
+"""gMLP masked language model (paper section 4): token embedding -> gMLP blocks -> LayerNorm ->
+vocabulary projection tied to the embedding.
+
+There are no position embeddings: the spatial projection W of every block is position-aware.
+The window is fixed at n tokens; short inputs are padded with `pad_token_id`, and the padding is
+masked out of the spatial mixing (see `SpatialGatingUnit`), so the prediction for a short
+sentence does not depend on how much padding follows it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .configs import GMLPMaskedLMConfig
+from .layers import build_blocks
+
+
+class GMLPForMaskedLM(nn.Module):
+    def __init__(self, config: GMLPMaskedLMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = build_blocks(config)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        # The decoder shares the embedding matrix (tied weights) and adds a per-token bias.
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        nn.init.normal_(self.embed.weight, std=0.02)
+        for block in self.blocks:
+            block.init_weights()
+        nn.init.zeros_(self.decoder_bias)
+
+    def token_mask(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[batch, n, 1] float: 1 for real tokens, 0 for padding."""
+        return (input_ids != self.config.pad_token_id).unsqueeze(-1).to(self.embed.weight.dtype)
+
+    def forward_features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[-1] != self.config.n:
+            raise ValueError(f"expected input_ids of length n={self.config.n}, got {input_ids.shape[-1]}")
+        mask = self.token_mask(input_ids)
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.norm(x)
+
+    def forward_head(self, features: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Vocabulary logits, at every position or only at `positions` [batch, k].
+
+        Fill-mask needs a handful of positions, so decoding only those avoids computing
+        n x vocab_size logits per sequence (30,522 x 128 floats for the BERT vocabulary).
+        """
+        if positions is not None:
+            index = positions.unsqueeze(-1).expand(-1, -1, features.shape[-1])
+            features = torch.gather(features, 1, index)
+        return torch.matmul(features, self.embed.weight.t()) + self.decoder_bias
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, n, vocab] for `input_ids` [batch, n], or [batch, k, vocab] at `positions`."""
+        return self.forward_head(self.forward_features(input_ids), positions)

@@ -1,0 +1,102 @@
+"""Load timm's gMLP checkpoints (`timm/models/mlp_mixer.py`, gmlp_*16_224) into our models.
+
+timm's key names, and ours:
+
+    stem.proj.*                          -> patch_embed.proj.*
+    blocks.N.norm.*                      -> blocks.N.norm.*
+    blocks.N.mlp_channels.fc1.*          -> blocks.N.proj_in.*         (U)
+    blocks.N.mlp_channels.gate.norm.*    -> blocks.N.sgu.norm.*
+    blocks.N.mlp_channels.gate.proj.*    -> blocks.N.sgu.spatial_proj.* (W, b)
+    blocks.N.mlp_channels.fc2.*          -> blocks.N.proj_out.*        (V)
+    norm.*, head.*                       -> unchanged
+
+timm applies the gate as `proj(v.transpose(-1, -2)).transpose(-1, -2)`, which is `W @ v + b[:, None]`:
+the same W as ours, so no tensor is transposed on the way.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .checkpoint import CheckpointError, load_state_dict_strict
+from .configs import GMLPVisionConfig, get_config
+from .vision import GMLPVisionClassifier
+
+_KEY_MAP = [
+    (r"^stem\.proj\.", "patch_embed.proj."),
+    (r"^blocks\.(\d+)\.mlp_channels\.fc1\.", r"blocks.\1.proj_in."),
+    (r"^blocks\.(\d+)\.mlp_channels\.gate\.norm\.", r"blocks.\1.sgu.norm."),
+    (r"^blocks\.(\d+)\.mlp_channels\.gate\.proj\.", r"blocks.\1.sgu.spatial_proj."),
+    (r"^blocks\.(\d+)\.mlp_channels\.fc2\.", r"blocks.\1.proj_out."),
+]
+
+
+def timm_key_to_ours(key: str) -> str:
+    for pattern, replacement in _KEY_MAP:
+        new, count = re.subn(pattern, replacement, key)
+        if count:
+            return new
+    return key
+
+
+def read_timm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a timm checkpoint (.pth, .pth.tar, .bin or .safetensors), never unpickling objects.
+
+    Training checkpoints wrap the weights as {"state_dict": ...}, {"model": ...} or
+    {"state_dict_ema": ...}; those are unwrapped, and a `module.` prefix from DataParallel dropped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    try:
+        if path.suffix == ".safetensors":
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for corrupt or non-tensor files
+        raise CheckpointError(f"cannot read {path} as a weights-only checkpoint: {exc}") from exc
+    if isinstance(state, dict):
+        for wrapper in ("state_dict_ema", "state_dict", "model"):
+            if isinstance(state.get(wrapper), dict):
+                state = state[wrapper]
+                break
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def convert_timm_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {timm_key_to_ours(k): v for k, v in state.items()}
+
+
+def gmlp_from_timm(
+    state: dict[str, torch.Tensor], arch: str = "gmlp_s16_224", source: str = "timm checkpoint"
+) -> GMLPVisionClassifier:
+    """Our classifier for named config `arch` with timm's weights; strict about every key and shape.
+
+    The number of classes is read from `head.weight`, so fine-tuned timm models load too.
+    """
+    head = state.get("head.weight")
+    if head is None:
+        raise CheckpointError(f"{source}: missing key 'head.weight' (is this a timm gMLP checkpoint?)")
+    config = get_config(arch, num_classes=head.shape[0])
+    if not isinstance(config, GMLPVisionConfig):
+        raise CheckpointError(f"{arch} is not a vision config")
+    model = GMLPVisionClassifier(config)
+    load_state_dict_strict(model, convert_timm_state_dict(state), source)
+    return model.eval()
+
+
+# timm's data config for gmlp_*16_224 (timm.data defaults with mean = std = 0.5).
+TIMM_PREPROCESSING = {
+    "crop_size": 224,
+    "resize_size": 256,
+    "crop_pct": 0.875,
+    "interpolation": "bicubic",
+    "mean": [0.5, 0.5, 0.5],
+    "std": [0.5, 0.5, 0.5],
+}

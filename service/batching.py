@@ -1,0 +1,314 @@
+"""Dynamic batching: gather concurrent requests into one model run, off the event loop.
+
+The batcher is generic over `run_batch(list_of_inputs) -> list_of_outputs` and knows nothing about
+HTTP or ONNX, so it can be tested with a plain function and reused for any model. Policy (the one
+Triton, Ray Serve and TorchServe share):
+
+- requests wait in a bounded FIFO queue; a full queue rejects at once (`QueueFullError`, shed load
+  early instead of letting latency grow without bound);
+- a batch runs when `max_batch_size` requests wait or `max_queue_delay_s` has passed since the
+  *first* waiting request arrived (so an idle server adds at most that delay);
+- one batch runs at a time per model, in a worker thread (ONNX Runtime releases the GIL and uses
+  its own intra-op threads; the event loop stays free to accept and parse the next requests,
+  which then form the next batch);
+- a request past its deadline fails with `DeadlineExceededError`; a cancelled request (client
+  gone, deadline hit) is removed from the queue and never reaches `run_batch`;
+- each request gets its own result; if a batch raises, its requests are retried one by one so one
+  poisoned input cannot fail its batch-mates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+I = TypeVar("I")  # noqa: E741 - the conventional name for an input type
+O = TypeVar("O")  # noqa: E741
+
+
+class BatcherError(Exception):
+    """Base of the batcher's refusals (the caller maps them to 503/504)."""
+
+
+class QueueFullError(BatcherError):
+    pass
+
+
+class DeadlineExceededError(BatcherError):
+    pass
+
+
+class BatcherClosedError(BatcherError):
+    pass
+
+
+class BatchObserver(Protocol):
+    """What the batcher reports, for metrics; implemented in `service.metrics`."""
+
+    def queue_depth(self, depth: int) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None: ...
+
+
+class _NullObserver:
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def rejected(self, reason: str) -> None:
+        pass
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Pending(Generic[I, O]):
+    item: I
+    future: asyncio.Future[O]
+    enqueued: float = field(default_factory=time.monotonic)
+    deadline: float | None = None
+
+
+class DynamicBatcher(Generic[I, O]):
+    """Collects `submit`ted items into batches for `run_batch`; see the module docstring."""
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[I]], list[O]],
+        *,
+        max_batch_size: int,
+        max_queue_delay_s: float,
+        max_queue_size: int,
+        name: str = "model",
+        observer: BatchObserver | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_queue_size < 1 or max_queue_delay_s < 0:
+            raise ValueError("max_batch_size and max_queue_size must be >= 1, max_queue_delay_s >= 0")
+        self.run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_s
+        self.max_queue_size = max_queue_size
+        self.name = name
+        self.observer: BatchObserver = observer or _NullObserver()
+        self._queue: deque[_Pending[I, O]] = deque()
+        self._running = 0
+        self._accepting = False
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        # One thread per model: batches of one model run in order, never concurrently.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batch-{name}")
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        if self._task is not None:
+            return
+        self._wakeup, self._idle = asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._accepting = True
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop accepting; wait (at most `timeout` s) until queued and running requests finished.
+
+        Returns whether everything finished. Queued requests are flushed without waiting for
+        the batching window, since no batch-mates can arrive any more.
+        """
+        self._accepting = False
+        if self._task is None or self._idle is None or self._wakeup is None:
+            return True
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Drain, then stop the loop; requests still waiting after `timeout` fail with BatcherClosedError."""
+        await self.drain(timeout)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(BatcherClosedError(f"model {self.name} is shutting down"))
+        self.observer.queue_depth(0)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- state -------------------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        """Requests in the batch being run now."""
+        return self._running
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    async def submit(self, item: I, deadline: float | None = None) -> O:
+        """Queue `item` and wait for its result; `deadline` is a `time.monotonic()` instant.
+
+        Raises QueueFullError, DeadlineExceededError or BatcherClosedError; if the caller is
+        cancelled (client disconnected) the item is withdrawn and never run.
+        """
+        if not self._accepting or self._wakeup is None or self._idle is None:
+            self.observer.rejected("shutting_down")
+            raise BatcherClosedError(f"model {self.name} is not accepting requests (starting or shutting down)")
+        if len(self._queue) >= self.max_queue_size:
+            self.observer.rejected("queue_full")
+            raise QueueFullError(f"the queue of model {self.name} is full ({self.max_queue_size} waiting)")
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            self.observer.rejected("deadline")
+            raise DeadlineExceededError("the request's deadline passed before it was queued")
+        pending: _Pending[I, O] = _Pending(item, asyncio.get_running_loop().create_future(), deadline=deadline)
+        self._queue.append(pending)
+        self._idle.clear()
+        self.observer.queue_depth(len(self._queue))
+        self._wakeup.set()
+        try:
+            async with asyncio.timeout(timeout):
+                return await pending.future
+        except TimeoutError:
+            self._withdraw(pending, "deadline")
+            raise DeadlineExceededError(f"no result within the deadline from model {self.name}") from None
+        except asyncio.CancelledError:
+            self._withdraw(pending, "cancelled")
+            raise
+
+    def _withdraw(self, pending: _Pending[I, O], reason: str) -> None:
+        """Remove a request that gave up; counted as rejected only if it had not run yet."""
+        pending.future.cancel()
+        try:
+            self._queue.remove(pending)
+        except ValueError:  # already taken into a batch (its result is discarded) or finished
+            if reason == "deadline":
+                self.observer.rejected(reason)
+            return
+        self.observer.rejected(reason)
+        self.observer.queue_depth(len(self._queue))
+        self._set_idle_if_done()
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            # Wait for batch-mates until the batch is full or the head request's window ends.
+            while self._queue and len(self._queue) < self.max_batch_size and self._accepting:
+                remaining = self._queue[0].enqueued + self.max_queue_delay_s - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+            batch = self._take_batch()
+            if batch:
+                await self._run(batch)
+            self._set_idle_if_done()
+
+    def _take_batch(self) -> list[_Pending[I, O]]:
+        """Pop up to max_batch_size live requests; cancelled ones are skipped, expired ones failed."""
+        batch: list[_Pending[I, O]] = []
+        now = time.monotonic()
+        while self._queue and len(batch) < self.max_batch_size:
+            pending = self._queue.popleft()
+            if pending.future.done():
+                continue
+            if pending.deadline is not None and pending.deadline <= now:
+                pending.future.set_exception(DeadlineExceededError("deadline passed while queued"))
+                self.observer.rejected("deadline")
+                continue
+            batch.append(pending)
+        self.observer.queue_depth(len(self._queue))
+        return batch
+
+    async def _run(self, batch: list[_Pending[I, O]]) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        waits = [start - p.enqueued for p in batch]
+        self._running = len(batch)
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._run_checked, [p.item for p in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                _resolve(batch[0], exc=exc)
+            else:
+                log.warning("batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc)
+                await self._run_singly(batch)
+        else:
+            for pending, output in zip(batch, outputs, strict=True):
+                _resolve(pending, result=output)
+        finally:
+            self._running = 0
+            self.observer.batch_done(len(batch), waits, time.monotonic() - start)
+
+    async def _run_singly(self, batch: list[_Pending[I, O]]) -> None:
+        loop = asyncio.get_running_loop()
+        for pending in batch:
+            if pending.future.done():
+                continue
+            try:
+                (output,) = await loop.run_in_executor(self._executor, self._run_checked, [pending.item])
+            except Exception as exc:
+                _resolve(pending, exc=exc)
+            else:
+                _resolve(pending, result=output)
+
+    def _run_checked(self, items: list[I]) -> list[O]:
+        outputs = self.run_batch(items)
+        if len(outputs) != len(items):
+            raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(items)} inputs")
+        return outputs
+
+    def _set_idle_if_done(self) -> None:
+        if not self._queue and not self._running and self._idle is not None:
+            self._idle.set()
+
+
+def _resolve(pending: _Pending[I, O], *, result: O | None = None, exc: BaseException | None = None) -> None:
+    """Deliver a result unless the requester already gave up."""
+    if pending.future.done():
+        return
+    if exc is not None:
+        pending.future.set_exception(exc)
+    else:
+        pending.future.set_result(result)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "DynamicBatcher",
+    "BatchObserver",
+    "BatcherError",
+    "QueueFullError",
+    "DeadlineExceededError",
+    "BatcherClosedError",
+]

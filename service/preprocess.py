@@ -1,0 +1,164 @@
+"""Image bytes -> the normalised CHW float32 array a served vision model expects.
+
+The transform is the served model's own (`preprocessing` in config.json, docs/formats.md) and matches
+the torchvision/timm eval transform it was trained with: resize the shorter side (torchvision's
+size arithmetic), centre crop (torchvision's rounding), scale to [0, 1], normalise, CHW.
+
+Decoding is defensive because the bytes come from strangers: only the formats we accept are tried,
+the pixel count is checked from the header *before* decoding (decompression bombs), truncated files
+are errors rather than grey padding, and exotic modes (16-bit, CMYK, palette, alpha) are brought to
+8-bit RGB the way a viewer would show them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from service.errors import ServiceError, unprocessable
+
+# MPO is what Pillow calls JPEGs from cameras that embed a second picture.
+SUPPORTED_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP")
+IMAGE_CONTENT_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/x-ms-bmp")
+ACCEPTED_DESCRIPTION = "JPEG, PNG, WebP, GIF or BMP"
+
+_RESAMPLING = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def image_too_large(pixels: int, limit: int) -> ServiceError:
+    return ServiceError(
+        413, "image_too_large", f"the image has {pixels} pixels; at most {limit} (width x height) are accepted"
+    )
+
+
+def decode_image(data: bytes, max_pixels: int) -> Image.Image:
+    """Decode `data` to a fully loaded, upright, 8-bit RGB image (first frame of animations)."""
+    if not data:
+        raise unprocessable("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+    try:
+        img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
+    except Image.DecompressionBombError as exc:
+        raise image_too_large(_header_pixels(exc), max_pixels) from exc
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise unprocessable(
+            "invalid_image", f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}"
+        ) from exc
+    width, height = img.size
+    if width * height > max_pixels:
+        raise image_too_large(width * height, max_pixels)
+    try:
+        img.load()
+    except Image.DecompressionBombError as exc:
+        raise image_too_large(width * height, max_pixels) from exc
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise unprocessable("invalid_image", f"the {img.format} image is truncated or corrupt ({exc})") from exc
+    try:
+        img = ImageOps.exif_transpose(img)
+    except Exception:  # noqa: BLE001 - a malformed EXIF block must not lose the picture
+        pass
+    return to_rgb(img)
+
+
+def _header_pixels(exc: Exception) -> int:
+    """Pillow's bomb message carries the pixel count; fall back to 0 if its wording changes."""
+    digits = [int(tok) for tok in str(exc).replace("(", " ").split() if tok.isdigit()]
+    return digits[0] if digits else 0
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB as a viewer shows it: 16-bit scaled (not clipped), transparency over white."""
+    if img.mode in _SIXTEEN_BIT_MODES or img.mode in ("I", "F"):
+        arr = np.asarray(img, dtype=np.float64)
+        # Pillow's own convert clips I;16 to 255 (nearly white); scale the 16-bit range instead.
+        # "I" (32-bit) is what some decoders use for 16-bit data: treat it as such if it exceeds 8 bits.
+        scale = 257.0 if img.mode in _SIXTEEN_BIT_MODES or arr.max(initial=0) > 255 else 1.0
+        img = Image.fromarray(np.clip(np.rint(arr / scale), 0, 255).astype(np.uint8))
+    has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+    try:
+        if has_alpha:
+            # Transparent pixels have undefined colour; show them over white, as a browser would.
+            rgba = img.convert("RGBA")
+            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            background.alpha_composite(rgba)
+            return background.convert("RGB")
+        return img if img.mode == "RGB" else img.convert("RGB")
+    except (ValueError, OSError) as exc:
+        raise unprocessable("invalid_image", f"image mode {img.mode} cannot be converted to RGB") from exc
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    """(height, width) from an int or a [height, width] list, as timm configs write sizes."""
+    if isinstance(value, (list, tuple)):
+        return int(value[-2]), int(value[-1])
+    return int(value), int(value)
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """The eval transform of one served model, built from its `preprocessing` config."""
+
+    crop_size: tuple[int, int]
+    resize_size: int
+    resample: Image.Resampling
+    mean: np.ndarray
+    std: np.ndarray
+    max_pixels: int
+
+    @classmethod
+    def from_config(
+        cls, preprocessing: dict[str, Any], max_pixels: int, input_hw: tuple[int, int] | None = None
+    ) -> ImageTransform:
+        crop = _pair(preprocessing.get("crop_size") or input_hw)
+        if input_hw is not None and crop != tuple(input_hw):
+            raise ValueError(f"crop_size {crop} does not match the model input {input_hw}")
+        resize = preprocessing.get("resize_size")
+        if resize is None:
+            resize = math.floor(min(crop) / float(preprocessing.get("crop_pct", 1.0)))
+        if isinstance(resize, (list, tuple)):
+            resize = min(_pair(resize))
+        interpolation = str(preprocessing.get("interpolation", "bilinear"))
+        if interpolation not in _RESAMPLING:
+            raise ValueError(f"interpolation {interpolation!r} is not one of {sorted(_RESAMPLING)}")
+        if int(resize) < max(crop):
+            raise ValueError(f"resize_size {resize} is smaller than crop_size {crop}")
+        mean = np.asarray(preprocessing.get("mean", (0.5, 0.5, 0.5)), dtype=np.float32).reshape(1, 1, 3)
+        std = np.asarray(preprocessing.get("std", (0.5, 0.5, 0.5)), dtype=np.float32).reshape(1, 1, 3)
+        return cls(crop, int(resize), _RESAMPLING[interpolation], mean, std, max_pixels)
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        """Encoded image bytes -> float32 [3, H, W]."""
+        return self.transform(decode_image(data, self.max_pixels))
+
+    def transform(self, img: Image.Image) -> np.ndarray:
+        """RGB image -> float32 [3, H, W]: resize shorter side, centre crop, normalise."""
+        width, height = img.size
+        # torchvision Resize(int): shorter side -> size, longer side truncated proportionally.
+        if width <= height:
+            new_w, new_h = self.resize_size, int(self.resize_size * height / width)
+        else:
+            new_w, new_h = int(self.resize_size * width / height), self.resize_size
+        if (new_w, new_h) != (width, height):
+            img = img.resize((new_w, new_h), self.resample)
+        crop_h, crop_w = self.crop_size
+        top = int(round((new_h - crop_h) / 2.0))
+        left = int(round((new_w - crop_w) / 2.0))
+        img = img.crop((left, top, left + crop_w, top + crop_h))
+        arr = np.asarray(img, dtype=np.float32) / 255.0
+        arr = (arr - self.mean) / self.std
+        return np.ascontiguousarray(arr.transpose(2, 0, 1), dtype=np.float32)
+
+
+__all__ = ["ImageTransform", "decode_image", "to_rgb", "SUPPORTED_FORMATS", "IMAGE_CONTENT_TYPES"]

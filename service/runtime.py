@@ -1,0 +1,142 @@
+"""ONNX Runtime sessions: provider choice, thread count, IO binding. No HTTP, no torch.
+
+`OnnxModel.run_batch` takes a list of per-request feeds (one dict of arrays *without* the batch axis
+per request), stacks them, runs the session once and splits the outputs back per request; it is
+what the `DynamicBatcher` calls from its worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+Feeds = dict[str, np.ndarray]
+
+
+def cuda_available() -> bool:
+    return CUDA in ort.get_available_providers()
+
+
+def resolve_device(requested: str) -> str:
+    """`auto` -> cuda when ONNX Runtime was built with it; an unavailable `cuda` falls back to cpu."""
+    if requested == "cpu":
+        return "cpu"
+    if cuda_available():
+        return "cuda"
+    if requested == "cuda":
+        log.warning("device=cuda requested but this onnxruntime has no %s; running on CPU", CUDA)
+    return "cpu"
+
+
+def choose_variant(available: Mapping[str, str], device: str, requested: str | None) -> str:
+    """The variant to load: the requested one if exported, else the fastest sound one for the device.
+
+    int8 (dynamic quantisation) is the fast path on CPU, fp16 on GPU; fp16 on CPU and int8 on
+    CUDA are allowed when asked for explicitly but never chosen by default. A requested variant
+    a model lacks falls back to the default choice with a warning, so that one repository-wide
+    setting works for models exported with different variants.
+    """
+    if requested is not None:
+        if requested in available:
+            return requested
+        log.warning("variant %s not exported (have %s); choosing a default", requested, sorted(available))
+    preferred = {"cpu": ["int8", "fp32"], "cuda": ["fp16", "fp32"]}[device]
+    for variant in preferred:
+        if variant in available:
+            return variant
+    if not available:
+        raise ValueError("the served model lists no variants")
+    return sorted(available)[0]
+
+
+def _graph_op_types(path: Path) -> set[str]:
+    """All op types used by the graph and its local functions (SGU lives in a FunctionProto)."""
+    model = onnx.load(str(path), load_external_data=False)
+    ops = {node.op_type for node in model.graph.node}
+    for function in model.functions:
+        ops.update(node.op_type for node in function.node)
+    return ops
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    device: str = "cpu"  # resolved: cpu or cuda
+    intra_op_threads: int = 1
+    spinning: bool = False
+
+
+class OnnxModel:
+    """One ORT session over one variant of a served model."""
+
+    def __init__(self, path: Path, options: RuntimeOptions, *, name: str = "") -> None:
+        self.path = path
+        self.name = name or path.parent.name
+        self.options = options
+        so = ort.SessionOptions()
+        # Explicit threads: ORT otherwise sizes its pool from the host's cores (oversubscription in
+        # containers). inter-op 1: our graphs are a chain, parallelism is inside the ops.
+        so.intra_op_num_threads = options.intra_op_threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Several sessions share the CPU with the event loop; spinning workers would burn it.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
+        so.log_severity_level = 3
+        providers = [CUDA, CPU] if options.device == "cuda" else [CPU]
+        self.session = ort.InferenceSession(str(path), sess_options=so, providers=providers)
+        self.provider = self.session.get_providers()[0]
+        if options.device == "cuda" and self.provider != CUDA:
+            log.warning("model %s: CUDA provider failed to load, falling back to %s", self.name, self.provider)
+        self.use_io_binding = self.provider == CUDA
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        # Dynamic int8 quantisation computes one activation scale per *tensor*, i.e. over the whole
+        # batch, so a row's result would depend on its batch-mates. Such graphs run row by row.
+        self.row_independent = "DynamicQuantizeLinear" not in _graph_op_types(path)
+        log.info(
+            "model %s: %s on %s, %d intra-op threads%s",
+            self.name,
+            path.name,
+            self.provider,
+            options.intra_op_threads,
+            "" if self.row_independent else " (per-tensor dynamic quantisation: rows run one at a time)",
+        )
+
+    def run(self, feeds: Feeds) -> Feeds:
+        """One session run over already batched inputs."""
+        if not self.use_io_binding:
+            outputs = self.session.run(self.output_names, feeds)
+            return dict(zip(self.output_names, outputs, strict=True))
+        # IO binding: inputs are copied to the GPU once, outputs stay there until one copy back,
+        # instead of ORT allocating and copying per run.
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in self.output_names:
+            binding.bind_output(name, "cuda")
+        self.session.run_with_iobinding(binding)
+        return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
+
+    def run_batch(self, items: Sequence[Feeds]) -> list[Feeds]:
+        """Stack per-request feeds, run, split: the `run_batch` the batcher calls."""
+        if not items:
+            return []
+        if not self.row_independent and len(items) > 1:
+            return [self.run_batch([item])[0] for item in items]
+        batched = {name: np.stack([item[name] for item in items]) for name in self.input_names}
+        outputs = self.run(batched)
+        return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
+
+
+__all__ = ["OnnxModel", "RuntimeOptions", "choose_variant", "resolve_device", "cuda_available", "Feeds"]

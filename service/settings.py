@@ -1,0 +1,116 @@
+"""Service configuration: one pydantic-settings object read from `GMLP_*` environment variables.
+
+Every setting can also be given as a `gmlp serve` flag (see `service.cli`); flags win over the
+environment, which wins over the defaults below. Values that depend on the machine (variant, thread
+count, device) default to `None`/`auto` and are resolved when the models are loaded, so that the
+same container image does the right thing on a laptop, a CPU pod and a GPU node.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+Device = Literal["auto", "cpu", "cuda"]
+Variant = Literal["fp32", "int8", "fp16"]
+
+log = logging.getLogger(__name__)
+
+
+class ServiceSettings(BaseSettings):
+    """All knobs of the service. Field descriptions double as the `--help` text of `gmlp serve`."""
+
+    model_config = SettingsConfigDict(env_prefix="GMLP_", extra="ignore", validate_default=True)
+
+    model_repository: Path = Field(
+        REPO_ROOT / "models",
+        description="directory holding served-model directories (each with a gmlp-served-model config.json)",
+    )
+    checkpoint_dir: Path | None = Field(
+        REPO_ROOT / "checkpoints",
+        description="checkpoints to export into the repository at start-up when their ONNX is missing "
+        "(needs torch); empty string to disable",
+    )
+    host: str = Field("127.0.0.1", description="interface to bind; 0.0.0.0 in a container")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port")
+    device: Device = Field("auto", description="auto|cpu|cuda; auto uses CUDA when ONNX Runtime has it")
+    variant: Variant | None = Field(
+        None, description="fp32|int8|fp16; default: int8 on CPU, fp16 on CUDA when exported, else fp32"
+    )
+    intra_op_threads: int | None = Field(
+        None, ge=1, description="ONNX Runtime intra-op threads per model; default: CPUs available to us"
+    )
+    max_batch_size: int = Field(16, ge=1, le=1024, description="largest batch the batcher forms")
+    max_queue_delay_ms: float = Field(
+        2.0, ge=0, description="how long the first waiting request may wait for batch-mates"
+    )
+    max_queue_size: int = Field(256, ge=1, description="waiting requests per model before 503")
+    request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request from arrival; 504 after")
+    max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest accepted request body; 413 above")
+    max_image_pixels: int = Field(
+        40_000_000, ge=1, description="largest decoded image (width x height); decompression-bomb guard"
+    )
+    default_classifier: str | None = Field(None, description="model used by /classify when none is named")
+    default_fill_mask: str | None = Field(None, description="model used by /fill-mask when none is named")
+    drain_timeout_s: float = Field(30.0, ge=0, description="how long shutdown waits for queued requests")
+    ort_spinning: bool = Field(
+        False, description="let ORT worker threads spin between runs (lower latency, burns idle CPU)"
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_means_none(cls, data: object) -> object:
+        """`GMLP_VARIANT=` or `GMLP_CHECKPOINT_DIR=` (empty) means "not set", as shells make it easy."""
+        if isinstance(data, dict):
+            return {k: (None if v == "" else v) for k, v in data.items()}
+        return data
+
+    def resolved_threads(self) -> int:
+        """The intra-op thread count to use: the explicit setting or the CPUs we may actually use."""
+        return self.intra_op_threads or available_cpus()
+
+
+def available_cpus() -> int:
+    """CPUs this process can really use: the affinity mask capped by the cgroup CPU quota.
+
+    `os.cpu_count()` reports the host's cores; in a container limited to 2 CPUs on a 64-core host,
+    ORT would start 64 threads that fight over 2 cores. Affinity covers `taskset`/cpusets, the
+    cgroup quota covers `docker run --cpus` and Kubernetes CPU limits.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return max(1, cpus)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """The cgroup CPU limit in CPUs (v2 `cpu.max`, else v1 cfs quota/period), or None if unlimited."""
+    try:
+        text = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if text and text[0] != "max":
+            return int(text[0]) / int(text[1])
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["ServiceSettings", "available_cpus", "REPO_ROOT", "Device", "Variant"]

@@ -1,0 +1,121 @@
+"""Fill-mask text handling: text -> (input_ids, mask_positions), logits -> HF-pipeline predictions.
+
+The graph has a fixed window of n tokens and decodes at most `max_predictions` positions
+(docs/formats.md), so both limits are checked here, with messages in tokens, before anything is
+queued. Decoding follows Hugging Face's `FillMaskPipeline`: softmax over the whole vocabulary,
+`targets` restrict the candidates (scores stay full-vocabulary probabilities), a target that is
+not one vocabulary token is replaced by its first wordpiece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from service.errors import unprocessable
+
+MASK_TOKEN = "[MASK]"
+
+
+@dataclass(frozen=True)
+class EncodedText:
+    ids: list[int]  # unpadded, with [CLS]/[SEP]
+    mask_positions: list[int]
+    feeds: dict[str, np.ndarray]  # per-request graph inputs (no batch axis)
+
+
+class FillMaskCodec:
+    """Tokenisation and decoding for one served masked-LM."""
+
+    def __init__(self, tokenizer_path: Path, model_config: dict[str, Any], *, model_name: str = "") -> None:
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        # The shipped tokenizer.json may carry padding/truncation settings; we pad ourselves and a
+        # silently truncated text would lose its [MASK]s.
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.model_name = model_name
+        self.n = int(model_config["n"])
+        self.max_predictions = int(model_config["max_predictions"])
+        self.pad_id = int(model_config.get("pad_token_id", 0))
+        self.mask_id = int(model_config.get("mask_token_id", self.tokenizer.token_to_id(MASK_TOKEN)))
+        self.vocab_size = int(model_config.get("vocab_size", self.tokenizer.get_vocab_size()))
+        self.mask_token = self.tokenizer.id_to_token(self.mask_id) or MASK_TOKEN
+        # Special tokens dropped from `sequence`: everything added by the post-processor except [MASK].
+        special = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>"}
+        self._hidden_ids = {i for t in special if (i := self.tokenizer.token_to_id(t)) is not None}
+        self._hidden_ids.add(self.pad_id)
+        self._hidden_ids.discard(self.mask_id)
+
+    def encode(self, text: str) -> EncodedText:
+        """Tokenise and validate; 422 when the text does not fit the model's window."""
+        ids = self.tokenizer.encode(text).ids
+        if len(ids) > self.n:
+            raise unprocessable(
+                "text_too_long",
+                f"the text is {len(ids)} tokens including [CLS] and [SEP]; model {self.model_name} accepts at "
+                f"most {self.n} tokens",
+            )
+        positions = [i for i, token in enumerate(ids) if token == self.mask_id]
+        if not positions:
+            raise unprocessable("no_mask", f"the text contains no {self.mask_token} token; put one where a word is missing")
+        if len(positions) > self.max_predictions:
+            raise unprocessable(
+                "too_many_masks",
+                f"the text has {len(positions)} {self.mask_token} tokens; model {self.model_name} predicts at most "
+                f"{self.max_predictions} per request",
+            )
+        input_ids = np.full(self.n, self.pad_id, dtype=np.int64)
+        input_ids[: len(ids)] = ids
+        # Unused slots point at position 0 ([CLS]); their logits are ignored.
+        mask_positions = np.zeros(self.max_predictions, dtype=np.int64)
+        mask_positions[: len(positions)] = positions
+        return EncodedText(ids, positions, {"input_ids": input_ids, "mask_positions": mask_positions})
+
+    def target_ids(self, targets: list[str]) -> list[int]:
+        """Candidate ids for `targets`: the token itself, else its first wordpiece (as HF does)."""
+        ids: list[int] = []
+        for target in targets:
+            token_id = self.tokenizer.token_to_id(target)
+            if token_id is None:
+                pieces = self.tokenizer.encode(target, add_special_tokens=False).ids
+                if not pieces:
+                    raise unprocessable("invalid_target", f"target {target!r} does not tokenize to any token")
+                token_id = pieces[0]
+            if token_id not in ids:
+                ids.append(token_id)
+        return ids
+
+    def decode(
+        self, encoded: EncodedText, logits: np.ndarray, top_k: int, target_ids: list[int] | None = None
+    ) -> list[list[dict[str, Any]]]:
+        """logits [max_predictions, vocab] -> one ranked list of predictions per [MASK], in order."""
+        results = []
+        for slot, position in enumerate(encoded.mask_positions):
+            row = logits[slot].astype(np.float64)
+            probs = np.exp(row - row.max())
+            probs /= probs.sum()
+            candidates = np.arange(probs.shape[0]) if target_ids is None else np.asarray(target_ids)
+            k = min(top_k, candidates.shape[0])
+            cand_probs = probs[candidates]
+            # stable sort on -prob: ties keep vocabulary (or target) order, deterministic output
+            order = np.argsort(-cand_probs, kind="stable")[:k]
+            results.append([self._prediction(encoded, position, int(candidates[i]), float(cand_probs[i])) for i in order])
+        return results
+
+    def _prediction(self, encoded: EncodedText, position: int, token_id: int, score: float) -> dict[str, Any]:
+        filled = list(encoded.ids)
+        filled[position] = token_id
+        visible = [t for t in filled if t not in self._hidden_ids]
+        return {
+            "score": score,
+            "token": token_id,
+            "token_str": self.tokenizer.decode([token_id], skip_special_tokens=False),
+            "sequence": self.tokenizer.decode(visible, skip_special_tokens=False),
+        }
+
+
+__all__ = ["FillMaskCodec", "EncodedText", "MASK_TOKEN"]
