@@ -36,9 +36,18 @@ class _SymbolicSGU(nn.Module):
         self.sgu = sgu
 
     def forward(
-        self, z: torch.Tensor, token_mask: torch.Tensor | None = None, gate_residual: torch.Tensor | None = None
+        self,
+        z: torch.Tensor,
+        token_mask: torch.Tensor | None = None,
+        gate_residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        inputs = [z, self.sgu.norm.weight, self.sgu.norm.bias, self.sgu.spatial_proj.weight, self.sgu.spatial_proj.bias]
+        inputs = [
+            z,
+            self.sgu.norm.weight,
+            self.sgu.norm.bias,
+            self.sgu.spatial_proj.weight,
+            self.sgu.spatial_proj.bias,
+        ]
         inputs += [t for t in (token_mask, gate_residual) if t is not None]
         shape = (*z.shape[:-1], z.shape[-1] // 2)
         return torch.onnx.ops.symbolic(
@@ -106,11 +115,17 @@ def io_spec(config: GMLPConfig) -> tuple[list[dict], list[dict]]:
             {"name": "mask_positions", "dtype": "int64", "shape": ["batch", config.max_predictions]},
         ]
         outputs = [
-            {"name": "logits", "dtype": "float32", "shape": ["batch", config.max_predictions, config.vocab_size]}
+            {
+                "name": "logits",
+                "dtype": "float32",
+                "shape": ["batch", config.max_predictions, config.vocab_size],
+            }
         ]
     else:
         size = config.img_size
-        inputs = [{"name": "pixel_values", "dtype": "float32", "shape": ["batch", config.in_chans, size, size]}]
+        inputs = [
+            {"name": "pixel_values", "dtype": "float32", "shape": ["batch", config.in_chans, size, size]}
+        ]
         outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", config.num_classes]}]
     return inputs, outputs
 
@@ -162,7 +177,9 @@ def export_onnx(
 def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -> None:
     nodes = [n for n in onnx_model.graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP_TYPE]
     if len(nodes) != config.depth:
-        raise RuntimeError(f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}")
+        raise RuntimeError(
+            f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
+        )
     has_mask = isinstance(config, GMLPMaskedLMConfig)
     has_attn = config.attn_dim is not None
     function = build_sgu_function(

@@ -125,7 +125,9 @@ def _replace_dir(staging: Path, out_dir: Path) -> None:
     """Move the verified files into `out_dir`, replacing an older export there."""
     if out_dir.exists():
         if not (out_dir / CONFIG_FILE).is_file() and any(out_dir.iterdir()):
-            raise ExportCheckError(f"{out_dir} exists and is not a served-model directory; not overwriting it")
+            raise ExportCheckError(
+                f"{out_dir} exists and is not a served-model directory; not overwriting it"
+            )
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     for item in staging.iterdir():

@@ -58,7 +58,5 @@ def build_sgu_function(*, epsilon: float, has_mask: bool, has_attn: bool, opset:
         return op.Mul(z1, gate)
 
     inputs = [ir.Value(name=name) for name in names]
-    function = onnxscript.build_function(
-        body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset}
-    )
+    function = onnxscript.build_function(body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset})
     return function

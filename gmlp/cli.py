@@ -11,28 +11,34 @@ import importlib
 import logging
 import sys
 
-# module, registering function: each adds one or more subcommands with `set_defaults(handler=...)`
+# module, registering function, the pip extra it needs: each adds its subcommands with
+# `set_defaults(handler=...)`
 _REGISTRARS = [
-    ("gmlp.model_commands", "register"),
-    ("gmlp.export_commands", "register"),
-    ("gmlp.train_commands", "register"),
-    ("service.cli", "register"),
-    ("loadtests.cli", "register"),
+    ("gmlp.model_commands", "register", "export"),
+    ("gmlp.export_commands", "register", "export"),
+    ("gmlp.train_commands", "register", "train"),
+    ("service.cli", "register", "serve"),
+    ("loadtests.cli", "register", "loadtest"),
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gmlp", description="Train, export, serve and load-test gMLP models.")
+    parser = argparse.ArgumentParser(
+        prog="gmlp", description="Train, export, serve and load-test gMLP models."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name, func in _REGISTRARS:
+    missing = []
+    for module_name, func, extra in _REGISTRARS:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # that part of the project is not installed in this image
-            raise
+            # That part of the project, or a dependency of it, is not installed in this image.
+            missing.append(f"{module_name} (needs {exc.name}: pip install 'gmlp-serve[{extra}]')")
+            continue
         getattr(module, func)(sub)
+    if missing:
+        parser.epilog = "not available here: " + "; ".join(missing)
     return parser
 
 
@@ -40,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not getattr(args, "handler", None):
         parser.print_help()

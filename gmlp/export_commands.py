@@ -18,12 +18,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a checkpoint to a verified ONNX served-model directory")
     p.add_argument("checkpoint", type=Path, help="checkpoint directory (model.safetensors + config.json)")
     p.add_argument("--out", type=Path, required=True, help="served-model directory to write")
-    p.add_argument("--variants", type=_variants, default=["fp32", "int8"], help="comma list of fp32,int8,fp16")
+    p.add_argument(
+        "--variants", type=_variants, default=["fp32", "int8"], help="comma list of fp32,int8,fp16"
+    )
     p.add_argument("--name", default=None, help="model name in the service (default: the --out folder name)")
     p.set_defaults(handler=export)
 
     p = sub.add_parser("bench", help="model-level throughput: PyTorch eager/bf16 vs ORT plain/fused/int8")
-    p.add_argument("path", help="checkpoint directory, served-model directory, or a named config (gmlp_s16_224)")
+    p.add_argument(
+        "path", help="checkpoint directory, served-model directory, or a named config (gmlp_s16_224)"
+    )
     p.add_argument("--batches", type=_ints, default=[1, 8, 32])
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
     p.add_argument("--threads", type=int, default=0, help="threads for torch and ORT (0: all CPUs)")

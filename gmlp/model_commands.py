@@ -12,7 +12,9 @@ from .paths import DEFAULT_IMAGENET_LABELS
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("convert-timm", help="convert a timm gMLP checkpoint to a gmlp checkpoint directory")
     p.add_argument("checkpoint", type=Path, help="timm state dict: .pth, .pth.tar, .bin or .safetensors")
-    p.add_argument("--arch", default="gmlp_s16_224", help="named config (gmlp_ti16_224, gmlp_s16_224, gmlp_b16_224)")
+    p.add_argument(
+        "--arch", default="gmlp_s16_224", help="named config (gmlp_ti16_224, gmlp_s16_224, gmlp_b16_224)"
+    )
     p.add_argument("--labels", type=Path, default=None, help="class names: JSON list or ImageNet class index")
     p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
     p.set_defaults(handler=convert_timm)
@@ -32,9 +34,13 @@ def convert_timm(args: argparse.Namespace) -> int:
     labels = read_labels(labels_path) if labels_path.is_file() else None
     if labels is None or len(labels) != model.config.num_classes:
         if args.labels is not None:
-            raise ValueError(f"{args.labels} has {labels and len(labels)} labels, the head has {model.config.num_classes}")
+            raise ValueError(
+                f"{args.labels} has {labels and len(labels)} labels, the head has {model.config.num_classes}"
+            )
         labels = [f"class_{i}" for i in range(model.config.num_classes)]
-    save_checkpoint(model, args.out, labels=labels, preprocessing=dict(TIMM_PREPROCESSING), name=args.out.name)
+    save_checkpoint(
+        model, args.out, labels=labels, preprocessing=dict(TIMM_PREPROCESSING), name=args.out.name
+    )
     n_params = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out} ({args.arch}, {n_params:,} parameters, {model.config.num_classes} classes)")
     return 0

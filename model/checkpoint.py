@@ -54,7 +54,11 @@ def default_preprocessing(config: GMLPConfig) -> dict[str, Any]:
             "std": [0.5, 0.5, 0.5],
         }
     assert isinstance(config, GMLPMaskedLMConfig)
-    return {"max_length": config.n, "pad_token_id": config.pad_token_id, "mask_token_id": config.mask_token_id}
+    return {
+        "max_length": config.n,
+        "pad_token_id": config.pad_token_id,
+        "mask_token_id": config.mask_token_id,
+    }
 
 
 def file_sha256(path: str | Path) -> str:
@@ -95,7 +99,9 @@ def save_checkpoint(
     }
     if config.task == VISION_TASK:
         if labels is None or len(labels) != config.num_classes:
-            raise CheckpointError(f"a classifier needs {config.num_classes} labels, got {labels and len(labels)}")
+            raise CheckpointError(
+                f"a classifier needs {config.num_classes} labels, got {labels and len(labels)}"
+            )
         (out / LABELS_FILE).write_text(json.dumps(list(labels), indent=1))
         info["labels"] = LABELS_FILE
     else:
@@ -179,5 +185,8 @@ def read_labels(path: str | Path) -> list[str]:
     if isinstance(data, list):
         return [str(x) for x in data]
     if isinstance(data, dict):
-        return [str(v[-1] if isinstance(v, list) else v) for _, v in sorted(data.items(), key=lambda kv: int(kv[0]))]
+        return [
+            str(v[-1] if isinstance(v, list) else v)
+            for _, v in sorted(data.items(), key=lambda kv: int(kv[0]))
+        ]
     raise CheckpointError(f"{path}: labels must be a JSON list or an index -> name object")

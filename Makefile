@@ -1,0 +1,52 @@
+# `make test` is all a fresh machine needs: it creates .venv, installs the dev extra with the
+# pinned constraints, and runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install test lint format demo-models serve bench constraints timm-parity clean
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
+
+install: $(BIN)/.installed
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# Export the committed demo checkpoints into the served-model repository ./models
+demo-models: install
+	$(BIN)/gmlp export checkpoints/cifar10-gmlp --out models/cifar10-gmlp --variants fp32,int8
+	$(BIN)/gmlp export checkpoints/gutenberg-gmlp-mlm --out models/gutenberg-gmlp-mlm --variants fp32,int8
+
+serve: install
+	$(BIN)/gmlp serve
+
+bench: install
+	$(BIN)/gmlp bench gmlp_s16_224 --batches 1,8,32
+
+constraints: install
+	( sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -vi '^gmlp' | sed 's/+cpu//' ) > constraints.new
+	mv constraints.new constraints.txt
+
+# Optional: parity against timm's own gMLP. timm needs torchvision, which imports only beside
+# torch 2.14.1 (a 5.5 GB CUDA build that runs on CPU), so it lives in a separate venv.
+timm-parity:
+	test -x .venv-timm/bin/python || $(PYTHON) -m venv .venv-timm
+	.venv-timm/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1 timm safetensors numpy pytest onnx
+	PYTHONPATH=. .venv-timm/bin/python -m pytest -p no:cacheprovider -s -m timm tests/test_timm_import.py
+
+clean:
+	rm -rf $(VENV) .venv-timm .pytest_cache .ruff_cache *.egg-info

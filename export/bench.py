@@ -1,0 +1,119 @@
+"""Model-level throughput: PyTorch eager fp32 and bf16 autocast vs ONNX Runtime (plain, fused, int8).
+
+Every figure is a median over several timed runs, and every row is also given as a ratio to
+PyTorch eager fp32 measured in the same process moments before, which is what stays comparable
+on a shared, noisy machine. This is a command, never a test: tests do not time anything.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from model import build_model, get_config, load_checkpoint
+
+from .onnx_export import example_inputs, export_onnx
+from .variants import quantize_int8
+from .verify import session
+
+
+def _images_per_second(fn: Callable[[], object], batch: int, repeats: int, min_seconds: float) -> float:
+    fn()  # warm-up: first-run allocations, ORT's lazy initialisation
+    rates = []
+    for _ in range(repeats):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        rates.append(calls * batch / elapsed)
+    return statistics.median(rates)
+
+
+def _load(path_or_name: str) -> nn.Module:
+    path = Path(path_or_name)
+    if path.is_dir():
+        return load_checkpoint(path)
+    model = build_model(get_config(path_or_name))  # random weights: fine for speed
+    return model.eval()
+
+
+def run_bench(
+    path_or_name: str,
+    batches: list[int],
+    *,
+    repeats: int = 5,
+    threads: int = 0,
+    min_seconds: float = 1.0,
+) -> str:
+    """Benchmark and return a markdown table (throughput in samples/s and ratio to eager fp32)."""
+    threads = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    model = _load(path_or_name)
+    config = model.config
+    unit = "images/s" if config.task == "image-classification" else "sequences/s"
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = export_onnx(model, Path(tmp) / "plain.onnx", fused=False)
+        fused = export_onnx(model, Path(tmp) / "fused.onnx")
+        int8 = quantize_int8(fused, Path(tmp) / "fused.int8.onnx")
+        sessions = {
+            name: session(p, threads=threads)
+            for name, p in [
+                ("ORT plain export fp32", plain),
+                ("ORT fused fp32", fused),
+                ("ORT fused int8", int8),
+            ]
+        }
+        rows: dict[str, dict[int, float]] = {}
+        for batch in batches:
+            inputs = example_inputs(config, batch, seed=batch)
+            feeds = {k: v.numpy() for k, v in inputs.items()}
+            args = tuple(inputs.values())
+
+            def eager(args=args):
+                with torch.inference_mode():
+                    return _forward(model, args)
+
+            def bf16(args=args):
+                with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+                    return _forward(model, args)
+
+            candidates: dict[str, Callable[[], object]] = {
+                "PyTorch eager fp32": eager,
+                "PyTorch bf16 autocast": bf16,
+            }
+            for name, sess in sessions.items():
+                candidates[name] = lambda sess=sess, feeds=feeds: sess.run(["logits"], feeds)
+            for name, fn in candidates.items():
+                rows.setdefault(name, {})[batch] = _images_per_second(fn, batch, repeats, min_seconds)
+    return _table(rows, batches, unit, path_or_name, threads)
+
+
+def _forward(model: nn.Module, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    if len(args) == 2:  # masked LM: decode only the requested positions, as the served graph does
+        return model(args[0], positions=args[1])
+    return model(args[0])
+
+
+def _table(rows: dict[str, dict[int, float]], batches: list[int], unit: str, what: str, threads: int) -> str:
+    base = rows["PyTorch eager fp32"]
+    header = "| runtime | " + " | ".join(f"batch {b} ({unit})" for b in batches) + " |"
+    lines = [
+        f"{what}, {threads} threads; median throughput, (x) = ratio to PyTorch eager fp32",
+        "",
+        header,
+        "|---|" + "---|" * len(batches),
+    ]
+    for name, by_batch in rows.items():
+        cells = [f"{by_batch[b]:.1f} ({by_batch[b] / base[b]:.2f}x)" for b in batches]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""Shared fixtures: tiny real models (random weights), saved and exported as the product does it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from gmlp.paths import BERT_TOKENIZER  # noqa: E402
+
+CIFAR_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def perturbed(model):
+    """A model whose weights are moved away from the init (zero head, W ~ 0), so outputs differ per input."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.05)
+    return model.eval()
+
+
+def tiny_vision_config(**overrides):
+    from model import get_config
+
+    return get_config("gmlp_cifar_p4", **{"depth": 2, "d_model": 32, "d_ffn": 64, **overrides})
+
+
+def tiny_mlm_config(**overrides):
+    from model import get_config
+
+    return get_config("gmlp_mlm_small", **{"depth": 2, "d_model": 32, "d_ffn": 64, "n": 32, **overrides})
+
+
+def _checkpoint(tmp_path_factory, name: str, config) -> Path:
+    from model import build_model, save_checkpoint
+
+    model = perturbed(build_model(config))
+    path = tmp_path_factory.mktemp("checkpoints") / name
+    if config.task == "image-classification":
+        save_checkpoint(model, path, labels=CIFAR_LABELS[: config.num_classes])
+    else:
+        save_checkpoint(model, path, tokenizer=BERT_TOKENIZER)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_checkpoint(tmp_path_factory) -> Path:
+    return _checkpoint(tmp_path_factory, "tiny-vision", tiny_vision_config())
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm_checkpoint(tmp_path_factory) -> Path:
+    return _checkpoint(tmp_path_factory, "tiny-mlm", tiny_mlm_config())
+
+
+@pytest.fixture(scope="session")
+def tiny_amlp_checkpoint(tmp_path_factory) -> Path:
+    return _checkpoint(tmp_path_factory, "tiny-amlp", tiny_mlm_config(attn_dim=16))
+
+
+@pytest.fixture(scope="session")
+def model_repository(tmp_path_factory, tiny_vision_checkpoint, tiny_mlm_checkpoint) -> Path:
+    """A served-model repository holding a tiny classifier and a tiny MLM (fp32 + int8 each)."""
+    from export import export_served_model
+
+    repo = tmp_path_factory.mktemp("repository")
+    export_served_model(tiny_vision_checkpoint, repo / "tiny-vision", ["fp32", "int8"])
+    export_served_model(tiny_mlm_checkpoint, repo / "tiny-mlm", ["fp32", "int8"])
+    return repo
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_served(model_repository) -> Path:
+    return model_repository / "tiny-vision"
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm_served(model_repository) -> Path:
+    return model_repository / "tiny-mlm"

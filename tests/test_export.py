@@ -1,0 +1,179 @@
+"""ONNX export: one fused SGU function node per block, ORT's optimised graph, parity, variants."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from export import ExportCheckError, export_served_model
+from export.onnx_export import example_inputs, export_onnx
+from export.verify import optimized_op_counts, torch_logits
+from gmlp.cli import main as gmlp
+from model import load_checkpoint
+from model.checkpoint import file_sha256
+
+
+@pytest.fixture(scope="module")
+def amlp_served(tmp_path_factory, tiny_amlp_checkpoint):
+    out = tmp_path_factory.mktemp("served") / "tiny-amlp"
+    export_served_model(tiny_amlp_checkpoint, out, ["fp32", "int8", "fp16"])
+    return out
+
+
+@pytest.fixture(params=["vision", "mlm", "amlp"])
+def served(
+    request,
+    tiny_vision_served,
+    tiny_mlm_served,
+    amlp_served,
+    tiny_vision_checkpoint,
+    tiny_mlm_checkpoint,
+    tiny_amlp_checkpoint,
+):
+    return {
+        "vision": (tiny_vision_served, tiny_vision_checkpoint),
+        "mlm": (tiny_mlm_served, tiny_mlm_checkpoint),
+        "amlp": (amlp_served, tiny_amlp_checkpoint),
+    }[request.param]
+
+
+def ort_logits(path, inputs) -> np.ndarray:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+
+
+def test_every_sgu_is_one_function_node(served):
+    served_dir, ckpt = served
+    config = load_checkpoint(ckpt).config
+    proto = onnx.load(str(served_dir / "model.onnx"))
+    onnx.checker.check_model(proto, full_check=True)
+    sgu = [n for n in proto.graph.node if (n.domain, n.op_type) == ("gmlp", "SpatialGatingUnit")]
+    assert len(sgu) == config.depth
+    (function,) = [f for f in proto.functions if (f.domain, f.name) == ("gmlp", "SpatialGatingUnit")]
+    body = [n.op_type for n in function.node if n.op_type != "Constant"]
+    expected = ["Split", "LayerNormalization"]
+    expected += ["Mul"] if config.task == "fill-mask" else []  # padding mask
+    expected += ["Unsqueeze", "MatMul", "Add"]
+    expected += ["Add"] if config.attn_dim else []  # tiny attention joins the gate
+    assert body == expected + ["Mul"]
+    # W is input A of the MatMul and broadcast over the batch: no Transpose anywhere in the function
+    assert "Transpose" not in body
+    # the rest of the blocks are ordinary ops: no LayerNormalization is left for the gate outside
+    assert sum(n.op_type == "LayerNormalization" for n in proto.graph.node) == config.depth + 1
+
+
+def test_ort_optimised_graph_fuses_gelu_and_has_no_transpose_in_blocks(served):
+    served_dir, ckpt = served
+    ops = optimized_op_counts(served_dir / "model.onnx")
+    depth = load_checkpoint(ckpt).config.depth
+    assert ops["BiasGelu"] == depth
+    assert ops.get("Transpose", 0) <= 1  # the patch embedding's / tied decoder's, outside the blocks
+    assert "SpatialGatingUnit" not in ops  # ORT inlined the function
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_fp32_parity_with_pytorch(served, batch):
+    served_dir, ckpt = served
+    model = load_checkpoint(ckpt)
+    inputs = example_inputs(model.config, batch, seed=7)
+    got, expected = ort_logits(served_dir / "model.onnx", inputs), torch_logits(model, inputs)
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() <= 1e-4
+    assert np.abs(expected).max() > 1e-2  # the comparison is not between two zero tensors
+
+
+def test_low_precision_variants_agree_on_top1(
+    amlp_served, tiny_vision_served, tiny_amlp_checkpoint, tiny_vision_checkpoint
+):
+    for served_dir, ckpt, variants in [
+        (amlp_served, tiny_amlp_checkpoint, ["int8", "fp16"]),
+        (tiny_vision_served, tiny_vision_checkpoint, ["int8"]),
+    ]:
+        model = load_checkpoint(ckpt)
+        inputs = example_inputs(model.config, 16, seed=11)
+        expected = torch_logits(model, inputs).argmax(-1)
+        for variant in variants:
+            got = ort_logits(served_dir / f"model.{variant}.onnx", inputs).argmax(-1)
+            assert (got == expected).mean() >= 0.8, variant
+
+
+def test_int8_keeps_the_function_and_quantises_channel_projections(tiny_vision_served):
+    proto = onnx.load(str(tiny_vision_served / "model.int8.onnx"))
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("SpatialGatingUnit") == 2
+    assert "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops
+
+
+def test_served_config_and_metadata(served):
+    served_dir, ckpt = served
+    cfg = json.loads((served_dir / "config.json").read_text())
+    assert cfg["format"] == "gmlp-served-model"
+    source_sha = file_sha256(ckpt / "model.safetensors")
+    assert cfg["source_sha256"] == source_sha
+    for variant, filename in cfg["variants"].items():
+        props = {p.key: p.value for p in onnx.load(str(served_dir / filename)).metadata_props}
+        assert props["gmlp.source_sha256"] == source_sha, variant
+        assert json.loads(props["gmlp.config"]) == cfg["model"]
+    assert cfg["inputs"][0]["shape"][0] == "batch"
+    extra = cfg.get("labels") or cfg.get("tokenizer")
+    assert (served_dir / extra).is_file()
+
+
+def test_plain_export_has_no_function_and_same_outputs(tmp_path, tiny_mlm_checkpoint, tiny_mlm_served):
+    model = load_checkpoint(tiny_mlm_checkpoint)
+    plain = export_onnx(model, tmp_path / "plain.onnx", fused=False)
+    proto = onnx.load(str(plain))
+    assert not proto.functions and all(n.domain != "gmlp" for n in proto.graph.node)
+    inputs = example_inputs(model.config, 3, seed=5)
+    np.testing.assert_allclose(
+        ort_logits(plain, inputs), ort_logits(tiny_mlm_served / "model.onnx", inputs), rtol=0, atol=1e-5
+    )
+
+
+def test_export_cli_and_corrupt_checkpoint(tmp_path, tiny_vision_checkpoint, capsys):
+    out = tmp_path / "served"
+    assert gmlp(["export", str(tiny_vision_checkpoint), "--out", str(out), "--variants", "fp32"]) == 0
+    assert "verified fp32" in capsys.readouterr().out
+    bad = tmp_path / "corrupt"
+    shutil.copytree(tiny_vision_checkpoint, bad)
+    (bad / "model.safetensors").write_bytes(b"\0" * 100)
+    assert gmlp(["export", str(bad), "--out", str(tmp_path / "never")]) == 1
+    assert "not a readable safetensors file" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_mismatched_checkpoint_names_the_key(tmp_path, tiny_vision_checkpoint):
+    bad = tmp_path / "mismatch"
+    shutil.copytree(tiny_vision_checkpoint, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["model"]["depth"] = 3
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"missing key 'blocks\.2\.norm\.weight'"):
+        export_served_model(bad, tmp_path / "out")
+
+
+def test_failed_parity_writes_nothing(tmp_path, tiny_vision_checkpoint, monkeypatch):
+    """A model that fails verification must not reach the service: simulate a broken exporter."""
+    import export.served_model as served_model
+
+    real_export = served_model.export_onnx
+
+    def broken_export(model, path, **kwargs):
+        with torch.no_grad():
+            model.head.bias.add_(1.0)  # the exported graph no longer matches the checkpoint
+        try:
+            return real_export(model, path, **kwargs)
+        finally:
+            with torch.no_grad():
+                model.head.bias.sub_(1.0)
+
+    monkeypatch.setattr(served_model, "export_onnx", broken_export)
+    with pytest.raises(ExportCheckError, match="fp32 parity failed"):
+        export_served_model(tiny_vision_checkpoint, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
