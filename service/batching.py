@@ -133,7 +133,7 @@ class DynamicBatcher(Generic[I, O]):
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return False
 
     async def close(self, timeout: float | None = None) -> None:
@@ -175,7 +175,9 @@ class DynamicBatcher(Generic[I, O]):
         """
         if not self._accepting or self._wakeup is None or self._idle is None:
             self.observer.rejected("shutting_down")
-            raise BatcherClosedError(f"model {self.name} is not accepting requests (starting or shutting down)")
+            raise BatcherClosedError(
+                f"model {self.name} is not accepting requests (starting or shutting down)"
+            )
         if len(self._queue) >= self.max_queue_size:
             self.observer.rejected("queue_full")
             raise QueueFullError(f"the queue of model {self.name} is full ({self.max_queue_size} waiting)")
@@ -183,15 +185,17 @@ class DynamicBatcher(Generic[I, O]):
         if timeout is not None and timeout <= 0:
             self.observer.rejected("deadline")
             raise DeadlineExceededError("the request's deadline passed before it was queued")
-        pending: _Pending[I, O] = _Pending(item, asyncio.get_running_loop().create_future(), deadline=deadline)
+        pending: _Pending[I, O] = _Pending(
+            item, asyncio.get_running_loop().create_future(), deadline=deadline
+        )
         self._queue.append(pending)
         self._idle.clear()
         self.observer.queue_depth(len(self._queue))
         self._wakeup.set()
         try:
-            async with asyncio.timeout(timeout):
-                return await pending.future
-        except TimeoutError:
+            # wait_for cancels the future on timeout, which marks it as abandoned for the loop.
+            return await asyncio.wait_for(pending.future, timeout)
+        except asyncio.TimeoutError:
             self._withdraw(pending, "deadline")
             raise DeadlineExceededError(f"no result within the deadline from model {self.name}") from None
         except asyncio.CancelledError:
@@ -228,7 +232,7 @@ class DynamicBatcher(Generic[I, O]):
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
-                except TimeoutError:
+                except asyncio.TimeoutError:
                     break
             batch = self._take_batch()
             if batch:
@@ -262,7 +266,9 @@ class DynamicBatcher(Generic[I, O]):
             if len(batch) == 1:
                 _resolve(batch[0], exc=exc)
             else:
-                log.warning("batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc)
+                log.warning(
+                    "batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc
+                )
                 await self._run_singly(batch)
         else:
             for pending, output in zip(batch, outputs, strict=True):

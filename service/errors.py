@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ def payload_too_large(limit: int, what: str = "request body") -> ServiceError:
 
 
 def unsupported_media_type(got: str | None, accepted: str) -> ServiceError:
-    return ServiceError(415, "unsupported_media_type", f"content type {got or '(none)'!r} is not accepted; {accepted}")
+    return ServiceError(
+        415, "unsupported_media_type", f"content type {got or '(none)'!r} is not accepted; {accepted}"
+    )
 
 
 def overloaded(reason: str, retry_after_s: int = 1) -> ServiceError:
@@ -74,7 +77,9 @@ def overloaded(reason: str, retry_after_s: int = 1) -> ServiceError:
 
 
 def deadline_exceeded(timeout_s: float) -> ServiceError:
-    return ServiceError(504, "timeout", f"the request did not complete within its deadline of {timeout_s:g} s")
+    return ServiceError(
+        504, "timeout", f"the request did not complete within its deadline of {timeout_s:g} s"
+    )
 
 
 def client_closed() -> ServiceError:
@@ -107,6 +112,11 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return err.response()
 
 
+async def _client_disconnect(_: Request, exc: Exception) -> JSONResponse:
+    """The client left while we read its body: nothing to answer, not a server error."""
+    return client_closed().response()
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     """A genuine bug: log it with the traceback, tell the client nothing internal."""
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -117,6 +127,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)
     app.add_exception_handler(Exception, _unexpected_error)
 
 

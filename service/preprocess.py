@@ -12,6 +12,7 @@ are errors rather than grey padding, and exotic modes (16-bit, CMYK, palette, al
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from service.errors import ServiceError, unprocessable
 
-# MPO is what Pillow calls JPEGs from cameras that embed a second picture.
-SUPPORTED_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP")
+# (Multi-picture camera JPEGs open through the JPEG plugin as format "MPO"; no entry needed.)
+SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 IMAGE_CONTENT_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/x-ms-bmp")
 ACCEPTED_DESCRIPTION = "JPEG, PNG, WebP, GIF or BMP"
 
@@ -40,7 +41,9 @@ _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
 def image_too_large(pixels: int, limit: int) -> ServiceError:
     return ServiceError(
-        413, "image_too_large", f"the image has {pixels} pixels; at most {limit} (width x height) are accepted"
+        413,
+        "image_too_large",
+        f"the image has {pixels} pixels; at most {limit} (width x height) are accepted",
     )
 
 
@@ -64,11 +67,12 @@ def decode_image(data: bytes, max_pixels: int) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise image_too_large(width * height, max_pixels) from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise unprocessable("invalid_image", f"the {img.format} image is truncated or corrupt ({exc})") from exc
-    try:
+        raise unprocessable(
+            "invalid_image", f"the {img.format} image is truncated or corrupt ({exc})"
+        ) from exc
+    # A malformed EXIF block must not lose the picture: keep it as stored.
+    with contextlib.suppress(Exception):
         img = ImageOps.exif_transpose(img)
-    except Exception:  # noqa: BLE001 - a malformed EXIF block must not lose the picture
-        pass
     return to_rgb(img)
 
 

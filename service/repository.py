@@ -78,7 +78,9 @@ class ServedModelSpec:
         return labels
 
     def tokenizer_path(self) -> Path:
-        return self.path / str(self.model_config.get("tokenizer") or self.config.get("tokenizer") or "tokenizer.json")
+        return self.path / str(
+            self.model_config.get("tokenizer") or self.config.get("tokenizer") or "tokenizer.json"
+        )
 
 
 def read_spec(directory: Path) -> ServedModelSpec | None:
@@ -148,7 +150,9 @@ def export_missing(checkpoint_dir: Path | None, repository: Path, variants: tupl
         return []
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("export") is None:
         commands = "; ".join(export_command(c, o) for c, o in todo)
-        raise RepositoryError(f"checkpoints without an exported served model (torch is not installed): run {commands}")
+        raise RepositoryError(
+            f"checkpoints without an exported served model (torch is not installed): run {commands}"
+        )
     from export import export_served_model  # torch-side code, imported only when needed
 
     repository.mkdir(parents=True, exist_ok=True)
@@ -161,7 +165,10 @@ def export_missing(checkpoint_dir: Path | None, repository: Path, variants: tupl
 
 
 def prepare_repository(
-    repository: Path, checkpoint_dir: Path | None = None, *, export_variants: tuple[str, ...] = DEFAULT_EXPORT_VARIANTS
+    repository: Path,
+    checkpoint_dir: Path | None = None,
+    *,
+    export_variants: tuple[str, ...] = DEFAULT_EXPORT_VARIANTS,
 ) -> dict[str, ServedModelSpec]:
     """Export what is missing, then discover; at least one model must be found."""
     export_missing(checkpoint_dir, repository, export_variants)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 log = logging.getLogger(__name__)
@@ -60,13 +59,21 @@ def choose_variant(available: Mapping[str, str], device: str, requested: str | N
     return sorted(available)[0]
 
 
-def _graph_op_types(path: Path) -> set[str]:
-    """All op types used by the graph and its local functions (SGU lives in a FunctionProto)."""
+def rows_are_independent(path: Path) -> bool:
+    """Whether a batch row's outputs depend only on that row (so batching cannot change results).
+
+    Dynamic int8 quantisation (`DynamicQuantizeLinear`) computes one activation scale per *tensor*,
+    i.e. over the whole batch. With the `onnx` package (dev and export images) the graph and its
+    local functions are inspected; without it (the serving image) the served-model contract
+    decides: `model.int8.onnx` is the dynamically quantised variant (docs/formats.md).
+    """
+    try:
+        import onnx
+    except ImportError:
+        return not path.name.endswith(".int8.onnx")
     model = onnx.load(str(path), load_external_data=False)
-    ops = {node.op_type for node in model.graph.node}
-    for function in model.functions:
-        ops.update(node.op_type for node in function.node)
-    return ops
+    nodes = [*model.graph.node, *(node for function in model.functions for node in function.node)]
+    return all(node.op_type != "DynamicQuantizeLinear" for node in nodes)
 
 
 @dataclass(frozen=True)
@@ -97,13 +104,14 @@ class OnnxModel:
         self.session = ort.InferenceSession(str(path), sess_options=so, providers=providers)
         self.provider = self.session.get_providers()[0]
         if options.device == "cuda" and self.provider != CUDA:
-            log.warning("model %s: CUDA provider failed to load, falling back to %s", self.name, self.provider)
+            log.warning(
+                "model %s: CUDA provider failed to load, falling back to %s", self.name, self.provider
+            )
         self.use_io_binding = self.provider == CUDA
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        # Dynamic int8 quantisation computes one activation scale per *tensor*, i.e. over the whole
-        # batch, so a row's result would depend on its batch-mates. Such graphs run row by row.
-        self.row_independent = "DynamicQuantizeLinear" not in _graph_op_types(path)
+        # A request's result must not depend on its batch-mates: graphs where it would run row by row.
+        self.row_independent = rows_are_independent(path)
         log.info(
             "model %s: %s on %s, %d intra-op threads%s",
             self.name,
@@ -139,4 +147,12 @@ class OnnxModel:
         return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 
-__all__ = ["OnnxModel", "RuntimeOptions", "choose_variant", "resolve_device", "cuda_available", "Feeds"]
+__all__ = [
+    "rows_are_independent",
+    "OnnxModel",
+    "RuntimeOptions",
+    "choose_variant",
+    "resolve_device",
+    "cuda_available",
+    "Feeds",
+]

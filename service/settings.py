@@ -54,7 +54,9 @@ class ServiceSettings(BaseSettings):
     )
     max_queue_size: int = Field(256, ge=1, description="waiting requests per model before 503")
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request from arrival; 504 after")
-    max_upload_bytes: int = Field(8 * 1024 * 1024, ge=1, description="largest accepted request body; 413 above")
+    max_upload_bytes: int = Field(
+        8 * 1024 * 1024, ge=1, description="largest accepted request body; 413 above"
+    )
     max_image_pixels: int = Field(
         40_000_000, ge=1, description="largest decoded image (width x height); decompression-bomb guard"
     )
@@ -64,7 +66,10 @@ class ServiceSettings(BaseSettings):
     ort_spinning: bool = Field(
         False, description="let ORT worker threads spin between runs (lower latency, burns idle CPU)"
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field("info", description="log level")
+    access_log: bool = Field(False, description="log every request (uvicorn access log); metrics cover it")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="log level"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -56,17 +56,19 @@ class FillMaskCodec:
         if len(ids) > self.n:
             raise unprocessable(
                 "text_too_long",
-                f"the text is {len(ids)} tokens including [CLS] and [SEP]; model {self.model_name} accepts at "
-                f"most {self.n} tokens",
+                f"the text is {len(ids)} tokens including [CLS] and [SEP]; model {self.model_name} "
+                f"accepts at most {self.n} tokens",
             )
         positions = [i for i, token in enumerate(ids) if token == self.mask_id]
         if not positions:
-            raise unprocessable("no_mask", f"the text contains no {self.mask_token} token; put one where a word is missing")
+            raise unprocessable(
+                "no_mask", f"the text contains no {self.mask_token} token; put one where a word is missing"
+            )
         if len(positions) > self.max_predictions:
             raise unprocessable(
                 "too_many_masks",
-                f"the text has {len(positions)} {self.mask_token} tokens; model {self.model_name} predicts at most "
-                f"{self.max_predictions} per request",
+                f"the text has {len(positions)} {self.mask_token} tokens; model {self.model_name} "
+                f"predicts at most {self.max_predictions} per request",
             )
         input_ids = np.full(self.n, self.pad_id, dtype=np.int64)
         input_ids[: len(ids)] = ids
@@ -103,7 +105,9 @@ class FillMaskCodec:
             cand_probs = probs[candidates]
             # stable sort on -prob: ties keep vocabulary (or target) order, deterministic output
             order = np.argsort(-cand_probs, kind="stable")[:k]
-            results.append([self._prediction(encoded, position, int(candidates[i]), float(cand_probs[i])) for i in order])
+            results.append(
+                [self._prediction(encoded, position, int(candidates[i]), float(cand_probs[i])) for i in order]
+            )
         return results
 
     def _prediction(self, encoded: EncodedText, position: int, token_id: int, score: float) -> dict[str, Any]:

@@ -2,41 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from gmlp.paths import BERT_TOKENIZER  # noqa: E402
-
-CIFAR_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-def perturbed(model):
-    """A model whose weights are moved away from the init (zero head, W ~ 0), so outputs differ per input."""
-    import torch
-
-    gen = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * 0.05)
-    return model.eval()
-
-
-def tiny_vision_config(**overrides):
-    from model import get_config
-
-    return get_config("gmlp_cifar_p4", **{"depth": 2, "d_model": 32, "d_ffn": 64, **overrides})
-
-
-def tiny_mlm_config(**overrides):
-    from model import get_config
-
-    return get_config("gmlp_mlm_small", **{"depth": 2, "d_model": 32, "d_ffn": 64, "n": 32, **overrides})
+from gmlp.paths import BERT_TOKENIZER
+from helpers import CIFAR_LABELS, perturbed, tiny_mlm_config, tiny_vision_config
 
 
 def _checkpoint(tmp_path_factory, name: str, config) -> Path:

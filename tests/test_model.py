@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import perturbed, tiny_mlm_config, tiny_vision_config
 
+from helpers import perturbed, tiny_mlm_config, tiny_vision_config
 from model import (
     GMLPForMaskedLM,
     GMLPVisionClassifier,
@@ -149,9 +149,8 @@ def _logits_without_mask(model: GMLPForMaskedLM, ids: torch.Tensor) -> torch.Ten
 
 @pytest.mark.parametrize("make", [tiny_vision_config, lambda: tiny_mlm_config(attn_dim=8)])
 def test_checkpoint_round_trip(tmp_path, make):
-    from conftest import CIFAR_LABELS
-
     from gmlp.paths import BERT_TOKENIZER
+    from helpers import CIFAR_LABELS
 
     config = make()
     model = perturbed(build_model(config))

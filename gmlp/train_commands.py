@@ -1,0 +1,199 @@
+"""`gmlp train-vision`, `gmlp train-mlm`, `gmlp eval` and `gmlp model-card` (issue #4).
+
+Defaults are the demo runs' settings: each is sized to finish (train + evaluate + write the
+checkpoint) within about an hour on one CPU thread. torch is imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .paths import BERT_TOKENIZER, CHECKPOINTS_DIR, CIFAR10_NPZ, GUTENBERG_DIR, REPO_ROOT
+
+CACHE_DIR = REPO_ROOT / ".cache"
+
+
+def _common(
+    p: argparse.ArgumentParser,
+    *,
+    depth: int,
+    d_model: int,
+    d_ffn: int,
+    batch: int,
+    lr: float,
+    wd: float,
+    warmup: int,
+    out: Path,
+    reserve: float,
+) -> None:
+    p.add_argument("--out", type=Path, default=out, help="checkpoint directory to write")
+    p.add_argument("--depth", type=int, default=depth)
+    p.add_argument("--d-model", type=int, default=d_model)
+    p.add_argument("--d-ffn", type=int, default=d_ffn)
+    p.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate")
+    p.add_argument("--batch-size", type=int, default=batch)
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    p.add_argument("--weight-decay", type=float, default=wd)
+    p.add_argument("--warmup-steps", type=int, default=warmup)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    p.add_argument(
+        "--time-budget-min",
+        type=float,
+        default=None,
+        help="whole run (training + final evaluation) in minutes; the cosine is planned to end in it",
+    )
+    p.add_argument(
+        "--eval-reserve-s",
+        type=float,
+        default=reserve,
+        help="seconds of the budget kept for the final evaluation and checkpoint",
+    )
+    p.add_argument("--limit-train", type=int, default=None, help="use only the first N training examples")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+    p.add_argument("--resume", action="store_true", help="continue from the saved training state")
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help="training state (default .cache/train/<out name>)"
+    )
+    p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data", help="decoded/tokenised data cache")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-vision", help="train the CIFAR-10 gMLP classifier (32x32, patch 4, n = 64)")
+    p.add_argument("--data", type=Path, default=CIFAR10_NPZ, help="cifar10-jpeg.npz")
+    _common(
+        p,
+        depth=8,
+        d_model=128,
+        d_ffn=768,
+        batch=128,
+        lr=2e-3,
+        wd=0.05,
+        warmup=400,
+        out=CHECKPOINTS_DIR / "cifar10-gmlp",
+        reserve=120,
+    )
+    p.add_argument("--epochs", type=float, default=None, help="stop after this many epochs")
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--limit-eval", type=int, default=None, help="evaluate on the first N test images")
+    p.set_defaults(handler=train_vision)
+
+    p = sub.add_parser("train-mlm", help="train the Gutenberg gMLP masked LM (n = 128, BERT WordPiece)")
+    p.add_argument(
+        "--corpus", type=Path, default=GUTENBERG_DIR, help="folder with train-*.txt.gz, valid-000.txt.gz"
+    )
+    p.add_argument("--tokenizer", type=Path, default=BERT_TOKENIZER, help="tokenizers JSON (BERT uncased)")
+    _common(
+        p,
+        depth=6,
+        d_model=256,
+        d_ffn=1024,
+        batch=48,
+        lr=1.5e-3,
+        wd=0.01,
+        warmup=150,
+        out=CHECKPOINTS_DIR / "gutenberg-gmlp-mlm",
+        reserve=150,
+    )
+    p.add_argument("--n", type=int, default=128, help="window length in tokens")
+    p.add_argument("--max-predictions", type=int, default=20, help="masked positions decoded per window")
+    p.add_argument("--short-frac", type=float, default=0.4, help="share of short padded sentences per batch")
+    p.add_argument(
+        "--eval-windows", type=int, default=2000, help="held-out full windows for the final evaluation"
+    )
+    p.add_argument(
+        "--eval-short", type=int, default=2000, help="held-out short sentences for the final evaluation"
+    )
+    p.add_argument("--limit-valid-sentences", type=int, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(handler=train_mlm)
+
+    p = sub.add_parser(
+        "eval", help="evaluate a checkpoint or served-model directory (CIFAR-10 / held-out MLM)"
+    )
+    p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
+    p.add_argument(
+        "--variant", default="fp32", choices=["fp32", "int8", "fp16"], help="served-model ONNX variant"
+    )
+    p.add_argument("--limit", type=int, default=None, help="test images, or full windows and short sentences")
+    p.add_argument("--data", type=Path, default=CIFAR10_NPZ, help="cifar10-jpeg.npz (classifier)")
+    p.add_argument(
+        "--corpus", type=Path, default=GUTENBERG_DIR, help="Gutenberg folder (MLM; uses valid-000)"
+    )
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data")
+    p.set_defaults(handler=evaluate)
+
+    p = sub.add_parser("model-card", help="regenerate a trained checkpoint's README.md from training.json")
+    p.add_argument("path", type=Path)
+    p.set_defaults(handler=model_card)
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.state_dir is None:
+        args.state_dir = CACHE_DIR / "train" / Path(args.out).name
+    args.argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("gmlp", "__main__.py")) else None
+
+
+def _train(args: argparse.Namespace, run) -> int:
+    _prepare(args)
+    summary = run(args)
+    line = {"out": str(args.out), **summary["results"], "train_wall_time_s": summary["train_wall_time_s"]}
+    print(json.dumps(line))
+    return 0
+
+
+def train_vision(args: argparse.Namespace) -> int:
+    from model.train.vision import train_vision as run
+
+    return _train(args, run)
+
+
+def train_mlm(args: argparse.Namespace) -> int:
+    from model.train.mlm import train_mlm as run
+
+    return _train(args, run)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    import time
+
+    from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    start = time.monotonic()
+    pred = open_predictor(args.path, variant=args.variant, threads=args.threads or 1)
+    kind = "onnx" if pred.info.get("format") == "gmlp-served-model" else "pytorch"
+    if pred.task == "image-classification":
+        results = {"cifar10_test": evaluate_classifier(pred, args.data, args.limit, args.cache_dir)}
+    else:
+        from model.train.data import load_corpus
+        from model.train.mlm import corpus_files
+
+        _, valid = corpus_files(args.corpus)
+        count = args.limit or 2000
+        corpus = load_corpus([valid], args.path / "tokenizer.json", args.cache_dir)
+        results = {"heldout_valid_000": evaluate_mlm(pred, corpus, windows=count, short=count)}
+    line = {"path": str(args.path), "task": pred.task, "runtime": kind}
+    if kind == "onnx":
+        line["variant"] = args.variant
+    line |= results | {"seconds": round(time.monotonic() - start, 1)}
+    print(json.dumps(line))
+    return 0
+
+
+def model_card(args: argparse.Namespace) -> int:
+    from model.train.card import write_card
+
+    print(write_card(args.path))
+    return 0

@@ -1,0 +1,202 @@
+"""Locust workload for the gMLP service: /classify with CIFAR-10 test JPEGs, /fill-mask with real sentences.
+
+    locust -f loadtests/locustfile.py --headless -u 16 -r 16 -t 30s --host http://127.0.0.1:8000
+
+Configured by environment variables (see docs/loadtesting.md and `LoadConfig`), the main ones:
+GMLP_LOADTEST_CLASSIFY_WEIGHT / GMLP_LOADTEST_FILL_MASK_WEIGHT (task weights, default 1 and 1),
+GMLP_LOADTEST_CIFAR (npz), GMLP_LOADTEST_TEXT (text or .gz), GMLP_LOADTEST_UPLOAD
+(multipart|raw|mixed). Users are closed-loop (no think time by default): N users keep N requests
+in flight, which is what a concurrency sweep measures.
+
+Every answer is checked (status 200, keys, types, top_k entries, sorted probabilities, one list
+per [MASK]); a wrong answer is a locust failure, never a success that merely looks fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+# locust puts this file's folder on sys.path, not the repository root that holds the package.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from locust import FastHttpUser, constant, events  # noqa: E402
+from locust.env import Environment  # noqa: E402
+
+from loadtests.checks import check_classify, check_fill_mask  # noqa: E402
+from loadtests.workload import (  # noqa: E402
+    LoadConfig,
+    MaskedSentence,
+    fitting,
+    load_images,
+    load_sentences,
+    multipart_body,
+)
+
+log = logging.getLogger("gmlp.loadtest")
+
+CONFIG = LoadConfig.from_env()
+IMAGES: list[bytes] = []
+SENTENCES: list[MaskedSentence] = []
+
+
+@events.init.add_listener
+def _load_inputs(environment: Environment, **_: Any) -> None:
+    """Load the inputs once per locust process, before any user starts."""
+    global IMAGES, SENTENCES
+    if CONFIG.classify_weight:
+        IMAGES, source = load_images(CONFIG.cifar_path)
+        log.info("classify: %d JPEGs from %s", len(IMAGES), source)
+    if CONFIG.fill_mask_weight:
+        SENTENCES, source = load_sentences(CONFIG)
+        log.info("fill-mask: %d masked sentences from %s", len(SENTENCES), source)
+
+
+def _get_json(url: str, timeout_s: float = 10.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - our own service
+        return json.load(response)
+
+
+@events.test_start.add_listener
+def _fit_to_server(environment: Environment, **_: Any) -> None:
+    """Ask GET /models which models serve each task and the MLM's window; drop tasks nobody serves.
+
+    A sentence longer than the window would be a correct 422, counted as a failure; a server
+    without a masked LM (a classifier-only deployment) should be load-tested on /classify alone.
+    """
+    global SENTENCES
+    try:
+        listing = _get_json(f"{(environment.host or '').rstrip('/')}/models")
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        log.warning("GET /models failed (%s): sending every task, GMLP_LOADTEST_MAX_TOKENS only", exc)
+        SENTENCES = fitting(SENTENCES, CONFIG.max_tokens)
+        return
+    models = {m["name"]: m for m in listing.get("models", [])}
+    defaults = listing.get("defaults", {})
+    served = {
+        "image-classification": CONFIG.classify_model or defaults.get("image-classification"),
+        "fill-mask": CONFIG.fill_mask_model or defaults.get("fill-mask"),
+    }
+    explicit = {"image-classification": CONFIG.classify_model, "fill-mask": CONFIG.fill_mask_model}
+    for task, func in (("image-classification", classify), ("fill-mask", fill_mask)):
+        if func not in GmlpUser.tasks or served[task] in models:
+            continue
+        if explicit[task]:
+            # Asked for by name: keep sending, so that the 404s show up as failures.
+            log.error("the server has no model %r (serves %s)", explicit[task], sorted(models))
+            continue
+        log.warning("the server has no %s model: not sending that task", task)
+        GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
+    if fill_mask in GmlpUser.tasks and served["fill-mask"] in models:
+        max_tokens = CONFIG.max_tokens or models[served["fill-mask"]].get("n")
+        SENTENCES = fitting(SENTENCES, max_tokens)
+        log.info("fill-mask: %d sentences fit the %s-token window", len(SENTENCES), max_tokens)
+        if not SENTENCES:
+            log.error("no sentence fits %s tokens: not sending fill-mask", max_tokens)
+            GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not fill_mask]
+    if not GmlpUser.tasks:
+        log.error("nothing to send: the server serves none of the weighted tasks; stopping")
+        environment.process_exit_code = 2
+        GmlpUser.tasks = [_idle]  # users spawn before the quit below takes effect
+        if environment.runner is not None:
+            import gevent
+
+            gevent.spawn_later(0.1, environment.runner.quit)
+
+
+def _idle(user: GmlpUser) -> None:
+    import gevent
+
+    gevent.sleep(1.0)
+
+
+@events.test_stop.add_listener
+def _let_csv_catch_up(environment: Environment, **_: Any) -> None:
+    """Give locust's CSV writer (a greenlet rewriting PREFIX_stats.csv once a second) a last turn.
+
+    Without it the CSV misses up to the last second of requests, and a failure in that second
+    would not be in the report. The users are stopped by now, so the stats are final.
+    """
+    options = getattr(environment, "parsed_options", None)
+    if options is not None and getattr(options, "csv_prefix", None):
+        import gevent
+        from locust.stats import CSV_STATS_INTERVAL_SEC
+
+        gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.25)
+
+
+def _finish(response: Any, check: Callable[[Any], str | None]) -> None:
+    """Mark the request failed unless it is a 200 whose JSON passes `check`."""
+    if response.status_code != 200:
+        detail = ""
+        try:
+            detail = response.json()["error"]["code"]  # low-cardinality: one failure row per code
+        except Exception:  # noqa: BLE001 - any non-JSON error body (or a connection error)
+            detail = str(getattr(response, "error", "") or "")[:120]
+        response.failure(f"HTTP {response.status_code} {detail}".strip())
+        return
+    try:
+        body = response.json()
+    except ValueError as exc:
+        response.failure(f"invalid JSON: {exc}")
+        return
+    error = check(body)
+    if error:
+        response.failure(error[:300])
+    else:
+        response.success()
+
+
+def _query(model: str | None) -> str:
+    params: dict[str, Any] = {"top_k": CONFIG.top_k}
+    if model:
+        params["model"] = model
+    return urlencode(params)
+
+
+def classify(user: GmlpUser) -> None:
+    """POST /classify with a random test JPEG, as a multipart upload or a raw image body."""
+    image = random.choice(IMAGES)
+    upload = CONFIG.upload if CONFIG.upload != "mixed" else random.choice(("multipart", "raw"))
+    if upload == "multipart":
+        body, content_type = multipart_body(image, "image.jpg", "image/jpeg")
+    else:
+        body, content_type = image, "image/jpeg"
+    with user.client.post(
+        f"/classify?{_query(CONFIG.classify_model)}",
+        data=body,
+        headers={"Content-Type": content_type},
+        name="/classify",
+        catch_response=True,
+    ) as response:
+        _finish(response, lambda b: check_classify(b, CONFIG.top_k, CONFIG.classify_model))
+
+
+def fill_mask(user: GmlpUser) -> None:
+    """POST /fill-mask with a random held-out sentence that has one word masked."""
+    text = random.choice(SENTENCES).text
+    payload: dict[str, Any] = {"text": text, "top_k": CONFIG.top_k}
+    if CONFIG.fill_mask_model:
+        payload["model"] = CONFIG.fill_mask_model
+    with user.client.post("/fill-mask", json=payload, name="/fill-mask", catch_response=True) as response:
+        _finish(response, lambda b: check_fill_mask(b, text, CONFIG.top_k, CONFIG.fill_mask_model))
+
+
+class GmlpUser(FastHttpUser):
+    """One closed-loop client: sends the next request as soon as (think time after) the last answered."""
+
+    wait_time = constant(CONFIG.think_time_s)
+    # Integer weights; a task with weight 0 is never picked.
+    tasks = {classify: CONFIG.classify_weight, fill_mask: CONFIG.fill_mask_weight}
+    network_timeout = 60.0
+    connection_timeout = 10.0

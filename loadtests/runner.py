@@ -1,0 +1,327 @@
+"""Run locust headless once per concurrency level and collect what each step measured.
+
+Each step is a separate `python -m locust` process (fresh statistics, its own CSV and HTML
+report, and a hard subprocess timeout so a hung run cannot hang the sweep), bracketed by two
+/metrics scrapes for the server-side batch sizes. Nothing here imports locust: the runner only
+reads the files locust writes.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtests.metrics_scrape import (
+    BatchStats,
+    batch_delta,
+    get_json,
+    http_get,
+    overall,
+    rejections_delta,
+    scrape,
+)
+
+log = logging.getLogger(__name__)
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+REPO_ROOT = LOCUSTFILE.parent.parent
+AGGREGATED = "Aggregated"
+# Locust needs a few seconds to start (loading the inputs) and to stop; beyond that it is hung.
+STARTUP_SLACK_S = 60.0
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([hms]?)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a locust-style duration: "30s", "2m", "1h30m", "90" (seconds)."""
+    text = text.strip().lower()
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * {"h": 3600, "m": 60, "s": 1, "": 1}[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or total <= 0:
+        raise ValueError(f"invalid duration {text!r}: use e.g. 30s, 2m, 1m30s")
+    return total
+
+
+def parse_users(text: str) -> list[int]:
+    """ "1,4,16,64" -> [1, 4, 16, 64] (each >= 1, kept in the given order)."""
+    try:
+        users = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"invalid --users {text!r}: a comma-separated list of integers") from None
+    if not users or min(users) < 1:
+        raise ValueError(f"invalid --users {text!r}: at least one count, each >= 1")
+    return users
+
+
+@dataclass(frozen=True)
+class EndpointStats:
+    """One row of locust's `_stats.csv` (an endpoint, or the Aggregated row). Times in ms."""
+
+    name: str
+    requests: int
+    failures: int
+    rps: float
+    avg_ms: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _number(value: str | None) -> float | None:
+    if value is None or value.strip() in ("", "N/A"):
+        return None
+    return float(value)
+
+
+def read_stats_csv(path: Path) -> dict[str, EndpointStats]:
+    """The rows of a locust `PREFIX_stats.csv`, by name ("/classify", "Aggregated", ...)."""
+    rows: dict[str, EndpointStats] = {}
+    with path.open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            rows[row["Name"]] = EndpointStats(
+                name=row["Name"],
+                requests=int(row["Request Count"]),
+                failures=int(row["Failure Count"]),
+                rps=float(_number(row["Requests/s"]) or 0.0),
+                avg_ms=_number(row["Average Response Time"]),
+                p50_ms=_number(row["50%"]),
+                p95_ms=_number(row["95%"]),
+                p99_ms=_number(row["99%"]),
+                max_ms=_number(row["Max Response Time"]),
+            )
+    return rows
+
+
+def read_failures_csv(path: Path) -> list[dict[str, Any]]:
+    """Locust's `PREFIX_failures.csv`: what failed, how often (most frequent first)."""
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = [
+            {
+                "method": r["Method"],
+                "name": r["Name"],
+                "error": r["Error"],
+                "occurrences": int(r["Occurrences"]),
+            }
+            for r in csv.DictReader(f)
+        ]
+    return sorted(rows, key=lambda r: -r["occurrences"])
+
+
+def read_exceptions_csv(path: Path) -> list[dict[str, Any]]:
+    """Locust's `PREFIX_exceptions.csv`: errors raised in the locustfile itself (a bug there, not a
+    failed request), in the same shape as the failures."""
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as f:
+        return [
+            {
+                "method": "exception",
+                "name": "locustfile",
+                "error": r["Message"],
+                "occurrences": int(r["Count"]),
+            }
+            for r in csv.DictReader(f)
+        ]
+
+
+@dataclass
+class StepResult:
+    """Everything measured at one concurrency level."""
+
+    users: int
+    duration_s: float
+    total: EndpointStats | None
+    endpoints: dict[str, EndpointStats] = field(default_factory=dict)
+    batch: dict[str, BatchStats] = field(default_factory=dict)
+    batch_all: BatchStats | None = None  # None when /metrics could not be read
+    rejections: dict[str, int] = field(default_factory=dict)
+    failure_messages: list[dict[str, Any]] = field(default_factory=list)
+    locust_exit_code: int | None = None
+    error: str | None = None  # the step did not run properly (timeout, crash, no CSV)
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> int:
+        """Failed requests; a step that did not complete, or that locust exited 1 on, counts as failing."""
+        counted = self.total.failures if self.total else 0
+        if self.error or (self.locust_exit_code not in (0, None) and counted == 0):
+            return max(counted, 1)
+        return counted
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "users": self.users,
+            "duration_s": self.duration_s,
+            "total": self.total.to_json() if self.total else None,
+            "endpoints": {k: v.to_json() for k, v in self.endpoints.items()},
+            "batch_size": {k: v.to_json() for k, v in self.batch.items()},
+            "batch_size_all": self.batch_all.to_json() if self.batch_all else None,
+            "rejections": self.rejections,
+            "failures": self.failures,
+            "failure_messages": self.failure_messages,
+            "locust_exit_code": self.locust_exit_code,
+            "error": self.error,
+            "files": self.files,
+        }
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    url: str
+    users: list[int]
+    duration: str = "30s"
+    out_dir: Path = Path("loadtest-report")
+    spawn_rate: float | None = None  # None: all users within one second
+    env: Mapping[str, str] = field(default_factory=dict)  # GMLP_LOADTEST_* for the locustfile
+    locustfile: Path = LOCUSTFILE
+    pause_s: float = 1.0
+
+
+def locust_command(config: SweepConfig, users: int, prefix: Path, html: Path) -> list[str]:
+    spawn_rate = config.spawn_rate or float(users)
+    return [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(config.locustfile),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        f"{spawn_rate:g}",
+        "-t",
+        f"{math.ceil(parse_duration(config.duration))}s",
+        "--host",
+        config.url,
+        "--csv",
+        str(prefix),
+        "--html",
+        str(html),
+        "--only-summary",
+    ]
+
+
+def run_step(config: SweepConfig, users: int) -> StepResult:
+    """One locust run at `users` concurrent users, with /metrics scraped before and after."""
+    duration_s = parse_duration(config.duration)
+    step_dir = config.out_dir / f"users-{users:03d}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    prefix, html, log_file = step_dir / "locust", step_dir / "locust.html", step_dir / "locust.log"
+    env = {**os.environ, **config.env}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    result = StepResult(users=users, duration_s=duration_s, total=None)
+    before = scrape(config.url)
+    cmd = locust_command(config, users, prefix, html)
+    log.info("step: %d users for %s", users, config.duration)
+    with log_file.open("w", encoding="utf-8") as out:
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=step_dir,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=duration_s + STARTUP_SLACK_S,
+                check=False,
+            )
+            result.locust_exit_code = proc.returncode
+        except subprocess.TimeoutExpired:
+            result.error = f"locust did not finish within {duration_s + STARTUP_SLACK_S:.0f} s (killed)"
+    after = scrape(config.url)
+    stats_csv = Path(f"{prefix}_stats.csv")
+    if stats_csv.is_file():
+        rows = read_stats_csv(stats_csv)
+        result.total = rows.pop(AGGREGATED, None)
+        result.endpoints = rows
+    if result.total is None and result.error is None:
+        tail = log_file.read_text(encoding="utf-8", errors="replace")[-2000:]
+        result.error = f"locust exited {result.locust_exit_code} without statistics; log tail:\n{tail}"
+    result.failure_messages = read_failures_csv(Path(f"{prefix}_failures.csv")) + read_exceptions_csv(
+        Path(f"{prefix}_exceptions.csv")
+    )
+    if before is not None and after is not None:
+        result.batch = batch_delta(before, after)
+        result.batch_all = overall(result.batch.values())
+        result.rejections = rejections_delta(before, after)
+    result.files = {
+        name: str(path.relative_to(config.out_dir))
+        for name, path in (
+            ("stats_csv", stats_csv),
+            ("failures_csv", Path(f"{prefix}_failures.csv")),
+            ("html", html),
+            ("log", log_file),
+        )
+        if path.is_file()
+    }
+    return result
+
+
+def wait_ready(url: str, timeout_s: float) -> None:
+    """Block until GET /health/ready answers 200 (bounded); the service warms up before it is ready."""
+    deadline = time.monotonic() + timeout_s
+    last: str = "no answer"
+    while True:
+        try:
+            http_get(f"{url.rstrip('/')}/health/ready", timeout_s=5.0)
+            return
+        except OSError as exc:  # URLError and HTTPError (503 while loading) are OSErrors
+            last = str(exc)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{url} was not ready within {timeout_s:.0f} s ({last})")
+        time.sleep(0.5)
+
+
+def describe_server(url: str) -> list[dict[str, Any]]:
+    """GET /models (variant, threads, batching settings) for the report header; [] if unavailable."""
+    try:
+        return list(get_json(f"{url.rstrip('/')}/models").get("models", []))
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def run_sweep(config: SweepConfig) -> list[StepResult]:
+    """Every step in order; a failing step does not stop the sweep (the report shows it)."""
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, users in enumerate(config.users):
+        if i:
+            time.sleep(config.pause_s)  # let the previous step's queue drain
+        results.append(run_step(config, users))
+    return results
+
+
+__all__ = [
+    "SweepConfig",
+    "StepResult",
+    "EndpointStats",
+    "run_sweep",
+    "run_step",
+    "wait_ready",
+    "describe_server",
+    "parse_duration",
+    "parse_users",
+    "read_stats_csv",
+    "read_failures_csv",
+    "read_exceptions_csv",
+]

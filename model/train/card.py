@@ -1,0 +1,173 @@
+"""Model cards for the demo checkpoints, regenerable from `training.json` + the weights.
+
+`finish_run` records the run (command, wall time, results) in `training.json` beside the
+checkpoint; `write_card` turns that into README.md, so a card can be rebuilt after re-evaluating
+(`gmlp model-card DIR`) without retraining. For the MLM it shows live fill-mask predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TRAINING_FILE = "training.json"
+
+FILL_MASK_EXAMPLES = [
+    "The cat sat on the [MASK].",
+    "She opened the [MASK] and walked into the room.",
+    "I drink a cup of [MASK] every morning.",
+    "He was born in a small [MASK] near the sea.",
+    "The sun rises in the [MASK].",
+    "We went to the [MASK] to buy some bread.",
+    "My brother is a [MASK] at the local school.",
+    "It was a cold and [MASK] night.",
+    "They [MASK] all day and were tired in the evening.",
+    "The children were playing in the [MASK] after dinner.",
+]
+
+
+def finish_run(
+    out: Path, args: Any, result: Any, results: dict[str, Any], data: str, epochs: float
+) -> dict[str, Any]:
+    """Write training.json and README.md next to the checkpoint; return the summary."""
+    argv = getattr(args, "argv", None) or sys.argv[1:]
+    summary = {
+        "command": "gmlp " + shlex.join(argv)
+        if argv and argv[0].startswith("train")
+        else shlex.join(sys.argv),
+        "data": data,
+        "steps": result.steps,
+        "epochs": round(epochs, 2),
+        "train_wall_time_s": round(result.train_seconds, 1),
+        "threads": getattr(args, "threads", None),
+        "hyperparameters": {
+            k: getattr(args, k)
+            for k in (
+                "batch_size",
+                "lr",
+                "weight_decay",
+                "warmup_steps",
+                "label_smoothing",
+                "short_frac",
+                "drop_path",
+            )
+            if hasattr(args, k)
+        },
+        "final_train_metrics": result.metrics,
+        "results": results,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (Path(out) / TRAINING_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    write_card(out)
+    return summary
+
+
+def fill_mask_examples(
+    root: Path, sentences: list[str] = FILL_MASK_EXAMPLES, k: int = 5
+) -> list[dict[str, Any]]:
+    """Top-k predictions for each [MASK] of `sentences`, encoded as the service encodes them."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from model.checkpoint import load_checkpoint
+
+    model = load_checkpoint(root)
+    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    tok.no_padding()
+    n, pad, mask = model.config.n, model.config.pad_token_id, model.config.mask_token_id
+    rows = []
+    for sentence in sentences:
+        ids = tok.encode(sentence).ids[:n]
+        positions = [i for i, t in enumerate(ids) if t == mask]
+        x = torch.tensor([ids + [pad] * (n - len(ids))])
+        with torch.inference_mode():
+            probs = model(x, positions=torch.tensor([positions])).softmax(-1)[0]
+        preds = []
+        for p in probs:
+            top = p.topk(k)
+            preds.append(
+                [
+                    (tok.id_to_token(int(i)), round(float(v), 3))
+                    for v, i in zip(top.values, top.indices, strict=True)
+                ]
+            )
+        rows.append({"sentence": sentence, "predictions": preds})
+    return rows
+
+
+def _params(root: Path) -> tuple[int, float]:
+    from safetensors.torch import load_file
+
+    weights = root / "model.safetensors"
+    return sum(t.numel() for t in load_file(weights).values()), weights.stat().st_size / 1e6
+
+
+def write_card(root: str | Path) -> Path:
+    """(Re)write README.md from config.json, training.json and, for the MLM, live predictions."""
+    root = Path(root)
+    info = json.loads((root / "config.json").read_text())
+    train = json.loads((root / TRAINING_FILE).read_text()) if (root / TRAINING_FILE).is_file() else {}
+    cfg = info["model"]
+    n_params, size_mb = _params(root)
+    is_mlm = info["task"] == "fill-mask"
+    lines = [
+        f"# {info.get('name', root.name)}",
+        "",
+        f"gMLP ({'masked language model' if is_mlm else 'image classifier'}, Liu et al. 2021, "
+        '"Pay Attention to MLPs") trained from scratch on a 2-core CPU as a demo model for gmlp-serve.',
+        "",
+        "## Model",
+        f"- task: `{info['task']}`, n = {info['seq_len']} tokens"
+        + (" (32x32 image, 4x4 patches)" if not is_mlm else " (WordPiece, BERT uncased vocabulary)"),
+        f"- depth {cfg['depth']}, d_model {cfg['d_model']}, d_ffn {cfg['d_ffn']}, no tiny attention",
+        f"- parameters: {n_params:,}; model.safetensors {size_mb:.1f} MB (fp32)",
+        f"- preprocessing: `{json.dumps(info.get('preprocessing'))}`",
+        "",
+        "## Training",
+        f"- data: {train.get('data', 'n/a')}",
+        f"- command: `{train.get('command', 'n/a')}`",
+        f"- steps: {train.get('steps', 'n/a')} ({train.get('epochs', 'n/a')} epochs), "
+        f"wall time {train.get('train_wall_time_s', 0) / 60:.1f} min on "
+        f"{train.get('threads', '?')} CPU thread(s), bf16 autocast",
+        f"- hyperparameters: `{json.dumps(train.get('hyperparameters', {}))}`",
+        "",
+        "## Results",
+        "```json",
+        json.dumps(train.get("results", {}), indent=2),
+        "```",
+    ]
+    if is_mlm:
+        lines += [
+            "",
+            "Masked-token accuracy on `valid-000.txt.gz` (never trained on): 15% of the tokens of each "
+            "window (at least one) are replaced by [MASK] with a fixed seed; `full` = full 128-token "
+            "windows, `short` = single sentences of 5-40 words padded to n (what the service is sent).",
+            "",
+            "## Fill-mask examples (top-5)",
+            "",
+        ]
+        for ex in fill_mask_examples(root):
+            preds = "; ".join(", ".join(f"{t} ({p:.2f})" for t, p in slot) for slot in ex["predictions"])
+            lines.append(f"- `{ex['sentence']}` -> {preds}")
+        limitations = [
+            "Trained for about an hour on ~12M tokens of 19th-century public-domain books: modern "
+            "vocabulary and facts are poorly covered, and predictions are often generic (the, a, was).",
+            f"Fixed window of n = {info['seq_len']} tokens; longer inputs must be truncated.",
+            "No fine-tuning, no safety filtering; a demo of the serving stack, not a general-purpose LM.",
+        ]
+    else:
+        lines += ["", "Top-1 on the 10,000 CIFAR-10 test images (JPEG-decoded, no test-time augmentation)."]
+        limitations = [
+            "Only 32x32 RGB inputs of the 10 CIFAR-10 classes; other images are squeezed to 32x32 and "
+            "forced into one of the 10 classes.",
+            "Trained on JPEG (quality ~75) copies of CIFAR-10; accuracy is well below convolutional "
+            "networks of the same size.",
+        ]
+    lines += ["", "## Limitations", *[f"- {item}" for item in limitations], ""]
+    path = root / "README.md"
+    path.write_text("\n".join(lines))
+    return path

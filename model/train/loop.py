@@ -1,0 +1,184 @@
+"""The training loop both demo models share: AdamW, warm-up + cosine, bf16 autocast, time budget,
+progress bar, periodic resumable state.
+
+A task supplies `make_batch(step)` (deterministic in the step, so resuming needs no data-loader
+state) and `loss(model, batch) -> (loss, {metric: (sum, count)})`; everything else lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from .schedule import StepPlanner, lr_at
+
+log = logging.getLogger(__name__)
+
+
+class Task(Protocol):
+    def make_batch(self, step: int) -> Any: ...
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]: ...
+
+
+@dataclass
+class LoopConfig:
+    """Optimisation settings; `max_steps` and/or `time_budget_s` bound the run."""
+
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    max_steps: int | None = None
+    time_budget_s: float | None = None
+    min_lr_ratio: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0
+    bf16: bool = True
+    state_path: Path | None = None
+    resume: bool = False
+    save_every_s: float = 300.0
+    log_every: int = 100
+    desc: str = "train"
+
+
+@dataclass
+class LoopResult:
+    steps: int
+    train_seconds: float
+    last_lr: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **overrides: Any) -> LoopConfig:
+    """The CLI flags both training commands share; `--time-budget-min` covers training plus the
+    final evaluation, so `--eval-reserve-s` of it is kept back from the training loop."""
+    budget = args.time_budget_min * 60 - args.eval_reserve_s if args.time_budget_min else None
+    return LoopConfig(
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps,
+        max_steps=args.max_steps if max_steps is None else max_steps,
+        time_budget_s=budget,
+        bf16=not args.no_bf16,
+        state_path=Path(args.state_dir) / "train_state.pt",
+        resume=args.resume,
+        desc=desc,
+        **overrides,
+    )
+
+
+def build_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
+    """AdamW with no weight decay on biases and LayerNorm gains (the usual transformer/MLP recipe)."""
+    decay, no_decay = [], []
+    for _, param in model.named_parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def _save_state(
+    path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, elapsed: float, total: int
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "step": step,
+        "elapsed_s": elapsed,
+        "planned_total": total,
+    }
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def _load_state(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float, int]:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return int(state["step"]), float(state["elapsed_s"]), int(state["planned_total"])
+
+
+class _Meter:
+    """Running sums of the task's metrics over the last `log_every` steps, plus a loss EMA."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, list[float]] = {}
+        self.loss_ema: float | None = None
+
+    def add(self, loss: float, metrics: dict[str, tuple[float, float]]) -> None:
+        self.loss_ema = loss if self.loss_ema is None else 0.98 * self.loss_ema + 0.02 * loss
+        for key, (total, count) in metrics.items():
+            acc = self.sums.setdefault(key, [0.0, 0.0])
+            acc[0] += total
+            acc[1] += count
+
+    def summary(self, reset: bool = False) -> dict[str, float]:
+        out = {"loss": round(self.loss_ema or 0.0, 4)}
+        out.update({k: round(s / max(c, 1), 4) for k, (s, c) in self.sums.items()})
+        if reset:
+            self.sums = {}
+        return out
+
+
+def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
+    """Run optimiser steps until the step or time limit; returns what a model card reports."""
+    from tqdm import tqdm
+
+    opt = build_optimizer(model, cfg)
+    step, elapsed, provisional = 0, 0.0, 10_000
+    if cfg.resume and cfg.state_path is not None and cfg.state_path.is_file():
+        step, elapsed, provisional = _load_state(cfg.state_path, model, opt)
+        log.info("resumed from %s at step %d (%.0f s trained)", cfg.state_path, step, elapsed)
+    # Until the speed is re-measured, a resumed run keeps the plan it had (no LR jump).
+    planner = StepPlanner(cfg.max_steps, cfg.time_budget_s, elapsed_s=elapsed, provisional_steps=provisional)
+    model.train()
+    meter = _Meter()
+    interactive = sys.stderr.isatty()
+    bar = tqdm(total=planner.total, initial=step, desc=cfg.desc, mininterval=1.0 if interactive else 30.0)
+    last_save = time.monotonic()
+    lr = cfg.lr
+    while not planner.done(step):
+        lr = lr_at(step, planner.total, cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = task.make_batch(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, metrics = task.loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        loss_value = float(loss.detach())
+        if loss_value != loss_value:  # NaN: stop early with a clear message rather than train garbage
+            raise RuntimeError(f"loss is NaN at step {step} (lr {lr:.2e}); lower --lr")
+        meter.add(loss_value, metrics)
+        total = planner.update(step)
+        if bar.total != total:
+            bar.total = total
+        bar.update(1)
+        bar.set_postfix(meter.summary() | {"lr": f"{lr:.1e}"}, refresh=False)
+        if step % cfg.log_every == 0:
+            bar.write(
+                f"{cfg.desc} step {step}/{total} {planner.elapsed():.0f}s lr {lr:.2e} "
+                + " ".join(f"{k} {v}" for k, v in meter.summary(reset=True).items())
+            )
+            sys.stderr.flush()
+        if cfg.state_path is not None and time.monotonic() - last_save > cfg.save_every_s:
+            _save_state(cfg.state_path, model, opt, step, planner.elapsed(), planner.total)
+            last_save = time.monotonic()
+    bar.close()
+    if cfg.state_path is not None:
+        _save_state(cfg.state_path, model, opt, step, planner.elapsed(), planner.total)
+    model.eval()
+    return LoopResult(steps=step, train_seconds=planner.elapsed(), last_lr=lr, metrics=meter.summary())

@@ -1,0 +1,152 @@
+"""CUDA checks for the served models: CUDA-EP parity against CPU, and throughput of CPU vs CUDA fp32
+vs CUDA fp16 with IO binding. Part of scripts/gpu-check.sh; needs only onnxruntime(-gpu) and numpy.
+
+Usage: python scripts/gpu_bench.py --models models --out OUT [--batches 1,8,64] [--seconds 2]
+Without a CUDA provider it still runs the CPU rows and says that CUDA was not available.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+def make_inputs(cfg: dict, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    feeds = {}
+    for spec in cfg["inputs"]:
+        shape = [batch, *spec["shape"][1:]]
+        if spec["dtype"] == "float32":
+            feeds[spec["name"]] = rng.standard_normal(shape, dtype=np.float32)
+        elif spec["name"] == "input_ids":
+            feeds[spec["name"]] = rng.integers(1000, cfg["vocab_size"], shape, dtype=np.int64)
+        else:  # mask_positions
+            feeds[spec["name"]] = rng.integers(0, cfg["seq_len"], shape, dtype=np.int64)
+    return feeds
+
+
+class Runner:
+    """One session; `run` either plain (host in/out) or with IO binding (device-resident in/out)."""
+
+    def __init__(self, path: Path, provider: str, io_binding: bool) -> None:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=[provider, "CPUExecutionProvider"])
+        self.provider = self.session.get_providers()[0]
+        self.io_binding = io_binding and self.provider == "CUDAExecutionProvider"
+
+    def prepare(self, feeds: dict[str, np.ndarray]):
+        if not self.io_binding:
+            return feeds
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+        binding.bind_output("logits", "cuda", 0)
+        return binding
+
+    def run(self, prepared) -> None:
+        if self.io_binding:
+            self.session.run_with_iobinding(prepared)
+        else:
+            self.session.run(["logits"], prepared)
+
+    def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run(["logits"], feeds)[0]
+
+
+def throughput(runner: Runner, feeds: dict[str, np.ndarray], batch: int, seconds: float) -> float:
+    prepared = runner.prepare(feeds)
+    for _ in range(3):
+        runner.run(prepared)
+    rates = []
+    for _ in range(5):
+        calls, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds / 5 or calls == 0:
+            runner.run(prepared)
+            calls += 1
+        rates.append(calls * batch / elapsed)
+    return statistics.median(rates)
+
+
+def bench_model(model_dir: Path, batches: list[int], seconds: float) -> dict:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    rng = np.random.default_rng(0)
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    rows = {"CPU fp32": Runner(model_dir / cfg["variants"]["fp32"], "CPUExecutionProvider", False)}
+    if "int8" in cfg["variants"]:
+        rows["CPU int8"] = Runner(model_dir / cfg["variants"]["int8"], "CPUExecutionProvider", False)
+    if has_cuda:
+        rows["CUDA fp32 (IO binding)"] = Runner(
+            model_dir / cfg["variants"]["fp32"], "CUDAExecutionProvider", True
+        )
+        if "fp16" in cfg["variants"]:
+            rows["CUDA fp16 (IO binding)"] = Runner(
+                model_dir / cfg["variants"]["fp16"], "CUDAExecutionProvider", True
+            )
+    result: dict = {"model": cfg["name"], "task": cfg["task"], "cuda_available": has_cuda, "parity": {}}
+    check = make_inputs(cfg, 8, rng)
+    reference = rows["CPU fp32"].logits(check)
+    for name, runner in rows.items():
+        if name == "CPU fp32":
+            continue
+        got = runner.logits(check)
+        result["parity"][name] = {
+            "provider": runner.provider,
+            "max_abs_diff_vs_cpu_fp32": float(np.abs(got - reference).max()),
+            "top1_agreement": float((got.argmax(-1) == reference.argmax(-1)).mean()),
+        }
+    result["throughput"] = {
+        name: {str(b): throughput(runner, make_inputs(cfg, b, rng), b, seconds) for b in batches}
+        for name, runner in rows.items()
+    }
+    return result
+
+
+def to_markdown(results: list[dict], batches: list[int]) -> str:
+    lines = []
+    for res in results:
+        unit = "images/s" if res["task"] == "image-classification" else "sequences/s"
+        lines += [
+            f"### {res['model']} ({unit}, median)",
+            "",
+            "| runtime | " + " | ".join(f"batch {b}" for b in batches) + " |",
+            "|---|" + "---|" * len(batches),
+        ]
+        for name, by_batch in res["throughput"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{by_batch[str(b)]:.1f}" for b in batches) + " |")
+        lines.append("")
+        for name, p in res["parity"].items():
+            lines.append(
+                f"- {name} on {p['provider']}: max |diff| vs CPU fp32 {p['max_abs_diff_vs_cpu_fp32']:.2e}, "
+                f"top-1 agreement {100 * p['top1_agreement']:.1f}%"
+            )
+        if not res["cuda_available"]:
+            lines.append("- CUDA execution provider NOT available: only CPU rows were measured")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", type=Path, default=Path("models"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per measurement")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    dirs = sorted(p.parent for p in args.models.glob("*/config.json"))
+    results = [bench_model(d, batches, args.seconds) for d in dirs]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu-bench.json").write_text(json.dumps(results, indent=2))
+    text = to_markdown(results, batches)
+    (args.out / "gpu-bench.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

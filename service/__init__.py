@@ -1,0 +1,26 @@
+"""gmlp-serve: served-model directories -> HTTP (see docs/service.md).
+
+The data path is route -> preprocess/text -> batching -> runtime -> postprocess -> response; the
+batcher and the runtime know nothing about HTTP, and nothing here imports torch.
+
+`create_app` and `ServiceSettings` are imported lazily, so that `gmlp --help` (which imports
+`service.cli`) does not pay for FastAPI and ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["create_app", "ServiceSettings"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_app":
+        from service.app import create_app
+
+        return create_app
+    if name == "ServiceSettings":
+        from service.settings import ServiceSettings
+
+        return ServiceSettings
+    raise AttributeError(f"module 'service' has no attribute {name!r}")

@@ -1,0 +1,146 @@
+"""`gmlp serve`: flags generated from `ServiceSettings`, so flags, env vars and docs never drift.
+
+`add_serve_arguments(parser)` adds one `--flag` per setting (default None, meaning "use the
+environment or the built-in default"); `settings_from_args(args)` applies the flags on top of
+`GMLP_*`; `run_serve(args)` checks the repository (exporting missing checkpoints) and runs uvicorn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _choices_and_type(annotation: Any) -> tuple[list[str] | None, Any]:
+    """argparse `choices` and `type` for a settings annotation (Literal, Path, int, bool, Optional)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _choices_and_type(args[0])
+    if origin is typing.Literal:
+        return [str(a) for a in args], str
+    return None, str  # pydantic converts the string (paths, numbers, booleans)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add a flag for every `ServiceSettings` field (e.g. --max-batch-size for GMLP_MAX_BATCH_SIZE)."""
+    group = parser.add_argument_group("serving (each flag overrides the GMLP_* environment variable)")
+    for name, field in ServiceSettings.model_fields.items():
+        choices, arg_type = _choices_and_type(field.annotation)
+        default = field.default
+        help_text = f"{field.description or name} [env GMLP_{name.upper()}; default {default}]"
+        help_text = help_text.replace("%", "%%")
+        if field.annotation is bool:
+            group.add_argument(
+                _flag(name),
+                dest=f"serve_{name}",
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
+            )
+            continue
+        group.add_argument(
+            _flag(name),
+            dest=f"serve_{name}",
+            default=None,
+            choices=choices,
+            type=arg_type,
+            metavar=None if choices else name.upper(),
+            help=help_text,
+        )
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
+    """`ServiceSettings` from the environment, overridden by the flags that were given."""
+    overrides = {
+        name: value
+        for name in ServiceSettings.model_fields
+        if (value := getattr(args, f"serve_{name}", None)) is not None
+    }
+    return ServiceSettings(**overrides)
+
+
+def settings_from_cli(argv: Sequence[str] | None = None) -> ServiceSettings:
+    """Parse `gmlp serve`-style flags (for scripts and tests)."""
+    parser = add_serve_arguments(argparse.ArgumentParser(prog="gmlp serve"))
+    return settings_from_args(parser.parse_args(argv))
+
+
+def serve(settings: ServiceSettings) -> None:
+    """Run the service in the foreground until SIGINT/SIGTERM (then drain and exit)."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.repository import prepare_repository
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # no-op under `gmlp`
+    logging.getLogger("service").setLevel(settings.log_level.upper())
+    # Fail fast, before listening: a missing repository or an unexported checkpoint is a
+    # configuration error the operator must see at once, not a pod that never becomes ready.
+    specs = prepare_repository(settings.model_repository, settings.checkpoint_dir)
+    log.info("serving %s from %s", ", ".join(sorted(specs)), settings.model_repository)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # In-flight requests get their full deadline to finish on shutdown, then some slack.
+        timeout_graceful_shutdown=int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
+        access_log=settings.access_log,
+    )
+    uvicorn.Server(config).run()
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Entry point for the `gmlp serve` subcommand: returns the process exit status."""
+    from pydantic import ValidationError
+
+    from service.repository import RepositoryError
+
+    try:
+        settings = settings_from_args(args)
+        serve(settings)
+    except ValidationError as exc:
+        print(f"gmlp serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    except RepositoryError as exc:
+        print(f"gmlp serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `serve` subcommand to the `gmlp` console script (gmlp/cli.py)."""
+    parser = sub.add_parser(
+        "serve",
+        help="serve the models of a model repository over HTTP",
+        description="Serve gMLP models over HTTP: /classify, /fill-mask, /health/*, /models, /metrics, /v2.",
+    )
+    add_serve_arguments(parser)
+    parser.set_defaults(handler=run_serve)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m service.cli [flags]`: the same as `gmlp serve [flags]`."""
+    parser = add_serve_arguments(
+        argparse.ArgumentParser(prog="gmlp serve", description="Serve gMLP models over HTTP")
+    )
+    return run_serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""HTTP plumbing shared by the routes: body limits, payload parsing, deadlines, disconnects.
+
+Bodies are parsed here rather than by FastAPI's `File`/`Body` parameters because FastAPI turns any
+error raised while reading a body into a bare 400; we want 413 for too large, 415 for a wrong
+content type and 422 for bad JSON, each with a message that says what is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import (
+    client_closed,
+    payload_too_large,
+    unprocessable,
+    unsupported_media_type,
+)
+from service.preprocess import ACCEPTED_DESCRIPTION
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over `max_bytes`: early from Content-Length, and by counting what is read.
+
+    The header check rejects honest clients before they upload; the count catches chunked
+    uploads and lying headers, so no request can make us buffer more than the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await payload_too_large(self.max_bytes).response()(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise payload_too_large(self.max_bytes)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def read_image(request: Request) -> bytes:
+    """The image of a /classify request: multipart field `file`, or the raw body with an image/* type."""
+    mime = media_type(request)
+    if mime == "multipart/form-data":
+        # max_part_size bounds the non-file fields; the body limit bounds the file.
+        async with request.form(max_files=1, max_fields=16) as form:
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise unprocessable(
+                    "missing_file", "the multipart upload needs the image in a file field named 'file'"
+                )
+            data = await upload.read()
+    elif mime.startswith("image/"):
+        data = await request.body()
+    else:
+        raise unsupported_media_type(
+            mime,
+            f"send the image ({ACCEPTED_DESCRIPTION}) as multipart/form-data field 'file' or as the raw body "
+            "with an image/* content type",
+        )
+    if not data:
+        raise unprocessable("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+    return data
+
+
+async def read_json(request: Request, schema: type[M]) -> M:
+    """Validate a JSON body against `schema`; 415 for another content type, 422 for bad JSON."""
+    mime = media_type(request)
+    if mime != "application/json" and not mime.endswith("+json"):
+        raise unsupported_media_type(mime, "send a JSON body with content type application/json")
+    body = await request.body()
+    if not body:
+        raise unprocessable("empty_body", "the body is empty; send a JSON object")
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as exc:
+        details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or 'body'}: {d['msg']}" for d in details)
+        raise unprocessable("invalid_request", f"the JSON body is invalid: {summary}", details) from None
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    """Returns when the client goes away; the body has been read, so the next message is the disconnect."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, but cancel it if the client disconnects first.
+
+    Cancelling the batcher submission withdraws the request from the queue, so the model never
+    runs for a client that is gone (e.g. one that timed out on its side and retried).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise client_closed()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+__all__ = ["BodyLimitMiddleware", "read_image", "read_json", "unless_disconnected", "media_type"]

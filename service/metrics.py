@@ -1,0 +1,147 @@
+"""Prometheus metrics, on a registry owned by the app (several apps in one process must not clash).
+
+HTTP metrics come from a pure ASGI middleware (BaseHTTPMiddleware would buffer responses and break
+disconnect detection) and are labelled by the *route template*, never the raw path, so that a
+scanner hitting random URLs cannot blow up the label cardinality. Batcher metrics come through the
+`BatchObserver` interface, so the batcher itself stays free of Prometheus.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def power_of_two_buckets(max_batch_size: int) -> tuple[float, ...]:
+    """1, 2, 4, ... up to the first power of two >= max_batch_size."""
+    buckets, b = [], 1
+    while True:
+        buckets.append(float(b))
+        if b >= max_batch_size:
+            return tuple(buckets)
+        b *= 2
+
+
+class ServiceMetrics:
+    """All metrics of one app instance."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "gmlp_http_requests",
+            "HTTP requests by route, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gmlp_http_request_duration_seconds",
+            "HTTP request latency by route, method and status",
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("gmlp_http_requests_in_flight", "HTTP requests being handled", registry=r)
+        self.queue_depth = Gauge(
+            "gmlp_queue_depth", "requests waiting in the batch queue", ["model"], registry=r
+        )
+        self.batch_size = Histogram(
+            "gmlp_batch_size",
+            "requests per executed batch",
+            ["model"],
+            buckets=power_of_two_buckets(max_batch_size),
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gmlp_queue_wait_seconds",
+            "time from enqueue to batch start",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference = Histogram(
+            "gmlp_inference_seconds", "run time of one batch", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.rejections = Counter(
+            "gmlp_rejections",
+            "requests refused or dropped by the batcher (queue_full, deadline, cancelled, shutting_down)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r
+        )
+
+    def observer(self, model: str) -> ModelObserver:
+        return ModelObserver(self, model)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ModelObserver:
+    """`BatchObserver` for one model."""
+
+    def __init__(self, metrics: ServiceMetrics, model: str) -> None:
+        self._depth = metrics.queue_depth.labels(model)
+        self._batch = metrics.batch_size.labels(model)
+        self._wait = metrics.queue_wait.labels(model)
+        self._inference = metrics.inference.labels(model)
+        self._rejections = metrics.rejections
+        self._model = model
+        self._depth.set(0)
+
+    def queue_depth(self, depth: int) -> None:
+        self._depth.set(depth)
+
+    def rejected(self, reason: str) -> None:
+        self._rejections.labels(self._model, reason).inc()
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
+        self._batch.observe(size)
+        self._inference.observe(run_seconds)
+        for wait in queue_waits:
+            self._wait.observe(wait)
+
+
+class HttpMetricsMiddleware:
+    """Counts and times every HTTP request by route template and final status."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # if the app raises before answering, uvicorn sends a 500
+        self.metrics.in_flight.inc()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.in_flight.dec()
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "<unmatched>"
+            labels = (template, scope["method"], str(status))
+            self.metrics.requests.labels(*labels).inc()
+            self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
+
+
+__all__ = ["ServiceMetrics", "ModelObserver", "HttpMetricsMiddleware", "power_of_two_buckets"]

@@ -1,0 +1,139 @@
+"""The HTTP API: task endpoints, health, model listing and metrics.
+
+Routes stay thin: resolve the model, read the payload, call the pipeline while watching for the
+client to go away, shape the response. Every request has a deadline from its arrival.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.app import FAILED, ServiceState, get_state
+from service.http_io import read_image, read_json, unless_disconnected
+from service.pipelines import FillMaskPipeline, VisionPipeline, before_deadline
+from service.preprocess import ACCEPTED_DESCRIPTION
+from service.repository import MLM_TASK, VISION_TASK
+from service.schemas import (
+    ERROR_RESPONSES,
+    ClassifyResponse,
+    FillMaskRequest,
+    FillMaskResponse,
+    HealthResponse,
+    ModelInfo,
+    ModelsResponse,
+)
+
+router = APIRouter()
+
+_CLASSIFY_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, or as the raw body",
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"file": {"type": "string", "format": "binary"}},
+                    "required": ["file"],
+                }
+            },
+            "image/*": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+_FILL_MASK_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": FillMaskRequest.model_json_schema()}},
+    }
+}
+
+
+def _deadline(state: ServiceState) -> float:
+    return time.monotonic() + state.settings.request_timeout_s
+
+
+@router.post(
+    "/classify",
+    response_model=ClassifyResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=_CLASSIFY_BODY,
+    summary="Classify an image",
+    tags=["tasks"],
+)
+async def classify(
+    request: Request,
+    top_k: int = Query(5, ge=1, description="number of labels to return (at most the number of labels)"),
+    model: str | None = Query(None, description="served model name; default: the service's classifier"),
+) -> ClassifyResponse:
+    state = get_state(request)
+    deadline = _deadline(state)
+    served = state.resolve(model, VISION_TASK)
+    assert isinstance(served, VisionPipeline)
+    image = await before_deadline(read_image(request), deadline, state.settings.request_timeout_s)
+    predictions = await unless_disconnected(request, served.classify(image, top_k, deadline))
+    return ClassifyResponse.model_validate({"model": served.name, "predictions": predictions})
+
+
+@router.post(
+    "/fill-mask",
+    response_model=FillMaskResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra=_FILL_MASK_BODY,
+    summary="Predict the [MASK] tokens of a text",
+    tags=["tasks"],
+)
+async def fill_mask(request: Request) -> FillMaskResponse:
+    state = get_state(request)
+    deadline = _deadline(state)
+    body = await before_deadline(
+        read_json(request, FillMaskRequest), deadline, state.settings.request_timeout_s
+    )
+    served = state.resolve(body.model, MLM_TASK)
+    assert isinstance(served, FillMaskPipeline)
+    predictions = await unless_disconnected(
+        request, served.fill_mask(body.text, body.top_k, body.targets, deadline)
+    )
+    return FillMaskResponse.model_validate({"model": served.name, "predictions": predictions})
+
+
+def _health(ok: bool, status: str, detail: str | None = None) -> JSONResponse:
+    body = HealthResponse(status=status, detail=detail).model_dump(exclude_none=True)
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/health/live", response_model=HealthResponse, tags=["health"], summary="Liveness probe")
+async def live(request: Request) -> JSONResponse:
+    """200 while the process works; 503 only if loading the models failed (restart won't hurt)."""
+    state = get_state(request)
+    if state.phase == FAILED:
+        return _health(False, "failed", state.error)
+    return _health(True, "alive")
+
+
+@router.get("/health/ready", response_model=HealthResponse, tags=["health"], summary="Readiness probe")
+async def ready(request: Request) -> JSONResponse:
+    """200 only when every model is loaded and warmed up; 503 while loading, failed or draining."""
+    state = get_state(request)
+    if state.ready:
+        return _health(True, "ready")
+    return _health(False, state.phase, state.not_ready_error().message)
+
+
+@router.get(
+    "/models", response_model=ModelsResponse, tags=["models"], summary="Served models and their settings"
+)
+async def list_models(request: Request) -> ModelsResponse:
+    state = get_state(request)
+    models = [ModelInfo.model_validate(m.describe()) for m in state.models.values()]
+    return ModelsResponse(models=models, defaults=state.defaults)
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    state = get_state(request)
+    return Response(state.metrics.render(), media_type=state.metrics.content_type)

@@ -1,0 +1,255 @@
+"""The dynamic batcher on its own, with plain Python functions as `run_batch` (a real component).
+
+A `threading.Event` "gate" holds a batch in the worker thread so that queue states (full, waiting,
+cancelled) are reached deterministically rather than by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import pytest
+
+from service.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+class Recorder:
+    """Observer that remembers what the batcher reported."""
+
+    def __init__(self) -> None:
+        self.depths: list[int] = []
+        self.rejections: Counter[str] = Counter()
+        self.batches: list[int] = []
+
+    def queue_depth(self, depth: int) -> None:
+        self.depths.append(depth)
+
+    def rejected(self, reason: str) -> None:
+        self.rejections[reason] += 1
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
+        assert len(queue_waits) == size and run_seconds >= 0
+        self.batches.append(size)
+
+
+class GatedModel:
+    """run_batch that records its batches and can be held closed by a gate."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, items: list[Any]) -> list[Any]:
+        self.batches.append(list(items))
+        assert self.gate.wait(20), "gate never opened"
+        if "bad" in items:
+            raise ValueError("poisoned input")
+        return [f"out-{item}" for item in items]
+
+    @property
+    def seen(self) -> list[Any]:
+        return [item for batch in self.batches for item in batch]
+
+
+async def until(condition: Any, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+def make(model: GatedModel, **kw: Any) -> tuple[DynamicBatcher[Any, Any], Recorder]:
+    recorder = Recorder()
+    options = {"max_batch_size": 4, "max_queue_delay_s": 0.05, "max_queue_size": 100, **kw}
+    return DynamicBatcher(model, observer=recorder, name="test", **options), recorder
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_result() -> None:
+    model = GatedModel()
+
+    async def main() -> list[Any]:
+        batcher, recorder = make(model, max_batch_size=4, max_queue_delay_s=1.0)
+        batcher.start()
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+        await batcher.close(5)
+        assert recorder.batches == [len(b) for b in model.batches]
+        return results
+
+    results = run(main())
+    assert results == [f"out-{i}" for i in range(10)]
+    assert [len(b) for b in model.batches] == [4, 4, 2]  # full batches run at once, the rest after the window
+    assert sorted(model.seen) == list(range(10))
+
+
+def test_lone_request_runs_after_the_window() -> None:
+    model = GatedModel()
+
+    async def main() -> Any:
+        batcher, _ = make(model, max_queue_delay_s=0.01)
+        batcher.start()
+        result = await batcher.submit("x")
+        await batcher.close(5)
+        return result
+
+    assert run(main()) == "out-x"
+    assert model.batches == [["x"]]
+
+
+def test_full_queue_is_refused_immediately() -> None:
+    model = GatedModel()
+    model.gate.clear()
+
+    async def main() -> None:
+        batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=2)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit("a"))
+        await until(lambda: batcher.running == 1)  # "a" is in the worker, held by the gate
+        queued = [asyncio.ensure_future(batcher.submit(x)) for x in ("b", "c")]
+        await until(lambda: batcher.queue_depth == 2)
+        with pytest.raises(QueueFullError):
+            await batcher.submit("d")
+        assert recorder.rejections == {"queue_full": 1}
+        model.gate.set()
+        assert await asyncio.gather(first, *queued) == ["out-a", "out-b", "out-c"]
+        await batcher.close(5)
+
+    run(main())
+    assert "d" not in model.seen
+
+
+def test_request_past_its_deadline_fails_and_is_not_run() -> None:
+    model = GatedModel()
+    model.gate.clear()
+
+    async def main() -> None:
+        batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit("a"))
+        await until(lambda: batcher.running == 1)
+        with pytest.raises(DeadlineExceededError):
+            await batcher.submit("late", deadline=time.monotonic() + 0.05)
+        assert recorder.rejections["deadline"] == 1
+        assert batcher.queue_depth == 0
+        with pytest.raises(DeadlineExceededError):  # already expired on arrival
+            await batcher.submit("expired", deadline=time.monotonic() - 1)
+        model.gate.set()
+        assert await first == "out-a"
+        await batcher.close(5)
+
+    run(main())
+    assert model.seen == ["a"]
+
+
+def test_cancelled_request_is_dropped_before_it_runs() -> None:
+    model = GatedModel()
+    model.gate.clear()
+
+    async def main() -> None:
+        batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit("a"))
+        await until(lambda: batcher.running == 1)
+        gone = asyncio.ensure_future(batcher.submit("gone"))
+        kept = asyncio.ensure_future(batcher.submit("kept"))
+        await until(lambda: batcher.queue_depth == 2)
+        gone.cancel()  # what the route does when the client disconnects
+        await asyncio.gather(gone, return_exceptions=True)
+        assert batcher.queue_depth == 1
+        assert recorder.rejections == {"cancelled": 1}
+        model.gate.set()
+        assert await asyncio.gather(first, kept) == ["out-a", "out-kept"]
+        await batcher.close(5)
+
+    run(main())
+    assert "gone" not in model.seen
+
+
+def test_a_failing_batch_is_retried_one_by_one() -> None:
+    model = GatedModel()
+
+    async def main() -> list[Any]:
+        batcher, _ = make(model, max_batch_size=3, max_queue_delay_s=1.0)
+        batcher.start()
+        results = await asyncio.gather(
+            *(batcher.submit(x) for x in ("a", "bad", "c")), return_exceptions=True
+        )
+        await batcher.close(5)
+        return results
+
+    a, bad, c = run(main())
+    assert (a, c) == ("out-a", "out-c")
+    assert isinstance(bad, ValueError)
+    assert model.batches[0] == ["a", "bad", "c"]
+
+
+def test_wrong_number_of_outputs_is_an_error() -> None:
+    async def main() -> None:
+        batcher: DynamicBatcher[int, int] = DynamicBatcher(
+            lambda xs: [], max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=4
+        )
+        batcher.start()
+        with pytest.raises(RuntimeError, match="0 outputs for 1 inputs"):
+            await batcher.submit(1)
+        await batcher.close(5)
+
+    run(main())
+
+
+def test_drain_flushes_the_queue_without_waiting_for_the_window_then_refuses() -> None:
+    model = GatedModel()
+
+    async def main() -> None:
+        # A window far longer than the test's timeout: only the drain's flush can finish these.
+        batcher, recorder = make(model, max_batch_size=64, max_queue_delay_s=600.0)
+        batcher.start()
+        pending = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
+        await until(lambda: batcher.queue_depth == 3)
+        assert await batcher.drain(timeout=20) is True
+        assert [p.result() for p in pending] == ["out-0", "out-1", "out-2"]
+        with pytest.raises(BatcherClosedError):
+            await batcher.submit(99)
+        assert recorder.rejections == {"shutting_down": 1}
+        await batcher.close(1)
+
+    run(main())
+    assert model.batches == [[0, 1, 2]]
+
+
+def test_close_fails_what_could_not_be_drained() -> None:
+    model = GatedModel()
+    model.gate.clear()
+
+    async def main() -> None:
+        batcher, _ = make(model, max_batch_size=1, max_queue_delay_s=0.0)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit("a"))
+        await until(lambda: batcher.running == 1)
+        stuck = asyncio.ensure_future(batcher.submit("b"))
+        await until(lambda: batcher.queue_depth == 1)
+        await batcher.close(timeout=0.05)  # "a" is still held: the drain times out
+        with pytest.raises(BatcherClosedError):
+            await stuck
+        model.gate.set()
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+
+    run(main())
+    assert "b" not in model.seen
+
+
+def test_invalid_configuration() -> None:
+    with pytest.raises(ValueError):
+        DynamicBatcher(lambda xs: xs, max_batch_size=0, max_queue_delay_s=0.0, max_queue_size=1)

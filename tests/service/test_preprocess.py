@@ -1,0 +1,158 @@
+"""Image decoding and the eval transform, on real images made with Pillow and real CIFAR JPEGs."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.errors import ServiceError
+from service.preprocess import ImageTransform, decode_image
+
+pytest_plugins = ["svc_harness"]
+pytestmark = pytest.mark.timeout(60)
+
+# The demo classifier's transform: 32x32, no resize for 32-px images, mean = std = 0.5.
+CIFAR_PRE = {
+    "crop_size": 32,
+    "resize_size": 32,
+    "interpolation": "bicubic",
+    "mean": [0.5] * 3,
+    "std": [0.5] * 3,
+}
+MAX_PIXELS = 1_000_000
+
+
+def encode(img: Image.Image, fmt: str, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def transform() -> ImageTransform:
+    return ImageTransform.from_config(CIFAR_PRE, MAX_PIXELS, (32, 32))
+
+
+def test_cifar_jpeg_gives_normalised_chw(cifar_images: list[bytes]) -> None:
+    out = transform()(cifar_images[0])
+    assert out.shape == (3, 32, 32) and out.dtype == np.float32
+    expected = (
+        np.asarray(Image.open(io.BytesIO(cifar_images[0])).convert("RGB"), np.float32) / 255 - 0.5
+    ) / 0.5
+    np.testing.assert_allclose(out, expected.transpose(2, 0, 1), atol=1e-6)
+
+
+def test_shorter_side_resize_and_centre_crop() -> None:
+    # 64 wide x 32 high, three vertical bands: red | green (columns 16..47) | blue.
+    arr = np.zeros((32, 64, 3), np.uint8)
+    arr[:, :16, 0] = 255
+    arr[:, 16:48, 1] = 255
+    arr[:, 48:, 2] = 255
+    out = transform()(encode(Image.fromarray(arr), "PNG"))
+    # Shorter side already 32: no resize; the centre crop keeps exactly the green band.
+    np.testing.assert_array_equal(out[0], -1.0)
+    np.testing.assert_array_equal(out[1], 1.0)
+    np.testing.assert_array_equal(out[2], -1.0)
+
+
+def test_resize_size_from_crop_pct_and_interpolation() -> None:
+    t = ImageTransform.from_config(
+        {"crop_size": 224, "crop_pct": 0.875, "interpolation": "bilinear"}, MAX_PIXELS
+    )
+    assert t.resize_size == 256 and t.crop_size == (224, 224)
+    out = t(encode(Image.new("RGB", (640, 480), (255, 255, 255)), "JPEG", quality=95))
+    assert out.shape == (3, 224, 224)
+    np.testing.assert_allclose(out, 1.0, atol=0.02)
+    with pytest.raises(ValueError, match="interpolation"):
+        ImageTransform.from_config({"crop_size": 32, "interpolation": "cubic-ish"}, MAX_PIXELS)
+    with pytest.raises(ValueError, match="does not match"):
+        ImageTransform.from_config({"crop_size": 32}, MAX_PIXELS, (64, 64))
+
+
+def test_exif_orientation_is_honoured() -> None:
+    # Stored 32 wide x 64 high, red on top, blue below; orientation 6 = display rotated 90 degrees
+    # clockwise, so the displayed image is 64 x 32 with blue on the left and red on the right.
+    arr = np.zeros((64, 32, 3), np.uint8)
+    arr[:32, :, 0] = 255
+    arr[32:, :, 2] = 255
+    img = Image.fromarray(arr)
+    exif = img.getexif()
+    exif[0x0112] = 6
+    out = transform()(encode(img, "PNG", exif=exif))
+    assert out[2, :, 0].min() == 1.0 and out[0, :, 0].max() == -1.0  # left column blue
+    assert out[0, :, 31].min() == 1.0 and out[2, :, 31].max() == -1.0  # right column red
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "GIF", "BMP"])
+def test_accepted_formats(fmt: str) -> None:
+    img = Image.new("RGB", (40, 36), (200, 100, 50))
+    out = transform()(encode(img, fmt, **({"quality": 100} if fmt in ("JPEG", "WEBP") else {})))
+    assert out.shape == (3, 32, 32)
+    # GIF is palette-quantised, JPEG/WebP lossy: colours within a few levels.
+    np.testing.assert_allclose(out[:, 16, 16], (np.array([200, 100, 50]) / 255 - 0.5) / 0.5, atol=0.05)
+
+
+def test_modes_are_brought_to_rgb() -> None:
+    grey = decode_image(encode(Image.new("L", (8, 8), 128), "PNG"), MAX_PIXELS)
+    assert grey.mode == "RGB" and grey.getpixel((0, 0)) == (128, 128, 128)
+    # 16-bit greyscale is scaled (65535 -> 255), not clipped.
+    deep = Image.fromarray(np.full((8, 8), 32896, np.uint16))
+    assert decode_image(encode(deep, "PNG"), MAX_PIXELS).getpixel((0, 0)) == (128, 128, 128)
+    # Transparent pixels are shown over white.
+    rgba = Image.new("RGBA", (8, 8), (0, 0, 0, 0))
+    assert decode_image(encode(rgba, "PNG"), MAX_PIXELS).getpixel((0, 0)) == (255, 255, 255)
+    half = Image.new("RGBA", (8, 8), (0, 0, 255, 128))
+    r, g, b = decode_image(encode(half, "PNG"), MAX_PIXELS).getpixel((0, 0))
+    assert b == 255 and 120 <= r == g <= 130
+    palette = Image.new("P", (8, 8), 3)
+    palette.putpalette([0, 0, 0] * 3 + [10, 20, 30] + [0, 0, 0] * 252)
+    assert decode_image(encode(palette, "PNG"), MAX_PIXELS).getpixel((0, 0)) == (10, 20, 30)
+    cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # pure red in CMYK
+    r, g, b = decode_image(encode(cmyk, "JPEG", quality=100), MAX_PIXELS).getpixel((0, 0))
+    assert r > 240 and g < 15 and b < 15
+    bilevel = Image.new("1", (8, 8), 1)
+    assert decode_image(encode(bilevel, "BMP"), MAX_PIXELS).getpixel((0, 0)) == (255, 255, 255)
+
+
+def test_animated_gif_uses_the_first_frame() -> None:
+    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 0, 255))]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    r, g, b = decode_image(data, MAX_PIXELS).getpixel((0, 0))
+    assert r > 240 and b < 15
+
+
+def _error(data: bytes, max_pixels: int = MAX_PIXELS) -> ServiceError:
+    with pytest.raises(ServiceError) as info:
+        decode_image(data, max_pixels)
+    return info.value
+
+
+def test_bad_images_are_client_errors(cifar_images: list[bytes]) -> None:
+    assert _error(b"").code == "empty_image"
+    assert _error(b"this is not an image").status == 422
+    tiff = encode(Image.new("RGB", (8, 8)), "TIFF")
+    err = _error(tiff)
+    assert err.status == 422 and "JPEG, PNG, WebP, GIF or BMP" in err.message
+    # A JPEG cut in the middle of its scan data: a decode error, not grey padding.
+    big = encode(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8)), "JPEG")
+    err = _error(big[: len(big) // 2])
+    assert err.status == 422 and err.code == "invalid_image"
+    assert _error(cifar_images[0][:100]).status == 422
+
+
+def test_decompression_bombs_are_refused_before_decoding() -> None:
+    # 2000 x 2000 one-bit PNG: a few KB on the wire, 4 M pixels once decoded.
+    bomb = encode(Image.new("1", (2000, 2000)), "PNG")
+    assert len(bomb) < 10_000
+    err = _error(bomb, max_pixels=1_000_000)
+    assert err.status == 413 and err.code == "image_too_large" and "1000000" in err.message
+    # Beyond Pillow's own process-wide limit its DecompressionBombError is mapped the same way.
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        Image.MAX_IMAGE_PIXELS = 1_000_000
+        err = _error(bomb, max_pixels=10_000_000)
+        assert err.status == 413 and err.code == "image_too_large"
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit

@@ -1,0 +1,87 @@
+"""Fill-mask tokenisation and decoding with the real BERT uncased tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gmlp.paths import BERT_TOKENIZER
+from service.errors import ServiceError
+from service.text import FillMaskCodec
+
+pytestmark = pytest.mark.timeout(60)
+
+CONFIG = {"n": 16, "max_predictions": 2, "pad_token_id": 0, "mask_token_id": 103, "vocab_size": 30522}
+
+
+@pytest.fixture(scope="module")
+def codec() -> FillMaskCodec:
+    return FillMaskCodec(BERT_TOKENIZER, CONFIG, model_name="m")
+
+
+def test_encode_pads_to_n_and_finds_masks(codec: FillMaskCodec) -> None:
+    enc = codec.encode("Paris is the [MASK] of France.")
+    assert enc.ids[0] == 101 and enc.ids[-1] == 102  # [CLS] ... [SEP]
+    assert enc.mask_positions == [4]
+    ids, positions = enc.feeds["input_ids"], enc.feeds["mask_positions"]
+    assert (
+        ids.shape == (16,)
+        and ids.dtype == np.int64
+        and positions.shape == (2,)
+        and positions.dtype == np.int64
+    )
+    assert list(ids[: len(enc.ids)]) == enc.ids and not ids[len(enc.ids) :].any()
+    assert list(positions) == [4, 0]
+
+
+def test_limits_are_reported_in_tokens(codec: FillMaskCodec) -> None:
+    with pytest.raises(ServiceError) as info:
+        codec.encode("word " * 20 + "[MASK]")
+    assert info.value.status == 422 and info.value.code == "text_too_long"
+    assert "23 tokens" in info.value.message and "at most 16 tokens" in info.value.message
+    with pytest.raises(ServiceError) as info:
+        codec.encode("no mask here")
+    assert info.value.code == "no_mask"
+    with pytest.raises(ServiceError) as info:
+        codec.encode("[MASK] [MASK] [MASK]")
+    assert info.value.code == "too_many_masks" and "at most 2" in info.value.message
+
+
+def test_decode_is_a_softmax_ranking_per_mask(codec: FillMaskCodec) -> None:
+    enc = codec.encode("the [MASK] sat on the [MASK].")
+    logits = np.zeros((2, 30522), np.float32)
+    cat, dog, mat = (codec.tokenizer.token_to_id(w) for w in ("cat", "dog", "mat"))
+    logits[0, cat], logits[0, dog] = 10.0, 9.0
+    logits[1, mat] = 12.0
+    first, second = codec.decode(enc, logits, top_k=2)
+    assert [p["token"] for p in first] == [cat, dog]
+    assert first[0]["token_str"] == "cat"
+    assert first[0]["sequence"] == "the cat sat on the [MASK]."  # the other mask stays visible
+    assert second[0]["sequence"] == "the [MASK] sat on the mat."
+    assert first[0]["score"] > first[1]["score"] > 0
+    row = logits[0].astype(np.float64)
+    expected = np.exp(row[cat] - row.max()) / np.exp(row - row.max()).sum()
+    assert first[0]["score"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_targets_restrict_candidates_and_use_the_first_wordpiece(codec: FillMaskCodec) -> None:
+    enc = codec.encode("a [MASK] day")
+    logits = np.zeros((2, 30522), np.float32)
+    sunny = codec.tokenizer.token_to_id("sunny")
+    logits[0, sunny] = 5.0
+    # "Sunny" is not a vocabulary entry (uncased vocab): its first wordpiece "sunny" is used.
+    targets = codec.target_ids(["Sunny", "rainy", "rainy"])
+    assert targets[0] == sunny and len(targets) == 2  # duplicates collapse
+    (preds,) = codec.decode(enc, logits, top_k=5, target_ids=targets)
+    assert [p["token"] for p in preds] == targets  # top_k clipped to the number of targets
+    # Scores stay probabilities over the whole vocabulary (as in HF), not renormalised.
+    assert preds[0]["score"] < 0.01
+    multi = codec.target_ids(["unbelievability"])
+    assert multi == [codec.tokenizer.encode("unbelievability", add_special_tokens=False).ids[0]]
+    with pytest.raises(ServiceError):
+        codec.target_ids([" "])
+
+
+def test_tokenizer_padding_and_truncation_settings_are_ignored(codec: FillMaskCodec) -> None:
+    # The shipped tokenizer.json pads/truncates to 128; the codec must see the real length.
+    assert len(codec.encode("[MASK]").ids) == 3
