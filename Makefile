@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models serve bench constraints timm-parity clean
+.PHONY: install test lint format demo-models export serve bench docker loadtest constraints timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,11 +31,20 @@ demo-models: install
 	$(BIN)/gmlp export checkpoints/cifar10-gmlp --out models/cifar10-gmlp --variants fp32,int8
 	$(BIN)/gmlp export checkpoints/gutenberg-gmlp-mlm --out models/gutenberg-gmlp-mlm --variants fp32,int8
 
+export: demo-models
+
 serve: install
 	$(BIN)/gmlp serve
 
 bench: install
 	$(BIN)/gmlp bench gmlp_s16_224 --batches 1,8,32
+
+docker:
+	docker compose build
+
+# Load-test a running service (make serve, or docker compose up) and write loadtest-report/
+loadtest: install
+	$(BIN)/gmlp loadtest --url http://127.0.0.1:8000 --users 1,4,16,32 --duration 30s --out loadtest-report
 
 constraints: install
 	( sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -vi '^gmlp' | sed 's/+cpu//' ) > constraints.new

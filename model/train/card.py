@@ -134,6 +134,7 @@ def write_card(root: str | Path) -> Path:
         f"wall time {train.get('train_wall_time_s', 0) / 60:.1f} min on "
         f"{train.get('threads', '?')} CPU thread(s), bf16 autocast",
         f"- hyperparameters: `{json.dumps(train.get('hyperparameters', {}))}`",
+        *[f"- note: {note}" for note in train.get("notes", [])],
         "",
         "## Results",
         "```json",
