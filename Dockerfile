@@ -45,7 +45,7 @@ ENV GMLP_MODEL_REPOSITORY=/models GMLP_CHECKPOINT_DIR= GMLP_HOST=0.0.0.0 GMLP_PO
 USER gmlp
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import os,sys,urllib.request; sys.exit(urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('GMLP_PORT','8000')}/health/ready\", timeout=2).status != 200)"]
+  CMD ["python", "-m", "service.healthcheck"]
 CMD ["gmlp", "serve"]
 
 # ---------------------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ ENV GMLP_MODEL_REPOSITORY=/models GMLP_CHECKPOINT_DIR= GMLP_HOST=0.0.0.0 GMLP_PO
 USER gmlp
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=90s --retries=3 \
-  CMD ["python", "-c", "import os,sys,urllib.request; sys.exit(urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('GMLP_PORT','8000')}/health/ready\", timeout=2).status != 200)"]
+  CMD ["python", "-m", "service.healthcheck"]
 CMD ["gmlp", "serve"]
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -310,3 +311,19 @@ def test_kserve_v2(server: RunningServer, cifar_images: list[bytes], tiny_vision
     labels = json.loads((tiny_vision_served / "labels.json").read_text())
     assert labels[int(logits[0].argmax())] == classify.json()["predictions"][0]["label"]
     assert wrong.status_code == 422 and bad_ids.status_code == 422 and unknown.status_code == 404
+
+
+def test_container_healthcheck_probe(server: RunningServer) -> None:
+    """`python -m service.healthcheck` (the Dockerfile's HEALTHCHECK) says ready only when it is."""
+    import subprocess
+    import sys
+
+    def probe(port: int) -> int:
+        env = {**os.environ, "GMLP_PORT": str(port)}
+        return subprocess.run([sys.executable, "-m", "service.healthcheck"], env=env, timeout=30).returncode
+
+    assert probe(server.port) == 0
+    with socket.socket() as unused:  # a port nobody listens on
+        unused.bind(("127.0.0.1", 0))
+        free_port = unused.getsockname()[1]
+    assert probe(free_port) == 1
