@@ -34,9 +34,14 @@ def export_served_model(
     *,
     name: str | None = None,
     opset: int = DEFAULT_OPSET,
+    calibration: str | Path | None = None,
+    calibration_samples: int = 256,
 ) -> dict[str, ParityReport]:
     """Export, verify and write a served-model directory; returns the parity report per variant.
 
+    `calibration` (images or prose, see export/calibration.py; default: the checkpoint's own
+    calibration set, if it has one) makes the int8 variant statically quantised, so the service can
+    batch it; without any, int8 is dynamic.
     Raises ExportCheckError (and writes nothing) if the fp32 graph breaks its contract, fp32
     parity exceeds 1e-4, or a variant's top-1 agreement with PyTorch is too low.
     """
@@ -59,8 +64,15 @@ def export_served_model(
         reports["fp32"] = check_parity(model, fp32, "fp32")
         if reports["fp32"].max_abs_diff > FP32_TOLERANCE:
             raise ExportCheckError(f"fp32 parity failed: {reports['fp32']} (tolerance {FP32_TOLERANCE})")
+        served = _served_config(info, config, variants, sha, opset, name or out_dir.name)
         if "int8" in variants:
-            _add_metadata(quantize_int8(fp32, staging / VARIANT_FILES["int8"]), metadata)
+            source, feeds = _calibration_feeds(calibration, served, checkpoint_dir, calibration_samples)
+            served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
+            if feeds:
+                served["int8_calibration"] = {"source": source.name, "samples": len(feeds)}
+            _add_metadata(
+                staging / VARIANT_FILES["int8"], {**metadata, "gmlp.int8": served["int8_quantization"]}
+            )
         if "fp16" in variants:
             export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, opset=opset, metadata=metadata)
         for variant in variants:
@@ -72,7 +84,7 @@ def export_served_model(
                     f"{variant} check failed: {reports[variant]} "
                     f"(needs >= {100 * MIN_TOP1_AGREEMENT[variant]:.0f}% top-1 agreement)"
                 )
-        _write_config(staging, info, config, variants, sha, opset, name or out_dir.name)
+        (staging / CONFIG_FILE).write_text(json.dumps(served, indent=2) + "\n")
         for extra in ("labels", "tokenizer"):
             if extra in info:
                 shutil.copyfile(checkpoint_dir / info[extra], staging / info[extra])
@@ -92,7 +104,20 @@ def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
     onnx.save(proto, str(path))
 
 
-def _write_config(staging: Path, info: dict, config, variants, sha: str, opset: int, name: str) -> None:
+def _calibration_feeds(
+    source: str | Path | None, served: dict, checkpoint_dir: Path, count: int
+) -> tuple[Path | None, list[dict] | None]:
+    from .calibration import bundled_calibration, image_feeds, text_feeds
+
+    source = Path(source) if source else bundled_calibration(checkpoint_dir)
+    if source is None:
+        return None, None
+    if served["task"] == "fill-mask":
+        return source, text_feeds(source, served["model"], checkpoint_dir / served["tokenizer"], count)
+    return source, image_feeds(source, served, count)
+
+
+def _served_config(info: dict, config, variants, sha: str, opset: int, name: str) -> dict:
     inputs, outputs = io_spec(config)
     served = {
         "format": SERVED_FORMAT,
@@ -118,7 +143,7 @@ def _write_config(staging: Path, info: dict, config, variants, sha: str, opset: 
         )
     else:
         served["labels"] = info["labels"]
-    (staging / CONFIG_FILE).write_text(json.dumps(served, indent=2) + "\n")
+    return served
 
 
 def _replace_dir(staging: Path, out_dir: Path) -> None:

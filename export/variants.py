@@ -3,24 +3,63 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
-from onnxruntime.quantization import QuantType, quantize_dynamic
+import numpy as np
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
 
 log = logging.getLogger(__name__)
 
 VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
+# Recorded in each int8 file's metadata (`gmlp.int8`), so the service knows without the onnx package
+# whether rows of a batch are independent: with dynamic quantisation they are not.
+STATIC, DYNAMIC = "static", "dynamic"
 
 
-def quantize_int8(fp32_path: str | Path, out_path: str | Path) -> Path:
-    """Dynamic int8 quantisation of the channel projections (MatMuls with a constant weight).
+class _FeedsReader(CalibrationDataReader):
+    def __init__(self, feeds: Sequence[dict[str, np.ndarray]]) -> None:
+        self._feeds = iter(feeds)
 
-    The spatial projection lives inside the SGU function, which `quantize_dynamic` leaves as it
-    is, so W stays fp32 and the function node survives in the int8 file. Activations are quantised
-    per batch at run time (no calibration data needed); on CPUs with VNNI/AMX the int8 MatMuls are
-    the fast path.
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+def quantize_int8(
+    fp32_path: str | Path, out_path: str | Path, calibration: Sequence[dict[str, np.ndarray]] | None = None
+) -> str:
+    """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode.
+
+    Weights are int8 with per-channel scales (accuracy on the wide d_ffn projections). Activations:
+    - with `calibration` (inputs prepared like requests, see export/calibration.py): *static* QDQ,
+      scales fixed at export, so each row of a batch is computed independently and the service can
+      batch int8 requests;
+    - without: *dynamic*, one activation scale per run over the whole batch, so the service runs
+      such a model one row at a time to keep results independent of batch-mates.
+    The spatial projection lives inside the SGU function, which neither mode touches: the function
+    nodes survive in the int8 file and W stays fp32.
     """
-    # Per-channel weight scales keep accuracy on the wide d_ffn projections.
+    if calibration:
+        quantize_static(
+            str(fp32_path),
+            str(out_path),
+            _FeedsReader(calibration),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=["MatMul"],
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options={"MatMulConstBOnly": True},
+        )
+        return STATIC
     quantize_dynamic(
         str(fp32_path),
         str(out_path),
@@ -28,4 +67,4 @@ def quantize_int8(fp32_path: str | Path, out_path: str | Path) -> Path:
         per_channel=True,
         extra_options={"MatMulConstBOnly": True},
     )
-    return Path(out_path)
+    return DYNAMIC

@@ -22,6 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--variants", type=_variants, default=["fp32", "int8"], help="comma list of fp32,int8,fp16"
     )
     p.add_argument("--name", default=None, help="model name in the service (default: the --out folder name)")
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="representative inputs for static int8 (batchable): a folder or CIFAR-style .npz of images, "
+        "or a .txt/.txt.gz of prose for a masked LM; without it int8 is dynamically quantised",
+    )
+    p.add_argument("--calibration-samples", type=int, default=256, help="calibration inputs to use")
     p.set_defaults(handler=export)
 
     p = sub.add_parser("bench", help="model-level throughput: PyTorch eager/bf16 vs ORT plain/fused/int8")
@@ -39,7 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def export(args: argparse.Namespace) -> int:
     from export import export_served_model
 
-    reports = export_served_model(args.checkpoint, args.out, args.variants, name=args.name)
+    reports = export_served_model(
+        args.checkpoint,
+        args.out,
+        args.variants,
+        name=args.name,
+        calibration=args.calibration,
+        calibration_samples=args.calibration_samples,
+    )
     for report in reports.values():
         print(f"verified {report}")
     print(f"wrote {args.out}")

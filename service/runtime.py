@@ -59,14 +59,18 @@ def choose_variant(available: Mapping[str, str], device: str, requested: str | N
     return sorted(available)[0]
 
 
-def rows_are_independent(path: Path) -> bool:
+def rows_are_independent(session: ort.InferenceSession, path: Path) -> bool:
     """Whether a batch row's outputs depend only on that row (so batching cannot change results).
 
     Dynamic int8 quantisation (`DynamicQuantizeLinear`) computes one activation scale per *tensor*,
-    i.e. over the whole batch. With the `onnx` package (dev and export images) the graph and its
-    local functions are inspected; without it (the serving image) the served-model contract
-    decides: `model.int8.onnx` is the dynamically quantised variant (docs/formats.md).
+    i.e. over the whole batch; static quantisation and float graphs compute each row on its own.
+    `gmlp export` records the int8 mode in the file's metadata (`gmlp.int8` = static|dynamic),
+    which ORT reads without the `onnx` package (absent from the serving image). Files without it
+    are inspected with `onnx` when installed, else an `.int8.onnx` is taken to be dynamic.
     """
+    mode = session.get_modelmeta().custom_metadata_map.get("gmlp.int8")
+    if mode is not None:
+        return mode != "dynamic"
     try:
         import onnx
     except ImportError:
@@ -111,7 +115,7 @@ class OnnxModel:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         # A request's result must not depend on its batch-mates: graphs where it would run row by row.
-        self.row_independent = rows_are_independent(path)
+        self.row_independent = rows_are_independent(self.session, path)
         log.info(
             "model %s: %s on %s, %d intra-op threads%s",
             self.name,

@@ -177,3 +177,78 @@ def test_failed_parity_writes_nothing(tmp_path, tiny_vision_checkpoint, monkeypa
     with pytest.raises(ExportCheckError, match="fp32 parity failed"):
         export_served_model(tiny_vision_checkpoint, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def static_int8(tmp_path_factory, tiny_vision_checkpoint, tiny_mlm_checkpoint):
+    """Both tiny models with statically quantised int8, calibrated on real CIFAR-10 images / book text:
+    the classifier from an explicit source, the MLM from the calibration set stored in its checkpoint."""
+    from export.calibration import write_calibration_set
+    from gmlp.paths import CIFAR10_NPZ, GUTENBERG_DIR
+
+    root = tmp_path_factory.mktemp("static")
+    export_served_model(
+        tiny_vision_checkpoint, root / "v", ["int8"], calibration=CIFAR10_NPZ, calibration_samples=32
+    )
+    mlm_ckpt = root / "mlm-checkpoint"
+    shutil.copytree(tiny_mlm_checkpoint, mlm_ckpt)
+    stored = write_calibration_set(mlm_ckpt, "fill-mask", GUTENBERG_DIR / "train-000.txt.gz", count=32)
+    assert stored.name == "calibration.txt.gz" and stored.stat().st_size < 100_000
+    export_served_model(mlm_ckpt, root / "m", ["int8"], calibration_samples=32)
+    return {"vision": (root / "v", tiny_vision_checkpoint), "mlm": (root / "m", tiny_mlm_checkpoint)}
+
+
+def _row_dependence(path, inputs) -> float:
+    """Max change of rows 1.. when row 0 is replaced by an input with much larger activations."""
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {k: v.numpy() for k, v in inputs.items()}
+    base = sess.run(["logits"], feeds)[0]
+    loud = {k: v.copy() for k, v in feeds.items()}
+    if "pixel_values" in loud:
+        loud["pixel_values"][0] *= 50.0
+    else:
+        loud["input_ids"][0] = 2000  # a sequence of one repeated token: very different statistics
+    changed = sess.run(["logits"], loud)[0]
+    return float(np.abs(changed[1:] - base[1:]).max())
+
+
+@pytest.mark.parametrize("task", ["vision", "mlm"])
+def test_static_int8_rows_are_independent_and_dynamic_ones_are_not(
+    static_int8, tiny_vision_served, tiny_mlm_served, task
+):
+    from service.runtime import OnnxModel, RuntimeOptions
+
+    static_dir, ckpt = static_int8[task]
+    dynamic_dir = {"vision": tiny_vision_served, "mlm": tiny_mlm_served}[task]  # exported without calibration
+    model = load_checkpoint(ckpt)
+    inputs = example_inputs(model.config, 6, seed=21)
+    static_path = static_dir / "model.int8.onnx"
+    proto = onnx.load(str(static_path))
+    ops = {n.op_type for n in proto.graph.node}
+    assert "DynamicQuantizeLinear" not in ops and "QuantizeLinear" in ops
+    assert sum(n.op_type == "SpatialGatingUnit" for n in proto.graph.node) == model.config.depth
+    assert {p.key: p.value for p in proto.metadata_props}["gmlp.int8"] == "static"
+    cfg = json.loads((static_dir / "config.json").read_text())
+    assert cfg["int8_quantization"] == "static" and cfg["int8_calibration"]["samples"] == 32
+    # The point of static quantisation: a row's result does not depend on its batch-mates ...
+    assert _row_dependence(static_path, inputs) <= 1e-5
+    # ... while with dynamic quantisation it does (why the service runs those row by row).
+    assert _row_dependence(dynamic_dir / "model.int8.onnx", inputs) > 1e-4
+    expected = torch_logits(model, inputs).argmax(-1)
+    assert (ort_logits(static_path, inputs).argmax(-1) == expected).mean() >= 0.8
+    options = RuntimeOptions(intra_op_threads=1)
+    assert OnnxModel(static_path, options).row_independent
+    assert not OnnxModel(dynamic_dir / "model.int8.onnx", options).row_independent
+
+
+def test_image_calibration_set_round_trip(tmp_path, tiny_vision_served):
+    from export.calibration import bundled_calibration, image_feeds, write_calibration_set
+    from gmlp.paths import CIFAR10_NPZ
+
+    stored = write_calibration_set(tmp_path, "image-classification", CIFAR10_NPZ, count=16)
+    assert bundled_calibration(tmp_path) == stored and stored.stat().st_size < 50_000
+    served = json.loads((tiny_vision_served / "config.json").read_text())
+    feeds = image_feeds(stored, served, count=100)
+    assert len(feeds) == 16  # all there is
+    pixels = np.stack([f["pixel_values"][0] for f in feeds])
+    assert pixels.shape == (16, 3, 32, 32) and pixels.std() > 0.1  # real, normalised images

@@ -64,6 +64,7 @@ class CifarTask:
 
 def train_vision(args: Any) -> dict[str, Any]:
     """Train, evaluate on the 10,000 test images and write the checkpoint; returns the run summary."""
+    from export.calibration import write_calibration_set
     from model import build_model, get_config, save_checkpoint
 
     from .card import finish_run
@@ -92,6 +93,7 @@ def train_vision(args: Any) -> dict[str, Any]:
     out = save_checkpoint(
         model, args.out, labels=classes, preprocessing=dict(PREPROCESSING), name=Path(args.out).name
     )
+    write_calibration_set(out, "image-classification", Path(args.data))  # training images, for int8
     scores = evaluate_classifier(open_predictor(out), Path(args.data), args.limit_eval, cache)
     return finish_run(
         out,
