@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model-repository", type=Path, required=True, help="served-model repository to start")
     p.add_argument("--model", default=None, help="classifier to measure (default: the server's default)")
     p.add_argument("--variant", default="fp32", choices=["fp32", "int8", "fp16"],
-                   help="variant to serve and to run raw (default fp32: int8 graphs run rows one at a "
-                   "time in the server, so batching cannot help them)")  # fmt: skip
+                   help="variant to serve and to run raw (default fp32; a dynamically quantised int8 "
+                   "runs rows one at a time in the server, so batching cannot help it)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=16, help="max_batch_size with batching on (default 16)")
     p.add_argument("--users", type=int, default=32, help="concurrency of the on/off comparison (default 32)")
     p.add_argument("--saturation-users", type=int, default=64, help="concurrency for (a) (default 64)")
