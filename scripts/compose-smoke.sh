@@ -68,4 +68,19 @@ for p in masks[0]:
 print("compose smoke test: responses have the documented schema")
 PYEOF
 curl -sS --fail-with-body "$URL/models" >/dev/null
+
+echo "-- the loadtest profile against the running api (short: proves the suite runs in compose)"
+report=$(mktemp -d)
+LOADTEST_USERS=2,4 LOADTEST_DURATION=8s LOADTEST_REPORT_DIR="$report" \
+  timeout 600 docker compose --profile loadtest run --rm --build loadtest
+"$PY" - "$report/results.json" <<'PYEOF'
+import json, sys
+results = json.load(open(sys.argv[1]))
+assert [s["users"] for s in results["steps"]] == [2, 4], results["steps"]
+assert results["total_failures"] == 0, results["total_failures"]
+for step in results["steps"]:
+    assert {"/classify", "/fill-mask"} <= set(step["endpoints"]), step["endpoints"]
+    assert step["total"]["requests"] > 0
+print("compose loadtest profile: both endpoints, no failures")
+PYEOF
 echo "compose smoke test passed"
