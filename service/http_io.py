@@ -8,6 +8,8 @@ content type and 422 for bad JSON, each with a message that says what is accepte
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -22,6 +24,7 @@ from service.errors import (
     unsupported_media_type,
 )
 from service.preprocess import ACCEPTED_DESCRIPTION
+from service.schemas import ClassifyJSONRequest
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -65,7 +68,8 @@ def media_type(request: Request) -> str:
 
 
 async def read_image(request: Request) -> bytes:
-    """The image of a /classify request: multipart field `file`, or the raw body with an image/* type."""
+    """The image of a /classify request: multipart field `file`, the raw body with an image/* type, or
+    JSON `{"image": "<base64>"}` (how clients that only speak JSON send images, as for HF endpoints)."""
     mime = media_type(request)
     if mime == "multipart/form-data":
         # max_part_size bounds the non-file fields; the body limit bounds the file.
@@ -78,15 +82,32 @@ async def read_image(request: Request) -> bytes:
             data = await upload.read()
     elif mime.startswith("image/"):
         data = await request.body()
+    elif mime == "application/json":
+        data = _decode_base64((await read_json(request, ClassifyJSONRequest)).image)
     else:
         raise unsupported_media_type(
             mime,
-            f"send the image ({ACCEPTED_DESCRIPTION}) as multipart/form-data field 'file' or as the raw body "
-            "with an image/* content type",
+            f"send the image ({ACCEPTED_DESCRIPTION}) as multipart/form-data field 'file', as the raw body "
+            'with an image/* content type, or base64 in JSON {"image": ...}',
         )
     if not data:
         raise unprocessable("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     return data
+
+
+def _decode_base64(text: str) -> bytes:
+    if text.startswith("data:"):
+        header, _, text = text.partition(",")
+        if not header.endswith(";base64"):
+            raise unprocessable(
+                "invalid_base64", "a data: URL image must be base64-encoded (data:image/...;base64,...)"
+            )
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise unprocessable(
+            "invalid_base64", "'image' is not valid base64; send the image file's bytes base64-encoded"
+        ) from None
 
 
 async def read_json(request: Request, schema: type[M]) -> M:

@@ -19,6 +19,7 @@ from service.preprocess import ACCEPTED_DESCRIPTION
 from service.repository import MLM_TASK, VISION_TASK
 from service.schemas import (
     ERROR_RESPONSES,
+    ClassifyJSONRequest,
     ClassifyResponse,
     FillMaskRequest,
     FillMaskResponse,
@@ -32,7 +33,8 @@ router = APIRouter()
 _CLASSIFY_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, or as the raw body",
+        "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, as the raw body, "
+        "or base64 in JSON",
         "content": {
             "multipart/form-data": {
                 "schema": {
@@ -42,6 +44,7 @@ _CLASSIFY_BODY: dict[str, Any] = {
                 }
             },
             "image/*": {"schema": {"type": "string", "format": "binary"}},
+            "application/json": {"schema": ClassifyJSONRequest.model_json_schema()},
         },
     }
 }

@@ -27,6 +27,15 @@ class ClassifyResponse(BaseModel):
     predictions: list[LabelScore] = Field(description="top_k labels, highest score first")
 
 
+class ClassifyJSONRequest(BaseModel):
+    """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"image": "/9j/4AAQSkZJRgABAQAAAQABAAD..."}]}
+    )
+    image: str = Field(min_length=1, description="the image file, base64-encoded; a data: URL is accepted")
+
+
 class FillMaskRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",

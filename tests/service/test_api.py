@@ -327,3 +327,22 @@ def test_container_healthcheck_probe(server: RunningServer) -> None:
         unused.bind(("127.0.0.1", 0))
         free_port = unused.getsockname()[1]
     assert probe(free_port) == 1
+
+
+def test_classify_base64_json(server: RunningServer, cifar_images: list[bytes]) -> None:
+    import base64
+
+    encoded = base64.b64encode(cifar_images[1]).decode()
+    with server.client() as client:
+        multipart = client.post("/classify", files={"file": ("x.jpg", cifar_images[1], "image/jpeg")})
+        plain = client.post("/classify", json={"image": encoded})
+        data_url = client.post(
+            "/classify", params={"top_k": 2}, json={"image": "data:image/jpeg;base64," + encoded}
+        )
+        bad = client.post("/classify", json={"image": "not base64!"})
+        wrong_field = client.post("/classify", json={"img": encoded})
+    assert plain.status_code == data_url.status_code == 200, plain.text
+    assert plain.json()["predictions"] == multipart.json()["predictions"]
+    assert data_url.json()["predictions"] == multipart.json()["predictions"][:2]
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_base64"
+    assert wrong_field.status_code == 422 and wrong_field.json()["error"]["code"] == "invalid_request"
