@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .paths import DEFAULT_IMAGENET_LABELS
 
 
@@ -20,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=convert_timm)
 
     p = sub.add_parser("info", help="print a checkpoint's or served model's config, n, parameters and task")
-    p.add_argument("path", type=Path, help="checkpoint directory")
+    p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
     p.set_defaults(handler=info)
 
 
@@ -47,6 +49,9 @@ def convert_timm(args: argparse.Namespace) -> int:
 
 
 def info(args: argparse.Namespace) -> int:
+    config_path = args.path / "config.json"
+    if config_path.is_file() and json.loads(config_path.read_text()).get("format") == "gmlp-served-model":
+        return _served_info(args.path, json.loads(config_path.read_text()))
     from model.checkpoint import load_checkpoint
 
     model = load_checkpoint(args.path)
@@ -58,4 +63,24 @@ def info(args: argparse.Namespace) -> int:
     print(f"parameters: {n_params:,}")
     print("config:     " + json.dumps(meta["model"]))
     print("preprocessing: " + json.dumps(meta.get("preprocessing")))
+    return 0
+
+
+def _served_info(path: Path, meta: dict) -> int:
+    """A served-model directory: what the service will load (no torch needed)."""
+    import onnx
+
+    fp32 = onnx.load(str(path / meta["variants"]["fp32"]))
+    floats = [t for t in fp32.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+    n_params = sum(int(np.prod(t.dims)) for t in floats)
+    print(f"name:       {meta.get('name')} (served model)")
+    print(f"task:       {meta['task']}")
+    print(f"n (tokens): {meta['seq_len']}")
+    print(f"parameters: {n_params:,} (float initializers of the fp32 graph; shared tensors once)")
+    print("variants:   " + ", ".join(f"{k}={v}" for k, v in meta["variants"].items()))
+    if "int8_quantization" in meta:
+        print(f"int8:       {meta['int8_quantization']} quantisation")
+    print("config:     " + json.dumps(meta["model"]))
+    print("inputs:     " + json.dumps(meta["inputs"]))
+    print("outputs:    " + json.dumps(meta["outputs"]))
     return 0

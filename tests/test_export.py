@@ -252,3 +252,13 @@ def test_image_calibration_set_round_trip(tmp_path, tiny_vision_served):
     assert len(feeds) == 16  # all there is
     pixels = np.stack([f["pixel_values"][0] for f in feeds])
     assert pixels.shape == (16, 3, 32, 32) and pixels.std() > 0.1  # real, normalised images
+
+
+def test_info_on_checkpoint_and_served_model(tiny_vision_checkpoint, tiny_mlm_served, capsys):
+    assert gmlp(["info", str(tiny_vision_checkpoint)]) == 0
+    out = capsys.readouterr().out
+    params = sum(p.numel() for p in load_checkpoint(tiny_vision_checkpoint).parameters())
+    assert f"parameters: {params:,}" in out and "image-classification" in out and "n (tokens): 64" in out
+    assert gmlp(["info", str(tiny_mlm_served)]) == 0
+    out = capsys.readouterr().out
+    assert "(served model)" in out and "fill-mask" in out and "int8=model.int8.onnx" in out
