@@ -225,7 +225,10 @@ def locust_command(config: SweepConfig, users: int, prefix: Path, html: Path) ->
 def run_step(config: SweepConfig, users: int) -> StepResult:
     """One locust run at `users` concurrent users, with /metrics scraped before and after."""
     duration_s = parse_duration(config.duration)
-    step_dir = config.out_dir / f"users-{users:03d}"
+    # Absolute: locust runs with the step folder as its working directory, so a relative --csv
+    # prefix would land in a nested copy of the path.
+    out_dir = config.out_dir.resolve()
+    step_dir = out_dir / f"users-{users:03d}"
     step_dir.mkdir(parents=True, exist_ok=True)
     prefix, html, log_file = step_dir / "locust", step_dir / "locust.html", step_dir / "locust.log"
     env = {**os.environ, **config.env}
@@ -265,7 +268,7 @@ def run_step(config: SweepConfig, users: int) -> StepResult:
         result.batch_all = overall(result.batch.values())
         result.rejections = rejections_delta(before, after)
     result.files = {
-        name: str(path.relative_to(config.out_dir))
+        name: str(path.relative_to(out_dir))
         for name, path in (
             ("stats_csv", stats_csv),
             ("failures_csv", Path(f"{prefix}_failures.csv")),

@@ -287,8 +287,9 @@ def live_server(model_repository: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def _gmlp_loadtest(url: str, out: Path, *extra: str, env: dict[str, str] | None = None) -> CompletedProcess:
+    relative_out = os.path.relpath(out, REPO_ROOT)  # as users type it; locust runs in each step's folder
     return subprocess.run(
-        [sys.executable, "-m", "gmlp", "loadtest", "--url", url, "--out", str(out), *extra],
+        [sys.executable, "-m", "gmlp", "loadtest", "--url", url, "--out", relative_out, *extra],
         cwd=REPO_ROOT,
         # The caller's own GMLP_LOADTEST_* settings must not change what is tested.
         env={**{k: v for k, v in os.environ.items() if not k.startswith("GMLP_LOADTEST_")}, **(env or {})},
