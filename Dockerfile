@@ -18,8 +18,10 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY gmlp gmlp
 COPY model model
 COPY export export
+# service/ too: static int8 calibration prepares inputs with the service's own preprocessing.
+COPY service service
 RUN python -m pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-        -c constraints.txt ".[export]"
+        -c constraints.txt ".[export,serve]"
 COPY checkpoints checkpoints
 RUN gmlp export checkpoints/cifar10-gmlp --out /models/cifar10-gmlp --variants fp32,int8 \
  && gmlp export checkpoints/gutenberg-gmlp-mlm --out /models/gutenberg-gmlp-mlm --variants fp32,int8
