@@ -22,7 +22,7 @@ $PY --version
 
 step "export venv (CPU torch) and demo models with fp16"
 $PY -m venv /tmp/gmlp-export && /tmp/gmlp-export/bin/pip install -q \
-  ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -c constraints.txt ".[export]" || exit 1
+  ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -c constraints.txt ".[export,serve]" || exit 1
 for m in cifar10-gmlp gutenberg-gmlp-mlm; do
   /tmp/gmlp-export/bin/gmlp export "checkpoints/$m" --out "$OUT/models/$m" --variants fp32,int8,fp16 || exit 1
 done
