@@ -77,6 +77,16 @@ def make(model: GatedModel, **kw: Any) -> tuple[DynamicBatcher[Any, Any], Record
     return DynamicBatcher(model, observer=recorder, name="test", **options), recorder
 
 
+async def held_batcher(model: GatedModel, **settings: Any) -> tuple[Any, Any, asyncio.Future]:
+    """A started one-at-a-time batcher whose worker holds request "a" behind the model's closed gate."""
+    model.gate.clear()
+    batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, **settings)
+    batcher.start()
+    first = asyncio.ensure_future(batcher.submit("a"))
+    await until(lambda: batcher.running == 1)  # "a" is in the worker, held by the gate
+    return batcher, recorder, first
+
+
 def test_concurrent_requests_are_batched_and_each_gets_its_own_result() -> None:
     model = GatedModel()
 
@@ -110,13 +120,9 @@ def test_lone_request_runs_after_the_window() -> None:
 
 def test_full_queue_is_refused_immediately() -> None:
     model = GatedModel()
-    model.gate.clear()
 
     async def main() -> None:
-        batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=2)
-        batcher.start()
-        first = asyncio.ensure_future(batcher.submit("a"))
-        await until(lambda: batcher.running == 1)  # "a" is in the worker, held by the gate
+        batcher, recorder, first = await held_batcher(model, max_queue_size=2)
         queued = [asyncio.ensure_future(batcher.submit(x)) for x in ("b", "c")]
         await until(lambda: batcher.queue_depth == 2)
         with pytest.raises(QueueFullError):
@@ -132,13 +138,9 @@ def test_full_queue_is_refused_immediately() -> None:
 
 def test_request_past_its_deadline_fails_and_is_not_run() -> None:
     model = GatedModel()
-    model.gate.clear()
 
     async def main() -> None:
-        batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0)
-        batcher.start()
-        first = asyncio.ensure_future(batcher.submit("a"))
-        await until(lambda: batcher.running == 1)
+        batcher, recorder, first = await held_batcher(model)
         with pytest.raises(DeadlineExceededError):
             await batcher.submit("late", deadline=time.monotonic() + 0.05)
         assert recorder.rejections["deadline"] == 1
@@ -155,13 +157,9 @@ def test_request_past_its_deadline_fails_and_is_not_run() -> None:
 
 def test_cancelled_request_is_dropped_before_it_runs() -> None:
     model = GatedModel()
-    model.gate.clear()
 
     async def main() -> None:
-        batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0)
-        batcher.start()
-        first = asyncio.ensure_future(batcher.submit("a"))
-        await until(lambda: batcher.running == 1)
+        batcher, recorder, first = await held_batcher(model)
         gone = asyncio.ensure_future(batcher.submit("gone"))
         kept = asyncio.ensure_future(batcher.submit("kept"))
         await until(lambda: batcher.queue_depth == 2)
@@ -230,13 +228,9 @@ def test_drain_flushes_the_queue_without_waiting_for_the_window_then_refuses() -
 
 def test_close_fails_what_could_not_be_drained() -> None:
     model = GatedModel()
-    model.gate.clear()
 
     async def main() -> None:
-        batcher, _ = make(model, max_batch_size=1, max_queue_delay_s=0.0)
-        batcher.start()
-        first = asyncio.ensure_future(batcher.submit("a"))
-        await until(lambda: batcher.running == 1)
+        batcher, _, first = await held_batcher(model)
         stuck = asyncio.ensure_future(batcher.submit("b"))
         await until(lambda: batcher.queue_depth == 1)
         await batcher.close(timeout=0.05)  # "a" is still held: the drain times out
