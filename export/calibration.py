@@ -59,8 +59,11 @@ def image_feeds(source: Path, served_config: dict[str, Any], count: int, seed: i
     return [{spec["name"]: transform(data)[None]} for data in images]
 
 
-def _sentences(text: str) -> list[str]:
-    """Sentences of 5-40 words: the size of a typical /fill-mask request."""
+def _sentences(source: Path) -> list[str]:
+    """Sentences of 5-40 words (the size of a typical /fill-mask request) from the start of a text file."""
+    opener = gzip.open if str(source).endswith(".gz") else open
+    with opener(source, "rt", encoding="utf-8") as f:
+        text = f.read(4_000_000)
     pieces = re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text))
     return [s for s in pieces if 5 <= len(s.split()) <= 40]
 
@@ -71,11 +74,8 @@ def text_feeds(
     from service.errors import ServiceError
     from service.text import FillMaskCodec
 
-    opener = gzip.open if str(source).endswith(".gz") else open
-    with opener(source, "rt", encoding="utf-8") as f:
-        text = f.read(4_000_000)
     rng = random.Random(seed)
-    sentences = _sentences(text)
+    sentences = _sentences(Path(source))
     rng.shuffle(sentences)
     codec = FillMaskCodec(tokenizer, served_config)
     feeds: list[Feeds] = []
@@ -111,9 +111,7 @@ def write_calibration_set(
     """
     rng = random.Random(seed)
     if task == "fill-mask":
-        opener = gzip.open if str(source).endswith(".gz") else open
-        with opener(source, "rt", encoding="utf-8") as f:
-            sentences = _sentences(f.read(4_000_000))
+        sentences = _sentences(Path(source))
         picked = rng.sample(sentences, min(count * 2, len(sentences)))  # some get dropped as too long
         out = checkpoint_dir / "calibration.txt.gz"
         with gzip.open(out, "wt", encoding="utf-8") as f:

@@ -50,8 +50,9 @@ def convert_timm(args: argparse.Namespace) -> int:
 
 def info(args: argparse.Namespace) -> int:
     config_path = args.path / "config.json"
-    if config_path.is_file() and json.loads(config_path.read_text()).get("format") == "gmlp-served-model":
-        return _served_info(args.path, json.loads(config_path.read_text()))
+    meta = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if meta.get("format") == "gmlp-served-model":
+        return _served_info(args.path, meta)
     from model.checkpoint import load_checkpoint
 
     model = load_checkpoint(args.path)
