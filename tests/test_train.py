@@ -69,7 +69,7 @@ def mlm_ckpt(workdir: Path) -> Path:
 
     out = workdir / "mlm"
     argv = ["train-mlm", "--max-steps", "3", "--limit-train", "2000", "--limit-valid-sentences", "1500"]
-    argv += ["--eval-windows", "20", "--eval-short", "20", "--batch-size", "8"] + TINY
+    argv += ["--eval-windows", "20", "--eval-short", "20", "--batch-size", "8", "--attn-dim", "8"] + TINY
     argv += ["--out", str(out), "--state-dir", str(workdir / "mstate"), "--cache-dir", str(workdir / "cache")]
     assert main(argv) == 0
     return out
@@ -100,6 +100,7 @@ def test_train_mlm_writes_loadable_checkpoint(mlm_ckpt: Path) -> None:
 
     model = load_checkpoint(mlm_ckpt)
     assert model.checkpoint_info["task"] == "fill-mask" and model.config.n == 128
+    assert model.config.attn_dim == 8  # aMLP: the tiny attention is trained and saved
     assert (mlm_ckpt / "tokenizer.json").is_file()
     logits = model(
         torch.full((1, 128), 0).index_fill_(1, torch.arange(3), 101), positions=torch.tensor([[1]])
@@ -107,6 +108,24 @@ def test_train_mlm_writes_loadable_checkpoint(mlm_ckpt: Path) -> None:
     assert logits.shape == (1, 1, model.config.vocab_size)
     card = (mlm_ckpt / "README.md").read_text()
     assert card.count("[MASK]") >= 10  # the ten fill-mask examples with their predictions
+    assert "tiny attention of size 8" in card
+    results = json.loads((mlm_ckpt / "training.json").read_text())["results"]["heldout_valid_000"]
+    assert set(results) == {"full", "full_bert_masking", "short"}
+    assert results["full"]["tokens"] == results["full_bert_masking"]["tokens"] > 0
+
+
+def test_random_erase_covers_the_documented_area() -> None:
+    from model.train.data import CIFAR_MEAN, random_erase
+
+    images = np.full((400, 32, 32, 3), 255, dtype=np.uint8)
+    out = random_erase(images, np.random.default_rng(0), prob=0.5)
+    erased = (out != 255).any(-1)  # [N, 32, 32] pixels overwritten
+    hit = erased.any((1, 2))
+    assert 0.4 < hit.mean() < 0.6
+    area = erased[hit].mean((1, 2))
+    assert area.min() >= 0.01 and area.max() <= 0.35  # 2-25% of the image, up to rounding
+    assert (out[hit][erased[hit]] == np.rint(np.asarray(CIFAR_MEAN) * 255)).all()
+    assert (images == 255).all()  # the input is left alone
 
 
 def test_resume_continues_from_saved_step(vision_ckpt: Path, workdir: Path, capsys) -> None:

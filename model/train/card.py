@@ -54,6 +54,8 @@ def finish_run(
                 "label_smoothing",
                 "short_frac",
                 "drop_path",
+                "random_erase",
+                "attn_dim",
             )
             if hasattr(args, k)
         },
@@ -123,7 +125,8 @@ def write_card(root: str | Path) -> Path:
         "## Model",
         f"- task: `{info['task']}`, n = {info['seq_len']} tokens"
         + (" (32x32 image, 4x4 patches)" if not is_mlm else " (WordPiece, BERT uncased vocabulary)"),
-        f"- depth {cfg['depth']}, d_model {cfg['d_model']}, d_ffn {cfg['d_ffn']}, no tiny attention",
+        f"- depth {cfg['depth']}, d_model {cfg['d_model']}, d_ffn {cfg['d_ffn']}, "
+        + (f"aMLP tiny attention of size {cfg['attn_dim']}" if cfg.get("attn_dim") else "no tiny attention"),
         f"- parameters: {n_params:,}; model.safetensors {size_mb:.1f} MB (fp32)",
         f"- preprocessing: `{json.dumps(info.get('preprocessing'))}`",
         "",
@@ -146,7 +149,10 @@ def write_card(root: str | Path) -> Path:
             "",
             "Masked-token accuracy on `valid-000.txt.gz` (never trained on): 15% of the tokens of each "
             "window (at least one) are replaced by [MASK] with a fixed seed; `full` = full 128-token "
-            "windows, `short` = single sentences of 5-40 words padded to n (what the service is sent).",
+            "windows, `short` = single sentences of 5-40 words padded to n (what the service is sent). "
+            "`full_bert_masking` scores the same full windows corrupted as in training (of the chosen "
+            "15%: 80% [MASK], 10% a random token, 10% unchanged), the figure BERT-style pre-training "
+            "logs usually report; it is easier, because the unchanged tokens are mostly copied.",
             "",
             "## Fill-mask examples (top-5)",
             "",

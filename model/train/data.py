@@ -81,6 +81,26 @@ def augment_crop_flip(images: np.ndarray, rng: np.random.Generator, pad: int = 4
     return out
 
 
+def random_erase(
+    images: np.ndarray, rng: np.random.Generator, prob: float, scale: tuple[float, float] = (0.02, 0.25)
+) -> np.ndarray:
+    """Random erasing (Zhong et al. 2017): with probability `prob` per image, overwrite one random
+    rectangle of 2-25% of the area (aspect 1/3-3) with the dataset mean, which is zero after
+    normalisation. gMLPs overfit CIFAR-10 quickly (no convolutional prior), and this regularises
+    at no measurable cost per step."""
+    batch, height, width, _ = images.shape
+    out = images.copy()
+    mean = np.rint(np.asarray(CIFAR_MEAN) * 255).astype(np.uint8)
+    for i in np.flatnonzero(rng.random(batch) < prob):
+        area = rng.uniform(*scale) * height * width
+        aspect = np.exp(rng.uniform(np.log(1 / 3), np.log(3)))
+        h = int(min(height, max(1, round(np.sqrt(area * aspect)))))
+        w = int(min(width, max(1, round(np.sqrt(area / aspect)))))
+        y, x = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+        out[i, y : y + h, x : x + w] = mean
+    return out
+
+
 def to_pixel_values(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """uint8 NHWC -> normalised float32 NCHW, as the service's preprocessing produces."""
     x = images.astype(np.float32) * (1.0 / 255.0)

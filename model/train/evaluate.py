@@ -143,13 +143,15 @@ def mlm_accuracy(
     max_predictions: int,
     seed: int = EVAL_SEED,
     batch: int = 64,
+    bert_mix: bool = False,
 ) -> dict[str, float]:
-    """Masked-token top-1 / top-5 over `windows` [N, n], every selected position set to [MASK]."""
+    """Masked-token top-1 / top-5 over `windows` [N, n]: every selected position set to [MASK]
+    (what a fill-mask user sends), or with `bert_mix` corrupted 80/10/10 as in training."""
     rng = np.random.default_rng(seed)
     top1 = top5 = total = 0
     for start in range(0, len(windows), batch):
         ids, positions, labels = mask_tokens(
-            windows[start : start + batch], rng, special, max_predictions, bert_mix=False
+            windows[start : start + batch], rng, special, max_predictions, bert_mix=bert_mix
         )
         logits = predict(ids, positions)
         used = labels >= 0
@@ -186,9 +188,9 @@ def evaluate_mlm(pred: Predictor, corpus: TokenCorpus, windows: int, short: int)
     max_pred = int(model_cfg.get("max_predictions", 16))
     full_budget = max(max_pred, int(round(0.15 * (n - 2))))
     out: dict[str, Any] = {}
-    out["full"] = mlm_accuracy(
-        pred.mlm, eval_windows(corpus, n, special, windows, short=False), special, full_budget
-    )
+    full = eval_windows(corpus, n, special, windows, short=False)
+    out["full"] = mlm_accuracy(pred.mlm, full, special, full_budget)
+    out["full_bert_masking"] = mlm_accuracy(pred.mlm, full, special, full_budget, bert_mix=True)
     if short:
         out["short"] = mlm_accuracy(
             pred.mlm, eval_windows(corpus, n, special, short, short=True), special, full_budget

@@ -35,7 +35,7 @@ class MLMTask:
     batch_size: int
     max_predictions: int
     seed: int
-    short_frac: float = 0.4
+    short_frac: float = 0.2
 
     def make_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng([self.seed, step])
@@ -87,6 +87,7 @@ def train_mlm(args: Any) -> dict[str, Any]:
         d_model=args.d_model,
         d_ffn=args.d_ffn,
         drop_path_rate=args.drop_path,
+        attn_dim=args.attn_dim or None,
         vocab_size=special.vocab_size,
         n=n,
         pad_token_id=special.pad,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import CIFAR_MEAN, CIFAR_STD, augment_crop_flip, load_cifar, to_pixel_values
+from .data import CIFAR_MEAN, CIFAR_STD, augment_crop_flip, load_cifar, random_erase, to_pixel_values
 from .loop import loop_config_from_args, train_loop
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class CifarTask:
     batch_size: int
     seed: int
     label_smoothing: float = 0.1
+    erase_prob: float = 0.0
 
     @property
     def steps_per_epoch(self) -> int:
@@ -51,7 +52,10 @@ class CifarTask:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.labels))
         idx = order[index * self.batch_size : (index + 1) * self.batch_size]
         rng = np.random.default_rng([self.seed, 1_000_003, step])
-        x = to_pixel_values(augment_crop_flip(self.images[idx], rng), CIFAR_MEAN, CIFAR_STD)
+        images = augment_crop_flip(self.images[idx], rng)
+        if self.erase_prob > 0:
+            images = random_erase(images, rng, self.erase_prob)
+        x = to_pixel_values(images, CIFAR_MEAN, CIFAR_STD)
         return torch.from_numpy(x), torch.from_numpy(self.labels[idx])
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, tuple[float, float]]]:
@@ -82,7 +86,7 @@ def train_vision(args: Any) -> dict[str, Any]:
         num_classes=len(classes),
     )
     model = build_model(config)
-    task = CifarTask(images, labels, args.batch_size, args.seed, args.label_smoothing)
+    task = CifarTask(images, labels, args.batch_size, args.seed, args.label_smoothing, args.random_erase)
     max_steps = args.max_steps
     if args.epochs is not None:
         epoch_steps = int(args.epochs * task.steps_per_epoch)
