@@ -132,6 +132,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data")
+    p.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="CHECKPOINT",
+        help="store the served model's figures in this checkpoint's training.json and model card",
+    )
     p.set_defaults(handler=evaluate)
 
     p = sub.add_parser("model-card", help="regenerate a trained checkpoint's README.md from training.json")
@@ -195,6 +202,15 @@ def evaluate(args: argparse.Namespace) -> int:
     if kind == "onnx":
         line["variant"] = args.variant
     line |= results | {"seconds": round(time.monotonic() - start, 1)}
+    if args.record is not None:
+        if kind != "onnx":
+            raise SystemExit("--record takes a served-model directory (the exported ONNX) as PATH")
+        from model.train.card import record_served_eval
+
+        command = f"gmlp eval {args.path} --variant {args.variant}" + (
+            f" --limit {args.limit}" if args.limit else ""
+        )
+        record_served_eval(args.record, args.variant, command, results, pred)
     print(json.dumps(line))
     return 0
 

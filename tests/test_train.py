@@ -228,3 +228,33 @@ def test_eval_served_model_matches_checkpoint(kind: str, request, workdir: Path,
             assert (
                 abs(onnx[key][part]["top5"] - torch_run[key][part]["top5"]) <= 2 / onnx[key][part]["tokens"]
             )
+
+
+def test_eval_record_puts_served_figures_in_the_card(mlm_ckpt: Path, workdir: Path, capsys) -> None:
+    import shutil
+
+    export = pytest.importorskip("export.served_model")
+    from model.train.card import fill_mask_examples
+    from model.train.evaluate import open_predictor
+
+    ckpt = workdir / "mlm-recorded"
+    shutil.copytree(mlm_ckpt, ckpt)
+    served = workdir / "mlm-recorded-served"
+    export.export_served_model(ckpt, served)
+    argv = ["eval", str(served), "--limit", "16", "--variant", "fp32", "--record", str(ckpt)]
+    line = _run(argv + ["--cache-dir", str(workdir / "cache")], capsys)
+    recorded = json.loads((ckpt / "training.json").read_text())["served"]["fp32"]
+    assert recorded["results"] == {"heldout_valid_000": line["heldout_valid_000"]}
+    assert recorded["command"] == f"gmlp eval {served} --variant fp32 --limit 16"
+    card = (ckpt / "README.md").read_text()
+    assert "## Served model (exported ONNX)" in card and recorded["command"] in card
+    assert "as the served fp32 ONNX model answers" in card
+    # The served answers agree with the PyTorch checkpoint's, computed independently.
+    reference = fill_mask_examples(open_predictor(ckpt))
+    assert len(recorded["fill_mask_examples"]) == len(reference) == 10
+    for onnx_ex, torch_ex in zip(recorded["fill_mask_examples"], reference, strict=True):
+        for onnx_slot, torch_slot in zip(onnx_ex["predictions"], torch_ex["predictions"], strict=True):
+            torch_probs = dict(torch_slot)
+            shared = [(t, p) for t, p in onnx_slot if t in torch_probs]
+            assert len(shared) >= 4
+            assert all(abs(p - torch_probs[t]) <= 2e-3 for t, p in shared)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 TRAINING_FILE = "training.json"
 
 FILL_MASK_EXAMPLES = [
@@ -69,36 +71,41 @@ def finish_run(
 
 
 def fill_mask_examples(
-    root: Path, sentences: list[str] = FILL_MASK_EXAMPLES, k: int = 5
+    pred: Any, sentences: list[str] = FILL_MASK_EXAMPLES, k: int = 5
 ) -> list[dict[str, Any]]:
-    """Top-k predictions for each [MASK] of `sentences`, encoded as the service encodes them."""
-    import torch
-    from tokenizers import Tokenizer
+    """Top-k predictions for each [MASK] of `sentences`, encoded by the service's own codec and run
+    through `pred` (a PyTorch checkpoint or an exported ONNX variant, see `evaluate.Predictor`)."""
+    from service.text import FillMaskCodec
 
-    from model.checkpoint import load_checkpoint
-
-    model = load_checkpoint(root)
-    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
-    tok.no_padding()
-    n, pad, mask = model.config.n, model.config.pad_token_id, model.config.mask_token_id
+    codec = FillMaskCodec(pred.root / "tokenizer.json", pred.info["model"])
     rows = []
     for sentence in sentences:
-        ids = tok.encode(sentence).ids[:n]
-        positions = [i for i, t in enumerate(ids) if t == mask]
-        x = torch.tensor([ids + [pad] * (n - len(ids))])
-        with torch.inference_mode():
-            probs = model(x, positions=torch.tensor([positions])).softmax(-1)[0]
+        enc = codec.encode(sentence)
+        logits = pred.mlm(enc.feeds["input_ids"][None], enc.feeds["mask_positions"][None])[0]
+        logits = logits[: len(enc.mask_positions)].astype(np.float64)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
         preds = []
-        for p in probs:
-            top = p.topk(k)
-            preds.append(
-                [
-                    (tok.id_to_token(int(i)), round(float(v), 3))
-                    for v, i in zip(top.values, top.indices, strict=True)
-                ]
-            )
+        for slot in probs:
+            top = np.argsort(-slot)[:k]
+            preds.append([(codec.tokenizer.id_to_token(int(i)), round(float(slot[i]), 3)) for i in top])
         rows.append({"sentence": sentence, "predictions": preds})
     return rows
+
+
+def record_served_eval(
+    checkpoint: Path, variant: str, command: str, results: dict[str, Any], pred: Any
+) -> None:
+    """Store `gmlp eval`'s figures for an exported variant in the checkpoint's training.json (with,
+    for a masked LM, the fill-mask examples as that variant answers them) and rewrite the card."""
+    path = Path(checkpoint) / TRAINING_FILE
+    train = json.loads(path.read_text()) if path.is_file() else {}
+    entry: dict[str, Any] = {"command": command, "results": results}
+    if pred.task == "fill-mask":
+        entry["fill_mask_examples"] = fill_mask_examples(pred)
+    train.setdefault("served", {})[variant] = entry
+    path.write_text(json.dumps(train, indent=2) + "\n")
+    write_card(checkpoint)
 
 
 def _params(root: Path) -> tuple[int, float]:
@@ -106,6 +113,16 @@ def _params(root: Path) -> tuple[int, float]:
 
     weights = root / "model.safetensors"
     return sum(t.numel() for t in load_file(weights).values()), weights.stat().st_size / 1e6
+
+
+def _served_section(served: dict[str, Any]) -> list[str]:
+    """The exported ONNX variants' figures, each with the `gmlp eval` command that reproduces it."""
+    if not served:
+        return []
+    lines = ["", "## Served model (exported ONNX)", ""]
+    for entry in served.values():
+        lines += [f"`{entry['command']}`:", "```json", json.dumps(entry["results"]), "```", ""]
+    return lines[:-1]
 
 
 def write_card(root: str | Path) -> Path:
@@ -154,10 +171,18 @@ def write_card(root: str | Path) -> Path:
             "15%: 80% [MASK], 10% a random token, 10% unchanged), the figure BERT-style pre-training "
             "logs usually report; it is easier, because the unchanged tokens are mostly copied.",
             "",
-            "## Fill-mask examples (top-5)",
-            "",
         ]
-        for ex in fill_mask_examples(root):
+        served = train.get("served", {})
+        source = next((v for v in ("int8", "fp32") if "fill_mask_examples" in served.get(v, {})), None)
+        if source:
+            examples = served[source]["fill_mask_examples"]
+            lines += ["", f"## Fill-mask examples (top-5, as the served {source} ONNX model answers)", ""]
+        else:
+            from .evaluate import open_predictor
+
+            examples = fill_mask_examples(open_predictor(root))
+            lines += ["", "## Fill-mask examples (top-5, PyTorch checkpoint)", ""]
+        for ex in examples:
             preds = "; ".join(", ".join(f"{t} ({p:.2f})" for t, p in slot) for slot in ex["predictions"])
             lines.append(f"- `{ex['sentence']}` -> {preds}")
         limitations = [
@@ -174,6 +199,7 @@ def write_card(root: str | Path) -> Path:
             "Trained on JPEG (quality ~75) copies of CIFAR-10; accuracy is well below convolutional "
             "networks of the same size.",
         ]
+    lines += _served_section(train.get("served", {}))
     lines += ["", "## Limitations", *[f"- {item}" for item in limitations], ""]
     path = root / "README.md"
     path.write_text("\n".join(lines))

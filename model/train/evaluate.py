@@ -3,7 +3,8 @@
 Both paths go through the same `Predictor` interface and the same metric code, so the figures
 for `model.onnx` / `model.int8.onnx` are directly comparable with the PyTorch checkpoint's.
 MLM accuracy is measured the way the service is used: every selected position is replaced by
-[MASK] (no 80/10/10 corruption, which would let the model see 10% of the answers).
+[MASK]. The 80/10/10 corruption of training, which lets the model see 10% of the answers, is
+scored separately as `full_bert_masking` (the figure BERT-style training logs report).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""CIFAR-10 gMLP classifier from scratch (issue #4): crop + flip, label smoothing, AdamW, cosine.
+"""CIFAR-10 gMLP classifier from scratch (issue #4): crop + flip + random erasing, label smoothing,
+stochastic depth, AdamW, cosine.
 
 gMLPs have no convolutional prior, so on 50,000 images they live on augmentation and many epochs;
-an hour of one CPU thread buys only 6-12 epochs, which is why the default model is narrow (d=128,
+an hour of two CPU cores buys about 16 epochs, which is why the default model is narrow (d=128,
 1.2M parameters) rather than deep-and-wide: more passes over the data matter more than capacity.
+Without random erasing the demo run ended 10 points above its test accuracy on the (augmented)
+training batches, so the data, not the optimiser, was the limit.
 """
 
 from __future__ import annotations
