@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models export serve bench docker loadtest constraints timm-parity clean
+.PHONY: install test lint format demo-models demo-eval export serve bench docker loadtest constraints timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ demo-models: install
 	$(BIN)/gmlp export checkpoints/gutenberg-gmlp-mlm --out models/gutenberg-gmlp-mlm --variants fp32,int8
 
 export: demo-models
+
+# Evaluate the exported demo models (every variant) and record the figures in the model cards.
+demo-eval: demo-models
+	for v in fp32 int8; do \
+	  $(BIN)/gmlp eval models/cifar10-gmlp --variant $$v --threads 2 --record checkpoints/cifar10-gmlp && \
+	  $(BIN)/gmlp eval models/gutenberg-gmlp-mlm --variant $$v --threads 2 --record checkpoints/gutenberg-gmlp-mlm \
+	  || exit 1; \
+	done
 
 serve: install
 	$(BIN)/gmlp serve
