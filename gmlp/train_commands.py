@@ -44,8 +44,9 @@ def _common(
     p.add_argument(
         "--time-budget-min",
         type=float,
-        default=None,
-        help="whole run (training + final evaluation) in minutes; the cosine is planned to end in it",
+        default=60.0,
+        help="whole run (training + final evaluation) in minutes; the cosine is planned to end in it "
+        "(default 60, the demo runs' budget)",
     )
     p.add_argument(
         "--eval-reserve-s",
