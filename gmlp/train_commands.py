@@ -189,6 +189,8 @@ def evaluate(args: argparse.Namespace) -> int:
     start = time.monotonic()
     pred = open_predictor(args.path, variant=args.variant, threads=args.threads or 1)
     kind = "onnx" if pred.info.get("format") == "gmlp-served-model" else "pytorch"
+    if args.record is not None and kind != "onnx":
+        raise SystemExit("--record takes a served-model directory (the exported ONNX) as PATH")
     if pred.task == "image-classification":
         results = {"cifar10_test": evaluate_classifier(pred, args.data, args.limit, args.cache_dir)}
     else:
@@ -204,8 +206,6 @@ def evaluate(args: argparse.Namespace) -> int:
         line["variant"] = args.variant
     line |= results | {"seconds": round(time.monotonic() - start, 1)}
     if args.record is not None:
-        if kind != "onnx":
-            raise SystemExit("--record takes a served-model directory (the exported ONNX) as PATH")
         from model.train.card import record_served_eval
 
         command = f"gmlp eval {args.path} --variant {args.variant}" + (

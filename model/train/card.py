@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 TRAINING_FILE = "training.json"
 
 FILL_MASK_EXAMPLES = [
@@ -82,13 +80,8 @@ def fill_mask_examples(
     for sentence in sentences:
         enc = codec.encode(sentence)
         logits = pred.mlm(enc.feeds["input_ids"][None], enc.feeds["mask_positions"][None])[0]
-        logits = logits[: len(enc.mask_positions)].astype(np.float64)
-        probs = np.exp(logits - logits.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        preds = []
-        for slot in probs:
-            top = np.argsort(-slot)[:k]
-            preds.append([(codec.tokenizer.id_to_token(int(i)), round(float(slot[i]), 3)) for i in top])
+        slots = codec.decode(enc, logits, top_k=k)  # the service's own softmax and ranking
+        preds = [[(p["token_str"], round(p["score"], 3)) for p in slot] for slot in slots]
         rows.append({"sentence": sentence, "predictions": preds})
     return rows
 
