@@ -85,6 +85,39 @@ def test_block_is_plain_ffn_at_init():
     torch.testing.assert_close(block.sgu.spatial_proj.bias, torch.ones(16))
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_sgu_matches_the_token_linear_formulation(batch):
+    """The SGU's batched GEMM against the paper's formula written independently, as timm writes it:
+    a Linear over the transposed tokens (with padding rows zeroed and a gate residual added), in
+    the forward and in the gradients of W, b and the input."""
+    torch.manual_seed(0)
+    block = GMLPBlock(d_model=8, d_ffn=12, seq_len=10)
+    sgu = block.sgu
+    with torch.no_grad():
+        sgu.spatial_proj.weight.normal_(std=0.3)
+        sgu.spatial_proj.bias.normal_()
+    z = torch.randn(batch, 10, 12, requires_grad=True)
+    mask = torch.ones(batch, 10, 1)
+    mask[0, 7:] = 0.0
+    residual = torch.randn(batch, 10, 6)
+
+    z1, z2 = z[..., :6], z[..., 6:]
+    z2 = F.layer_norm(z2, (6,), sgu.norm.weight, sgu.norm.bias, sgu.norm.eps) * mask
+    gate = F.linear(z2.transpose(1, 2), sgu.spatial_proj.weight, sgu.spatial_proj.bias).transpose(1, 2)
+    expected = z1 * (gate + residual)
+    grads_expected = torch.autograd.grad(
+        expected.square().sum(), [z, sgu.spatial_proj.weight, sgu.spatial_proj.bias]
+    )
+
+    actual = sgu(z, token_mask=mask, gate_residual=residual)
+    grads_actual = torch.autograd.grad(
+        actual.square().sum(), [z, sgu.spatial_proj.weight, sgu.spatial_proj.bias]
+    )
+    torch.testing.assert_close(actual, expected)
+    for got, want in zip(grads_actual, grads_expected, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("make", [tiny_vision_config, tiny_mlm_config, lambda: tiny_mlm_config(attn_dim=8)])
 def test_no_leakage_across_the_batch(make):
     """Changing sample j must never change sample i's output (W mixes tokens, never samples)."""
