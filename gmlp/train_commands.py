@@ -70,9 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", type=Path, default=CIFAR10_NPZ, help="cifar10-jpeg.npz")
     _common(
         p,
-        depth=8,
+        depth=10,
         d_model=128,
-        d_ffn=768,
+        d_ffn=512,
         batch=128,
         lr=2e-3,
         wd=0.05,

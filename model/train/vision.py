@@ -1,11 +1,12 @@
 """CIFAR-10 gMLP classifier from scratch (issue #4): crop + flip + random erasing, label smoothing,
 stochastic depth, AdamW, cosine.
 
-gMLPs have no convolutional prior, so on 50,000 images they live on augmentation and many epochs;
-an hour of two CPU cores buys about 16 epochs, which is why the default model is narrow (d=128,
-1.2M parameters) rather than deep-and-wide: more passes over the data matter more than capacity.
-Without random erasing the demo run ended 10 points above its test accuracy on the (augmented)
-training batches, so the data, not the optimiser, was the limit.
+gMLPs have no convolutional prior, so on 50,000 images they live on augmentation and many epochs.
+An hour of two CPU cores buys about 22 epochs of the default model, which is narrow (d=128,
+d_ffn=512, 10 blocks, 1.05M parameters) rather than wide: the demo runs found passes over the data
+worth more than width (8 blocks of d_ffn 768 reached 16 epochs and 0.5 point less). Without random
+erasing a demo run ended 10 points above its test accuracy on the (augmented) training batches;
+with it and stochastic depth the gap is 7 points, and doubling both (p 0.5, 0.1) lost 0.2 point.
 """
 
 from __future__ import annotations
