@@ -57,15 +57,21 @@ class SpatialGatingUnit(nn.Module):
         z2 = self.norm(z2)
         if token_mask is not None:
             z2 = z2 * token_mask
-        # W expanded over the batch is a stride-0 view, so this is one batched GEMM on z2 as it lies.
-        # (`torch.matmul(W, z2)` folds the batch into the columns, which copies the strided z2 in
-        # the forward and the backward; a separate fp32 `+ b` promotes the bf16 gate to fp32 under
-        # autocast. Together they cost a sixth of a CIFAR training step on CPU: docs/benchmarks.md.)
-        weight = self.spatial_proj.weight.expand(z2.shape[0], -1, -1)
-        gate = torch.baddbmm(self.spatial_proj.bias[:, None], weight, z2)
+        gate = self.spatial_projection(z2)
         if gate_residual is not None:
             gate = gate + gate_residual
         return z1 * gate
+
+    def spatial_projection(self, z2: torch.Tensor) -> torch.Tensor:
+        """`W @ z2 + b` over tokens, for z2 [B, n, e].
+
+        W expanded over the batch is a stride-0 view, so this is one batched GEMM on z2 as it lies.
+        (`torch.matmul(W, z2)` folds the batch into the columns, which copies the strided z2 in the
+        forward and the backward; a separate fp32 `+ b` promotes the bf16 gate to fp32 under
+        autocast. Together they cost a sixth of a CIFAR training step on CPU: docs/benchmarks.md.)
+        """
+        weight = self.spatial_proj.weight.expand(z2.shape[0], -1, -1)
+        return torch.baddbmm(self.spatial_proj.bias[:, None], weight, z2)
 
 
 class TinyAttention(nn.Module):

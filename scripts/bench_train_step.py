@@ -28,17 +28,11 @@ from model.layers import SpatialGatingUnit  # noqa: E402
 
 
 class MatmulSGU(SpatialGatingUnit):
-    """The same unit written as `torch.matmul(W, z2) + b` (the formulation the model replaced)."""
+    """The same unit with the spatial projection written as `torch.matmul(W, z2) + b` (the
+    formulation the model replaced)."""
 
-    def forward(self, z, token_mask=None, gate_residual=None):  # type: ignore[override]
-        z1, z2 = z.chunk(2, dim=-1)
-        z2 = self.norm(z2)
-        if token_mask is not None:
-            z2 = z2 * token_mask
-        gate = torch.matmul(self.spatial_proj.weight, z2) + self.spatial_proj.bias[:, None]
-        if gate_residual is not None:
-            gate = gate + gate_residual
-        return z1 * gate
+    def spatial_projection(self, z2: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(self.spatial_proj.weight, z2) + self.spatial_proj.bias[:, None]
 
 
 def _interleaved_ms(variants: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
