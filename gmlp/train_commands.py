@@ -58,6 +58,12 @@ def _common(
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model for training (inductor; needs a C++ compiler, about a minute to "
+        "compile); 1.10x per step for the MLM, no gain for the small classifier (docs/benchmarks.md)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the saved training state")
     p.add_argument(
         "--state-dir", type=Path, default=None, help="training state (default .cache/train/<out name>)"
@@ -109,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--n", type=int, default=128, help="window length in tokens")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions decoded per window")
-    p.add_argument("--short-frac", type=float, default=0.2, help="share of short padded sentences per batch")
+    p.add_argument("--short-frac", type=float, default=0.1, help="share of short padded sentences per batch")
     p.add_argument(
         "--eval-windows", type=int, default=2000, help="held-out full windows for the final evaluation"
     )

@@ -60,9 +60,17 @@ def _sgu_step(sgu: SpatialGatingUnit, batch: int, n: int, d_ffn: int) -> Callabl
     return run
 
 
-def _model_step(model: torch.nn.Module, batch: int) -> Callable[[], None]:
+def _model_step(
+    model: torch.nn.Module,
+    batch: int,
+    opt: torch.optim.Optimizer | None = None,
+    forward: Callable[..., torch.Tensor] | None = None,
+) -> Callable[[], None]:
+    """One optimiser step of `model` on random inputs of the training shapes; `opt` defaults to a
+    plain AdamW and `forward` (e.g. a compiled module) to the model itself."""
     config = model.config
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if opt is None else opt
+    forward = model if forward is None else forward
     if hasattr(config, "img_size"):
         inputs = (torch.randn(batch, config.in_chans, config.img_size, config.img_size),)
         y = torch.randint(0, config.num_classes, (batch,))
@@ -76,7 +84,7 @@ def _model_step(model: torch.nn.Module, batch: int) -> Callable[[], None]:
 
     def run() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(*inputs).float()
+            logits = forward(*inputs).float()
         loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -90,13 +98,19 @@ def _swap_sgus(model: torch.nn.Module, cls: type[SpatialGatingUnit]) -> None:
         block.sgu.__class__ = cls
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_args(doc: str, repeats: int) -> argparse.Namespace:
+    """The benchmarks' shared command line (`--threads`, `--repeats`), applied: threads set, seeded."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=repeats)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    return args
+
+
+def main() -> None:
+    args = bench_args(__doc__, repeats=7)
     cifar = get_config("gmlp_cifar_p4", depth=10, d_model=128, d_ffn=512, num_classes=10)
     mlm = GMLPMaskedLMConfig(depth=6, d_model=256, d_ffn=1024, attn_dim=64, vocab_size=30522, n=128)
     cases = [

@@ -69,7 +69,18 @@ def mlm_ckpt(workdir: Path) -> Path:
 
     out = workdir / "mlm"
     argv = ["train-mlm", "--max-steps", "3", "--limit-train", "2000", "--limit-valid-sentences", "1500"]
-    argv += ["--eval-windows", "20", "--eval-short", "20", "--batch-size", "8", "--attn-dim", "8"] + TINY
+    argv += [
+        "--eval-windows",
+        "20",
+        "--eval-short",
+        "20",
+        "--batch-size",
+        "8",
+        "--attn-dim",
+        "8",
+        "--compile",
+    ]
+    argv += TINY
     argv += ["--out", str(out), "--state-dir", str(workdir / "mstate"), "--cache-dir", str(workdir / "cache")]
     assert main(argv) == 0
     return out
@@ -196,6 +207,63 @@ def test_schedule_warmup_then_cosine_to_floor() -> None:
     assert lr_at(100, 100, 1e-3, 10, 0.01) == pytest.approx(1e-5)
     planner = StepPlanner(max_steps=7, budget_s=None)
     assert [planner.done(s) for s in (6, 7)] == [False, True]
+
+
+class _RandomTokens:
+    """A task of random windows with 5 decoded positions each, the same batch for the same step."""
+
+    def __init__(self, vocab_size: int, n: int) -> None:
+        self.vocab_size, self.n = vocab_size, n
+
+    def make_batch(self, step: int):
+        import torch
+
+        gen = torch.Generator().manual_seed(step)
+        ids = torch.randint(1, self.vocab_size, (4, self.n), generator=gen)
+        return (
+            ids,
+            torch.randint(0, self.n, (4, 5), generator=gen),
+            torch.randint(1, 999, (4, 5), generator=gen),
+        )
+
+    def loss(self, model, batch):
+        import torch.nn.functional as F
+
+        ids, positions, labels = batch
+        logits = model(ids, positions=positions).float()
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten()), {}
+
+
+def test_compiled_training_matches_eager() -> None:
+    """`--compile` changes how the steps run, not what they compute: the same init trained for four
+    fp32 steps on the same batches predicts the same logits either way, while the training itself
+    moves the logits far more than the tolerance."""
+    import torch
+
+    from helpers import tiny_mlm_config
+    from model import build_model
+    from model.train.loop import LoopConfig, train_loop
+
+    torch.manual_seed(0)
+    config = tiny_mlm_config(attn_dim=8)
+    init = build_model(config).state_dict()
+    task = _RandomTokens(config.vocab_size, config.n)
+    probe = task.make_batch(99)
+    logits = {}
+    for compiled in (False, True):
+        model = build_model(config)
+        model.load_state_dict(init)
+        cfg = LoopConfig(
+            lr=3e-3, weight_decay=0.01, warmup_steps=1, max_steps=4, bf16=False, compile=compiled
+        )
+        train_loop(model, task, cfg)
+        with torch.no_grad():
+            logits[compiled] = model(probe[0], positions=probe[1])
+    model.load_state_dict(init)
+    with torch.no_grad():
+        before = model(probe[0], positions=probe[1])
+    assert (logits[False] - before).abs().max() > 0.1
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-3, atol=1e-3)
 
 
 def test_eval_checkpoints(vision_ckpt: Path, mlm_ckpt: Path, workdir: Path, capsys) -> None:

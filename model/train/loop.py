@@ -41,6 +41,8 @@ class LoopConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = 1.0
     bf16: bool = True
+    compile: bool = False
+    fused_optimizer: bool = True
     state_path: Path | None = None
     resume: bool = False
     save_every_s: float = 300.0
@@ -67,6 +69,7 @@ def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **
         max_steps=args.max_steps if max_steps is None else max_steps,
         time_budget_s=budget,
         bf16=not args.no_bf16,
+        compile=args.compile,
         state_path=Path(args.state_dir) / "train_state.pt",
         resume=args.resume,
         desc=desc,
@@ -75,13 +78,18 @@ def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **
 
 
 def build_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
-    """AdamW with no weight decay on biases and LayerNorm gains (the usual transformer/MLP recipe)."""
+    """AdamW with no weight decay on biases and LayerNorm gains (the usual transformer/MLP recipe).
+
+    The fused implementation (`cfg.fused_optimizer`) updates all tensors of a group in one kernel,
+    where torch's CPU default loops over them; the arithmetic is the same and the step cheaper
+    (`scripts/bench_train_options.py`, docs/benchmarks.md).
+    """
     decay, no_decay = [], []
     for _, param in model.named_parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=cfg.fused_optimizer)
 
 
 def _save_state(
@@ -141,6 +149,8 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     # Until the speed is re-measured, a resumed run keeps the plan it had (no LR jump).
     planner = StepPlanner(cfg.max_steps, cfg.time_budget_s, elapsed_s=elapsed, provisional_steps=provisional)
     model.train()
+    # Compiled forward (and backward); the parameters and the saved state stay `model`'s own.
+    forward_model = torch.compile(model) if cfg.compile else model
     meter = _Meter()
     interactive = sys.stderr.isatty()
     bar = tqdm(total=planner.total, initial=step, desc=cfg.desc, mininterval=1.0 if interactive else 30.0)
@@ -152,7 +162,7 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
             group["lr"] = lr
         batch = task.make_batch(step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss, metrics = task.loss(model, batch)
+            loss, metrics = task.loss(forward_model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:
