@@ -69,18 +69,8 @@ def mlm_ckpt(workdir: Path) -> Path:
 
     out = workdir / "mlm"
     argv = ["train-mlm", "--max-steps", "3", "--limit-train", "2000", "--limit-valid-sentences", "1500"]
-    argv += [
-        "--eval-windows",
-        "20",
-        "--eval-short",
-        "20",
-        "--batch-size",
-        "8",
-        "--attn-dim",
-        "8",
-        "--compile",
-    ]
-    argv += TINY
+    argv += ["--eval-windows", "20", "--eval-short", "20", "--batch-size", "8", "--attn-dim", "8"]
+    argv += ["--compile", *TINY]
     argv += ["--out", str(out), "--state-dir", str(workdir / "mstate"), "--cache-dir", str(workdir / "cache")]
     assert main(argv) == 0
     return out

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class MLMTask:
-    """Each batch: round(short_frac * B) short padded sentences, the rest full n-token windows."""
+    """Each batch: round(short_frac * B) short padded sentences, the rest full n-token windows.
+
+    No defaults here: `gmlp train-mlm`'s flags are the one place the demo run's values live."""
 
     corpus: TokenCorpus
     short_pool: np.ndarray
@@ -38,7 +40,7 @@ class MLMTask:
     batch_size: int
     max_predictions: int
     seed: int
-    short_frac: float = 0.1
+    short_frac: float
 
     def make_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng([self.seed, step])
