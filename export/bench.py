@@ -3,6 +3,8 @@
 Every figure is a median over several timed runs, and every row is also given as a ratio to
 PyTorch eager fp32 measured in the same process moments before, which is what stays comparable
 on a shared, noisy machine. This is a command, never a test: tests do not time anything.
+The bf16 autocast row is measured only on CPUs with native bf16: elsewhere it is emulated, an
+order of magnitude slower than fp32, and no baseline anyone would deploy (model/precision.py).
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ import torch
 from torch import nn
 
 from model import build_model, get_config, load_checkpoint
+from model.precision import native_bf16
 
 from .onnx_export import example_inputs, export_onnx
 from .variants import quantize_int8
 from .verify import session
+
+NO_BF16_NOTE = (
+    "PyTorch bf16 autocast: not measured, this CPU has no native bf16 (AVX512-BF16/AMX), "
+    "so autocast would be emulated (model/precision.py)"
+)
 
 
 def _images_per_second(fn: Callable[[], object], batch: int, repeats: int, min_seconds: float) -> float:
@@ -61,6 +69,7 @@ def run_bench(
     model = _load(path_or_name)
     config = model.config
     unit = "images/s" if config.task == "image-classification" else "sequences/s"
+    with_bf16 = native_bf16()
     with tempfile.TemporaryDirectory() as tmp:
         plain = export_onnx(model, Path(tmp) / "plain.onnx", fused=False)
         fused = export_onnx(model, Path(tmp) / "fused.onnx")
@@ -94,15 +103,15 @@ def run_bench(
                 with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
                     return _forward(model, args)
 
-            candidates: dict[str, Callable[[], object]] = {
-                "PyTorch eager fp32": eager,
-                "PyTorch bf16 autocast": bf16,
-            }
+            candidates: dict[str, Callable[[], object]] = {"PyTorch eager fp32": eager}
+            if with_bf16:
+                candidates["PyTorch bf16 autocast"] = bf16
             for name, sess in sessions.items():
                 candidates[name] = lambda sess=sess, feeds=feeds: sess.run(["logits"], feeds)
             for name, fn in candidates.items():
                 rows.setdefault(name, {})[batch] = _images_per_second(fn, batch, repeats, min_seconds)
-    return _table(rows, batches, unit, path_or_name, threads)
+    notes = [] if with_bf16 else [NO_BF16_NOTE]
+    return _table(rows, batches, unit, path_or_name, threads, notes)
 
 
 def _forward(model: nn.Module, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -111,7 +120,14 @@ def _forward(model: nn.Module, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
     return model(args[0])
 
 
-def _table(rows: dict[str, dict[int, float]], batches: list[int], unit: str, what: str, threads: int) -> str:
+def _table(
+    rows: dict[str, dict[int, float]],
+    batches: list[int],
+    unit: str,
+    what: str,
+    threads: int,
+    notes: list[str],
+) -> str:
     base = rows["PyTorch eager fp32"]
     header = "| runtime | " + " | ".join(f"batch {b} ({unit})" for b in batches) + " |"
     lines = [
@@ -123,4 +139,4 @@ def _table(rows: dict[str, dict[int, float]], batches: list[int], unit: str, wha
     for name, by_batch in rows.items():
         cells = [f"{by_batch[b]:.1f} ({by_batch[b] / base[b]:.2f}x)" for b in batches]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + [""] * bool(notes) + notes)

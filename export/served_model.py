@@ -66,7 +66,7 @@ def export_served_model(
             raise ExportCheckError(f"fp32 parity failed: {reports['fp32']} (tolerance {FP32_TOLERANCE})")
         served = _served_config(info, config, variants, sha, opset, name or out_dir.name)
         if "int8" in variants:
-            source, feeds = _calibration_feeds(calibration, served, checkpoint_dir, calibration_samples)
+            source, feeds = calibration_feeds(calibration, served, checkpoint_dir, calibration_samples)
             served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
             if feeds:
                 served["int8_calibration"] = {"source": source.name, "samples": len(feeds)}
@@ -104,9 +104,11 @@ def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
     onnx.save(proto, str(path))
 
 
-def _calibration_feeds(
+def calibration_feeds(
     source: str | Path | None, served: dict, checkpoint_dir: Path, count: int
 ) -> tuple[Path | None, list[dict] | None]:
+    """(source, feeds prepared as requests are) for static int8; (None, None) when there is no
+    calibration source, which makes the int8 variant dynamic."""
     from .calibration import bundled_calibration, image_feeds, text_feeds
 
     source = Path(source) if source else bundled_calibration(checkpoint_dir)

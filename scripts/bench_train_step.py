@@ -2,7 +2,8 @@
 
     python scripts/bench_train_step.py [--threads 2] [--repeats 7]
 
-For each demo shape this times forward + backward under bf16 autocast (as `gmlp train-*` runs) of
+For each demo shape this times forward + backward in the precision `gmlp train-*` picks (bf16
+autocast where the CPU has native bf16, else fp32; `--precision` overrides) of
 (a) the plain formulation `torch.matmul(W, z2) + b` and (b) the SGU as the model computes it, first
 for the SGU alone and then for a whole optimiser step of the demo model with every SGU swapped.
 Figures are medians over `--repeats` timed runs, the two variants timed in turn; the ratio
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GMLPMaskedLMConfig, build_model, get_config  # noqa: E402
 from model.layers import SpatialGatingUnit  # noqa: E402
+from model.precision import PRECISIONS, resolve_precision  # noqa: E402
 
 
 class MatmulSGU(SpatialGatingUnit):
@@ -49,11 +51,11 @@ def _interleaved_ms(variants: dict[str, Callable[[], None]], repeats: int) -> di
     return {name: 1000 * statistics.median(ts) for name, ts in times.items()}
 
 
-def _sgu_step(sgu: SpatialGatingUnit, batch: int, n: int, d_ffn: int) -> Callable[[], None]:
+def _sgu_step(sgu: SpatialGatingUnit, batch: int, n: int, d_ffn: int, bf16: bool) -> Callable[[], None]:
     z = torch.randn(batch, n, d_ffn, requires_grad=True)
 
     def run() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = sgu(z)
         out.float().square().mean().backward()
 
@@ -63,6 +65,7 @@ def _sgu_step(sgu: SpatialGatingUnit, batch: int, n: int, d_ffn: int) -> Callabl
 def _model_step(
     model: torch.nn.Module,
     batch: int,
+    bf16: bool,
     opt: torch.optim.Optimizer | None = None,
     forward: Callable[..., torch.Tensor] | None = None,
 ) -> Callable[[], None]:
@@ -83,7 +86,7 @@ def _model_step(
         y = torch.randint(0, config.vocab_size, (batch, picks))
 
     def run() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = forward(*inputs).float()
         loss = F.cross_entropy(logits.flatten(0, -2), y.flatten())
         opt.zero_grad(set_to_none=True)
@@ -98,12 +101,18 @@ def _swap_sgus(model: torch.nn.Module, cls: type[SpatialGatingUnit]) -> None:
         block.sgu.__class__ = cls
 
 
-def bench_args(doc: str, repeats: int) -> argparse.Namespace:
-    """The benchmarks' shared command line (`--threads`, `--repeats`), applied: threads set, seeded."""
+def bench_args(doc: str, repeats: int, precision: bool = True) -> argparse.Namespace:
+    """The benchmarks' shared command line (`--threads`, `--repeats`, `--precision`), applied:
+    threads set, seeded, `args.bf16` resolved for this CPU as the training commands resolve it
+    (`precision=False` for a benchmark that compares the precisions itself)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=repeats)
+    if precision:
+        parser.add_argument("--precision", choices=PRECISIONS, default="auto")
     args = parser.parse_args()
+    args.bf16 = resolve_precision(getattr(args, "precision", "auto")) == "bf16"
+    args.precision_label = "bf16 autocast" if args.bf16 else "fp32"
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     return args
@@ -117,7 +126,7 @@ def main() -> None:
         ("CIFAR demo (B 128, n 64, d_ffn 512)", cifar, 128),
         ("MLM demo (B 48, n 128, d_ffn 1024)", mlm, 48),
     ]
-    print(f"threads {args.threads}, bf16 autocast, median of {args.repeats}\n")
+    print(f"threads {args.threads}, {args.precision_label}, median of {args.repeats}\n")
     print("| shape | what | W @ z2 + b (ms) | baddbmm (ms) | ratio |")
     print("|---|---|---:|---:|---:|")
     for name, config, batch in cases:
@@ -126,8 +135,8 @@ def main() -> None:
         ours.load_state_dict(plain.state_dict())
         sgu = _interleaved_ms(
             {
-                "plain": _sgu_step(plain, batch, n, config.d_ffn),
-                "ours": _sgu_step(ours, batch, n, config.d_ffn),
+                "plain": _sgu_step(plain, batch, n, config.d_ffn, args.bf16),
+                "ours": _sgu_step(ours, batch, n, config.d_ffn, args.bf16),
             },
             args.repeats,
         )
@@ -135,7 +144,7 @@ def main() -> None:
         models["ours"].load_state_dict(models["plain"].state_dict())
         _swap_sgus(models["plain"], MatmulSGU)
         step = _interleaved_ms(
-            {key: _model_step(model, batch) for key, model in models.items()}, args.repeats
+            {key: _model_step(model, batch, args.bf16) for key, model in models.items()}, args.repeats
         )
         for what, times in (("one SGU fwd+bwd", sgu), ("whole AdamW step", step)):
             ratio = times["plain"] / times["ours"]

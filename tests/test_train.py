@@ -80,6 +80,7 @@ def test_train_vision_writes_loadable_checkpoint(vision_ckpt: Path) -> None:
     import torch
 
     from model import load_checkpoint
+    from model.precision import native_bf16
 
     model = load_checkpoint(vision_ckpt)
     info = model.checkpoint_info
@@ -89,6 +90,9 @@ def test_train_vision_writes_loadable_checkpoint(vision_ckpt: Path) -> None:
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     training = json.loads((vision_ckpt / "training.json").read_text())
     assert training["steps"] == 3
+    # --precision auto: bf16 autocast only on a CPU with native bf16, and the card says which.
+    assert training["precision"] == ("bf16 autocast" if native_bf16() else "fp32")
+    assert f"CPU thread(s), {training['precision']}" in (vision_ckpt / "README.md").read_text()
     assert 0.0 <= training["results"]["cifar10_test"]["top1"] <= 1.0
     card = (vision_ckpt / "README.md").read_text()
     assert "## Limitations" in card and '"top1"' in card

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 TRAINING_FILE = "training.json"
+# Runs recorded before training.json named its precision all trained under bf16 autocast.
+LEGACY_PRECISION = "bf16 autocast"
 
 FILL_MASK_EXAMPLES = [
     "The cat sat on the [MASK].",
@@ -44,6 +46,7 @@ def finish_run(
         "epochs": round(epochs, 2),
         "train_wall_time_s": round(result.train_seconds, 1),
         "threads": getattr(args, "threads", None),
+        "precision": result.precision,
         "hyperparameters": {
             k: getattr(args, k)
             for k in (
@@ -145,7 +148,7 @@ def write_card(root: str | Path) -> Path:
         f"- command: `{train.get('command', 'n/a')}`",
         f"- steps: {train.get('steps', 'n/a')} ({train.get('epochs', 'n/a')} epochs), "
         f"wall time {train.get('train_wall_time_s', 0) / 60:.1f} min on "
-        f"{train.get('threads', '?')} CPU thread(s), bf16 autocast",
+        f"{train.get('threads', '?')} CPU thread(s), {train.get('precision', LEGACY_PRECISION)}",
         f"- hyperparameters: `{json.dumps(train.get('hyperparameters', {}))}`",
         *[f"- note: {note}" for note in train.get("notes", [])],
         "",

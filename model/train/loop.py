@@ -1,5 +1,5 @@
-"""The training loop both demo models share: AdamW, warm-up + cosine, bf16 autocast, time budget,
-progress bar, periodic resumable state.
+"""The training loop both demo models share: AdamW, warm-up + cosine, bf16 autocast where the CPU
+has native bf16 (model/precision.py), time budget, progress bar, periodic resumable state.
 
 A task supplies `make_batch(step)` (deterministic in the step, so resuming needs no data-loader
 state) and `loss(model, batch) -> (loss, {metric: (sum, count)})`; everything else lives here.
@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..precision import resolve_precision
 from .schedule import StepPlanner, lr_at
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class LoopResult:
     train_seconds: float
     last_lr: float
     metrics: dict[str, float] = field(default_factory=dict)
+    precision: str = "fp32"
 
 
 def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **overrides: Any) -> LoopConfig:
@@ -68,7 +70,7 @@ def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **
         warmup_steps=args.warmup_steps,
         max_steps=args.max_steps if max_steps is None else max_steps,
         time_budget_s=budget,
-        bf16=not args.no_bf16,
+        bf16=resolve_precision(args.precision) == "bf16",
         compile=args.compile,
         state_path=Path(args.state_dir) / "train_state.pt",
         resume=args.resume,
@@ -191,4 +193,10 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     if cfg.state_path is not None:
         _save_state(cfg.state_path, model, opt, step, planner.elapsed(), planner.total)
     model.eval()
-    return LoopResult(steps=step, train_seconds=planner.elapsed(), last_lr=lr, metrics=meter.summary())
+    return LoopResult(
+        steps=step,
+        train_seconds=planner.elapsed(),
+        last_lr=lr,
+        metrics=meter.summary(),
+        precision="bf16 autocast" if cfg.bf16 else "fp32",
+    )

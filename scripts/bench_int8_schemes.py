@@ -1,0 +1,101 @@
+"""Which static int8 scheme the CPU serves well: accuracy and speed of the committed CIFAR-10 demo.
+
+    python scripts/bench_int8_schemes.py [--threads 2] [--repeats 7] [--limit 10000]
+
+ONNX Runtime's x86 int8 GEMM multiplies u8 activations by s8 weights. With AVX512-VNNI it
+accumulates in int32; without it (AVX2, plain AVX-512) it uses VPMADDUBSW, which adds pairs of
+products in int16 and saturates. This exports `checkpoints/cifar10-gmlp` once, quantises it four
+ways (u8 x s8 as before, u8 x s8 with 7-bit weights as `gmlp export` now does, u8 x u8, s8 x s8),
+all with the same 256 calibration images, and reports CIFAR-10 test top-1 and the median time of
+a batch of 32 for each beside fp32. A benchmark, not a test; the machine's flags are printed so
+the table says which kind of CPU it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from onnxruntime.quantization import QuantType, quantize_static
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from export.served_model import calibration_feeds, export_served_model  # noqa: E402
+from export.variants import STATIC_INT8_OPTIONS, VARIANT_FILES, FeedsReader  # noqa: E402
+from export.verify import session  # noqa: E402
+from gmlp.paths import CIFAR10_NPZ  # noqa: E402
+from gmlp.train_commands import CACHE_DIR  # noqa: E402
+from model.precision import cpu_flags  # noqa: E402
+from model.train.evaluate import evaluate_classifier, open_predictor  # noqa: E402
+
+# Changes to the export's static settings (STATIC_INT8_OPTIONS with 8-bit weights).
+SCHEMES = {
+    "u8 x s8 (8-bit weights)": {},
+    "u8 x s8, 7-bit weights (gmlp export)": {"reduce_range": True},
+    "u8 x u8": {"weight_type": QuantType.QUInt8},
+    "s8 x s8": {"activation_type": QuantType.QInt8},
+}
+
+
+def _median_ms(path: Path, feeds: dict[str, np.ndarray], threads: int, repeats: int) -> float:
+    sess = session(path, threads=threads)
+    sess.run(None, feeds)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--limit", type=int, default=None, help="test images (default all 10,000)")
+    args = parser.parse_args()
+    checkpoint = ROOT / "checkpoints" / "cifar10-gmlp"
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx_vnni", "avx2", "amx_int8")))
+    print(f"CPU flags: {' '.join(flags) or 'unknown'}; threads {args.threads}; median of {args.repeats}\n")
+    print("| int8 scheme | CIFAR-10 test top-1 | ms per batch of 32 (x fp32) |")
+    print("|---|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        served = Path(tmp) / "cifar10-gmlp"
+        export_served_model(checkpoint, served, ["fp32"])
+        config_path = served / "config.json"
+        config = json.loads(config_path.read_text())
+        config["variants"]["int8"] = VARIANT_FILES["int8"]  # each scheme is scored as the int8 variant
+        config_path.write_text(json.dumps(config))
+        _, calibration = calibration_feeds(None, config, checkpoint, 256)
+        batch = {k: np.concatenate([f[k] for f in calibration[:32]]) for k in calibration[0]}
+        fp32 = served / VARIANT_FILES["fp32"]
+        candidates = {"fp32 (no quantisation)": fp32}
+        for name, kwargs in SCHEMES.items():
+            path = served / f"{len(candidates)}.onnx"
+            options = {**STATIC_INT8_OPTIONS, "reduce_range": False, **kwargs}
+            quantize_static(str(fp32), str(path), FeedsReader(calibration), **options)
+            candidates[name] = path
+        base_ms = None
+        for name, path in candidates.items():
+            shutil.copyfile(path, served / VARIANT_FILES["int8"])
+            scores = evaluate_classifier(
+                open_predictor(served, "int8", threads=args.threads),
+                CIFAR10_NPZ,
+                args.limit,
+                CACHE_DIR / "data",
+            )
+            ms = _median_ms(path, batch, args.threads, args.repeats)
+            base_ms = base_ms or ms
+            print(f"| {name} | {100 * scores['top1']:.2f} % | {ms:.1f} ({base_ms / ms:.2f}x) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
