@@ -45,7 +45,7 @@ class Predictor:
         return self.info.get("preprocessing") or {}
 
 
-def _torch_predictor(root: Path, bf16: bool) -> Predictor:
+def _torch_predictor(root: Path) -> Predictor:
     import torch
 
     from model.checkpoint import load_checkpoint
@@ -53,7 +53,7 @@ def _torch_predictor(root: Path, bf16: bool) -> Predictor:
     model = load_checkpoint(root)
 
     def run(fn):
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.inference_mode():
             return fn().float().numpy()
 
     info = model.checkpoint_info
@@ -104,9 +104,7 @@ def _onnx_predictor(root: Path, info: dict[str, Any], variant: str, threads: int
     )
 
 
-def open_predictor(
-    path: str | Path, variant: str = "fp32", threads: int = 1, bf16: bool = False
-) -> Predictor:
+def open_predictor(path: str | Path, variant: str = "fp32", threads: int = 1) -> Predictor:
     """A checkpoint directory (format gmlp-checkpoint) or a served model (gmlp-served-model)."""
     root = Path(path)
     cfg = root / "config.json"
@@ -117,7 +115,7 @@ def open_predictor(
     info = json.loads(cfg.read_text())
     if info.get("format") == "gmlp-served-model":
         return _onnx_predictor(root, info, variant, threads)
-    return _torch_predictor(root, bf16)
+    return _torch_predictor(root)
 
 
 def evaluate_classifier(
