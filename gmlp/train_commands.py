@@ -63,7 +63,7 @@ def _common(
         choices=PRECISIONS,  # model.precision.PRECISIONS; importing it here would import torch
         default="auto",
         help="bf16 autocast or fp32; auto (default) takes bf16 only where the CPU has native bf16 "
-        "(AVX512-BF16/AMX): elsewhere it is emulated, 19x slower than fp32 on an AVX2 EPYC",
+        "(AVX512-BF16/AMX): elsewhere it is emulated, 20x slower than fp32 on an AVX2 EPYC",
     )
     p.add_argument(
         "--no-bf16", dest="precision", action="store_const", const="fp32", help="same as --precision fp32"
