@@ -7,8 +7,8 @@ accumulates in int32; without it (AVX2, plain AVX-512) it uses VPMADDUBSW, which
 products in int16 and saturates. This exports `checkpoints/cifar10-gmlp` once, quantises it four
 ways (u8 x s8 as before, u8 x s8 with 7-bit weights as `gmlp export` now does, u8 x u8, s8 x s8),
 all with the same 256 calibration images, and reports CIFAR-10 test top-1 and the median time of
-a batch of 32 for each beside fp32. A benchmark, not a test; the machine's flags are printed so
-the table says which kind of CPU it came from.
+a batch of 32 for each beside fp32, the files timed in turn. A benchmark, not a test; the
+machine's flags are printed so the table says which kind of CPU it came from.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 from onnxruntime.quantization import QuantType, quantize_static
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from bench_train_step import _interleaved_ms  # noqa: E402
 
 from export.served_model import calibration_feeds, export_served_model  # noqa: E402
 from export.variants import STATIC_INT8_OPTIONS, VARIANT_FILES, FeedsReader  # noqa: E402
@@ -43,17 +43,6 @@ SCHEMES = {
     "u8 x u8": {"weight_type": QuantType.QUInt8},
     "s8 x s8": {"activation_type": QuantType.QInt8},
 }
-
-
-def _median_ms(path: Path, feeds: dict[str, np.ndarray], threads: int, repeats: int) -> float:
-    sess = session(path, threads=threads)
-    sess.run(None, feeds)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:
@@ -83,18 +72,19 @@ def main() -> None:
             options = {**STATIC_INT8_OPTIONS, "reduce_range": False, **kwargs}
             quantize_static(str(fp32), str(path), FeedsReader(calibration), **options)
             candidates[name] = path
-        base_ms = None
+        top1 = {}
         for name, path in candidates.items():
             shutil.copyfile(path, served / VARIANT_FILES["int8"])
-            scores = evaluate_classifier(
-                open_predictor(served, "int8", threads=args.threads),
-                CIFAR10_NPZ,
-                args.limit,
-                CACHE_DIR / "data",
-            )
-            ms = _median_ms(path, batch, args.threads, args.repeats)
-            base_ms = base_ms or ms
-            print(f"| {name} | {100 * scores['top1']:.2f} % | {ms:.1f} ({base_ms / ms:.2f}x) |", flush=True)
+            predictor = open_predictor(served, "int8", threads=args.threads)
+            top1[name] = evaluate_classifier(predictor, CIFAR10_NPZ, args.limit, CACHE_DIR / "data")["top1"]
+        # Timed in turn (fp32, scheme 1, ..., fp32, ...), so drift in the machine's speed hits all alike.
+        sessions = {name: session(path, threads=args.threads) for name, path in candidates.items()}
+        ms = _interleaved_ms(
+            {name: lambda sess=sess: sess.run(None, batch) for name, sess in sessions.items()}, args.repeats
+        )
+        base = ms["fp32 (no quantisation)"]
+        for name in candidates:
+            print(f"| {name} | {100 * top1[name]:.2f} % | {ms[name]:.1f} ({base / ms[name]:.2f}x) |")
 
 
 if __name__ == "__main__":
