@@ -15,10 +15,10 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
+COPY contract contract
 COPY gmlp gmlp
 COPY model model
 COPY export export
-# service/ too: static int8 calibration prepares inputs with the service's own preprocessing.
 COPY service service
 RUN python -m pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
         -c constraints.txt ".[export,serve]"
@@ -36,6 +36,7 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY contract contract
 COPY gmlp gmlp
 COPY service service
 RUN python -m pip install -c constraints.txt ".[serve]" && rm -rf /app/build
@@ -59,6 +60,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY contract contract
 COPY gmlp gmlp
 COPY service service
 RUN pip install ".[gpu]"
@@ -76,6 +78,7 @@ FROM ${PYTHON_IMAGE} AS loadtest
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY contract contract
 COPY gmlp gmlp
 COPY loadtests loadtests
 RUN python -m pip install -c constraints.txt ".[loadtest]"

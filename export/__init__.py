@@ -2,10 +2,10 @@
 
 import logging as _logging
 
-from .served_model import SERVED_FORMAT, export_served_model
+from .directory import export_served_model
 from .verify import ExportCheckError, ParityReport
 
 # torch's exporter warns once per missing torchvision op; none of them is used by gMLP.
 _logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(_logging.ERROR)
 
-__all__ = ["SERVED_FORMAT", "ExportCheckError", "ParityReport", "export_served_model"]
+__all__ = ["ExportCheckError", "ParityReport", "export_served_model"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from contract.formats import VISION_TASK
 from model import build_model, get_config, load_checkpoint
 from model.precision import native_bf16
 
@@ -68,7 +69,7 @@ def run_bench(
     torch.set_num_threads(threads)
     model = _load(path_or_name)
     config = model.config
-    unit = "images/s" if config.task == "image-classification" else "sequences/s"
+    unit = "images/s" if config.task == VISION_TASK else "sequences/s"
     with_bf16 = native_bf16()
     with tempfile.TemporaryDirectory() as tmp:
         plain = export_onnx(model, Path(tmp) / "plain.onnx", fused=False)

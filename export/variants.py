@@ -18,7 +18,6 @@ from onnxruntime.quantization import (
 
 log = logging.getLogger(__name__)
 
-VARIANT_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "fp16": "model.fp16.onnx"}
 # Recorded in each int8 file's metadata (`gmlp.int8`), so the service knows without the onnx package
 # whether rows of a batch are independent: with dynamic quantisation they are not.
 STATIC, DYNAMIC = "static", "dynamic"

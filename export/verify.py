@@ -16,13 +16,14 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from contract.errors import UserError
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
 from .onnx_export import example_inputs
 from .sgu_function import DOMAIN, OP_TYPE
 
 
-class ExportCheckError(ValueError):
+class ExportCheckError(UserError):
     """An exported model failed a check; the message names the check."""
 
 

@@ -11,13 +11,15 @@ import importlib
 import logging
 import sys
 
+from contract.errors import UserError
+
 # module, registering function, the pip extra it needs: each adds its subcommands with
 # `set_defaults(handler=...)`
 _REGISTRARS = [
     ("gmlp.model_commands", "register", "export"),
     ("gmlp.export_commands", "register", "export"),
     ("gmlp.train_commands", "register", "train"),
-    ("service.cli", "register", "serve"),
+    ("gmlp.serve_command", "register", "serve"),
     ("loadtests.cli", "register", "loadtest"),
 ]
 
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        # Our own errors (CheckpointError, ExportError, ...) are ValueErrors with a full message.
+    except (UserError, FileNotFoundError) as exc:
+        # What the user handed us cannot be used (CheckpointError, ExportCheckError, SpecError...):
+        # the message says why and how to fix it; anything else is a bug and keeps its traceback.
         print(f"gmlp {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from contract.formats import DEFAULT_EXPORT_VARIANTS, VARIANTS
+
 
 def _variants(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variants {unknown}; choose from {','.join(VARIANTS)}")
+    return variants
 
 
 def _ints(text: str) -> list[int]:
@@ -19,7 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("checkpoint", type=Path, help="checkpoint directory (model.safetensors + config.json)")
     p.add_argument("--out", type=Path, required=True, help="served-model directory to write")
     p.add_argument(
-        "--variants", type=_variants, default=["fp32", "int8"], help="comma list of fp32,int8,fp16"
+        "--variants",
+        type=_variants,
+        default=list(DEFAULT_EXPORT_VARIANTS),
+        help=f"comma list of {','.join(VARIANTS)} (default {','.join(DEFAULT_EXPORT_VARIANTS)})",
     )
     p.add_argument("--name", default=None, help="model name in the service (default: the --out folder name)")
     p.add_argument(

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from contract.errors import UserError
+from contract.formats import SERVED_FORMAT
+
 from .paths import DEFAULT_IMAGENET_LABELS
 
 
@@ -36,7 +39,7 @@ def convert_timm(args: argparse.Namespace) -> int:
     labels = read_labels(labels_path) if labels_path.is_file() else None
     if labels is None or len(labels) != model.config.num_classes:
         if args.labels is not None:
-            raise ValueError(
+            raise UserError(
                 f"{args.labels} has {labels and len(labels)} labels, the head has {model.config.num_classes}"
             )
         labels = [f"class_{i}" for i in range(model.config.num_classes)]
@@ -51,7 +54,7 @@ def convert_timm(args: argparse.Namespace) -> int:
 def info(args: argparse.Namespace) -> int:
     config_path = args.path / "config.json"
     meta = json.loads(config_path.read_text()) if config_path.is_file() else {}
-    if meta.get("format") == "gmlp-served-model":
+    if meta.get("format") == SERVED_FORMAT:
         return _served_info(args.path, meta)
     from model.checkpoint import load_checkpoint
 

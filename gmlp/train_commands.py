@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from contract.formats import SERVED_FORMAT, VARIANTS, VISION_TASK
+
 from .paths import BERT_TOKENIZER, CHECKPOINTS_DIR, CIFAR10_NPZ, GUTENBERG_DIR, REPO_ROOT
 
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -139,9 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "eval", help="evaluate a checkpoint or served-model directory (CIFAR-10 / held-out MLM)"
     )
     p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
-    p.add_argument(
-        "--variant", default="fp32", choices=["fp32", "int8", "fp16"], help="served-model ONNX variant"
-    )
+    p.add_argument("--variant", default="fp32", choices=VARIANTS, help="served-model ONNX variant")
     p.add_argument("--limit", type=int, default=None, help="test images, or full windows and short sentences")
     p.add_argument("--data", type=Path, default=CIFAR10_NPZ, help="cifar10-jpeg.npz (classifier)")
     p.add_argument(
@@ -204,10 +204,10 @@ def evaluate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     start = time.monotonic()
     pred = open_predictor(args.path, variant=args.variant, threads=args.threads or 1)
-    kind = "onnx" if pred.info.get("format") == "gmlp-served-model" else "pytorch"
+    kind = "onnx" if pred.info.get("format") == SERVED_FORMAT else "pytorch"
     if args.record is not None and kind != "onnx":
         raise SystemExit("--record takes a served-model directory (the exported ONNX) as PATH")
-    if pred.task == "image-classification":
+    if pred.task == VISION_TASK:
         results = {"cifar10_test": evaluate_classifier(pred, args.data, args.limit, args.cache_dir)}
     else:
         from model.train.data import load_corpus

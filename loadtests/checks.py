@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-MASK_TOKEN = "[MASK]"
+from contract.formats import MASK_TOKEN
+
 # Softmax scores of different requests are summed in float64 by the server; allow rounding only.
 _SCORE_SLACK = 1e-6
 

@@ -26,13 +26,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from contract.errors import UserError
+from contract.formats import VARIANTS, VISION_TASK
+
 DEFAULT_WORK_DIR = Path("loadtest-report-compare")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model-repository", type=Path, required=True, help="served-model repository to start")
     p.add_argument("--model", default=None, help="classifier to measure (default: the server's default)")
-    p.add_argument("--variant", default="fp32", choices=["fp32", "int8", "fp16"],
+    p.add_argument("--variant", default="fp32", choices=VARIANTS,
                    help="variant to serve and to run raw (default fp32; a dynamically quantised int8 "
                    "runs rows one at a time in the server, so batching cannot help it)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=16, help="max_batch_size with batching on (default 16)")
@@ -49,12 +52,10 @@ def _preprocessed_images(spec: Any, count: int) -> Any:
     """The CIFAR-10 test JPEGs through the served model's own transform: float32 [count, 3, H, W]."""
     import numpy as np
 
+    from contract.image import ImageTransform
     from loadtests.workload import load_images
-    from service.preprocess import ImageTransform
 
-    shape = spec.inputs[0]["shape"] if spec.inputs else None
-    input_hw = (int(shape[-2]), int(shape[-1])) if shape else None
-    transform = ImageTransform.from_config(spec.preprocessing, 40_000_000, input_hw)
+    transform = ImageTransform.for_model(spec.config, 40_000_000)
     images, _ = load_images()
     return np.stack([transform(data) for data in images[:count]])
 
@@ -107,11 +108,11 @@ def _server_info(url: str, model: str | None) -> dict[str, Any]:
     from loadtests.metrics_scrape import get_json
 
     listing = get_json(f"{url}/models")
-    name = model or listing["defaults"].get("image-classification")
+    name = model or listing["defaults"].get(VISION_TASK)
     for info in listing["models"]:
         if info["name"] == name:
             return info
-    raise ValueError(
+    raise UserError(
         f"the server has no classifier {name!r} (serves {[m['name'] for m in listing['models']]})"
     )
 
@@ -122,13 +123,13 @@ def _ms(value: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run both comparisons, print (and optionally write) the markdown; 1 if any request failed."""
+    from contract.spec import discover
     from loadtests.runner import parse_duration
     from loadtests.server import ServerProcess
-    from service.repository import discover
 
     parse_duration(args.duration)
     if args.batch_size < 2:
-        raise ValueError("--batch-size must be >= 2 to compare batching on and off")
+        raise UserError("--batch-size must be >= 2 to compare batching on and off")
     specs = discover(args.model_repository)
     work = args.work_dir
     serve_on = ["--variant", args.variant, "--max-batch-size", str(args.batch_size)]

@@ -33,6 +33,7 @@ if _ROOT not in sys.path:
 from locust import FastHttpUser, constant, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from contract.formats import MLM_TASK, VISION_TASK  # noqa: E402
 from loadtests.checks import check_classify, check_fill_mask  # noqa: E402
 from loadtests.workload import (  # noqa: E402
     LoadConfig,
@@ -84,11 +85,11 @@ def _fit_to_server(environment: Environment, **_: Any) -> None:
     models = {m["name"]: m for m in listing.get("models", [])}
     defaults = listing.get("defaults", {})
     served = {
-        "image-classification": CONFIG.classify_model or defaults.get("image-classification"),
-        "fill-mask": CONFIG.fill_mask_model or defaults.get("fill-mask"),
+        VISION_TASK: CONFIG.classify_model or defaults.get(VISION_TASK),
+        MLM_TASK: CONFIG.fill_mask_model or defaults.get(MLM_TASK),
     }
-    explicit = {"image-classification": CONFIG.classify_model, "fill-mask": CONFIG.fill_mask_model}
-    for task, func in (("image-classification", classify), ("fill-mask", fill_mask)):
+    explicit = {VISION_TASK: CONFIG.classify_model, MLM_TASK: CONFIG.fill_mask_model}
+    for task, func in ((VISION_TASK, classify), (MLM_TASK, fill_mask)):
         if func not in GmlpUser.tasks or served[task] in models:
             continue
         if explicit[task]:
@@ -97,8 +98,8 @@ def _fit_to_server(environment: Environment, **_: Any) -> None:
             continue
         log.warning("the server has no %s model: not sending that task", task)
         GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
-    if fill_mask in GmlpUser.tasks and served["fill-mask"] in models:
-        max_tokens = CONFIG.max_tokens or models[served["fill-mask"]].get("n")
+    if fill_mask in GmlpUser.tasks and served[MLM_TASK] in models:
+        max_tokens = CONFIG.max_tokens or models[served[MLM_TASK]].get("n")
         SENTENCES = fitting(SENTENCES, max_tokens)
         log.info("fill-mask: %d sentences fit the %s-token window", len(SENTENCES), max_tokens)
         if not SENTENCES:

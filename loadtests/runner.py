@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.errors import UserError
+from contract.formats import REPO_ROOT
 from loadtests.metrics_scrape import (
     BatchStats,
     batch_delta,
@@ -34,7 +36,6 @@ from loadtests.metrics_scrape import (
 log = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
-REPO_ROOT = LOCUSTFILE.parent.parent
 AGGREGATED = "Aggregated"
 # Locust needs a few seconds to start (loading the inputs) and to stop; beyond that it is hung.
 STARTUP_SLACK_S = 60.0
@@ -52,7 +53,7 @@ def parse_duration(text: str) -> float:
         total += float(match.group(1)) * {"h": 3600, "m": 60, "s": 1, "": 1}[match.group(2)]
         pos = match.end()
     if pos != len(text) or total <= 0:
-        raise ValueError(f"invalid duration {text!r}: use e.g. 30s, 2m, 1m30s")
+        raise UserError(f"invalid duration {text!r}: use e.g. 30s, 2m, 1m30s")
     return total
 
 
@@ -61,9 +62,9 @@ def parse_users(text: str) -> list[int]:
     try:
         users = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"invalid --users {text!r}: a comma-separated list of integers") from None
+        raise UserError(f"invalid --users {text!r}: a comma-separated list of integers") from None
     if not users or min(users) < 1:
-        raise ValueError(f"invalid --users {text!r}: at least one count, each >= 1")
+        raise UserError(f"invalid --users {text!r}: at least one count, each >= 1")
     return users
 
 

@@ -17,9 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from contract.formats import REPO_ROOT
 from loadtests.metrics_scrape import http_get
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.errors import UserError
+
 log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -72,12 +74,12 @@ class LoadConfig:
             value = get(name)
             number = default if value is None else int(value)
             if number < minimum:
-                raise ValueError(f"GMLP_LOADTEST_{name}={number}: must be >= {minimum}")
+                raise UserError(f"GMLP_LOADTEST_{name}={number}: must be >= {minimum}")
             return number
 
         upload = (get("UPLOAD") or "multipart").lower()
         if upload not in UPLOAD_MODES:
-            raise ValueError(f"GMLP_LOADTEST_UPLOAD={upload}: expected one of {UPLOAD_MODES}")
+            raise UserError(f"GMLP_LOADTEST_UPLOAD={upload}: expected one of {UPLOAD_MODES}")
         max_tokens = get("MAX_TOKENS")
         config = cls(
             classify_weight=integer("CLASSIFY_WEIGHT", 1, 0),
@@ -95,7 +97,7 @@ class LoadConfig:
             think_time_s=float(get("THINK_TIME") or 0.0),
         )
         if config.classify_weight == 0 and config.fill_mask_weight == 0:
-            raise ValueError("GMLP_LOADTEST_CLASSIFY_WEIGHT and GMLP_LOADTEST_FILL_MASK_WEIGHT are both 0")
+            raise UserError("GMLP_LOADTEST_CLASSIFY_WEIGHT and GMLP_LOADTEST_FILL_MASK_WEIGHT are both 0")
         return config
 
 

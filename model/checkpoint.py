@@ -17,19 +17,20 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from contract.errors import UserError
+from contract.formats import CHECKPOINT_FORMAT, CONFIG_FILE
+
 from .configs import MLM_TASK, VISION_TASK, GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig, config_from_dict
 from .mlm import GMLPForMaskedLM
 from .vision import GMLPVisionClassifier
 
-CHECKPOINT_FORMAT = "gmlp-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 LABELS_FILE = "labels.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used as it is; the message says what is wrong and where."""
 
 

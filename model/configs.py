@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-VISION_TASK = "image-classification"
-MLM_TASK = "fill-mask"
+from contract.errors import UserError
+from contract.formats import MLM_TASK, VISION_TASK
 
 
 @dataclass
@@ -45,9 +45,9 @@ class GMLPConfig:
 
     def __post_init__(self) -> None:
         if self.d_ffn % 2:
-            raise ValueError(f"d_ffn must be even (the SGU splits it in two), got {self.d_ffn}")
+            raise UserError(f"d_ffn must be even (the SGU splits it in two), got {self.d_ffn}")
         if self.depth < 1 or self.d_model < 1:
-            raise ValueError("depth and d_model must be positive")
+            raise UserError("depth and d_model must be positive")
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, **dataclasses.asdict(self)}
@@ -67,7 +67,7 @@ class GMLPVisionConfig(GMLPConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.img_size % self.patch_size:
-            raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+            raise UserError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
 
     @property
     def seq_len(self) -> int:
@@ -127,12 +127,12 @@ def config_from_dict(data: dict[str, Any]) -> GMLPConfig:
     task = data.pop("task", None)
     classes = {cls.task: cls for cls in (GMLPVisionConfig, GMLPMaskedLMConfig)}
     if task not in classes:
-        raise ValueError(f"config has task {task!r}; expected one of {sorted(classes)}")
+        raise UserError(f"config has task {task!r}; expected one of {sorted(classes)}")
     cls = classes[task]
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - known
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+        raise UserError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
     return cls(**data)
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from contract.errors import UserError
+
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -41,10 +43,15 @@ def native_bf16() -> bool:
     return bool(cpu_flags() & _BF16_FLAGS)
 
 
+def precision_label(bf16: bool) -> str:
+    """How a run's precision is recorded (training.json, model cards, benchmark tables)."""
+    return "bf16 autocast" if bf16 else "fp32"
+
+
 def resolve_precision(choice: str) -> str:
     """'auto' -> 'bf16' or 'fp32' for this CPU; 'bf16' and 'fp32' are returned as asked."""
     if choice not in PRECISIONS:
-        raise ValueError(f"precision {choice!r}; choose from {', '.join(PRECISIONS)}")
+        raise UserError(f"precision {choice!r}; choose from {', '.join(PRECISIONS)}")
     native = native_bf16()
     if choice == "auto":
         return "bf16" if native else "fp32"

@@ -28,8 +28,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_train_step import _interleaved_ms  # noqa: E402
 
-from export.served_model import calibration_feeds, export_served_model  # noqa: E402
-from export.variants import STATIC_INT8_OPTIONS, VARIANT_FILES, FeedsReader  # noqa: E402
+from contract.formats import VARIANT_FILES  # noqa: E402
+from export.directory import calibration_feeds, export_served_model  # noqa: E402
+from export.variants import STATIC_INT8_OPTIONS, FeedsReader  # noqa: E402
 from export.verify import session  # noqa: E402
 from gmlp.paths import CIFAR10_NPZ  # noqa: E402
 from gmlp.train_commands import CACHE_DIR  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GMLPMaskedLMConfig, build_model, get_config  # noqa: E402
 from model.layers import SpatialGatingUnit  # noqa: E402
-from model.precision import PRECISIONS, resolve_precision  # noqa: E402
+from model.precision import PRECISIONS, precision_label, resolve_precision  # noqa: E402
 
 
 class MatmulSGU(SpatialGatingUnit):
@@ -112,7 +112,7 @@ def bench_args(doc: str, repeats: int, precision: bool = True) -> argparse.Names
         parser.add_argument("--precision", choices=PRECISIONS, default="auto")
     args = parser.parse_args()
     args.bf16 = resolve_precision(getattr(args, "precision", "auto")) == "bf16"
-    args.precision_label = "bf16 autocast" if args.bf16 else "fp32"
+    args.precision_label = precision_label(args.bf16)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     return args

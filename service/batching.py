@@ -28,26 +28,35 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from contract.errors import Closed, DeadlineExceeded, Overloaded
+from service.deadline import Deadline
+
 log = logging.getLogger(__name__)
 
 I = TypeVar("I")  # noqa: E741 - the conventional name for an input type
 O = TypeVar("O")  # noqa: E741
 
 
-class BatcherError(Exception):
-    """Base of the batcher's refusals (the caller maps them to 503/504)."""
+class QueueFullError(Overloaded):
+    """The bounded queue is full: refused at once (each transport's error table maps it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("overloaded", message)
 
 
-class QueueFullError(BatcherError):
-    pass
+class BatcherClosedError(Closed):
+    """The batcher is not accepting (not started yet, draining or closed)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("overloaded", message)
 
 
-class DeadlineExceededError(BatcherError):
-    pass
+class DeadlineExceededError(DeadlineExceeded):
+    """The request's deadline passed before it was queued, while queued or while its batch ran."""
 
-
-class BatcherClosedError(BatcherError):
-    pass
+    def __init__(self, deadline: Deadline) -> None:
+        error = deadline.exceeded()
+        super().__init__(error.code, error.message)
 
 
 class BatchObserver(Protocol):
@@ -76,7 +85,7 @@ class _Pending(Generic[I, O]):
     item: I
     future: asyncio.Future[O]
     enqueued: float = field(default_factory=time.monotonic)
-    deadline: float | None = None
+    deadline: Deadline | None = None
 
 
 class DynamicBatcher(Generic[I, O]):
@@ -167,8 +176,8 @@ class DynamicBatcher(Generic[I, O]):
 
     # -- requests ----------------------------------------------------------------------------------
 
-    async def submit(self, item: I, deadline: float | None = None) -> O:
-        """Queue `item` and wait for its result; `deadline` is a `time.monotonic()` instant.
+    async def submit(self, item: I, deadline: Deadline | None = None) -> O:
+        """Queue `item` and wait for its result until `deadline`.
 
         Raises QueueFullError, DeadlineExceededError or BatcherClosedError; if the caller is
         cancelled (client disconnected) the item is withdrawn and never run.
@@ -181,10 +190,10 @@ class DynamicBatcher(Generic[I, O]):
         if len(self._queue) >= self.max_queue_size:
             self.observer.rejected("queue_full")
             raise QueueFullError(f"the queue of model {self.name} is full ({self.max_queue_size} waiting)")
-        timeout = None if deadline is None else deadline - time.monotonic()
-        if timeout is not None and timeout <= 0:
+        timeout = None if deadline is None else deadline.remaining()
+        if deadline is not None and timeout is not None and timeout <= 0:
             self.observer.rejected("deadline")
-            raise DeadlineExceededError("the request's deadline passed before it was queued")
+            raise DeadlineExceededError(deadline)
         pending: _Pending[I, O] = _Pending(
             item, asyncio.get_running_loop().create_future(), deadline=deadline
         )
@@ -197,7 +206,8 @@ class DynamicBatcher(Generic[I, O]):
             return await asyncio.wait_for(pending.future, timeout)
         except asyncio.TimeoutError:
             self._withdraw(pending, "deadline")
-            raise DeadlineExceededError(f"no result within the deadline from model {self.name}") from None
+            assert deadline is not None  # only a deadline times out
+            raise DeadlineExceededError(deadline) from None
         except asyncio.CancelledError:
             self._withdraw(pending, "cancelled")
             raise
@@ -247,8 +257,8 @@ class DynamicBatcher(Generic[I, O]):
             pending = self._queue.popleft()
             if pending.future.done():
                 continue
-            if pending.deadline is not None and pending.deadline <= now:
-                pending.future.set_exception(DeadlineExceededError("deadline passed while queued"))
+            if pending.deadline is not None and pending.deadline.passed(now):
+                pending.future.set_exception(DeadlineExceededError(pending.deadline))
                 self.observer.rejected("deadline")
                 continue
             batch.append(pending)
@@ -313,7 +323,6 @@ def _resolve(pending: _Pending[I, O], *, result: O | None = None, exc: BaseExcep
 __all__ = [
     "DynamicBatcher",
     "BatchObserver",
-    "BatcherError",
     "QueueFullError",
     "DeadlineExceededError",
     "BatcherClosedError",

@@ -1,8 +1,10 @@
-"""`gmlp serve`: flags generated from `ServiceSettings`, so flags, env vars and docs never drift.
+"""Serving flags generated from `ServiceSettings`, so flags, env vars and docs never drift.
 
 `add_serve_arguments(parser)` adds one `--flag` per setting (default None, meaning "use the
 environment or the built-in default"); `settings_from_args(args)` applies the flags on top of
-`GMLP_*`; `run_serve(args)` checks the repository (exporting missing checkpoints) and runs uvicorn.
+`GMLP_*`; `serve(settings)` checks the repository and runs uvicorn. The `gmlp serve` subcommand
+(gmlp/serve_command.py) adds the start-up export of missing demo checkpoints on top;
+`python -m service.cli` serves what the repository holds.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import logging
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from contract.errors import UserError
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -84,14 +87,14 @@ def serve(settings: ServiceSettings) -> None:
     """Run the service in the foreground until SIGINT/SIGTERM (then drain and exit)."""
     import uvicorn
 
+    from contract.spec import require_models
     from service.app import create_app
-    from service.repository import prepare_repository
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # no-op under `gmlp`
     logging.getLogger("service").setLevel(settings.log_level.upper())
-    # Fail fast, before listening: a missing repository or an unexported checkpoint is a
-    # configuration error the operator must see at once, not a pod that never becomes ready.
-    specs = prepare_repository(settings.model_repository, settings.checkpoint_dir)
+    # Fail fast, before listening: a missing or empty repository is a configuration error the
+    # operator must see at once, not a pod that never becomes ready.
+    specs = require_models(settings.model_repository)
     log.info("serving %s from %s", ", ".join(sorted(specs)), settings.model_repository)
     config = uvicorn.Config(
         create_app(settings),
@@ -105,37 +108,26 @@ def serve(settings: ServiceSettings) -> None:
     uvicorn.Server(config).run()
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    """Entry point for the `gmlp serve` subcommand: returns the process exit status."""
+def run_serve(args: argparse.Namespace, prepare: Callable[[ServiceSettings], None] | None = None) -> int:
+    """Settings from `args`, `prepare(settings)` if given, then serve: returns the exit status."""
     from pydantic import ValidationError
-
-    from service.repository import RepositoryError
 
     try:
         settings = settings_from_args(args)
+        if prepare is not None:
+            prepare(settings)
         serve(settings)
     except ValidationError as exc:
         print(f"gmlp serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    except RepositoryError as exc:
+    except UserError as exc:
         print(f"gmlp serve: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the `serve` subcommand to the `gmlp` console script (gmlp/cli.py)."""
-    parser = sub.add_parser(
-        "serve",
-        help="serve the models of a model repository over HTTP",
-        description="Serve gMLP models over HTTP: /classify, /fill-mask, /health/*, /models, /metrics, /v2.",
-    )
-    add_serve_arguments(parser)
-    parser.set_defaults(handler=run_serve)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m service.cli [flags]`: the same as `gmlp serve [flags]`."""
+    """`python -m service.cli [flags]`: serve the repository as it is."""
     parser = add_serve_arguments(
         argparse.ArgumentParser(prog="gmlp serve", description="Serve gMLP models over HTTP")
     )

@@ -1,16 +1,22 @@
-"""One error type and one JSON error shape for every failure a client can see.
+"""HTTP error responses: core errors (`contract.errors`) -> status codes, one table per transport.
 
-Everything the service rejects is a `ServiceError` carrying an HTTP status, a stable machine code and
-a message that says what was wrong *and what is accepted*, so a client can fix the request without
-reading our source. The handlers installed by `install_error_handlers` render FastAPI's own
-validation errors, Starlette's 404/405 and unexpected exceptions in that same shape:
+Below the routes nothing chooses a status code: preprocessing, the text codec, the batcher and the
+pipelines raise transport-free errors with a machine code and a message that says what is
+accepted. An `ErrorTable` is the whole mapping of one transport (its status per error type and
+the shape of its body); `REST_ERRORS` here serves the task routes, `service.kserve` has the Open
+Inference Protocol's own. `install_error_handlers` renders FastAPI's validation errors,
+Starlette's 404/405 and unexpected exceptions through the table of the path's transport too, so a
+client sees one shape per API:
 
-    {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
+    REST: {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
+    v2:   {"error": "..."}
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,127 +25,142 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from contract.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    InputTooLarge,
+    InvalidInput,
+    ModelNotFound,
+    RequestError,
+    Unavailable,
+    UnsupportedMediaType,
+)
+
 log = logging.getLogger(__name__)
 
 # nginx's "client closed request": never reaches the client, but keeps metrics honest.
 CLIENT_CLOSED_REQUEST = 499
+INTERNAL_ERROR = 500
+# Starlette's own refusals (unknown path, wrong method), by status: their machine codes.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "payload_too_large"}
+
+Body = Callable[[RequestError], dict[str, Any]]
 
 
-class ServiceError(Exception):
-    """A request we refuse, with the status code and message the client will get."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        headers: dict[str, str] | None = None,
-        details: list[Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
-        self.details = details
-
-    def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.details is not None:
-            error["details"] = self.details
-        return {"error": error}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+def rest_body(error: RequestError) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.details is not None:
+        body["details"] = error.details
+    return {"error": body}
 
 
-def bad_request(code: str, message: str) -> ServiceError:
-    return ServiceError(400, code, message)
+@dataclass(frozen=True)
+class ErrorTable:
+    """One transport's mapping: status per core error type (most specific wins) and body shape."""
+
+    statuses: Mapping[type[RequestError], int]
+    body: Body
+
+    def status(self, error: RequestError) -> int:
+        for cls in type(error).__mro__:
+            if cls in self.statuses:
+                return self.statuses[cls]
+        return INTERNAL_ERROR
+
+    def response(self, error: RequestError, *, status: int | None = None) -> JSONResponse:
+        headers = {}
+        if isinstance(error, Unavailable) and error.retry_after_s is not None:
+            headers["Retry-After"] = str(error.retry_after_s)
+        return JSONResponse(self.body(error), status_code=status or self.status(error), headers=headers)
 
 
-def unprocessable(code: str, message: str, details: list[Any] | None = None) -> ServiceError:
-    return ServiceError(422, code, message, details=details)
+REST_ERRORS = ErrorTable(
+    statuses={
+        InvalidInput: 422,
+        InputTooLarge: 413,
+        UnsupportedMediaType: 415,
+        ModelNotFound: 404,
+        Unavailable: 503,
+        DeadlineExceeded: 504,
+        ClientGone: CLIENT_CLOSED_REQUEST,
+    },
+    body=rest_body,
+)
 
 
-def payload_too_large(limit: int, what: str = "request body") -> ServiceError:
-    return ServiceError(413, "payload_too_large", f"{what} is larger than the limit of {limit} bytes")
+@dataclass(frozen=True)
+class ErrorResponder:
+    """Picks the table of the transport a path belongs to (by prefix; default: the REST table)."""
+
+    default: ErrorTable = REST_ERRORS
+    by_prefix: Mapping[str, ErrorTable] | None = None
+
+    def table(self, path: str) -> ErrorTable:
+        for prefix, table in (self.by_prefix or {}).items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return table
+        return self.default
+
+    def response(self, path: str, error: RequestError, *, status: int | None = None) -> JSONResponse:
+        return self.table(path).response(error, status=status)
 
 
-def unsupported_media_type(got: str | None, accepted: str) -> ServiceError:
-    return ServiceError(
-        415, "unsupported_media_type", f"content type {got or '(none)'!r} is not accepted; {accepted}"
-    )
+def payload_too_large(limit: int, what: str = "request body") -> InputTooLarge:
+    return InputTooLarge("payload_too_large", f"{what} is larger than the limit of {limit} bytes")
 
 
-def overloaded(reason: str, retry_after_s: int = 1) -> ServiceError:
-    return ServiceError(503, "overloaded", reason, headers={"Retry-After": str(retry_after_s)})
+def client_gone() -> ClientGone:
+    return ClientGone("client_closed_request", "the client disconnected")
 
 
-def deadline_exceeded(timeout_s: float) -> ServiceError:
-    return ServiceError(
-        504, "timeout", f"the request did not complete within its deadline of {timeout_s:g} s"
-    )
+def validation_error(errors: list[Any], where: str) -> InvalidInput:
+    """FastAPI's or pydantic's error list as one InvalidInput (without echoing the input back)."""
+    details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+    summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or 'body'}: {d['msg']}" for d in details)
+    return InvalidInput("invalid_request", f"{where} is invalid: {summary}", details=details)
 
 
-def client_closed() -> ServiceError:
-    return ServiceError(CLIENT_CLOSED_REQUEST, "client_closed_request", "the client disconnected")
+def install_error_handlers(app: FastAPI, responder: ErrorResponder) -> None:
+    async def request_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestError)
+        return responder.response(request.url.path, exc)
 
+    async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return responder.response(request.url.path, validation_error(list(exc.errors()), "the request"))
 
-def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
-    """FastAPI's error list without the echoed input, which may be a large or binary body."""
-    return [{k: v for k, v in err.items() if k in ("loc", "msg", "type")} for err in exc.errors()]
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        error = RequestError(_HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail))
+        response = responder.response(request.url.path, error, status=exc.status_code)
+        response.headers.update(exc.headers or {})
+        return response
 
+    async def client_disconnect(request: Request, exc: Exception) -> JSONResponse:
+        """The client left while we read its body: nothing to answer, not a server error."""
+        return responder.response(request.url.path, client_gone())
 
-async def _service_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ServiceError)
-    return exc.response()
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        """A genuine bug: log it with the traceback, tell the client nothing internal."""
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        error = RequestError("internal_error", "internal server error; the error was logged")
+        return responder.response(request.url.path, error, status=INTERNAL_ERROR)
 
-
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    details = _validation_details(exc)
-    summary = "; ".join(f"{'.'.join(str(p) for p in d['loc'])}: {d['msg']}" for d in details)
-    return unprocessable("invalid_request", f"the request is invalid: {summary}", details).response()
-
-
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "payload_too_large"}
-    err = ServiceError(
-        exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail), headers=exc.headers
-    )
-    return err.response()
-
-
-async def _client_disconnect(_: Request, exc: Exception) -> JSONResponse:
-    """The client left while we read its body: nothing to answer, not a server error."""
-    return client_closed().response()
-
-
-async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    """A genuine bug: log it with the traceback, tell the client nothing internal."""
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return ServiceError(500, "internal_error", "internal server error; the error was logged").response()
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ServiceError, _service_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(ClientDisconnect, _client_disconnect)
-    app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(RequestError, request_error)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ClientDisconnect, client_disconnect)
+    app.add_exception_handler(Exception, unexpected_error)
 
 
 __all__ = [
-    "ServiceError",
+    "ErrorTable",
+    "ErrorResponder",
+    "REST_ERRORS",
+    "rest_body",
     "install_error_handlers",
-    "bad_request",
-    "unprocessable",
     "payload_too_large",
-    "unsupported_media_type",
-    "overloaded",
-    "deadline_exceeded",
-    "client_closed",
+    "client_gone",
+    "validation_error",
     "CLIENT_CLOSED_REQUEST",
 ]

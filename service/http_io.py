@@ -17,14 +17,11 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import (
-    client_closed,
-    payload_too_large,
-    unprocessable,
-    unsupported_media_type,
-)
-from service.preprocess import ACCEPTED_DESCRIPTION
+from contract.errors import InvalidInput, UnsupportedMediaType
+from contract.image import ACCEPTED_DESCRIPTION
+from service.errors import ErrorResponder, client_gone, payload_too_large, validation_error
 from service.schemas import ClassifyJSONRequest
+from service.state import ServiceState
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -37,9 +34,10 @@ class BodyLimitMiddleware:
     uploads and lying headers, so no request can make us buffer more than the limit.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, errors: ErrorResponder) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.errors = errors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,7 +45,8 @@ class BodyLimitMiddleware:
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await payload_too_large(self.max_bytes).response()(scope, receive, send)
+            response = self.errors.response(scope["path"], payload_too_large(self.max_bytes))
+            await response(scope, receive, send)
             return
         received = 0
 
@@ -63,6 +62,16 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
+def get_state(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+def unsupported_media_type(got: str | None, accepted: str) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
+        "unsupported_media_type", f"content type {got or '(none)'!r} is not accepted; {accepted}"
+    )
+
+
 def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
@@ -76,7 +85,7 @@ async def read_image(request: Request) -> bytes:
         async with request.form(max_files=1, max_fields=16) as form:
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
-                raise unprocessable(
+                raise InvalidInput(
                     "missing_file", "the multipart upload needs the image in a file field named 'file'"
                 )
             data = await upload.read()
@@ -91,7 +100,7 @@ async def read_image(request: Request) -> bytes:
             'with an image/* content type, or base64 in JSON {"image": ...}',
         )
     if not data:
-        raise unprocessable("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+        raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     return data
 
 
@@ -99,13 +108,13 @@ def _decode_base64(text: str) -> bytes:
     if text.startswith("data:"):
         header, _, text = text.partition(",")
         if not header.endswith(";base64"):
-            raise unprocessable(
+            raise InvalidInput(
                 "invalid_base64", "a data: URL image must be base64-encoded (data:image/...;base64,...)"
             )
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise unprocessable(
+        raise InvalidInput(
             "invalid_base64", "'image' is not valid base64; send the image file's bytes base64-encoded"
         ) from None
 
@@ -117,13 +126,11 @@ async def read_json(request: Request, schema: type[M]) -> M:
         raise unsupported_media_type(mime, "send a JSON body with content type application/json")
     body = await request.body()
     if not body:
-        raise unprocessable("empty_body", "the body is empty; send a JSON object")
+        raise InvalidInput("empty_body", "the body is empty; send a JSON object")
     try:
         return schema.model_validate_json(body)
     except ValidationError as exc:
-        details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or 'body'}: {d['msg']}" for d in details)
-        raise unprocessable("invalid_request", f"the JSON body is invalid: {summary}", details) from None
+        raise validation_error(list(exc.errors()), "the JSON body") from None
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -146,11 +153,19 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             return task.result()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        raise client_closed()
+        raise client_gone()
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
 
 
-__all__ = ["BodyLimitMiddleware", "read_image", "read_json", "unless_disconnected", "media_type"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "get_state",
+    "read_image",
+    "read_json",
+    "unless_disconnected",
+    "media_type",
+    "unsupported_media_type",
+]

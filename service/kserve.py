@@ -3,25 +3,38 @@
 Raw tensors in, raw tensors out: for clients that preprocess themselves (or other serving stacks
 speaking v2). Health follows the protocol: 200 means true, 400 means false. Each row of a v2 request
 is queued separately, so v2 traffic is batched together with /classify and /fill-mask traffic.
+Errors take the protocol's shape, `{"error": "<message>"}`, with the status codes of `V2_ERRORS`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.app import ServiceState, get_state
-from service.errors import ServiceError, unprocessable
-from service.http_io import read_json, unless_disconnected
-from service.pipelines import FillMaskPipeline, ServedModel, before_deadline
-from service.schemas import ERROR_RESPONSES, V2InferRequest, V2InferResponse, V2ModelMetadata, V2Tensor
+from contract.errors import InvalidInput, RequestError
+from service.deadline import Deadline, before
+from service.errors import REST_ERRORS, ErrorTable
+from service.http_io import get_state, read_json, unless_disconnected
+from service.pipelines import FillMaskPipeline, Pipeline
+from service.schemas import V2_ERROR_RESPONSES, V2InferRequest, V2InferResponse, V2ModelMetadata, V2Tensor
+from service.state import FAILED
 
-router = APIRouter(prefix="/v2", tags=["kserve-v2"])
+PREFIX = "/v2"
+
+
+def v2_body(error: RequestError) -> dict[str, Any]:
+    return {"error": error.message}
+
+
+# The REST task routes' statuses, except that the protocol (like Triton) answers a malformed or
+# unfitting request with 400.
+V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body)
+
+router = APIRouter(prefix=PREFIX, tags=["kserve-v2"])
 
 _DATATYPES = {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32"}
 _NUMPY = {v: np.dtype(k) for k, v in _DATATYPES.items()}
@@ -44,7 +57,7 @@ def _tensor_meta(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @router.get("/health/live", summary="v2 liveness")
 async def v2_live(request: Request) -> JSONResponse:
-    return _bool(get_state(request).phase != "failed", "live")
+    return _bool(get_state(request).phase != FAILED, "live")
 
 
 @router.get("/health/ready", summary="v2 readiness")
@@ -52,19 +65,14 @@ async def v2_ready(request: Request) -> JSONResponse:
     return _bool(get_state(request).ready, "ready")
 
 
-def _model(state: ServiceState, name: str) -> ServedModel:
-    model = state.models.get(name)
-    if model is None:
-        served = sorted(state.models)
-        raise ServiceError(404, "model_not_found", f"model {name!r} is not served; served models: {served}")
-    return model
-
-
 @router.get(
-    "/models/{name}", response_model=V2ModelMetadata, responses=ERROR_RESPONSES, summary="v2 model metadata"
+    "/models/{name}",
+    response_model=V2ModelMetadata,
+    responses=V2_ERROR_RESPONSES,
+    summary="v2 model metadata",
 )
 async def v2_model_metadata(request: Request, name: str) -> V2ModelMetadata:
-    model = _model(get_state(request), name)
+    model = get_state(request).model(name, loaded_only=True)
     return V2ModelMetadata(
         name=model.name,
         versions=["1"],
@@ -77,16 +85,16 @@ async def v2_model_metadata(request: Request, name: str) -> V2ModelMetadata:
 @router.get("/models/{name}/ready", summary="v2 model readiness")
 async def v2_model_ready(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
-    model = _model(state, name)
+    model = state.model(name, loaded_only=True)
     return _bool(model.ready and state.ready, "ready", name=name)
 
 
-def _rows(model: ServedModel, body: V2InferRequest) -> list[dict[str, np.ndarray]]:
+def _rows(model: Pipeline, body: V2InferRequest) -> list[dict[str, np.ndarray]]:
     """Validate the v2 tensors against the model's inputs and split them into per-request rows."""
     expected = {e["name"]: e for e in _tensor_meta(model.spec.inputs)}
     given = {t.name: t for t in body.inputs}
     if set(given) != set(expected) or len(given) != len(body.inputs):
-        raise unprocessable(
+        raise InvalidInput(
             "invalid_inputs",
             f"expected exactly the inputs {sorted(expected)}, got {[t.name for t in body.inputs]}",
         )
@@ -94,37 +102,35 @@ def _rows(model: ServedModel, body: V2InferRequest) -> list[dict[str, np.ndarray
     for name, tensor in given.items():
         meta = expected[name]
         if tensor.datatype != meta["datatype"]:
-            raise unprocessable(
+            raise InvalidInput(
                 "invalid_inputs", f"input {name} must have datatype {meta['datatype']}, got {tensor.datatype}"
             )
         if len(tensor.shape) != len(meta["shape"]) or tensor.shape[1:] != meta["shape"][1:]:
-            raise unprocessable(
+            raise InvalidInput(
                 "invalid_inputs",
                 f"input {name} must have shape {meta['shape']} (-1: batch), got {tensor.shape}",
             )
         try:
             arrays[name] = np.asarray(tensor.data, dtype=_NUMPY[tensor.datatype]).reshape(tensor.shape)
         except (ValueError, TypeError) as exc:
-            raise unprocessable(
+            raise InvalidInput(
                 "invalid_inputs", f"input {name}: data does not match shape {tensor.shape} ({exc})"
             ) from None
     batch = {a.shape[0] for a in arrays.values()}
     max_rows = model.batcher.max_batch_size
     if len(batch) != 1 or not 1 <= (rows := batch.pop()) <= max_rows:
-        raise unprocessable(
-            "invalid_inputs", f"all inputs need the same batch size, between 1 and {max_rows}"
-        )
+        raise InvalidInput("invalid_inputs", f"all inputs need the same batch size, between 1 and {max_rows}")
     if isinstance(model, FillMaskPipeline):
         # Out-of-range ids would make the graph's Gather fail (or read garbage): refuse them here.
         codec = model.codec
         for name, upper in (("input_ids", codec.vocab_size), ("mask_positions", codec.n)):
             if arrays[name].min() < 0 or arrays[name].max() >= upper:
-                raise unprocessable("invalid_inputs", f"values of {name} must be in [0, {upper})")
+                raise InvalidInput("invalid_inputs", f"values of {name} must be in [0, {upper})")
     return [{name: a[i] for name, a in arrays.items()} for i in range(rows)]
 
 
 async def _infer_rows(
-    model: ServedModel, rows: list[dict[str, np.ndarray]], deadline: float
+    model: Pipeline, rows: list[dict[str, np.ndarray]], deadline: Deadline
 ) -> list[dict[str, np.ndarray]]:
     """Queue every row; if one is refused, the others are withdrawn (cancelled) at once."""
     tasks = [asyncio.ensure_future(model.infer(row, deadline)) for row in rows]
@@ -138,16 +144,14 @@ async def _infer_rows(
 @router.post(
     "/models/{name}/infer",
     response_model=V2InferResponse,
-    responses=ERROR_RESPONSES,
+    responses=V2_ERROR_RESPONSES,
     summary="v2 inference on raw tensors",
 )
 async def v2_infer(request: Request, name: str) -> V2InferResponse:
     state = get_state(request)
-    deadline = time.monotonic() + state.settings.request_timeout_s
-    model = state.resolve(name, None)
-    body = await before_deadline(
-        read_json(request, V2InferRequest), deadline, state.settings.request_timeout_s
-    )
+    deadline = Deadline.after(state.settings.request_timeout_s)
+    model = state.model(name)
+    body = await before(read_json(request, V2InferRequest), deadline)
     rows = _rows(model, body)
     results = await unless_disconnected(request, _infer_rows(model, rows, deadline))
     outputs = []

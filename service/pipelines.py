@@ -1,41 +1,40 @@
-"""A loaded model = spec + ORT session + batcher + the task's pre/post-processing.
+"""A pipeline is a loaded model: spec + ORT session + batcher + the task's pre/post-processing.
 
-`VisionPipeline.classify` and `FillMaskPipeline.fill_mask` are the whole task logic the routes call:
-preprocess (in a thread, off the event loop), submit to the batcher, postprocess. Batcher refusals
-become the service's 503/504 errors here, so routes only deal with HTTP.
+`VisionPipeline.classify` and `FillMaskPipeline.fill_mask` are the whole task logic the transports
+call: preprocess (in a thread, off the event loop), submit to the batcher, postprocess. Everything
+refused on the way is a `contract.errors` error; the transports choose the status codes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from service.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
-from service.errors import deadline_exceeded, overloaded, unprocessable
+from contract.errors import InvalidInput
+from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
+from contract.image import ImageTransform
+from contract.scores import ranked, softmax
+from contract.spec import ModelSpec
+from contract.text import FillMaskCodec
+from service.batching import DynamicBatcher
+from service.deadline import Deadline, before
 from service.metrics import ServiceMetrics
-from service.preprocess import ImageTransform
-from service.repository import MLM_TASK, VISION_TASK, ServedModelSpec
 from service.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
-from service.text import FillMaskCodec
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
-
-class ServedModel:
+class Pipeline:
     """Common part: session, batcher, warm-up, the settings shown by GET /models."""
 
     task = ""
 
     def __init__(
-        self, spec: ServedModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -86,45 +85,20 @@ class ServedModel:
             },
         }
 
-    async def infer(self, feeds: Feeds, deadline: float) -> Feeds:
-        """Submit to the batcher, translating its refusals into HTTP errors."""
-        try:
-            return await self.batcher.submit(feeds, deadline)
-        except QueueFullError as exc:
-            raise overloaded(f"{exc}; retry later") from exc
-        except BatcherClosedError as exc:
-            raise overloaded(str(exc)) from exc
-        except DeadlineExceededError as exc:
-            raise deadline_exceeded(self.settings.request_timeout_s) from exc
+    async def infer(self, feeds: Feeds, deadline: Deadline) -> Feeds:
+        """One request's model outputs, run in whatever batch the batcher forms."""
+        return await self.batcher.submit(feeds, deadline)
 
 
-async def before_deadline(work: Awaitable[T], deadline: float, timeout_s: float) -> T:
-    """Await `work` until `deadline` (a time.monotonic() instant); 504 after.
-
-    Used for the steps before the batcher (reading the body, decoding); the batcher enforces the
-    same deadline itself while the request is queued.
-    """
-    try:
-        return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
-    except asyncio.TimeoutError:
-        raise deadline_exceeded(timeout_s) from None
-
-
-def _top_k(probs: np.ndarray, k: int) -> np.ndarray:
-    return np.argsort(-probs, kind="stable")[:k]
-
-
-class VisionPipeline(ServedModel):
+class VisionPipeline(Pipeline):
     task = VISION_TASK
 
     def __init__(
-        self, spec: ServedModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
     ) -> None:
         super().__init__(spec, settings, device, metrics)
         self.labels = spec.labels()
-        shape = spec.inputs[0]["shape"] if spec.inputs else None
-        input_hw = (int(shape[-2]), int(shape[-1])) if shape else None
-        self.transform = ImageTransform.from_config(spec.preprocessing, settings.max_image_pixels, input_hw)
+        self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels)
 
     def warmup_feeds(self) -> Feeds:
         h, w = self.transform.crop_size
@@ -136,26 +110,21 @@ class VisionPipeline(ServedModel):
                 f"model {self.name}: logits {outputs['logits'].shape} but {len(self.labels)} labels"
             )
 
-    async def classify(self, image: bytes, top_k: int, deadline: float) -> list[dict[str, Any]]:
+    async def classify(self, image: bytes, top_k: int, deadline: Deadline) -> list[dict[str, Any]]:
         if not 1 <= top_k <= len(self.labels):
-            raise unprocessable(
+            raise InvalidInput(
                 "invalid_top_k", f"top_k must be between 1 and {len(self.labels)} (the number of labels)"
             )
-        pixels = await before_deadline(
-            asyncio.to_thread(self.transform, image), deadline, self.settings.request_timeout_s
-        )
-        logits = (await self.infer({"pixel_values": pixels}, deadline))["logits"].astype(np.float64)
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
-        return [{"label": self.labels[i], "score": float(probs[i])} for i in _top_k(probs, top_k)]
+        pixels = await before(asyncio.to_thread(self.transform, image), deadline)
+        probs = softmax((await self.infer({"pixel_values": pixels}, deadline))["logits"])
+        return [{"label": self.labels[i], "score": float(probs[i])} for i in ranked(probs, top_k)]
 
 
-class FillMaskPipeline(ServedModel):
+class FillMaskPipeline(Pipeline):
     task = MLM_TASK
-    max_top_k = 100
 
     def __init__(
-        self, spec: ServedModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
     ) -> None:
         super().__init__(spec, settings, device, metrics)
         self.codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
@@ -169,28 +138,26 @@ class FillMaskPipeline(ServedModel):
             raise ValueError(f"model {self.name}: logits {outputs['logits'].shape}, expected {expected}")
 
     async def fill_mask(
-        self, text: str, top_k: int, targets: list[str] | None, deadline: float
+        self, text: str, top_k: int, targets: list[str] | None, deadline: Deadline
     ) -> list[list[dict[str, Any]]]:
-        if not 1 <= top_k <= self.max_top_k:
-            raise unprocessable("invalid_top_k", f"top_k must be between 1 and {self.max_top_k}")
-        encoded = await before_deadline(
-            asyncio.to_thread(self.codec.encode, text), deadline, self.settings.request_timeout_s
-        )
+        if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
+            raise InvalidInput("invalid_top_k", f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
+        encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
         target_ids = None if targets is None else self.codec.target_ids(targets)
         logits = (await self.infer(encoded.feeds, deadline))["logits"]
         return self.codec.decode(encoded, logits, top_k, target_ids)
 
 
-PIPELINES: dict[str, type[ServedModel]] = {VISION_TASK: VisionPipeline, MLM_TASK: FillMaskPipeline}
+PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: FillMaskPipeline}
 
 
-def load_model(
-    spec: ServedModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
-) -> ServedModel:
+def load_pipeline(
+    spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+) -> Pipeline:
     """Create the session and warm it up (blocking; call from a thread)."""
     model = PIPELINES[spec.task](spec, settings, device, metrics)
     model.warm_up()
     return model
 
 
-__all__ = ["before_deadline", "ServedModel", "VisionPipeline", "FillMaskPipeline", "load_model", "PIPELINES"]
+__all__ = ["Pipeline", "VisionPipeline", "FillMaskPipeline", "load_pipeline", "PIPELINES"]

@@ -6,17 +6,15 @@ client to go away, shape the response. Every request has a deadline from its arr
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from service.app import FAILED, ServiceState, get_state
-from service.http_io import read_image, read_json, unless_disconnected
-from service.pipelines import FillMaskPipeline, VisionPipeline, before_deadline
-from service.preprocess import ACCEPTED_DESCRIPTION
-from service.repository import MLM_TASK, VISION_TASK
+from contract.image import ACCEPTED_DESCRIPTION
+from service.deadline import Deadline, before
+from service.http_io import get_state, read_image, read_json, unless_disconnected
+from service.pipelines import FillMaskPipeline, VisionPipeline
 from service.schemas import (
     ERROR_RESPONSES,
     ClassifyJSONRequest,
@@ -27,6 +25,7 @@ from service.schemas import (
     ModelInfo,
     ModelsResponse,
 )
+from service.state import FAILED
 
 router = APIRouter()
 
@@ -56,10 +55,6 @@ _FILL_MASK_BODY: dict[str, Any] = {
 }
 
 
-def _deadline(state: ServiceState) -> float:
-    return time.monotonic() + state.settings.request_timeout_s
-
-
 @router.post(
     "/classify",
     response_model=ClassifyResponse,
@@ -74,10 +69,9 @@ async def classify(
     model: str | None = Query(None, description="served model name; default: the service's classifier"),
 ) -> ClassifyResponse:
     state = get_state(request)
-    deadline = _deadline(state)
-    served = state.resolve(model, VISION_TASK)
-    assert isinstance(served, VisionPipeline)
-    image = await before_deadline(read_image(request), deadline, state.settings.request_timeout_s)
+    deadline = Deadline.after(state.settings.request_timeout_s)
+    served = state.resolve(model, VisionPipeline)
+    image = await before(read_image(request), deadline)
     predictions = await unless_disconnected(request, served.classify(image, top_k, deadline))
     return ClassifyResponse.model_validate({"model": served.name, "predictions": predictions})
 
@@ -92,12 +86,9 @@ async def classify(
 )
 async def fill_mask(request: Request) -> FillMaskResponse:
     state = get_state(request)
-    deadline = _deadline(state)
-    body = await before_deadline(
-        read_json(request, FillMaskRequest), deadline, state.settings.request_timeout_s
-    )
-    served = state.resolve(body.model, MLM_TASK)
-    assert isinstance(served, FillMaskPipeline)
+    deadline = Deadline.after(state.settings.request_timeout_s)
+    body = await before(read_json(request, FillMaskRequest), deadline)
+    served = state.resolve(body.model, FillMaskPipeline)
     predictions = await unless_disconnected(
         request, served.fill_mask(body.text, body.top_k, body.targets, deadline)
     )

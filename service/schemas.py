@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.formats import MAX_FILL_MASK_TOP_K
+
 
 class LabelScore(BaseModel):
     label: str
@@ -42,7 +44,7 @@ class FillMaskRequest(BaseModel):
         json_schema_extra={"examples": [{"text": "paris is the [MASK] of france.", "top_k": 5}]},
     )
     text: str = Field(min_length=1, max_length=100_000, description="text with one or more [MASK] tokens")
-    top_k: int = Field(5, ge=1, le=100, description="predictions per [MASK]")
+    top_k: int = Field(5, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK]")
     targets: list[str] | None = Field(
         None,
         min_length=1,
@@ -179,14 +181,25 @@ class V2ModelMetadata(BaseModel):
     outputs: list[V2TensorMetadata]
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": description}
-    for code, description in {
-        404: "unknown model",
-        413: "body or image too large",
-        415: "wrong content type",
-        422: "invalid request (message says what is accepted)",
-        503: "overloaded (Retry-After) or not ready",
-        504: "deadline exceeded",
-    }.items()
+class V2ErrorResponse(BaseModel):
+    """The Open Inference Protocol's error shape."""
+
+    error: str = Field(description="what was wrong and what is accepted")
+
+
+_ERROR_DESCRIPTIONS = {
+    404: "unknown model",
+    413: "body or image too large",
+    415: "wrong content type",
+    422: "invalid request (message says what is accepted)",
+    503: "overloaded (Retry-After) or not ready",
+    504: "deadline exceeded",
 }
+
+
+def _error_responses(body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": body, "description": text} for code, text in _ERROR_DESCRIPTIONS.items()}
+
+
+ERROR_RESPONSES = _error_responses(ErrorResponse)
+V2_ERROR_RESPONSES = _error_responses(V2ErrorResponse)

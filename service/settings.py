@@ -17,10 +17,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from contract.formats import REPO_ROOT, Variant
 
 Device = Literal["auto", "cpu", "cuda"]
-Variant = Literal["fp32", "int8", "fp16"]
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +35,8 @@ class ServiceSettings(BaseSettings):
     )
     checkpoint_dir: Path | None = Field(
         REPO_ROOT / "checkpoints",
-        description="checkpoints to export into the repository at start-up when their ONNX is missing "
-        "(needs torch); empty string to disable",
+        description="checkpoints that `gmlp serve` exports into the repository at start-up when their "
+        "served directory is missing (needs torch); empty string to disable",
     )
     host: str = Field("127.0.0.1", description="interface to bind; 0.0.0.0 in a container")
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
@@ -118,4 +117,4 @@ def _cgroup_cpu_quota() -> float | None:
         return None
 
 
-__all__ = ["ServiceSettings", "available_cpus", "REPO_ROOT", "Device", "Variant"]
+__all__ = ["ServiceSettings", "available_cpus", "Device"]

@@ -61,3 +61,15 @@ def tiny_vision_served(model_repository) -> Path:
 @pytest.fixture(scope="session")
 def tiny_mlm_served(model_repository) -> Path:
     return model_repository / "tiny-mlm"
+
+
+@pytest.fixture(scope="session")
+def cifar_images() -> list[bytes]:
+    """20 CIFAR-10 test images as JPEG files."""
+    import numpy as np
+
+    from gmlp.paths import CIFAR10_NPZ
+
+    data = np.load(CIFAR10_NPZ)
+    jpeg, offsets = data["test_jpeg"], data["test_offsets"]
+    return [jpeg[offsets[i] : offsets[i + 1]].tobytes() for i in range(20)]

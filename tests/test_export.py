@@ -160,9 +160,9 @@ def test_mismatched_checkpoint_names_the_key(tmp_path, tiny_vision_checkpoint):
 
 def test_failed_parity_writes_nothing(tmp_path, tiny_vision_checkpoint, monkeypatch):
     """A model that fails verification must not reach the service: simulate a broken exporter."""
-    import export.served_model as served_model
+    import export.directory as directory
 
-    real_export = served_model.export_onnx
+    real_export = directory.export_onnx
 
     def broken_export(model, path, **kwargs):
         with torch.no_grad():
@@ -173,7 +173,7 @@ def test_failed_parity_writes_nothing(tmp_path, tiny_vision_checkpoint, monkeypa
             with torch.no_grad():
                 model.head.bias.sub_(1.0)
 
-    monkeypatch.setattr(served_model, "export_onnx", broken_export)
+    monkeypatch.setattr(directory, "export_onnx", broken_export)
     with pytest.raises(ExportCheckError, match="fp32 parity failed"):
         export_served_model(tiny_vision_checkpoint, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -183,7 +183,7 @@ def test_failed_parity_writes_nothing(tmp_path, tiny_vision_checkpoint, monkeypa
 def static_int8(tmp_path_factory, tiny_vision_checkpoint, tiny_mlm_checkpoint):
     """Both tiny models with statically quantised int8, calibrated on real CIFAR-10 images / book text:
     the classifier from an explicit source, the MLM from the calibration set stored in its checkpoint."""
-    from export.calibration import write_calibration_set
+    from contract.calibration import write_calibration_set
     from gmlp.paths import CIFAR10_NPZ, GUTENBERG_DIR
 
     root = tmp_path_factory.mktemp("static")
@@ -258,7 +258,8 @@ def test_int8_weights_fit_in_seven_bits(static_int8, tiny_vision_served, mode):
 
 
 def test_image_calibration_set_round_trip(tmp_path, tiny_vision_served):
-    from export.calibration import bundled_calibration, image_feeds, write_calibration_set
+    from contract.calibration import bundled_calibration, write_calibration_set
+    from export.calibration import image_feeds
     from gmlp.paths import CIFAR10_NPZ
 
     stored = write_calibration_set(tmp_path, "image-classification", CIFAR10_NPZ, count=16)

@@ -272,7 +272,7 @@ def test_eval_checkpoints(vision_ckpt: Path, mlm_ckpt: Path, workdir: Path, caps
 
 @pytest.mark.parametrize("kind", ["vision", "mlm"])
 def test_eval_served_model_matches_checkpoint(kind: str, request, workdir: Path, capsys) -> None:
-    export = pytest.importorskip("export.served_model")
+    export = pytest.importorskip("export.directory")
     ckpt = request.getfixturevalue(f"{kind}_ckpt")
     served = workdir / f"{kind}-served"
     export.export_served_model(ckpt, served)
@@ -295,7 +295,7 @@ def test_eval_served_model_matches_checkpoint(kind: str, request, workdir: Path,
 def test_eval_record_puts_served_figures_in_the_card(mlm_ckpt: Path, workdir: Path, capsys) -> None:
     import shutil
 
-    export = pytest.importorskip("export.served_model")
+    export = pytest.importorskip("export.directory")
     from model.train.card import fill_mask_examples
     from model.train.evaluate import open_predictor
 

@@ -14,9 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contract.formats import MLM_TASK
+
+from ..precision import precision_label
+
 TRAINING_FILE = "training.json"
 # Runs recorded before training.json named its precision all trained under bf16 autocast.
-LEGACY_PRECISION = "bf16 autocast"
+LEGACY_PRECISION = precision_label(bf16=True)
 
 FILL_MASK_EXAMPLES = [
     "The cat sat on the [MASK].",
@@ -76,7 +80,7 @@ def fill_mask_examples(
 ) -> list[dict[str, Any]]:
     """Top-k predictions for each [MASK] of `sentences`, encoded by the service's own codec and run
     through `pred` (a PyTorch checkpoint or an exported ONNX variant, see `evaluate.Predictor`)."""
-    from service.text import FillMaskCodec
+    from contract.text import FillMaskCodec
 
     codec = FillMaskCodec(pred.root / "tokenizer.json", pred.info["model"])
     rows = []
@@ -97,7 +101,7 @@ def record_served_eval(
     path = Path(checkpoint) / TRAINING_FILE
     train = json.loads(path.read_text()) if path.is_file() else {}
     entry: dict[str, Any] = {"command": command, "results": results}
-    if pred.task == "fill-mask":
+    if pred.task == MLM_TASK:
         entry["fill_mask_examples"] = fill_mask_examples(pred)
     train.setdefault("served", {})[variant] = entry
     path.write_text(json.dumps(train, indent=2) + "\n")
@@ -128,7 +132,7 @@ def write_card(root: str | Path) -> Path:
     train = json.loads((root / TRAINING_FILE).read_text()) if (root / TRAINING_FILE).is_file() else {}
     cfg = info["model"]
     n_params, size_mb = _params(root)
-    is_mlm = info["task"] == "fill-mask"
+    is_mlm = info["task"] == MLM_TASK
     lines = [
         f"# {info.get('name', root.name)}",
         "",

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from contract.errors import UserError
+from contract.formats import SERVED_FORMAT
+
 from .data import (
     SpecialIds,
     TokenCorpus,
@@ -71,7 +74,7 @@ def _onnx_predictor(root: Path, info: dict[str, Any], variant: str, threads: int
 
     variants = info.get("variants") or {"fp32": "model.onnx"}
     if variant not in variants:
-        raise ValueError(f"{root} has no {variant!r} variant; it has {sorted(variants)}")
+        raise UserError(f"{root} has no {variant!r} variant; it has {sorted(variants)}")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     providers = (
@@ -113,7 +116,7 @@ def open_predictor(path: str | Path, variant: str = "fp32", threads: int = 1) ->
             f"{root} has no config.json (expected a checkpoint or served-model directory)"
         )
     info = json.loads(cfg.read_text())
-    if info.get("format") == "gmlp-served-model":
+    if info.get("format") == SERVED_FORMAT:
         return _onnx_predictor(root, info, variant, threads)
     return _torch_predictor(root)
 
@@ -124,7 +127,7 @@ def evaluate_classifier(
     """CIFAR-10 test top-1 with the directory's own preprocessing (identity resize at 32x32)."""
     pre = pred.preprocessing
     if pre.get("crop_size", 32) != 32 or pre.get("resize_size", 32) != 32:
-        raise ValueError(
+        raise UserError(
             f"{pred.root} expects {pre.get('crop_size')}px inputs; CIFAR-10 evaluation needs 32px"
         )
     images, labels, _ = load_cifar(npz, "test", limit=limit, cache_dir=cache_dir)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..precision import resolve_precision
+from ..precision import precision_label, resolve_precision
 from .schedule import StepPlanner, lr_at
 
 log = logging.getLogger(__name__)
@@ -198,5 +198,5 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
         train_seconds=planner.elapsed(),
         last_lr=lr,
         metrics=meter.summary(),
-        precision="bf16 autocast" if cfg.bf16 else "fp32",
+        precision=precision_label(cfg.bf16),
     )

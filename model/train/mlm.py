@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract.formats import MLM_TASK
+
 from .data import SpecialIds, TokenCorpus, full_window, load_corpus, mask_tokens, short_window
 from .loop import loop_config_from_args, train_loop
 
@@ -74,7 +76,7 @@ def corpus_files(corpus_dir: Path) -> tuple[list[Path], Path]:
 
 def train_mlm(args: Any) -> dict[str, Any]:
     """Train, evaluate on held-out text and write the checkpoint; returns the run summary."""
-    from export.calibration import write_calibration_set
+    from contract.calibration import write_calibration_set
     from model import GMLPMaskedLMConfig, build_model, save_checkpoint
 
     from .card import finish_run
@@ -115,7 +117,7 @@ def train_mlm(args: Any) -> dict[str, Any]:
     log.info("model: %s, %s parameters", config, f"{sum(p.numel() for p in model.parameters()):,}")
     result = train_loop(model, task, loop_cfg)
     out = save_checkpoint(model, args.out, tokenizer=args.tokenizer, name=Path(args.out).name)
-    write_calibration_set(out, "fill-mask", train_files[0])  # training prose, for static int8
+    write_calibration_set(out, MLM_TASK, train_files[0])  # training prose, for static int8
     valid = load_corpus([valid_file], args.tokenizer, cache, max_sentences=args.limit_valid_sentences)
     scores = evaluate_mlm(open_predictor(out), valid, windows=args.eval_windows, short=args.eval_short)
     tokens_seen = result.steps * args.batch_size * n

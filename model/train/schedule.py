@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import time
 
+from contract.errors import UserError
+
 
 def lr_at(
     step: int, total_steps: int, peak_lr: float, warmup_steps: int, min_lr_ratio: float = 0.01
@@ -45,7 +47,7 @@ class StepPlanner:
         provisional_steps: int = 10_000,
     ) -> None:
         if max_steps is None and budget_s is None:
-            raise ValueError("give a step limit, a time budget or both")
+            raise UserError("give a step limit, a time budget or both")
         self.max_steps = max_steps
         self.budget_s = budget_s
         self.calib_steps = calib_steps

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract.formats import VISION_TASK
+
 from .data import CIFAR_MEAN, CIFAR_STD, augment_crop_flip, load_cifar, random_erase, to_pixel_values
 from .loop import loop_config_from_args, train_loop
 
@@ -73,7 +75,7 @@ class CifarTask:
 
 def train_vision(args: Any) -> dict[str, Any]:
     """Train, evaluate on the 10,000 test images and write the checkpoint; returns the run summary."""
-    from export.calibration import write_calibration_set
+    from contract.calibration import write_calibration_set
     from model import build_model, get_config, save_checkpoint
 
     from .card import finish_run
@@ -102,7 +104,7 @@ def train_vision(args: Any) -> dict[str, Any]:
     out = save_checkpoint(
         model, args.out, labels=classes, preprocessing=dict(PREPROCESSING), name=Path(args.out).name
     )
-    write_calibration_set(out, "image-classification", Path(args.data))  # training images, for int8
+    write_calibration_set(out, VISION_TASK, Path(args.data))  # training images, for int8
     scores = evaluate_classifier(open_predictor(out), Path(args.data), args.limit_eval, cache)
     return finish_run(
         out,

@@ -18,12 +18,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from gmlp.paths import CIFAR10_NPZ
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -135,11 +133,3 @@ def start_server(make_settings: Callable[..., ServiceSettings]) -> Iterator[Call
     for server in servers:
         if server.thread.is_alive():
             server.stop()
-
-
-@pytest.fixture(scope="session")
-def cifar_images() -> list[bytes]:
-    """20 CIFAR-10 test images as JPEG files."""
-    data = np.load(CIFAR10_NPZ)
-    jpeg, offsets = data["test_jpeg"], data["test_offsets"]
-    return [jpeg[offsets[i] : offsets[i + 1]].tobytes() for i in range(20)]

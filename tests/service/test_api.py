@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-from service.preprocess import ImageTransform
-from service.repository import read_spec
+from contract.image import ImageTransform
+from contract.spec import read_spec
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer
@@ -310,7 +310,13 @@ def test_kserve_v2(server: RunningServer, cifar_images: list[bytes], tiny_vision
     np.testing.assert_array_equal(logits[0], logits[1])
     labels = json.loads((tiny_vision_served / "labels.json").read_text())
     assert labels[int(logits[0].argmax())] == classify.json()["predictions"][0]["label"]
-    assert wrong.status_code == 422 and bad_ids.status_code == 422 and unknown.status_code == 404
+    # The protocol's error shape and statuses: {"error": "<message>"}, 400 for a bad request.
+    assert wrong.status_code == 400 and bad_ids.status_code == 400 and unknown.status_code == 404
+    assert "must have shape [-1, 3, 32, 32]" in wrong.json()["error"]
+    assert "values of input_ids must be in [0, " in bad_ids.json()["error"]
+    assert unknown.json() == {
+        "error": "model 'nope' is not served; served models: ['tiny-mlm', 'tiny-vision']"
+    }
 
 
 def test_container_healthcheck_probe(server: RunningServer) -> None:

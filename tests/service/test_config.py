@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from contract.formats import REPO_ROOT
+from contract.spec import SpecError, discover, read_spec, require_models
+from gmlp.serve_command import export_missing
 from service.cli import add_serve_arguments, run_serve, settings_from_args, settings_from_cli
-from service.repository import RepositoryError, discover, prepare_repository, read_spec
 from service.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
-from service.settings import REPO_ROOT, ServiceSettings, available_cpus
+from service.settings import ServiceSettings, available_cpus
 
 pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
@@ -57,10 +59,11 @@ def test_every_setting_has_a_flag_and_a_description() -> None:
 
 
 def test_gmlp_cli_has_the_serve_subcommand() -> None:
+    from gmlp import serve_command
     from gmlp.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--port", "0", "--max-queue-delay-ms", "1.5"])
-    assert args.handler is run_serve
+    assert args.handler is serve_command.run
     assert settings_from_args(args).max_queue_delay_ms == 1.5
 
 
@@ -98,16 +101,16 @@ def test_discover_names_both_models(repository: Path) -> None:
 
 
 def test_repository_errors(tmp_path: Path, tiny_vision_served: Path) -> None:
-    with pytest.raises(RepositoryError, match="does not exist"):
+    with pytest.raises(SpecError, match="does not exist"):
         discover(tmp_path / "missing")
-    with pytest.raises(RepositoryError, match="gmlp export"):
-        prepare_repository(tmp_path)
+    with pytest.raises(SpecError, match="gmlp export"):
+        require_models(tmp_path)
     for copy in ("a", "b"):  # two directories claiming the same model name
         shutil.copytree(tiny_vision_served, tmp_path / copy)
-    with pytest.raises(RepositoryError, match="two served models are named 'tiny-vision'"):
+    with pytest.raises(SpecError, match="two served models are named 'tiny-vision'"):
         discover(tmp_path)
     (tmp_path / "b" / "model.int8.onnx").unlink()
-    with pytest.raises(RepositoryError, match="variant files missing"):
+    with pytest.raises(SpecError, match="variant files missing"):
         read_spec(tmp_path / "b")
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "config.json").write_text(json.dumps({"format": "something-else"}))
@@ -117,11 +120,13 @@ def test_repository_errors(tmp_path: Path, tiny_vision_served: Path) -> None:
 def test_missing_exports_are_made_from_checkpoints(tmp_path: Path, tiny_vision_checkpoint: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(tiny_vision_checkpoint, checkpoints / "demo-vision")
-    specs = prepare_repository(tmp_path / "models", checkpoints, export_variants=("fp32",))
-    assert list(specs) == ["demo-vision"]
+    written = export_missing(checkpoints, tmp_path / "models", ("fp32",))
+    assert written == [tmp_path / "models" / "demo-vision"]
+    assert list(discover(tmp_path / "models")) == ["demo-vision"]
     assert (tmp_path / "models" / "demo-vision" / "model.onnx").is_file()
     # Second start: nothing to export, same result.
-    assert list(prepare_repository(tmp_path / "models", checkpoints)) == ["demo-vision"]
+    assert export_missing(checkpoints, tmp_path / "models") == []
+    assert list(discover(tmp_path / "models")) == ["demo-vision"]
 
 
 def test_run_serve_reports_an_unusable_repository(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

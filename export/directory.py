@@ -12,16 +12,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, file_sha256, load_checkpoint
+from contract.formats import CONFIG_FILE, MLM_TASK, SERVED_FORMAT, VARIANT_FILES
+from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
 from model.configs import GMLPMaskedLMConfig
 
 from .onnx_export import DEFAULT_OPSET, export_onnx, io_spec, metadata_for
-from .variants import VARIANT_FILES, quantize_int8
+from .variants import quantize_int8
 from .verify import ExportCheckError, ParityReport, check_fused_graph, check_optimized_graph, check_parity
 
 log = logging.getLogger(__name__)
 
-SERVED_FORMAT = "gmlp-served-model"
 FP32_TOLERANCE = 1e-4
 # Lower-precision variants are judged on what a user sees: the top-1 class/token.
 MIN_TOP1_AGREEMENT = {"int8": 0.8, "fp16": 0.95}
@@ -109,12 +109,14 @@ def calibration_feeds(
 ) -> tuple[Path | None, list[dict] | None]:
     """(source, feeds prepared as requests are) for static int8; (None, None) when there is no
     calibration source, which makes the int8 variant dynamic."""
-    from .calibration import bundled_calibration, image_feeds, text_feeds
+    from contract.calibration import bundled_calibration
+
+    from .calibration import image_feeds, text_feeds
 
     source = Path(source) if source else bundled_calibration(checkpoint_dir)
     if source is None:
         return None, None
-    if served["task"] == "fill-mask":
+    if served["task"] == MLM_TASK:
         return source, text_feeds(source, served["model"], checkpoint_dir / served["tokenizer"], count)
     return source, image_feeds(source, served, count)
 

@@ -21,11 +21,10 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from service.errors import ServiceError, unprocessable
+from contract.errors import InputTooLarge, InvalidInput
 
 # (Multi-picture camera JPEGs open through the JPEG plugin as format "MPO"; no entry needed.)
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
-IMAGE_CONTENT_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/x-ms-bmp")
 ACCEPTED_DESCRIPTION = "JPEG, PNG, WebP, GIF or BMP"
 
 _RESAMPLING = {
@@ -39,24 +38,22 @@ _RESAMPLING = {
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
-def image_too_large(pixels: int, limit: int) -> ServiceError:
-    return ServiceError(
-        413,
-        "image_too_large",
-        f"the image has {pixels} pixels; at most {limit} (width x height) are accepted",
+def image_too_large(pixels: int, limit: int) -> InputTooLarge:
+    return InputTooLarge(
+        "image_too_large", f"the image has {pixels} pixels; at most {limit} (width x height) are accepted"
     )
 
 
 def decode_image(data: bytes, max_pixels: int) -> Image.Image:
     """Decode `data` to a fully loaded, upright, 8-bit RGB image (first frame of animations)."""
     if not data:
-        raise unprocessable("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+        raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     try:
         img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except Image.DecompressionBombError as exc:
         raise image_too_large(_header_pixels(exc), max_pixels) from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise unprocessable(
+        raise InvalidInput(
             "invalid_image", f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}"
         ) from exc
     width, height = img.size
@@ -67,7 +64,7 @@ def decode_image(data: bytes, max_pixels: int) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise image_too_large(width * height, max_pixels) from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise unprocessable(
+        raise InvalidInput(
             "invalid_image", f"the {img.format} image is truncated or corrupt ({exc})"
         ) from exc
     # A malformed EXIF block must not lose the picture: keep it as stored.
@@ -100,7 +97,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
             return background.convert("RGB")
         return img if img.mode == "RGB" else img.convert("RGB")
     except (ValueError, OSError) as exc:
-        raise unprocessable("invalid_image", f"image mode {img.mode} cannot be converted to RGB") from exc
+        raise InvalidInput("invalid_image", f"image mode {img.mode} cannot be converted to RGB") from exc
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -142,6 +139,14 @@ class ImageTransform:
         std = np.asarray(preprocessing.get("std", (0.5, 0.5, 0.5)), dtype=np.float32).reshape(1, 1, 3)
         return cls(crop, int(resize), _RESAMPLING[interpolation], mean, std, max_pixels)
 
+    @classmethod
+    def for_model(cls, served_config: dict[str, Any], max_pixels: int) -> ImageTransform:
+        """The transform a served vision model declares (its `preprocessing` and input shape)."""
+        inputs = served_config.get("inputs") or []
+        shape = inputs[0]["shape"] if inputs else None
+        input_hw = (int(shape[-2]), int(shape[-1])) if shape else None
+        return cls.from_config(dict(served_config.get("preprocessing") or {}), max_pixels, input_hw)
+
     def __call__(self, data: bytes) -> np.ndarray:
         """Encoded image bytes -> float32 [3, H, W]."""
         return self.transform(decode_image(data, self.max_pixels))
@@ -165,4 +170,4 @@ class ImageTransform:
         return np.ascontiguousarray(arr.transpose(2, 0, 1), dtype=np.float32)
 
 
-__all__ = ["ImageTransform", "decode_image", "to_rgb", "SUPPORTED_FORMATS", "IMAGE_CONTENT_TYPES"]
+__all__ = ["ImageTransform", "decode_image", "to_rgb", "SUPPORTED_FORMATS", "ACCEPTED_DESCRIPTION"]

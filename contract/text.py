@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.errors import unprocessable
-
-MASK_TOKEN = "[MASK]"
+from contract.errors import InvalidInput
+from contract.formats import MASK_TOKEN
+from contract.scores import ranked, softmax
 
 
 @dataclass(frozen=True)
@@ -51,21 +51,21 @@ class FillMaskCodec:
         self._hidden_ids.discard(self.mask_id)
 
     def encode(self, text: str) -> EncodedText:
-        """Tokenise and validate; 422 when the text does not fit the model's window."""
+        """Tokenise and validate; InvalidInput when the text does not fit the model's window."""
         ids = self.tokenizer.encode(text).ids
         if len(ids) > self.n:
-            raise unprocessable(
+            raise InvalidInput(
                 "text_too_long",
                 f"the text is {len(ids)} tokens including [CLS] and [SEP]; model {self.model_name} "
                 f"accepts at most {self.n} tokens",
             )
         positions = [i for i, token in enumerate(ids) if token == self.mask_id]
         if not positions:
-            raise unprocessable(
+            raise InvalidInput(
                 "no_mask", f"the text contains no {self.mask_token} token; put one where a word is missing"
             )
         if len(positions) > self.max_predictions:
-            raise unprocessable(
+            raise InvalidInput(
                 "too_many_masks",
                 f"the text has {len(positions)} {self.mask_token} tokens; model {self.model_name} "
                 f"predicts at most {self.max_predictions} per request",
@@ -85,7 +85,7 @@ class FillMaskCodec:
             if token_id is None:
                 pieces = self.tokenizer.encode(target, add_special_tokens=False).ids
                 if not pieces:
-                    raise unprocessable("invalid_target", f"target {target!r} does not tokenize to any token")
+                    raise InvalidInput("invalid_target", f"target {target!r} does not tokenize to any token")
                 token_id = pieces[0]
             if token_id not in ids:
                 ids.append(token_id)
@@ -97,14 +97,10 @@ class FillMaskCodec:
         """logits [max_predictions, vocab] -> one ranked list of predictions per [MASK], in order."""
         results = []
         for slot, position in enumerate(encoded.mask_positions):
-            row = logits[slot].astype(np.float64)
-            probs = np.exp(row - row.max())
-            probs /= probs.sum()
+            probs = softmax(logits[slot])
             candidates = np.arange(probs.shape[0]) if target_ids is None else np.asarray(target_ids)
-            k = min(top_k, candidates.shape[0])
             cand_probs = probs[candidates]
-            # stable sort on -prob: ties keep vocabulary (or target) order, deterministic output
-            order = np.argsort(-cand_probs, kind="stable")[:k]
+            order = ranked(cand_probs, top_k)  # ties keep vocabulary (or target) order
             results.append(
                 [self._prediction(encoded, position, int(candidates[i]), float(cand_probs[i])) for i in order]
             )
@@ -122,4 +118,4 @@ class FillMaskCodec:
         }
 
 
-__all__ = ["FillMaskCodec", "EncodedText", "MASK_TOKEN"]
+__all__ = ["FillMaskCodec", "EncodedText"]

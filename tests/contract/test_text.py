@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contract.errors import InvalidInput, RequestError
+from contract.text import FillMaskCodec
 from gmlp.paths import BERT_TOKENIZER
-from service.errors import ServiceError
-from service.text import FillMaskCodec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,14 +35,14 @@ def test_encode_pads_to_n_and_finds_masks(codec: FillMaskCodec) -> None:
 
 
 def test_limits_are_reported_in_tokens(codec: FillMaskCodec) -> None:
-    with pytest.raises(ServiceError) as info:
+    with pytest.raises(RequestError) as info:
         codec.encode("word " * 20 + "[MASK]")
-    assert info.value.status == 422 and info.value.code == "text_too_long"
+    assert isinstance(info.value, InvalidInput) and info.value.code == "text_too_long"
     assert "23 tokens" in info.value.message and "at most 16 tokens" in info.value.message
-    with pytest.raises(ServiceError) as info:
+    with pytest.raises(RequestError) as info:
         codec.encode("no mask here")
     assert info.value.code == "no_mask"
-    with pytest.raises(ServiceError) as info:
+    with pytest.raises(RequestError) as info:
         codec.encode("[MASK] [MASK] [MASK]")
     assert info.value.code == "too_many_masks" and "at most 2" in info.value.message
 
@@ -78,7 +78,7 @@ def test_targets_restrict_candidates_and_use_the_first_wordpiece(codec: FillMask
     assert preds[0]["score"] < 0.01
     multi = codec.target_ids(["unbelievability"])
     assert multi == [codec.tokenizer.encode("unbelievability", add_special_tokens=False).ids[0]]
-    with pytest.raises(ServiceError):
+    with pytest.raises(RequestError):
         codec.target_ids([" "])
 
 

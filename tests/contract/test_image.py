@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.errors import ServiceError
-from service.preprocess import ImageTransform, decode_image
+from contract.errors import InputTooLarge, InvalidInput, RequestError
+from contract.image import ImageTransform, decode_image
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(60)
 
 # The demo classifier's transform: 32x32, no resize for 32-px images, mean = std = 0.5.
@@ -123,23 +122,23 @@ def test_animated_gif_uses_the_first_frame() -> None:
     assert r > 240 and b < 15
 
 
-def _error(data: bytes, max_pixels: int = MAX_PIXELS) -> ServiceError:
-    with pytest.raises(ServiceError) as info:
+def _error(data: bytes, max_pixels: int = MAX_PIXELS) -> RequestError:
+    with pytest.raises(RequestError) as info:
         decode_image(data, max_pixels)
     return info.value
 
 
 def test_bad_images_are_client_errors(cifar_images: list[bytes]) -> None:
     assert _error(b"").code == "empty_image"
-    assert _error(b"this is not an image").status == 422
+    assert isinstance(_error(b"this is not an image"), InvalidInput)
     tiff = encode(Image.new("RGB", (8, 8)), "TIFF")
     err = _error(tiff)
-    assert err.status == 422 and "JPEG, PNG, WebP, GIF or BMP" in err.message
+    assert isinstance(err, InvalidInput) and "JPEG, PNG, WebP, GIF or BMP" in err.message
     # A JPEG cut in the middle of its scan data: a decode error, not grey padding.
     big = encode(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), np.uint8)), "JPEG")
     err = _error(big[: len(big) // 2])
-    assert err.status == 422 and err.code == "invalid_image"
-    assert _error(cifar_images[0][:100]).status == 422
+    assert isinstance(err, InvalidInput) and err.code == "invalid_image"
+    assert isinstance(_error(cifar_images[0][:100]), InvalidInput)
 
 
 def test_decompression_bombs_are_refused_before_decoding() -> None:
@@ -147,12 +146,12 @@ def test_decompression_bombs_are_refused_before_decoding() -> None:
     bomb = encode(Image.new("1", (2000, 2000)), "PNG")
     assert len(bomb) < 10_000
     err = _error(bomb, max_pixels=1_000_000)
-    assert err.status == 413 and err.code == "image_too_large" and "1000000" in err.message
+    assert isinstance(err, InputTooLarge) and err.code == "image_too_large" and "1000000" in err.message
     # Beyond Pillow's own process-wide limit its DecompressionBombError is mapped the same way.
     limit = Image.MAX_IMAGE_PIXELS
     try:
         Image.MAX_IMAGE_PIXELS = 1_000_000
         err = _error(bomb, max_pixels=10_000_000)
-        assert err.status == 413 and err.code == "image_too_large"
+        assert isinstance(err, InputTooLarge) and err.code == "image_too_large"
     finally:
         Image.MAX_IMAGE_PIXELS = limit

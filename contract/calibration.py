@@ -1,0 +1,83 @@
+"""Calibration sets: a few hundred representative inputs stored beside a checkpoint.
+
+Static int8 quantisation (export/calibration.py) fixes every activation scale at export time from
+representative inputs. Training stores a small set of *training* inputs in the checkpoint
+(`calibration.npz` of JPEGs or `calibration.txt.gz` of sentences, docs/formats.md), so that
+`gmlp export`, and the Docker build that sees only the repository, still produce static int8.
+
+Sources: for a classifier, a directory of images or a CIFAR-style `.npz` (`<split>_jpeg` +
+`<split>_offsets`); for a masked LM, a `.txt` or `.txt.gz` file of prose, cut into sentences of
+the size /fill-mask receives.
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+
+from contract.errors import UserError
+from contract.formats import MLM_TASK
+
+CALIBRATION_FILES = ("calibration.npz", "calibration.txt.gz")
+_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
+
+
+def image_bytes(source: Path, count: int, seed: int) -> list[bytes]:
+    """Up to `count` encoded images from a directory or a CIFAR-style .npz, picked with `seed`."""
+    if source.is_dir():
+        files = sorted(p for p in source.rglob("*") if p.suffix.lower() in _IMAGE_SUFFIXES)
+        random.Random(seed).shuffle(files)
+        return [p.read_bytes() for p in files[:count]]
+    if source.suffix == ".npz":
+        data = np.load(source)
+        split = next((s for s in ("calib", "train", "test") if f"{s}_jpeg" in data.files), None)
+        if split is None:
+            raise UserError(f"{source} has no <split>_jpeg / <split>_offsets arrays")
+        blob, offsets = data[f"{split}_jpeg"], data[f"{split}_offsets"]
+        picks = random.Random(seed).sample(range(len(offsets) - 1), min(count, len(offsets) - 1))
+        return [blob[offsets[i] : offsets[i + 1]].tobytes() for i in picks]
+    raise UserError(f"{source}: expected a directory of images or a .npz of JPEGs")
+
+
+def sentences(source: Path) -> list[str]:
+    """Sentences of 5-40 words (the size of a typical /fill-mask request) from the start of a text file."""
+    opener = gzip.open if str(source).endswith(".gz") else open
+    with opener(source, "rt", encoding="utf-8") as f:
+        text = f.read(4_000_000)
+    pieces = re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", text))
+    return [s for s in pieces if 5 <= len(s.split()) <= 40]
+
+
+def bundled_calibration(checkpoint_dir: Path) -> Path | None:
+    """The calibration set stored in a checkpoint directory, if any."""
+    return next((checkpoint_dir / f for f in CALIBRATION_FILES if (checkpoint_dir / f).is_file()), None)
+
+
+def write_calibration_set(
+    checkpoint_dir: Path, task: str, source: Path, count: int = 256, seed: int = 0
+) -> Path:
+    """Store `count` training inputs in the checkpoint (a few hundred KB) for later int8 exports.
+
+    Use training data, never the evaluation split, so the reported test figures stay unseen.
+    """
+    rng = random.Random(seed)
+    if task == MLM_TASK:
+        found = sentences(Path(source))
+        picked = rng.sample(found, min(count * 2, len(found)))  # some get dropped as too long
+        out = checkpoint_dir / "calibration.txt.gz"
+        with gzip.open(out, "wt", encoding="utf-8") as f:
+            f.write("\n".join(picked) + "\n")
+        return out
+    images = image_bytes(Path(source), count, seed)
+    offsets = np.cumsum([0] + [len(b) for b in images]).astype(np.int64)
+    blob = np.frombuffer(b"".join(images), dtype=np.uint8)
+    out = checkpoint_dir / "calibration.npz"
+    np.savez_compressed(out, calib_jpeg=blob, calib_offsets=offsets)
+    return out
+
+
+__all__ = ["CALIBRATION_FILES", "image_bytes", "sentences", "bundled_calibration", "write_calibration_set"]

@@ -1,0 +1,73 @@
+"""`gmlp serve`: export demo checkpoints whose served directory is missing, then serve.
+
+This closes the gap between training and serving on a developer machine: a checkpoint under
+`GMLP_CHECKPOINT_DIR` (default `checkpoints/`) without a directory of the same name in the model
+repository is exported first (fp32 + int8) when torch is importable; otherwise start-up stops with
+the exact command to run on a machine that has it. The service itself only reads served-model
+directories (it imports neither `model` nor `export`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+from pathlib import Path
+
+from contract.formats import DEFAULT_EXPORT_VARIANTS
+from contract.spec import SpecError, export_command, is_checkpoint
+from service.cli import add_serve_arguments, run_serve
+from service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+
+def export_missing(
+    checkpoint_dir: Path | None, repository: Path, variants: tuple[str, ...] = DEFAULT_EXPORT_VARIANTS
+) -> list[Path]:
+    """Export every checkpoint in `checkpoint_dir` whose served directory `repository/<name>` is missing.
+
+    Returns the directories written. Without torch (the serving image) this raises SpecError with
+    the exact command to run on a machine that has it.
+    """
+    if checkpoint_dir is None or not checkpoint_dir.is_dir():
+        return []
+    todo = [
+        (ckpt, repository / ckpt.name)
+        for ckpt in sorted(p for p in checkpoint_dir.iterdir() if p.is_dir() and is_checkpoint(p))
+        if not (repository / ckpt.name / "config.json").is_file()
+    ]
+    if not todo:
+        return []
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("export") is None:
+        commands = "; ".join(export_command(c, o) for c, o in todo)
+        raise SpecError(
+            f"checkpoints without an exported served model (torch is not installed): run {commands}"
+        )
+    from export import export_served_model  # torch-side code, imported only when needed
+
+    repository.mkdir(parents=True, exist_ok=True)
+    for ckpt, out_dir in todo:
+        log.info("exporting checkpoint %s -> %s (variants %s)", ckpt, out_dir, ", ".join(variants))
+        export_served_model(ckpt, out_dir, variants=list(variants))
+    return [out_dir for _, out_dir in todo]
+
+
+def _prepare(settings: ServiceSettings) -> None:
+    export_missing(settings.checkpoint_dir, settings.model_repository)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_serve(args, prepare=_prepare)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `serve` subcommand to the `gmlp` console script (gmlp/cli.py)."""
+    parser = sub.add_parser(
+        "serve",
+        help="serve the models of a model repository over HTTP",
+        description="Serve gMLP models over HTTP: /classify, /fill-mask, /health/*, /models, /metrics, /v2. "
+        "Checkpoints without a served directory are exported first (needs torch).",
+    )
+    add_serve_arguments(parser)
+    parser.set_defaults(handler=run)
