@@ -1,14 +1,17 @@
 """Fill-mask text handling: text -> (input_ids, mask_positions), logits -> HF-pipeline predictions.
 
-The graph has a fixed window of n tokens and decodes at most `max_predictions` positions
-(docs/formats.md), so both limits are checked here, with messages in tokens, before anything is
-queued. Decoding follows Hugging Face's `FillMaskPipeline`: softmax over the whole vocabulary,
+The graph reads 1 to n tokens and decodes 1 to `max_predictions` positions (docs/formats.md), so
+both limits are checked here, with messages in tokens, before anything is queued. A request keeps
+its own length; `collate` pads a batch to its longest text (exact for gMLP, docs/model.md).
+
+Decoding follows Hugging Face's `FillMaskPipeline`: softmax over the whole vocabulary,
 `targets` restrict the candidates (scores stay full-vocabulary probabilities), a target that is
 not one vocabulary token is replaced by its first wordpiece.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +23,15 @@ from contract.errors import InvalidInput
 from contract.formats import MASK_TOKEN
 from contract.scores import ranked, softmax
 
+# Batches of texts are padded to a multiple of this many tokens (see `FillMaskCodec.padded_length`).
+LENGTH_MULTIPLE = 8
+
 
 @dataclass(frozen=True)
 class EncodedText:
     ids: list[int]  # unpadded, with [CLS]/[SEP]
     mask_positions: list[int]
-    feeds: dict[str, np.ndarray]  # per-request graph inputs (no batch axis)
+    feeds: dict[str, np.ndarray]  # per-request graph inputs, unpadded (no batch axis)
 
 
 class FillMaskCodec:
@@ -70,12 +76,39 @@ class FillMaskCodec:
                 f"the text has {len(positions)} {self.mask_token} tokens; model {self.model_name} "
                 f"predicts at most {self.max_predictions} per request",
             )
-        input_ids = np.full(self.n, self.pad_id, dtype=np.int64)
-        input_ids[: len(ids)] = ids
-        # Unused slots point at position 0 ([CLS]); their logits are ignored.
-        mask_positions = np.zeros(self.max_predictions, dtype=np.int64)
-        mask_positions[: len(positions)] = positions
-        return EncodedText(ids, positions, {"input_ids": input_ids, "mask_positions": mask_positions})
+        feeds = {
+            "input_ids": np.asarray(ids, dtype=np.int64),
+            "mask_positions": np.asarray(positions, dtype=np.int64),
+        }
+        return EncodedText(ids, positions, feeds)
+
+    def padded_length(self, length: int, *, fixed: bool = False) -> int:
+        """The sequence length a batch whose longest text has `length` tokens runs at.
+
+        Padding is exact for gMLP (padded tokens are masked out of the spatial projection, see
+        docs/model.md), so a batch runs at its longest text rounded up to a multiple of
+        `LENGTH_MULTIPLE` (few distinct shapes for ONNX Runtime), never more than n; `fixed` runs
+        every batch at n, for graphs with static shapes."""
+        if fixed:
+            return self.n
+        return min(self.n, -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
+
+    def collate(
+        self, items: Sequence[Mapping[str, np.ndarray]], *, fixed: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Per-request feeds (unpadded, from `encode` or a v2 request) -> one batch of graph inputs.
+
+        `input_ids` are padded with [PAD] to `padded_length`; `mask_positions` with position 0
+        ([CLS], whose logits are ignored) to the batch's largest mask count, or to
+        `max_predictions` when `fixed`."""
+        length = self.padded_length(max(len(item["input_ids"]) for item in items), fixed=fixed)
+        slots = self.max_predictions if fixed else max(len(item["mask_positions"]) for item in items)
+        input_ids = np.full((len(items), length), self.pad_id, dtype=np.int64)
+        positions = np.zeros((len(items), slots), dtype=np.int64)
+        for row, item in enumerate(items):
+            input_ids[row, : len(item["input_ids"])] = item["input_ids"]
+            positions[row, : len(item["mask_positions"])] = item["mask_positions"]
+        return {"input_ids": input_ids, "mask_positions": positions}
 
     def target_ids(self, targets: list[str]) -> list[int]:
         """Candidate ids for `targets`: the token itself, else its first wordpiece (as HF does)."""
@@ -94,7 +127,7 @@ class FillMaskCodec:
     def decode(
         self, encoded: EncodedText, logits: np.ndarray, top_k: int, target_ids: list[int] | None = None
     ) -> list[list[dict[str, Any]]]:
-        """logits [max_predictions, vocab] -> one ranked list of predictions per [MASK], in order."""
+        """logits [slots, vocab] (slots >= the text's masks) -> one ranked list per [MASK], in order."""
         results = []
         for slot, position in enumerate(encoded.mask_positions):
             probs = softmax(logits[slot])
@@ -118,4 +151,4 @@ class FillMaskCodec:
         }
 
 
-__all__ = ["FillMaskCodec", "EncodedText"]
+__all__ = ["FillMaskCodec", "EncodedText", "LENGTH_MULTIPLE"]

@@ -1,7 +1,8 @@
 """gmlp-serve: served-model directories -> HTTP (see docs/service.md).
 
-The data path is route -> preprocess/text -> batching -> runtime -> postprocess -> response; the
-batcher and the runtime know nothing about HTTP, and nothing here imports torch.
+The data path is route -> contract image/text -> batching -> runtime -> postprocess -> response;
+below the routes nothing knows HTTP (errors are `contract.errors` types, mapped to status codes in
+one table per transport), and nothing here imports torch, `model` or `export`.
 
 `create_app` and `ServiceSettings` are imported lazily, so that `gmlp --help` (which imports
 `service.cli`) does not pay for FastAPI and ONNX Runtime.

@@ -105,10 +105,12 @@ def _rows(model: Pipeline, body: V2InferRequest) -> list[dict[str, np.ndarray]]:
             raise InvalidInput(
                 "invalid_inputs", f"input {name} must have datatype {meta['datatype']}, got {tensor.datatype}"
             )
-        if len(tensor.shape) != len(meta["shape"]) or tensor.shape[1:] != meta["shape"][1:]:
+        same_rank = len(tensor.shape) == len(meta["shape"])
+        dims = zip(meta["shape"][1:], tensor.shape[1:], strict=False)
+        if not same_rank or not all(want in (-1, got) and got >= 1 for want, got in dims):
             raise InvalidInput(
                 "invalid_inputs",
-                f"input {name} must have shape {meta['shape']} (-1: batch), got {tensor.shape}",
+                f"input {name} must have shape {meta['shape']} (-1: any size), got {tensor.shape}",
             )
         try:
             arrays[name] = np.asarray(tensor.data, dtype=_NUMPY[tensor.datatype]).reshape(tensor.shape)
@@ -121,12 +123,24 @@ def _rows(model: Pipeline, body: V2InferRequest) -> list[dict[str, np.ndarray]]:
     if len(batch) != 1 or not 1 <= (rows := batch.pop()) <= max_rows:
         raise InvalidInput("invalid_inputs", f"all inputs need the same batch size, between 1 and {max_rows}")
     if isinstance(model, FillMaskPipeline):
-        # Out-of-range ids would make the graph's Gather fail (or read garbage): refuse them here.
-        codec = model.codec
-        for name, upper in (("input_ids", codec.vocab_size), ("mask_positions", codec.n)):
-            if arrays[name].min() < 0 or arrays[name].max() >= upper:
-                raise InvalidInput("invalid_inputs", f"values of {name} must be in [0, {upper})")
+        _check_text_tensors(model, arrays["input_ids"], arrays["mask_positions"])
     return [{name: a[i] for name, a in arrays.items()} for i in range(rows)]
+
+
+def _check_text_tensors(model: FillMaskPipeline, ids: np.ndarray, positions: np.ndarray) -> None:
+    """Lengths within the model's limits, ids in the vocabulary, positions inside the text: an
+    out-of-range index would make the graph's Gather fail (or read garbage), so refuse it here."""
+    codec = model.codec
+    length, slots = ids.shape[1], positions.shape[1]
+    if length > codec.n or slots > codec.max_predictions:
+        raise InvalidInput(
+            "invalid_inputs",
+            f"input_ids may have at most {codec.n} tokens and mask_positions at most "
+            f"{codec.max_predictions} entries, got {length} and {slots}",
+        )
+    for name, values, upper in (("input_ids", ids, codec.vocab_size), ("mask_positions", positions, length)):
+        if values.min() < 0 or values.max() >= upper:
+            raise InvalidInput("invalid_inputs", f"values of {name} must be in [0, {upper})")
 
 
 async def _infer_rows(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
 from contract.scores import ranked, softmax
 from contract.spec import ModelSpec
-from contract.text import FillMaskCodec
+from contract.text import LENGTH_MULTIPLE, FillMaskCodec
 from service.batching import DynamicBatcher
 from service.deadline import Deadline, before
 from service.metrics import ServiceMetrics
@@ -45,7 +46,7 @@ class Pipeline:
         )
         self.runtime = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
         self.batcher: DynamicBatcher[Feeds, Feeds] = DynamicBatcher(
-            self.runtime.run_batch,
+            self.run_batch,
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
@@ -54,18 +55,25 @@ class Pipeline:
         )
         self.ready = False
 
-    def warmup_feeds(self) -> Feeds:
+    def run_batch(self, items: list[Feeds]) -> list[Feeds]:
+        """What the batcher runs: the requests' feeds in one session run (blocking)."""
+        return self.runtime.run_batch(items)
+
+    def warmup_feeds(self) -> list[Feeds]:
+        """One request per input shape the service will run (the largest last)."""
         raise NotImplementedError
 
-    def check_outputs(self, outputs: Feeds) -> None:
+    def check_outputs(self, feeds: Feeds, outputs: Feeds) -> None:
         """Raise if the graph's outputs do not fit the metadata (caught at start-up, not per request)."""
 
     def warm_up(self) -> None:
-        """Run a batch of one and a full batch (blocking): first runs allocate ORT's memory arenas."""
-        feeds = self.warmup_feeds()
-        for size in sorted({1, self.settings.max_batch_size}):
-            outputs = self.runtime.run_batch([feeds] * size)
-            self.check_outputs(outputs[0])
+        """Run every shape at batch 1, the largest also as a full batch (blocking): the first runs of
+        a shape allocate ORT's memory arenas, which should not happen on a client's request."""
+        shapes = self.warmup_feeds()
+        for feeds in shapes:
+            self.check_outputs(feeds, self.run_batch([feeds])[0])
+        if self.settings.max_batch_size > 1:
+            self.check_outputs(shapes[-1], self.run_batch([shapes[-1]] * self.settings.max_batch_size)[0])
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -100,11 +108,11 @@ class VisionPipeline(Pipeline):
         self.labels = spec.labels()
         self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels)
 
-    def warmup_feeds(self) -> Feeds:
+    def warmup_feeds(self) -> list[Feeds]:
         h, w = self.transform.crop_size
-        return {"pixel_values": np.zeros((3, h, w), dtype=np.float32)}
+        return [{"pixel_values": np.zeros((3, h, w), dtype=np.float32)}]
 
-    def check_outputs(self, outputs: Feeds) -> None:
+    def check_outputs(self, feeds: Feeds, outputs: Feeds) -> None:
         if outputs["logits"].shape != (len(self.labels),):
             raise ValueError(
                 f"model {self.name}: logits {outputs['logits'].shape} but {len(self.labels)} labels"
@@ -128,14 +136,34 @@ class FillMaskPipeline(Pipeline):
     ) -> None:
         super().__init__(spec, settings, device, metrics)
         self.codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
+        # A graph exported with static shapes (format_version 1) runs at n with every slot.
+        static = any(d is not None for d in self.runtime.static_dims("input_ids")[1:])
+        self.fixed_length = settings.fixed_length or static
 
-    def warmup_feeds(self) -> Feeds:
-        return self.codec.encode(self.codec.mask_token).feeds
+    def collate(self, items: Sequence[Feeds]) -> Feeds:
+        return self.codec.collate(items, fixed=self.fixed_length)
 
-    def check_outputs(self, outputs: Feeds) -> None:
-        expected = (self.codec.max_predictions, self.codec.vocab_size)
+    def run_batch(self, items: list[Feeds]) -> list[Feeds]:
+        return self.runtime.run_batch(items, self.collate)
+
+    def warmup_feeds(self) -> list[Feeds]:
+        """[MASK]-only texts at every padded length a batch can have, one mask, then the largest."""
+        codec = self.codec
+        lengths = {codec.padded_length(length, fixed=self.fixed_length) for length in range(1, codec.n + 1)}
+        shapes = [{"input_ids": np.full(length, codec.mask_id, np.int64)} for length in sorted(lengths)]
+        for feeds in shapes:
+            feeds["mask_positions"] = np.zeros(1, np.int64)
+        shapes[-1]["mask_positions"] = np.arange(min(codec.max_predictions, codec.n), dtype=np.int64)
+        return shapes
+
+    def check_outputs(self, feeds: Feeds, outputs: Feeds) -> None:
+        slots = self.codec.max_predictions if self.fixed_length else len(feeds["mask_positions"])
+        expected = (slots, self.codec.vocab_size)
         if outputs["logits"].shape != expected:
             raise ValueError(f"model {self.name}: logits {outputs['logits'].shape}, expected {expected}")
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "fixed_length": self.fixed_length, "length_multiple": LENGTH_MULTIPLE}
 
     async def fill_mask(
         self, text: str, top_k: int, targets: list[str] | None, deadline: Deadline

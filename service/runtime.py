@@ -1,14 +1,14 @@
 """ONNX Runtime sessions: provider choice, thread count, IO binding. No HTTP, no torch.
 
 `OnnxModel.run_batch` takes a list of per-request feeds (one dict of arrays *without* the batch axis
-per request), stacks them, runs the session once and splits the outputs back per request; it is
-what the `DynamicBatcher` calls from its worker thread.
+per request), collates them (stacks them, or a task's own padding), runs the session once and
+splits the outputs back per request; it is what the `DynamicBatcher` calls from its worker thread.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,8 @@ CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 
 Feeds = dict[str, np.ndarray]
+# Per-request feeds -> one batch of graph inputs (padding them to a common shape if needed).
+Collate = Callable[[Sequence[Feeds]], Feeds]
 
 
 def cuda_available() -> bool:
@@ -140,14 +142,22 @@ class OnnxModel:
         self.session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
 
-    def run_batch(self, items: Sequence[Feeds]) -> list[Feeds]:
-        """Stack per-request feeds, run, split: the `run_batch` the batcher calls."""
+    def static_dims(self, name: str) -> list[int | None]:
+        """An input's shape as the graph declares it: an int where fixed, None where dynamic."""
+        (shape,) = [i.shape for i in self.session.get_inputs() if i.name == name]
+        return [d if isinstance(d, int) else None for d in shape]
+
+    def stack(self, items: Sequence[Feeds]) -> Feeds:
+        """The default collation: per-request feeds of equal shapes, stacked on a new batch axis."""
+        return {name: np.stack([item[name] for item in items]) for name in self.input_names}
+
+    def run_batch(self, items: Sequence[Feeds], collate: Collate | None = None) -> list[Feeds]:
+        """Collate per-request feeds (default: stack), run once, split the outputs per request."""
         if not items:
             return []
         if not self.row_independent and len(items) > 1:
-            return [self.run_batch([item])[0] for item in items]
-        batched = {name: np.stack([item[name] for item in items]) for name in self.input_names}
-        outputs = self.run(batched)
+            return [self.run_batch([item], collate)[0] for item in items]
+        outputs = self.run((collate or self.stack)(items))
         return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 
@@ -159,4 +169,5 @@ __all__ = [
     "resolve_device",
     "cuda_available",
     "Feeds",
+    "Collate",
 ]

@@ -120,6 +120,14 @@ class ModelInfo(BaseModel):
     rows_batched: bool = Field(description="false when the variant runs batch rows one at a time")
     ready: bool
     batching: BatchingInfo
+    fixed_length: bool | None = Field(
+        None,
+        description="masked LMs: true when every batch runs at n tokens with every prediction slot "
+        "(setting fixed_length, or a graph with static shapes); false when a batch runs at its longest text",
+    )
+    length_multiple: int | None = Field(
+        None, description="masked LMs: a batch's length is rounded up to a multiple of this (at most n)"
+    )
 
 
 class ModelsResponse(BaseModel):

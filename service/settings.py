@@ -52,6 +52,11 @@ class ServiceSettings(BaseSettings):
         2.0, ge=0, description="how long the first waiting request may wait for batch-mates"
     )
     max_queue_size: int = Field(256, ge=1, description="waiting requests per model before 503")
+    fixed_length: bool = Field(
+        False,
+        description="run masked LMs at their full window of n tokens and every prediction slot, "
+        "instead of each batch at its longest text (for comparison, or runtimes that need static shapes)",
+    )
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request from arrival; 504 after")
     max_upload_bytes: int = Field(
         8 * 1024 * 1024, ge=1, description="largest accepted request body; 413 above"
