@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 import torch
 import torch.nn.functional as F
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from torch import nn
 
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
@@ -25,6 +26,10 @@ from .sgu_function import DOMAIN, OP_TYPE
 
 class ExportCheckError(ValueError):
     """An exported model failed a check; the message names the check."""
+
+
+# What `InferenceSession.run` raises for inputs the graph cannot take.
+ORT_RUN_ERRORS = (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.RuntimeException)
 
 
 @dataclass
@@ -84,7 +89,10 @@ def check_parity(model: nn.Module, path: str | Path, variant: str) -> ParityRepo
     for i, case in enumerate(cases):
         inputs = example_inputs(model.config, seed=100 + i, **case)
         expected = torch_logits(model, inputs)
-        got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+        try:
+            got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+        except ORT_RUN_ERRORS as exc:  # e.g. a graph that does not really take this length
+            raise ExportCheckError(f"{variant}: ONNX Runtime failed on inputs of {case}: {exc}") from exc
         if got.shape != expected.shape:
             raise ExportCheckError(
                 f"{variant}: output shape {got.shape} for {case}, PyTorch gives {expected.shape}"
