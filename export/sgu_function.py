@@ -12,16 +12,16 @@ Body (paper section 2, with the exported layout of `model.layers.SpatialGatingUn
     out    = Mul(z1, gate)
 
 Inputs, in order: z, gamma, beta, W, b, then `token_mask` [batch, L, 1] if the model masks
-padding, then `attn` [batch, L, d_ffn/2] if it is an aMLP.
+padding, then `attn` [batch, L, d_ffn/2] if it is an aMLP. A model uses one signature for all its
+blocks, so one function per model suffices. The tiny attention itself is computed by ordinary
+nodes before the SGU node (it reads the block's normalised input, not z), and its output enters
+the function as `attn`.
 
 A masked LM's graph takes any length 1 <= L <= n, so the function slices the top-left L x L block
 of W (and the first L entries of b) itself, from the shape of its input: one file serves every
 length, and for the real tokens this is exactly the fixed window of n tokens with padding masked
 out (docs/model.md, "Variable length"). A classifier's patch grid is fixed, so its W is used
-whole. A model uses one signature for all its
-blocks, so one function per model suffices. The tiny attention itself is computed by ordinary
-nodes before the SGU node (it reads the block's normalised input, not z), and its output enters
-the function as `attn`.
+whole.
 
 ONNX Runtime inlines the function before optimising, so serving speed equals a plain export;
 a runtime with a registered `gmlp::SpatialGatingUnit` kernel may take the node whole instead.
