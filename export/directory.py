@@ -125,7 +125,7 @@ def _served_config(info: dict, config, variants, sha: str, opset: int, name: str
     inputs, outputs = io_spec(config)
     served = {
         "format": SERVED_FORMAT,
-        "format_version": 1,
+        "format_version": 2,
         "name": name,
         "task": config.task,
         "seq_len": config.seq_len,

@@ -56,7 +56,8 @@ class _SymbolicSGU(nn.Module):
 
 
 class _MaskedLMGraph(nn.Module):
-    """The MLM graph contract: (input_ids [B, n], mask_positions [B, k]) -> logits [B, k, vocab]."""
+    """The MLM graph contract: (input_ids [B, L], mask_positions [B, P]) -> logits [B, P, vocab],
+    1 <= L <= n and 1 <= P <= max_predictions."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -94,40 +95,69 @@ def graph_module(model: nn.Module, fused: bool = True, float16: bool = False) ->
     return _Float16Compute(graph) if float16 else graph
 
 
-def example_inputs(config: GMLPConfig, batch: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Named example inputs of the graph contract (random but valid), used for export and checks."""
+def example_inputs(
+    config: GMLPConfig,
+    batch: int,
+    seed: int = 0,
+    length: int | None = None,
+    predictions: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Named example inputs of the graph contract (random but valid), used for export and checks.
+
+    Masked LM: `input_ids [batch, length]` (default n), each row a text of 1/4 to all of `length`
+    tokens padded to `length`, as a batch of texts padded to its longest one; `mask_positions
+    [batch, predictions]` (default max_predictions) inside each row's text.
+    """
     gen = torch.Generator().manual_seed(seed)
     if isinstance(config, GMLPMaskedLMConfig):
-        ids = torch.randint(1000, config.vocab_size, (batch, config.n), generator=gen)
-        lengths = torch.randint(config.n // 4, config.n + 1, (batch,), generator=gen)
-        ids[torch.arange(config.n)[None, :] >= lengths[:, None]] = config.pad_token_id
-        positions = (torch.rand(batch, config.max_predictions, generator=gen) * lengths[:, None]).long()
+        length = config.n if length is None else length
+        predictions = config.max_predictions if predictions is None else predictions
+        ids = torch.randint(1000, config.vocab_size, (batch, length), generator=gen)
+        lengths = torch.randint(max(1, length // 4), length + 1, (batch,), generator=gen)
+        ids[torch.arange(length)[None, :] >= lengths[:, None]] = config.pad_token_id
+        positions = (torch.rand(batch, predictions, generator=gen) * lengths[:, None]).long()
         return {"input_ids": ids, "mask_positions": positions}
     pixels = torch.randn(batch, config.in_chans, config.img_size, config.img_size, generator=gen)
     return {"pixel_values": pixels}
 
 
+# Names of the dynamic axes, in the ONNX graph and in config.json's `inputs` / `outputs`.
+BATCH_AXIS, SEQ_AXIS, PREDICTIONS_AXIS = "batch", "seq", "predictions"
+
+
 def io_spec(config: GMLPConfig) -> tuple[list[dict], list[dict]]:
-    """Input and output descriptions for config.json (docs/formats.md)."""
+    """Input and output descriptions for config.json (docs/formats.md): a string names a dynamic
+    axis, an int is fixed. A masked LM's `seq` runs from 1 to n and `predictions` from 1 to
+    max_predictions; a classifier's patch grid, and so its image size, is fixed."""
     if isinstance(config, GMLPMaskedLMConfig):
         inputs = [
-            {"name": "input_ids", "dtype": "int64", "shape": ["batch", config.n]},
-            {"name": "mask_positions", "dtype": "int64", "shape": ["batch", config.max_predictions]},
+            {"name": "input_ids", "dtype": "int64", "shape": [BATCH_AXIS, SEQ_AXIS]},
+            {"name": "mask_positions", "dtype": "int64", "shape": [BATCH_AXIS, PREDICTIONS_AXIS]},
         ]
         outputs = [
             {
                 "name": "logits",
                 "dtype": "float32",
-                "shape": ["batch", config.max_predictions, config.vocab_size],
+                "shape": [BATCH_AXIS, PREDICTIONS_AXIS, config.vocab_size],
             }
         ]
     else:
         size = config.img_size
         inputs = [
-            {"name": "pixel_values", "dtype": "float32", "shape": ["batch", config.in_chans, size, size]}
+            {"name": "pixel_values", "dtype": "float32", "shape": [BATCH_AXIS, config.in_chans, size, size]}
         ]
-        outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", config.num_classes]}]
+        outputs = [{"name": "logits", "dtype": "float32", "shape": [BATCH_AXIS, config.num_classes]}]
     return inputs, outputs
+
+
+def _dynamic_shapes(config: GMLPConfig) -> tuple[dict[int, torch.export.Dim], ...]:
+    """torch.export's dynamic axes for the graph inputs, named as in `io_spec`."""
+    batch = torch.export.Dim(BATCH_AXIS, min=1, max=4096)
+    if isinstance(config, GMLPMaskedLMConfig):
+        seq = torch.export.Dim(SEQ_AXIS, min=1, max=config.n)
+        predictions = torch.export.Dim(PREDICTIONS_AXIS, min=1, max=config.max_predictions)
+        return ({0: batch, 1: seq}, {0: batch, 1: predictions})
+    return ({0: batch},)
 
 
 def export_onnx(
@@ -148,8 +178,6 @@ def export_onnx(
     config: GMLPConfig = model.config
     graph = graph_module(model, fused=fused, float16=float16)
     inputs = example_inputs(config, batch=2)
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    dynamic_shapes = tuple({0: batch} for _ in inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -159,7 +187,7 @@ def export_onnx(
             opset_version=opset,
             input_names=list(inputs),
             output_names=["logits"],
-            dynamic_shapes=dynamic_shapes,
+            dynamic_shapes=_dynamic_shapes(config),
             optimize=True,
             verbose=False,
         )
@@ -180,10 +208,14 @@ def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -
         raise RuntimeError(
             f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
         )
-    has_mask = isinstance(config, GMLPMaskedLMConfig)
+    is_mlm = isinstance(config, GMLPMaskedLMConfig)
     has_attn = config.attn_dim is not None
     function = build_sgu_function(
-        epsilon=config.sgu_norm_eps, has_mask=has_mask, has_attn=has_attn, opset=opset
+        epsilon=config.sgu_norm_eps,
+        has_mask=is_mlm,
+        has_attn=has_attn,
+        opset=opset,
+        variable_length=is_mlm,  # a classifier's patch grid is fixed
     )
     onnx_model.functions[function.identifier()] = function
     onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION

@@ -14,17 +14,23 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+import torch.nn.functional as F
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from torch import nn
 
 from contract.errors import UserError
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
-from .onnx_export import example_inputs
+from .onnx_export import PREDICTIONS_AXIS, SEQ_AXIS, example_inputs
 from .sgu_function import DOMAIN, OP_TYPE
 
 
 class ExportCheckError(UserError):
     """An exported model failed a check; the message names the check."""
+
+
+# What `InferenceSession.run` raises for inputs the graph cannot take.
+ORT_RUN_ERRORS = (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.RuntimeException)
 
 
 @dataclass
@@ -33,11 +39,13 @@ class ParityReport:
     max_abs_diff: float
     top1_agreement: float
     samples: int
+    lengths: tuple[int, ...] = ()  # the sequence lengths checked (masked LM)
 
     def __str__(self) -> str:
+        at = f" at L = {'/'.join(map(str, self.lengths))}" if self.lengths else ""
         return (
             f"{self.variant}: max |logit diff| {self.max_abs_diff:.2e}, "
-            f"top-1 agreement {100 * self.top1_agreement:.1f}% over {self.samples} samples"
+            f"top-1 agreement {100 * self.top1_agreement:.1f}% over {self.samples} samples{at}"
         )
 
 
@@ -50,32 +58,56 @@ def session(path: str | Path, providers: list[str] | None = None, threads: int =
 
 
 def torch_logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> np.ndarray:
+    """PyTorch fp32 logits for graph inputs; a masked LM runs at its fixed window, `input_ids`
+    padded to n, so a graph run at a shorter length is compared with the model as trained."""
+    config = model.config
     with torch.no_grad():
-        if isinstance(model.config, GMLPMaskedLMConfig):
-            return model(inputs["input_ids"], positions=inputs["mask_positions"]).float().numpy()
+        if isinstance(config, GMLPMaskedLMConfig):
+            ids = inputs["input_ids"]
+            window = F.pad(ids, (0, config.n - ids.shape[-1]), value=config.pad_token_id)
+            return model(window, positions=inputs["mask_positions"]).float().numpy()
         return model(inputs["pixel_values"]).float().numpy()
 
 
-def check_parity(
-    model: nn.Module, path: str | Path, variant: str, batches: tuple[int, ...] = (1, 8)
-) -> ParityReport:
-    """Max abs logit difference and top-1 agreement between ORT (CPU) and PyTorch fp32."""
+def parity_cases(config: GMLPConfig) -> list[dict[str, int]]:
+    """The inputs an export is checked on: batches of 1 and 8 and, for a masked LM, lengths from one
+    token to n, each with one prediction and with all max_predictions."""
+    if not isinstance(config, GMLPMaskedLMConfig):
+        return [{"batch": 1}, {"batch": 8}]
+    n, most = config.n, config.max_predictions
+    lengths = sorted({1, max(1, n // 8), max(1, n // 2), n})
+    cases = [{"batch": 1, "length": n, "predictions": most}]
+    cases += [{"batch": 8, "length": length, "predictions": p} for length in lengths for p in (1, most)]
+    return cases
+
+
+def check_parity(model: nn.Module, path: str | Path, variant: str) -> ParityReport:
+    """Max abs logit difference and top-1 agreement between ORT (CPU) and PyTorch fp32 (at the
+    fixed window), over `parity_cases`."""
     sess = session(path)
     diffs, agree, total = [], 0, 0
-    for i, batch in enumerate(batches):
-        inputs = example_inputs(model.config, batch, seed=100 + i)
+    cases = parity_cases(model.config)
+    for i, case in enumerate(cases):
+        inputs = example_inputs(model.config, seed=100 + i, **case)
         expected = torch_logits(model, inputs)
-        got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+        try:
+            got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+        except ORT_RUN_ERRORS as exc:  # e.g. a graph that does not really take this length
+            raise ExportCheckError(f"{variant}: ONNX Runtime failed on inputs of {case}: {exc}") from exc
         if got.shape != expected.shape:
-            raise ExportCheckError(f"{variant}: output shape {got.shape}, PyTorch gives {expected.shape}")
+            raise ExportCheckError(
+                f"{variant}: output shape {got.shape} for {case}, PyTorch gives {expected.shape}"
+            )
         diffs.append(float(np.abs(got - expected).max()))
         agree += int((got.argmax(-1) == expected.argmax(-1)).sum())
         total += expected.argmax(-1).size
-    return ParityReport(variant, max(diffs), agree / total, total)
+    lengths = tuple(sorted({c["length"] for c in cases if "length" in c}))
+    return ParityReport(variant, max(diffs), agree / total, total, lengths)
 
 
 def check_fused_graph(path: str | Path, config: GMLPConfig) -> None:
-    """The fp32 graph contract: the checker passes and every block's SGU is one function node."""
+    """The fp32 graph contract: the checker passes, every block's SGU is one function node, and a
+    masked LM's length and prediction axes are dynamic."""
     proto = onnx.load(str(path))
     try:
         onnx.checker.check_model(proto, full_check=True)
@@ -87,6 +119,12 @@ def check_fused_graph(path: str | Path, config: GMLPConfig) -> None:
     functions = [f for f in proto.functions if f.domain == DOMAIN and f.name == OP_TYPE]
     if len(functions) != 1:
         raise ExportCheckError(f"{path}: expected one {DOMAIN}::{OP_TYPE} function, found {len(functions)}")
+    if isinstance(config, GMLPMaskedLMConfig):
+        values = (*proto.graph.input, *proto.graph.output)
+        axes = {v.name: v.type.tensor_type.shape.dim[1].dim_param for v in values}
+        wanted = {"input_ids": SEQ_AXIS, "mask_positions": PREDICTIONS_AXIS, "logits": PREDICTIONS_AXIS}
+        if axes != wanted:
+            raise ExportCheckError(f"{path}: axis 1 of inputs/outputs is {axes}, expected dynamic {wanted}")
 
 
 def optimized_op_counts(path: str | Path) -> Counter:

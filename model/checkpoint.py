@@ -158,8 +158,8 @@ def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], sou
 def load_checkpoint(path: str | Path) -> nn.Module:
     """The model stored in checkpoint directory `path`, in eval mode.
 
-    Its `forward` takes `pixel_values` [batch, 3, H, W] (vision) or `input_ids` [batch, n] (MLM)
-    and returns logits. `model.checkpoint_info` holds the parsed config.json.
+    Its `forward` takes `pixel_values` [batch, 3, H, W] (vision) or `input_ids` [batch, L] with
+    L <= n (MLM) and returns logits. `model.checkpoint_info` holds the parsed config.json.
     """
     root = Path(path)
     info = read_checkpoint_info(root)

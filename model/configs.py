@@ -76,9 +76,11 @@ class GMLPVisionConfig(GMLPConfig):
 
 @dataclass
 class GMLPMaskedLMConfig(GMLPConfig):
-    """gMLP masked language model over a fixed window of `n` WordPiece tokens.
+    """gMLP masked language model over a window of up to `n` WordPiece tokens.
 
-    `max_predictions` is how many positions the exported graph decodes per sequence (the
+    `n` is the size of W; a sequence of L <= n tokens is read with W's top-left L x L block.
+
+    `max_predictions` is the most positions the exported graph decodes per sequence (the
     vocabulary projection is only computed where it is needed); `pad_token_id` marks padding,
     which the SGU removes from the spatial mixing (see `layers.SpatialGatingUnit`).
     """

@@ -8,7 +8,10 @@
 
     sgu(z): z1, z2 = split(z); z2 = norm(z2); return z1 * (W @ z2 + b [+ tiny_attn(x)])
 
-W is an n x n matrix over *tokens*, so the sequence length n is fixed and W carries position.
+W is an n x n matrix over *tokens*, so W carries position and n is the longest sequence a model
+reads. A masked LM may read fewer tokens, L <= n: the spatial projection is then the top-left
+L x L block of W (and the first L entries of b), which gives the real tokens exactly what padding
+to n would (docs/model.md, "Variable length").
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .configs import GMLPConfig
 
@@ -63,15 +67,23 @@ class SpatialGatingUnit(nn.Module):
         return z1 * gate
 
     def spatial_projection(self, z2: torch.Tensor) -> torch.Tensor:
-        """`W @ z2 + b` over tokens, for z2 [B, n, e].
+        """`W @ z2 + b` over tokens, for z2 [B, L, e] with L <= n.
 
         W expanded over the batch is a stride-0 view, so this is one batched GEMM on z2 as it lies.
         (`torch.matmul(W, z2)` folds the batch into the columns, which copies the strided z2 in the
         forward and the backward; a separate fp32 `+ b` promotes the bf16 gate to fp32 under
         autocast. Together they cost a sixth of a CIFAR training step on CPU: docs/benchmarks.md.)
+
+        A shorter sequence uses `W[:L, :L]` and `b[:L]`, views of the parameters. At the full
+        length nothing is sliced, so training at n keeps the plain GEMM and a gradient with no
+        slice in its path. Under torch.export L is symbolic and the slice is always taken (a no-op
+        at L = n), so the exported graph serves every length.
         """
-        weight = self.spatial_proj.weight.expand(z2.shape[0], -1, -1)
-        return torch.baddbmm(self.spatial_proj.bias[:, None], weight, z2)
+        length = z2.shape[1]
+        weight, bias = self.spatial_proj.weight, self.spatial_proj.bias
+        if not statically_known_true(length == self.seq_len):
+            weight, bias = weight[:length, :length], bias[:length]
+        return torch.baddbmm(bias[:, None], weight.expand(z2.shape[0], -1, -1), z2)
 
 
 class TinyAttention(nn.Module):
@@ -90,7 +102,7 @@ class TinyAttention(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.attn_dim))
         if token_mask is not None:
-            # token_mask is [batch, n, 1]; padded keys get no weight.
+            # token_mask is [batch, L, 1]; padded keys get no weight.
             scores = scores.masked_fill(token_mask.transpose(-1, -2) == 0, torch.finfo(scores.dtype).min)
         return self.proj(torch.matmul(scores.softmax(dim=-1), v))
 

@@ -2,9 +2,10 @@
 vocabulary projection tied to the embedding.
 
 There are no position embeddings: the spatial projection W of every block is position-aware.
-The window is fixed at n tokens; short inputs are padded with `pad_token_id`, and the padding is
-masked out of the spatial mixing (see `SpatialGatingUnit`), so the prediction for a short
-sentence does not depend on how much padding follows it.
+The window is n tokens. A sequence may be shorter, L <= n: each block then mixes with the top-left
+L x L block of W. Padding (`pad_token_id`, to the longest text of a batch or to n) is masked out of
+the spatial mixing (see `SpatialGatingUnit`), so a sentence's predictions are the same at any
+length it is run at, padded to n or not (docs/model.md, "Variable length").
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ class GMLPForMaskedLM(nn.Module):
         nn.init.zeros_(self.decoder_bias)
 
     def token_mask(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[batch, n, 1] float: 1 for real tokens, 0 for padding."""
+        """[batch, L, 1] float: 1 for real tokens, 0 for padding."""
         return (input_ids != self.config.pad_token_id).unsqueeze(-1).to(self.embed.weight.dtype)
 
     def forward_features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.shape[-1] != self.config.n:
-            raise ValueError(f"expected input_ids of length n={self.config.n}, got {input_ids.shape[-1]}")
+        length, n = input_ids.shape[-1], self.config.n
+        if not 1 <= length <= n:
+            raise ValueError(f"input_ids has {length} tokens; this model reads 1 to n={n} tokens")
         mask = self.token_mask(input_ids)
         x = self.embed(input_ids)
         for block in self.blocks:
@@ -51,7 +53,7 @@ class GMLPForMaskedLM(nn.Module):
         """Vocabulary logits, at every position or only at `positions` [batch, k].
 
         Fill-mask needs a handful of positions, so decoding only those avoids computing
-        n x vocab_size logits per sequence (30,522 x 128 floats for the BERT vocabulary).
+        L x vocab_size logits per sequence (30,522 x 128 floats for the BERT vocabulary at L = 128).
         """
         if positions is not None:
             index = positions.unsqueeze(-1).expand(-1, -1, features.shape[-1])
@@ -59,5 +61,6 @@ class GMLPForMaskedLM(nn.Module):
         return torch.matmul(features, self.embed.weight.t()) + self.decoder_bias
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [batch, n, vocab] for `input_ids` [batch, n], or [batch, k, vocab] at `positions`."""
+        """Logits [batch, L, vocab] for `input_ids` [batch, L] (1 <= L <= n), or [batch, k, vocab] at
+        `positions` [batch, k] (each < L)."""
         return self.forward_head(self.forward_features(input_ids), positions)

@@ -101,15 +101,23 @@ def _swap_sgus(model: torch.nn.Module, cls: type[SpatialGatingUnit]) -> None:
         block.sgu.__class__ = cls
 
 
-def bench_args(doc: str, repeats: int, precision: bool = True) -> argparse.Namespace:
+def bench_args(
+    doc: str,
+    repeats: int,
+    precision: bool = True,
+    configure: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     """The benchmarks' shared command line (`--threads`, `--repeats`, `--precision`), applied:
     threads set, seeded, `args.bf16` resolved for this CPU as the training commands resolve it
-    (`precision=False` for a benchmark that compares the precisions itself)."""
+    (`precision=False` for a benchmark that compares the precisions itself). `configure` adds a
+    benchmark's own options to the parser."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=repeats)
     if precision:
         parser.add_argument("--precision", choices=PRECISIONS, default="auto")
+    if configure is not None:
+        configure(parser)
     args = parser.parse_args()
     args.bf16 = resolve_precision(getattr(args, "precision", "auto")) == "bf16"
     args.precision_label = precision_label(args.bf16)

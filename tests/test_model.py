@@ -85,25 +85,27 @@ def test_block_is_plain_ffn_at_init():
     torch.testing.assert_close(block.sgu.spatial_proj.bias, torch.ones(16))
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_sgu_matches_the_token_linear_formulation(batch):
+@pytest.mark.parametrize(("batch", "length"), [(1, 10), (3, 10), (3, 8), (2, 1)])
+def test_sgu_matches_the_token_linear_formulation(batch, length):
     """The SGU's batched GEMM against the paper's formula written independently, as timm writes it:
     a Linear over the transposed tokens (with padding rows zeroed and a gate residual added), in
-    the forward and in the gradients of W, b and the input."""
+    the forward and in the gradients of W, b and the input. A sequence shorter than n = 10 is a
+    Linear with W's top-left length x length block, so the rest of W gets no gradient."""
     torch.manual_seed(0)
     block = GMLPBlock(d_model=8, d_ffn=12, seq_len=10)
     sgu = block.sgu
     with torch.no_grad():
         sgu.spatial_proj.weight.normal_(std=0.3)
         sgu.spatial_proj.bias.normal_()
-    z = torch.randn(batch, 10, 12, requires_grad=True)
-    mask = torch.ones(batch, 10, 1)
+    z = torch.randn(batch, length, 12, requires_grad=True)
+    mask = torch.ones(batch, length, 1)
     mask[0, 7:] = 0.0
-    residual = torch.randn(batch, 10, 6)
+    residual = torch.randn(batch, length, 6)
 
     z1, z2 = z[..., :6], z[..., 6:]
     z2 = F.layer_norm(z2, (6,), sgu.norm.weight, sgu.norm.bias, sgu.norm.eps) * mask
-    gate = F.linear(z2.transpose(1, 2), sgu.spatial_proj.weight, sgu.spatial_proj.bias).transpose(1, 2)
+    top_left = sgu.spatial_proj.weight[:length, :length]
+    gate = F.linear(z2.transpose(1, 2), top_left, sgu.spatial_proj.bias[:length]).transpose(1, 2)
     expected = z1 * (gate + residual)
     grads_expected = torch.autograd.grad(
         expected.square().sum(), [z, sgu.spatial_proj.weight, sgu.spatial_proj.bias]
@@ -116,6 +118,57 @@ def test_sgu_matches_the_token_linear_formulation(batch):
     torch.testing.assert_close(actual, expected)
     for got, want in zip(grads_actual, grads_expected, strict=True):
         torch.testing.assert_close(got, want)
+    assert grads_actual[1][:length, :length].abs().sum() > 0
+
+
+def _autograd_ops(tensor: torch.Tensor) -> set[str]:
+    """Names of every backward node that produced `tensor`."""
+    seen, todo = set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node.name() not in seen:
+            seen.add(node.name())
+            todo += [next_fn for next_fn, _ in node.next_functions]
+    return seen
+
+
+def test_sgu_slices_w_only_for_shorter_sequences():
+    """At the full length the training path is the plain baddbmm on W itself (no slice of W or
+    of its gradient); a shorter sequence slices W."""
+    sgu = GMLPBlock(d_model=8, d_ffn=12, seq_len=10).sgu
+    full, short = sgu(torch.randn(2, 10, 12)), sgu(torch.randn(2, 6, 12))
+    assert not any("Slice" in op for op in _autograd_ops(full)) and "BaddbmmBackward0" in _autograd_ops(full)
+    assert "SliceBackward0" in _autograd_ops(short)
+
+
+@pytest.mark.parametrize("attn_dim", [None, 8])
+def test_mlm_at_any_length_equals_the_padded_window(attn_dim):
+    """A text run at its own length L (1..n), or padded only to a batch's longest text, gives the
+    same logits at its masked positions as the same text padded to the full window n, for 1 to
+    max_predictions positions: the top-left block of W is exact, not an approximation."""
+    config = tiny_mlm_config(attn_dim=attn_dim)
+    model = perturbed(build_model(config))
+    gen = torch.Generator().manual_seed(3)
+    for length in range(1, config.n + 1):
+        ids = torch.randint(1000, config.vocab_size, (3, length), generator=gen)
+        real = torch.tensor([length, max(1, length // 2), 1])  # rows 1 and 2 padded inside L
+        ids[torch.arange(length)[None, :] >= real[:, None]] = config.pad_token_id
+        for count in (1, 1 + length % config.max_predictions, config.max_predictions):
+            positions = (torch.rand(3, count, generator=gen) * real[:, None]).long()
+            with torch.no_grad():
+                short = model(ids, positions=positions)
+                window = F.pad(ids, (0, config.n - length), value=config.pad_token_id)
+                expected = model(window, positions=positions)
+            assert short.shape == (3, count, config.vocab_size)
+            torch.testing.assert_close(short, expected, rtol=0, atol=1e-5)
+    assert expected.abs().max() > 1e-2  # not a comparison of two zero tensors
+
+
+def test_mlm_refuses_more_than_n_tokens():
+    config = tiny_mlm_config()
+    model = build_model(config)
+    with pytest.raises(ValueError, match=r"33 tokens.*n=32"):
+        model(torch.ones(1, config.n + 1, dtype=torch.long))
 
 
 @pytest.mark.parametrize("make", [tiny_vision_config, tiny_mlm_config, lambda: tiny_mlm_config(attn_dim=8)])
