@@ -29,11 +29,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_train_step import _interleaved_ms, bench_args  # noqa: E402
 
+from contract.text import FillMaskCodec  # noqa: E402
 from export.variants import VARIANT_FILES  # noqa: E402
 from export.verify import session  # noqa: E402
 from loadtests.workload import BUNDLED_SENTENCES, read_sentences_tsv  # noqa: E402
 from model.precision import cpu_flags  # noqa: E402
-from service.text import FillMaskCodec  # noqa: E402
 
 BATCH = 16
 LENGTHS = (16, 32, 64, 128)
@@ -84,9 +84,8 @@ def exactness(served: Path, config: dict, variant: str) -> str:
     for sentence in sentences:
         encoded = codec.encode(sentence.text)
         count = len(encoded.mask_positions)
-        padded = sess.run(["logits"], {k: v[None] for k, v in encoded.feeds.items()})[0][0, :count]
-        own = {"input_ids": np.array([encoded.ids]), "mask_positions": np.array([encoded.mask_positions])}
-        short = sess.run(["logits"], own)[0][0]
+        padded = sess.run(["logits"], codec.collate([encoded.feeds], fixed=True))[0][0, :count]
+        short = sess.run(["logits"], {k: v[None] for k, v in encoded.feeds.items()})[0][0]
         worst = max(worst, float(np.abs(short - padded).max()))
         top5 = [np.argsort(-x, axis=-1)[:, :5] for x in (short, padded)]
         top5_differ += int(not np.array_equal(*top5))

@@ -19,19 +19,29 @@ def codec() -> FillMaskCodec:
     return FillMaskCodec(BERT_TOKENIZER, CONFIG, model_name="m")
 
 
-def test_encode_pads_to_n_and_finds_masks(codec: FillMaskCodec) -> None:
+def test_encode_keeps_the_text_length_and_finds_masks(codec: FillMaskCodec) -> None:
     enc = codec.encode("Paris is the [MASK] of France.")
     assert enc.ids[0] == 101 and enc.ids[-1] == 102  # [CLS] ... [SEP]
     assert enc.mask_positions == [4]
     ids, positions = enc.feeds["input_ids"], enc.feeds["mask_positions"]
-    assert (
-        ids.shape == (16,)
-        and ids.dtype == np.int64
-        and positions.shape == (2,)
-        and positions.dtype == np.int64
-    )
-    assert list(ids[: len(enc.ids)]) == enc.ids and not ids[len(enc.ids) :].any()
-    assert list(positions) == [4, 0]
+    assert ids.dtype == np.int64 and positions.dtype == np.int64
+    assert list(ids) == enc.ids and list(positions) == [4]
+
+
+def test_collate_pads_a_batch_to_its_longest_text(codec: FillMaskCodec) -> None:
+    short, long = codec.encode("[MASK] ."), codec.encode("one two three four five six [MASK] [MASK] .")
+    assert (len(short.ids), len(long.ids)) == (4, 11)
+    batch = codec.collate([short.feeds, long.feeds])
+    # 11 tokens round up to 16 (the multiple of 8), which is also n here; two masks -> two slots
+    assert batch["input_ids"].shape == (2, 16) and batch["mask_positions"].shape == (2, 2)
+    assert list(batch["input_ids"][0]) == short.ids + [0] * 12
+    assert list(batch["input_ids"][1]) == long.ids + [0] * 5
+    assert batch["mask_positions"].tolist() == [[1, 0], long.mask_positions]
+    alone = codec.collate([short.feeds])
+    assert alone["input_ids"].shape == (1, 8) and alone["mask_positions"].shape == (1, 1)
+    fixed = codec.collate([short.feeds], fixed=True)  # the full window and every slot
+    assert fixed["input_ids"].shape == (1, 16) and fixed["mask_positions"].tolist() == [[1, 0]]
+    assert [codec.padded_length(n) for n in (1, 8, 9, 16)] == [8, 8, 16, 16]
 
 
 def test_limits_are_reported_in_tokens(codec: FillMaskCodec) -> None:
