@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 TRAINING_FILE = "training.json"
-# Runs recorded before training.json named its precision all trained under bf16 autocast.
+# A training.json without `precision` records a run trained under bf16 autocast.
 LEGACY_PRECISION = "bf16 autocast"
 
 FILL_MASK_EXAMPLES = [
