@@ -51,7 +51,7 @@ def quantize_int8(
     """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode.
 
     Weights are int8 with per-channel scales (accuracy on the wide d_ffn projections). Activations:
-    - with `calibration` (inputs prepared like requests, see export/calibration.py): *static* QDQ,
+    - with `calibration` (inputs prepared like requests, see contract/calibration.py): *static* QDQ,
       scales fixed at export, so each row of a batch is computed independently and the service can
       batch int8 requests;
     - without: *dynamic*, one activation scale per run over the whole batch, so the service runs

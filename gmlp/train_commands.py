@@ -1,7 +1,7 @@
-"""`gmlp train-vision`, `gmlp train-mlm`, `gmlp eval` and `gmlp model-card` (issue #4).
+"""`gmlp train-vision`, `gmlp train-mlm`, `gmlp eval` and `gmlp model-card`.
 
-Defaults are the demo runs' settings: each is sized to finish (train + evaluate + write the
-checkpoint) within about an hour on this machine's two CPU cores (`--threads 2`).
+Defaults are the demo models' settings: each run is sized to finish (train + evaluate + write the
+checkpoint) within about an hour on two CPU cores (`--threads 2`).
 torch is imported inside the handlers.
 """
 
@@ -49,7 +49,7 @@ def _common(
         type=float,
         default=60.0,
         help="whole run (training + final evaluation) in minutes; the cosine is planned to end in it "
-        "(default 60, the demo runs' budget)",
+        "(default 60, the demo models' budget)",
     )
     p.add_argument(
         "--eval-reserve-s",

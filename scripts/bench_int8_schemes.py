@@ -5,7 +5,7 @@
 ONNX Runtime's x86 int8 GEMM multiplies u8 activations by s8 weights. With AVX512-VNNI it
 accumulates in int32; without it (AVX2, plain AVX-512) it uses VPMADDUBSW, which adds pairs of
 products in int16 and saturates. This exports `checkpoints/cifar10-gmlp` once, quantises it four
-ways (u8 x s8 as before, u8 x s8 with 7-bit weights as `gmlp export` now does, u8 x u8, s8 x s8),
+ways (u8 x s8 with 8-bit weights, u8 x s8 with 7-bit weights as `gmlp export` writes, u8 x u8, s8 x s8),
 all with the same 256 calibration images, and reports CIFAR-10 test top-1 and the median time of
 a batch of 32 for each beside fp32, the files timed in turn. A benchmark, not a test; the
 machine's flags are printed so the table says which kind of CPU it came from.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compose smoke test: build the real images, start the stack, call the real endpoints with a
 # CIFAR-10 test JPEG and a masked sentence, check status and response schema, tear down.
-# Needs a Docker engine with Compose v2 (here: ../shared/tools/docker-standin.sh first).
+# Needs a Docker engine with Compose v2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

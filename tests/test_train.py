@@ -1,4 +1,4 @@
-"""Training commands (issue #4) on tiny configs and real data: checkpoints, masking, evaluation.
+"""Training commands on tiny configs and real data: checkpoints, masking, evaluation.
 
 Everything runs on the CPU in well under a minute: the models are 2 blocks wide 32, the data are
 a few hundred CIFAR images and a few thousand Gutenberg sentences (decoded/tokenised into a

@@ -1,4 +1,4 @@
-"""Training the demo models (issue #4): CIFAR-10 classifier and Gutenberg masked LM on a CPU.
+"""Training the demo models: CIFAR-10 classifier and Gutenberg masked LM on a CPU.
 
 Small modules: `data` (decoding, tokenising, augmentation, BERT masking), `schedule` (LR and
 time-budget planning), `loop` (the optimiser and step loop both tasks share), `vision` / `mlm`

@@ -19,7 +19,7 @@ from contract.formats import MLM_TASK
 from ..precision import precision_label
 
 TRAINING_FILE = "training.json"
-# Runs recorded before training.json named its precision all trained under bf16 autocast.
+# A training.json without `precision` records a run trained under bf16 autocast.
 LEGACY_PRECISION = precision_label(bf16=True)
 
 FILL_MASK_EXAMPLES = [

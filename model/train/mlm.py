@@ -1,12 +1,12 @@
-"""gMLP masked LM on the Gutenberg corpus (issue #4): BERT masking, full windows mixed with short
-padded sentences.
+"""gMLP masked LM on the Gutenberg corpus: BERT masking, full windows mixed with short padded
+sentences.
 
 The service sends one short sentence, `[CLS] ... [SEP]` padded to n; the padding is removed from
 the spatial mixing, but W's rows for late positions and the model's sense of "sentence ends here"
 are only learnt if such inputs are seen in training, hence `short_frac` of every batch. A short
 row costs as much as a full window but carries a sixth of its masked tokens, so the share is kept
-small: 10% (the session-4 demo run) scored better on short sentences as well as on full windows
-than 20% did, helped by more steps in the hour (model card).
+small: the demo model's 10% scores better on short sentences as well as on full windows than a
+20% run of the same model with fewer steps in the hour did (model card).
 """
 
 from __future__ import annotations
