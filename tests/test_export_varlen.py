@@ -25,7 +25,7 @@ from model import load_checkpoint
 @pytest.fixture(scope="module")
 def amlp_variants(tmp_path_factory, tiny_amlp_checkpoint):
     """The tiny aMLP with fp32, static int8 (calibrated on book text) and fp16 files."""
-    from export.calibration import write_calibration_set
+    from contract.calibration import write_calibration_set
     from gmlp.paths import GUTENBERG_DIR
 
     root = tmp_path_factory.mktemp("varlen")
