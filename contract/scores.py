@@ -1,20 +1,43 @@
-"""Logits -> probabilities and rankings, the same for every task and every caller."""
+"""Logits -> the best-scoring classes or tokens with their probabilities, for every task and caller.
+
+A masked LM's row has a whole vocabulary (30,522 entries for BERT's), of which a response needs
+`top_k`: the softmax normaliser is one float32 pass over the row (accumulated in float64), the
+candidates are found by partial selection, and only they are sorted and exponentiated. Scores are
+always probabilities over the whole row, also when `candidates` restricts what may be returned
+(Hugging Face's fill-mask `targets`).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis in float64 (scores are reported to clients as probabilities)."""
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    probs = np.exp(shifted)
-    return probs / probs.sum(axis=-1, keepdims=True)
+def log_normaliser(row: np.ndarray) -> float:
+    """log(sum(exp(row))), computed stably."""
+    peak = float(row.max())
+    return peak + float(np.log(np.exp(row - peak).sum(dtype=np.float64)))
 
 
-def ranked(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k highest scores, best first; ties keep index order (deterministic output)."""
-    return np.argsort(-scores, kind="stable")[:k]
+def top_probabilities(
+    logits: np.ndarray, k: int, candidates: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, probabilities) of the `k` most probable entries of `logits` [n], best first.
+
+    `candidates` (indices) restricts the choice. Ties are broken by position (the lower index, or
+    the earlier candidate, first), so the answer is deterministic."""
+    row = np.asarray(logits, dtype=np.float32)
+    log_z = log_normaliser(row)
+    scores = row if candidates is None else row[candidates]
+    k = min(k, scores.shape[0])
+    if k < scores.shape[0]:
+        threshold = scores[np.argpartition(-scores, k - 1)[:k]].min()
+        above = np.flatnonzero(scores > threshold)
+        picked = np.concatenate([above, np.flatnonzero(scores == threshold)[: k - above.shape[0]]])
+    else:
+        picked = np.arange(scores.shape[0])
+    picked = picked[np.lexsort((picked, -scores[picked]))]
+    probabilities = np.exp(scores[picked].astype(np.float64) - log_z)
+    return (picked if candidates is None else np.asarray(candidates)[picked]), probabilities
 
 
-__all__ = ["softmax", "ranked"]
+__all__ = ["log_normaliser", "top_probabilities"]

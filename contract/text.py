@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from contract.errors import InvalidInput
 from contract.formats import MASK_TOKEN
-from contract.scores import ranked, softmax
+from contract.scores import top_probabilities
 
 # Batches of texts are padded to a multiple of this many tokens (see `FillMaskCodec.padded_length`).
 LENGTH_MULTIPLE = 8
@@ -128,14 +128,15 @@ class FillMaskCodec:
         self, encoded: EncodedText, logits: np.ndarray, top_k: int, target_ids: list[int] | None = None
     ) -> list[list[dict[str, Any]]]:
         """logits [slots, vocab] (slots >= the text's masks) -> one ranked list per [MASK], in order."""
+        candidates = None if target_ids is None else np.asarray(target_ids)
         results = []
         for slot, position in enumerate(encoded.mask_positions):
-            probs = softmax(logits[slot])
-            candidates = np.arange(probs.shape[0]) if target_ids is None else np.asarray(target_ids)
-            cand_probs = probs[candidates]
-            order = ranked(cand_probs, top_k)  # ties keep vocabulary (or target) order
+            ids, probs = top_probabilities(logits[slot], top_k, candidates)
             results.append(
-                [self._prediction(encoded, position, int(candidates[i]), float(cand_probs[i])) for i in order]
+                [
+                    self._prediction(encoded, position, int(i), float(p))
+                    for i, p in zip(ids, probs, strict=True)
+                ]
             )
         return results
 

@@ -29,8 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_train_step import _interleaved_ms, bench_args  # noqa: E402
 
+from contract.formats import VARIANT_FILES  # noqa: E402
 from contract.text import FillMaskCodec  # noqa: E402
-from export.variants import VARIANT_FILES  # noqa: E402
 from export.verify import session  # noqa: E402
 from loadtests.workload import BUNDLED_SENTENCES, read_sentences_tsv  # noqa: E402
 from model.precision import cpu_flags  # noqa: E402

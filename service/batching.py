@@ -6,8 +6,13 @@ Triton, Ray Serve and TorchServe share):
 
 - requests wait in a bounded FIFO queue; a full queue rejects at once (`QueueFullError`, shed load
   early instead of letting latency grow without bound);
-- a batch runs when `max_batch_size` requests wait or `max_queue_delay_s` has passed since the
-  *first* waiting request arrived (so an idle server adds at most that delay);
+- a batch runs at once with what is queued unless more requests are on their way: callers mark
+  the time a request spends before it can be queued (decoding, tokenising) with `arriving()`,
+  and only while some are, the loop waits for them, until `max_batch_size` requests wait or
+  `max_queue_delay_s` has passed since the *first* waiting one. A lone request at low load runs
+  without any delay; under load the queue that builds while a batch runs forms the next batch
+  (as Triton does with a zero queue delay), topped up with requests about to arrive.
+  `always_wait` restores the classic window: the first request always waits up to the delay;
 - one batch runs at a time per model, in a worker thread (ONNX Runtime releases the GIL and uses
   its own intra-op threads; the event loop stays free to accept and parse the next requests,
   which then form the next batch);
@@ -23,8 +28,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -100,6 +106,7 @@ class DynamicBatcher(Generic[I, O]):
         max_queue_size: int,
         name: str = "model",
         observer: BatchObserver | None = None,
+        always_wait: bool = False,
     ) -> None:
         if max_batch_size < 1 or max_queue_size < 1 or max_queue_delay_s < 0:
             raise ValueError("max_batch_size and max_queue_size must be >= 1, max_queue_delay_s >= 0")
@@ -107,10 +114,14 @@ class DynamicBatcher(Generic[I, O]):
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self.max_queue_size = max_queue_size
+        # True: the first waiting request always waits up to max_queue_delay_s for batch-mates
+        # (fuller batches at moderate load, for its latency), not only while some are arriving.
+        self.always_wait = always_wait
         self.name = name
         self.observer: BatchObserver = observer or _NullObserver()
         self._queue: deque[_Pending[I, O]] = deque()
         self._running = 0
+        self._arriving = 0
         self._accepting = False
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
@@ -174,7 +185,25 @@ class DynamicBatcher(Generic[I, O]):
     def accepting(self) -> bool:
         return self._accepting
 
+    @property
+    def arriving_now(self) -> int:
+        """Requests being prepared (inside `arriving()`) that will be submitted next."""
+        return self._arriving
+
     # -- requests ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Mark a request on its way to `submit` (being decoded): a forming batch may wait for it.
+
+        Leave the block right before `submit` (no await in between), or on failure."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            if self._wakeup is not None:
+                self._wakeup.set()  # a batch waiting for this request re-checks at once
 
     async def submit(self, item: I, deadline: Deadline | None = None) -> O:
         """Queue `item` and wait for its result until `deadline`.
@@ -234,8 +263,13 @@ class DynamicBatcher(Generic[I, O]):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            # Wait for batch-mates until the batch is full or the head request's window ends.
-            while self._queue and len(self._queue) < self.max_batch_size and self._accepting:
+            # Wait for batch-mates on their way, until the batch is full or the head's window ends.
+            while (
+                self._queue
+                and len(self._queue) < self.max_batch_size
+                and self._accepting
+                and (self._arriving > 0 or self.always_wait)
+            ):
                 remaining = self._queue[0].enqueued + self.max_queue_delay_s - time.monotonic()
                 if remaining <= 0:
                     break

@@ -17,7 +17,7 @@ import numpy as np
 from contract.errors import InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
-from contract.scores import ranked, softmax
+from contract.scores import top_probabilities
 from contract.spec import ModelSpec
 from contract.text import LENGTH_MULTIPLE, FillMaskCodec
 from service.batching import DynamicBatcher
@@ -52,6 +52,7 @@ class Pipeline:
             max_queue_size=settings.max_queue_size,
             name=spec.name,
             observer=metrics.observer(spec.name),
+            always_wait=settings.queue_delay_policy == "always",
         )
         self.ready = False
 
@@ -90,6 +91,7 @@ class Pipeline:
                 "max_batch_size": self.batcher.max_batch_size,
                 "max_queue_delay_ms": self.batcher.max_queue_delay_s * 1000.0,
                 "max_queue_size": self.batcher.max_queue_size,
+                "queue_delay_policy": "always" if self.batcher.always_wait else "arriving",
             },
         }
 
@@ -123,9 +125,11 @@ class VisionPipeline(Pipeline):
             raise InvalidInput(
                 "invalid_top_k", f"top_k must be between 1 and {len(self.labels)} (the number of labels)"
             )
-        pixels = await before(asyncio.to_thread(self.transform, image), deadline)
-        probs = softmax((await self.infer({"pixel_values": pixels}, deadline))["logits"])
-        return [{"label": self.labels[i], "score": float(probs[i])} for i in ranked(probs, top_k)]
+        with self.batcher.arriving():
+            pixels = await before(asyncio.to_thread(self.transform, image), deadline)
+        logits = (await self.infer({"pixel_values": pixels}, deadline))["logits"]
+        ids, probs = top_probabilities(logits, top_k)
+        return [{"label": self.labels[i], "score": float(p)} for i, p in zip(ids, probs, strict=True)]
 
 
 class FillMaskPipeline(Pipeline):
@@ -170,8 +174,9 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput("invalid_top_k", f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
-        encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
-        target_ids = None if targets is None else self.codec.target_ids(targets)
+        with self.batcher.arriving():
+            encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
+            target_ids = None if targets is None else self.codec.target_ids(targets)
         logits = (await self.infer(encoded.feeds, deadline))["logits"]
         return self.codec.decode(encoded, logits, top_k, target_ids)
 

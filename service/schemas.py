@@ -107,6 +107,7 @@ class BatchingInfo(BaseModel):
     max_batch_size: int
     max_queue_delay_ms: float
     max_queue_size: int
+    queue_delay_policy: str = Field(description="arriving or always (setting queue_delay_policy)")
 
 
 class ModelInfo(BaseModel):

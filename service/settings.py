@@ -49,7 +49,12 @@ class ServiceSettings(BaseSettings):
     )
     max_batch_size: int = Field(16, ge=1, le=1024, description="largest batch the batcher forms")
     max_queue_delay_ms: float = Field(
-        2.0, ge=0, description="how long the first waiting request may wait for batch-mates"
+        2.0, ge=0, description="how long the first waiting request may wait for batch-mates being decoded"
+    )
+    queue_delay_policy: Literal["arriving", "always"] = Field(
+        "arriving",
+        description="arriving: a batch waits (up to max_queue_delay_ms) only for requests being decoded; "
+        "always: the first waiting request always waits the full delay for batch-mates",
     )
     max_queue_size: int = Field(256, ge=1, description="waiting requests per model before 503")
     fixed_length: bool = Field(

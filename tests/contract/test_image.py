@@ -70,6 +70,26 @@ def test_resize_size_from_crop_pct_and_interpolation() -> None:
         ImageTransform.from_config({"crop_size": 32}, MAX_PIXELS, (64, 64))
 
 
+def test_large_jpegs_decode_at_a_reduced_dct_scale(cifar_images: list[bytes]) -> None:
+    limit = 10_000_000
+    t = ImageTransform.from_config({"crop_size": 32, "resize_size": 32}, limit)
+    for i, size in enumerate([(2000, 1500), (1200, 1600), (900, 700)]):
+        photo = Image.open(io.BytesIO(cifar_images[i])).convert("RGB").resize(size, Image.Resampling.BICUBIC)
+        data = encode(photo, "JPEG", quality=90)
+        reduced = decode_image(data, limit, min_side=64)
+        # The smallest of 1/2, 1/4, 1/8 that keeps both sides >= 64.
+        scale = max(f for f in (1, 2, 4, 8) if min(size) / f >= 64)
+        assert reduced.size == tuple(-(-side // scale) for side in size) and reduced.mode == "RGB"
+        full = t.transform(decode_image(data, limit))
+        drafted = t(data)  # what the service runs: decoded at >= twice the resize target
+        # The same picture, up to the resampling of two different decode sizes (normalised units).
+        assert float(np.abs(drafted - full).mean()) < 0.05
+    small = decode_image(cifar_images[0], limit, min_side=64)  # never upscaled
+    assert small.size == (32, 32)
+    png = encode(photo, "PNG")  # other formats are decoded whole
+    assert decode_image(png, limit, min_side=64).size == photo.size
+
+
 def test_exif_orientation_is_honoured() -> None:
     # Stored 32 wide x 64 high, red on top, blue below; orientation 6 = display rotated 90 degrees
     # clockwise, so the displayed image is 64 x 32 with blue on the left and red on the right.

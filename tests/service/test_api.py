@@ -96,7 +96,12 @@ def test_models_and_defaults(server: RunningServer) -> None:
     assert models["tiny-mlm"]["n"] == 32
     for m in models.values():
         assert m["variant"] == "int8" and m["provider"] == "CPUExecutionProvider" and m["ready"]
-        assert m["batching"] == {"max_batch_size": 8, "max_queue_delay_ms": 5.0, "max_queue_size": 256}
+        assert m["batching"] == {
+            "max_batch_size": 8,
+            "max_queue_delay_ms": 5.0,
+            "max_queue_size": 256,
+            "queue_delay_policy": "arriving",
+        }
 
 
 def _png(size: tuple[int, int], mode: str = "RGB") -> bytes:

@@ -101,17 +101,57 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_result() -> None:
 
     results = run(main())
     assert results == [f"out-{i}" for i in range(10)]
-    assert [len(b) for b in model.batches] == [4, 4, 2]  # full batches run at once, the rest after the window
+    # All ten were queued before the loop ran: full batches, then the rest (nobody else is coming).
+    assert [len(b) for b in model.batches] == [4, 4, 2]
     assert sorted(model.seen) == list(range(10))
 
 
-def test_lone_request_runs_after_the_window() -> None:
+def test_lone_request_does_not_wait_for_batch_mates_that_are_not_coming() -> None:
+    model = GatedModel()
+
+    async def main() -> Any:
+        # A window longer than run()'s 30 s limit: waiting for it would fail the test.
+        batcher, recorder = make(model, max_queue_delay_s=60.0)
+        batcher.start()
+        result = await batcher.submit("x")
+        await batcher.close(5)
+        return result, recorder.batches
+
+    assert run(main()) == ("out-x", [1])
+    assert model.batches == [["x"]]
+
+
+def test_a_batch_waits_for_requests_on_their_way() -> None:
+    model = GatedModel()
+
+    async def main() -> None:
+        batcher, _ = make(model, max_queue_delay_s=60.0)
+        batcher.start()
+        with batcher.arriving():  # "b" and "c" are being decoded while "a" is queued
+            with batcher.arriving():
+                first = asyncio.ensure_future(batcher.submit("a"))
+                for _ in range(20):  # give the loop every chance to run "a" alone
+                    await asyncio.sleep(0)
+                assert model.batches == [] and batcher.queue_depth == 1 and batcher.arriving_now == 2
+            second = asyncio.ensure_future(batcher.submit("b"))
+            await asyncio.sleep(0)
+            assert model.batches == []  # "c" is still on its way
+        third = asyncio.ensure_future(batcher.submit("c"))
+        assert await asyncio.gather(first, second, third) == ["out-a", "out-b", "out-c"]
+        await batcher.close(5)
+
+    run(main())
+    assert model.batches == [["a", "b", "c"]]
+
+
+def test_the_window_bounds_the_wait_for_requests_on_their_way() -> None:
     model = GatedModel()
 
     async def main() -> Any:
         batcher, _ = make(model, max_queue_delay_s=0.01)
         batcher.start()
-        result = await batcher.submit("x")
+        with batcher.arriving():  # a request that never arrives
+            result = await batcher.submit("x")
         await batcher.close(5)
         return result
 
@@ -211,12 +251,14 @@ def test_drain_flushes_the_queue_without_waiting_for_the_window_then_refuses() -
     model = GatedModel()
 
     async def main() -> None:
-        # A window far longer than the test's timeout: only the drain's flush can finish these.
+        # A window far longer than the test's timeout, and a batch-mate on its way that never comes:
+        # only the drain's flush can finish these.
         batcher, recorder = make(model, max_batch_size=64, max_queue_delay_s=600.0)
         batcher.start()
-        pending = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
-        await until(lambda: batcher.queue_depth == 3)
-        assert await batcher.drain(timeout=20) is True
+        with batcher.arriving():
+            pending = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
+            await until(lambda: batcher.queue_depth == 3)
+            assert await batcher.drain(timeout=20) is True
         assert [p.result() for p in pending] == ["out-0", "out-1", "out-2"]
         with pytest.raises(BatcherClosedError):
             await batcher.submit(99)

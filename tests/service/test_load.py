@@ -1,7 +1,7 @@
 """Batching under concurrent load, shedding, deadlines, disconnects, readiness and graceful shutdown.
 
-Queue states are made observable with a long batching window (`max_queue_delay_ms`): requests wait
-in the queue for it, and the tests poll the queue-depth metric (bounded) before acting. Nothing
+Queue states are made observable with a long batching window that every request waits for
+(`max_queue_delay_ms` with `queue_delay_policy="always"`): requests wait in the queue for it, and the tests poll the queue-depth metric (bounded) before acting. Nothing
 asserts wall-clock durations.
 """
 
@@ -82,7 +82,9 @@ def run_together(calls: list[Callable[[], httpx.Response]]) -> list[httpx.Respon
 def test_concurrent_requests_are_batched_and_equal_unbatched_results(
     start_server: Any, cifar_images: list[bytes], variant: str
 ) -> None:
-    server = start_server(variant=variant, max_batch_size=8, max_queue_delay_ms=250.0)
+    server = start_server(
+        variant=variant, max_batch_size=8, max_queue_delay_ms=250.0, queue_delay_policy="always"
+    )
     images = cifar_images[:8]
     alone = [scores(classify(server, image)) for image in images]  # one at a time: batches of 1
     alone_mlm = [mask_scores(fill_mask(server, text)) for text in TEXTS]
@@ -116,7 +118,9 @@ def test_concurrent_requests_are_batched_and_equal_unbatched_results(
 @pytest.fixture(scope="module")
 def slow_server(start_server: Any) -> RunningServer:
     """Requests wait WINDOW_MS for batch-mates; at most 2 may wait."""
-    return start_server(max_batch_size=64, max_queue_delay_ms=WINDOW_MS, max_queue_size=2)
+    return start_server(
+        max_batch_size=64, max_queue_delay_ms=WINDOW_MS, max_queue_size=2, queue_delay_policy="always"
+    )
 
 
 def test_full_queue_is_refused_with_503_and_retry_after(
@@ -168,7 +172,9 @@ def test_disconnected_client_is_dropped_before_its_request_runs(
 
 
 def test_request_past_its_deadline_gets_504(start_server: Any, cifar_images: list[bytes]) -> None:
-    server = start_server(max_batch_size=64, max_queue_delay_ms=60_000.0, request_timeout_s=0.5)
+    server = start_server(
+        max_batch_size=64, max_queue_delay_ms=60_000.0, request_timeout_s=0.5, queue_delay_policy="always"
+    )
     response = classify(server, cifar_images[5])
     assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
     assert server.metric("gmlp_rejections_total", model="tiny-vision", reason="deadline") == 1
@@ -179,7 +185,7 @@ def test_request_past_its_deadline_gets_504(start_server: Any, cifar_images: lis
 
 
 def test_graceful_shutdown_finishes_queued_requests(start_server: Any, cifar_images: list[bytes]) -> None:
-    server = start_server(max_batch_size=64, max_queue_delay_ms=2000.0)
+    server = start_server(max_batch_size=64, max_queue_delay_ms=2000.0, queue_delay_policy="always")
     with ThreadPoolExecutor(3) as pool:
         pending = [pool.submit(classify, server, cifar_images[i]) for i in range(2)]
         pending.append(pool.submit(fill_mask, server, TEXTS[0]))

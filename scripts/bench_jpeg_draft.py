@@ -1,0 +1,106 @@
+"""Large JPEGs: decoding at a reduced DCT scale vs decoding every pixel, for accuracy and cost.
+
+    python scripts/bench_jpeg_draft.py --served models/cifar10-gmlp [--images 300] [--threads 2]
+
+CIFAR-10 test images are upscaled (bicubic) to random sizes of 1 to 12 megapixels and saved as
+JPEG (quality 90), as a phone photo of the same scene would arrive. Each is classified by the
+served model (its int8 file, as the service runs it on CPU) twice: preprocessed from a full decode,
+and from the reduced decode the service uses (`contract.image`: at least twice the resize target).
+Prints the top-1 agreement of the two and the median preprocessing time per image of each on a
+12-megapixel photo. A benchmark, not a test; the CPU's model name and flags are printed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from bench_varlen import FLAGS, cpu_model  # noqa: E402
+
+from contract.formats import VARIANT_FILES  # noqa: E402
+from contract.image import ImageTransform, decode_image  # noqa: E402
+from export.verify import session  # noqa: E402
+from gmlp.paths import CIFAR10_NPZ  # noqa: E402
+from model.precision import cpu_flags  # noqa: E402
+
+MEGAPIXELS = (1, 12)
+
+
+def photos(count: int, seed: int = 0, megapixels: tuple[float, float] = MEGAPIXELS) -> list[bytes]:
+    """`count` CIFAR-10 test images as JPEG photos of `megapixels` (4:3 or 3:4)."""
+    data = np.load(CIFAR10_NPZ)
+    blob, offsets = data["test_jpeg"], data["test_offsets"]
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.choice(len(offsets) - 1, count, replace=False):
+        image = Image.open(io.BytesIO(blob[offsets[i] : offsets[i + 1]].tobytes())).convert("RGB")
+        pixels = rng.uniform(*megapixels) * 1e6
+        short, long = int((pixels * 3 / 4) ** 0.5), int((pixels * 4 / 3) ** 0.5)
+        size = (long, short) if rng.random() < 0.5 else (short, long)
+        buffer = io.BytesIO()
+        image.resize(size, Image.Resampling.BICUBIC).save(buffer, "JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+def median_ms(fn, data: bytes, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(data)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--served", type=Path, required=True, help="a served vision model directory")
+    parser.add_argument("--images", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    config = json.loads((args.served / "config.json").read_text())
+    transform = ImageTransform.for_model(config, max_pixels=50_000_000)
+    sess = session(args.served / VARIANT_FILES["int8"], threads=args.threads)
+
+    def full(data: bytes) -> np.ndarray:
+        return transform.transform(decode_image(data, transform.max_pixels))
+
+    agree = 0
+    for data in photos(args.images):
+        logits = sess.run(["logits"], {"pixel_values": np.stack([full(data), transform(data)])})[0]
+        agree += int(logits[0].argmax() == logits[1].argmax())
+    (twelve,) = photos(1, seed=1, megapixels=(12, 12))
+    full_ms, reduced_ms = median_ms(full, twelve, args.repeats), median_ms(transform, twelve, args.repeats)
+    flags = sorted(cpu_flags() & set(FLAGS)) or ["none of " + ", ".join(FLAGS)]
+    print(f"CPU: {cpu_model()}; flags: {', '.join(flags)}")
+    print(
+        f"top-1 agreement, reduced vs full decode, {args.images} photos of 1-12 MP: "
+        f"{100 * agree / args.images:.1f} %"
+    )
+    print(
+        f"preprocessing one {_megapixels(twelve):.1f} MP photo (median of {args.repeats}): full decode "
+        f"{full_ms:.1f} ms, reduced {reduced_ms:.1f} ms ({full_ms / reduced_ms:.1f}x)"
+    )
+
+
+def _megapixels(data: bytes) -> float:
+    width, height = Image.open(io.BytesIO(data)).size
+    return width * height / 1e6
+
+
+if __name__ == "__main__":
+    main()
