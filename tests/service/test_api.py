@@ -16,6 +16,7 @@ from PIL import Image
 
 from contract.image import ImageTransform
 from contract.spec import read_spec
+from service.schemas import ClassifyResponse, FillMaskResponse
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer
@@ -54,6 +55,7 @@ def test_classify_multipart_and_raw_body(
         raw = client.post("/classify", params={"top_k": 10, "model": "tiny-vision"}, **jpeg(cifar_images[0]))
     assert multipart.status_code == raw.status_code == 200
     body = raw.json()
+    ClassifyResponse.model_validate_json(raw.content, strict=True)  # the documented schema, exactly
     assert body["model"] == "tiny-vision"
     scores = [p["score"] for p in body["predictions"]]
     assert len(scores) == 10 and scores == sorted(scores, reverse=True)
@@ -72,6 +74,7 @@ def test_fill_mask(server: RunningServer) -> None:
             "/fill-mask", json={"text": "a [MASK] day", "targets": ["sunny", "rainy"], "model": "tiny-mlm"}
         )
     assert response.status_code == 200, response.text
+    FillMaskResponse.model_validate_json(response.content, strict=True)
     body = response.json()
     assert body["model"] == "tiny-mlm" and len(body["predictions"]) == 2
     for preds, template in zip(

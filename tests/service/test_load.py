@@ -1,8 +1,9 @@
 """Batching under concurrent load, shedding, deadlines, disconnects, readiness and graceful shutdown.
 
 Queue states are made observable with a long batching window that every request waits for
-(`max_queue_delay_ms` with `queue_delay_policy="always"`): requests wait in the queue for it, and the tests poll the queue-depth metric (bounded) before acting. Nothing
-asserts wall-clock durations.
+(`max_queue_delay_ms` with `queue_delay_policy="always"`): requests wait in the queue for it, and
+the tests poll the queue-depth metric (bounded) before acting. Nothing asserts wall-clock
+durations.
 """
 
 from __future__ import annotations
