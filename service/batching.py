@@ -318,6 +318,10 @@ class DynamicBatcher(Generic[I, O]):
             for pending, output in zip(batch, outputs, strict=True):
                 _resolve(pending, result=output)
         finally:
+            # Closed while the batch ran (close() past its timeout): its requests get the closing
+            # error now rather than hanging until their deadlines; without one they never would.
+            for pending in batch:
+                _resolve(pending, exc=BatcherClosedError(f"model {self.name} is shutting down"))
             self._running = 0
             self.observer.batch_done(len(batch), waits, time.monotonic() - start)
 
