@@ -37,9 +37,13 @@ KEPT_FAILURES = 50
 def _classify_request(image: bytes) -> tuple[str, bytes, dict[str, str]]:
     boundary = uuid.uuid4().hex
     body = (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="cat.jpg"\r\n'
-        "Content-Type: image/jpeg\r\n\r\n"
-    ).encode() + image + f"\r\n--{boundary}--\r\n".encode()
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="cat.jpg"\r\n'
+            "Content-Type: image/jpeg\r\n\r\n"
+        ).encode()
+        + image
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     return f"/classify?top_k={TOP_K}", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
