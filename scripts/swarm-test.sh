@@ -9,83 +9,15 @@
 # SWARM_TEST_KILL_MAX_FAILURES (3): failed requests tolerated across the kill.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-export PYTHONPATH=.
-export GMLP_REPLICAS=${GMLP_REPLICAS:-2}
 STACK=${SWARM_TEST_STACK:-gmlp-swarm-test}
-URL=http://127.0.0.1:${GMLP_PUBLISH_PORT:-8000}
 KILL_MAX_FAILURES=${SWARM_TEST_KILL_MAX_FAILURES:-3}
-FILE=deploy/swarm/stack.yml
-work=$(mktemp -d)
-initialised_swarm=
-load_pid=
-
-api_containers() {  # running containers of the API service; --healthy: only healthy ones
-  docker ps -q --no-trunc --filter "label=com.docker.swarm.service.name=${STACK}_api" \
-    ${1:+--filter health=healthy} | sort
-}
-
-cleanup() {
-  status=$?
-  [[ -n $load_pid ]] && kill "$load_pid" 2>/dev/null
-  if [[ $status -ne 0 ]]; then
-    docker service ps --no-trunc "${STACK}_api" "${STACK}_lb" || true
-    docker service logs --tail 40 "${STACK}_api" || true
-    docker service logs --tail 40 "${STACK}_lb" || true
-  fi
-  docker stack rm "$STACK" >/dev/null 2>&1 || true
-  for _ in $(seq 60); do  # the stack's containers and network go away asynchronously
-    [[ -z $(docker ps -aq --filter "label=com.docker.stack.namespace=$STACK") ]] &&
-      [[ -z $(docker network ls -q --filter "label=com.docker.stack.namespace=$STACK") ]] && break
-    sleep 2
-  done
-  if [[ -n $initialised_swarm ]]; then docker swarm leave --force >/dev/null || true; fi
-  rm -rf "$work"
-  exit $status
-}
+source scripts/swarm-lib.sh
 trap cleanup EXIT
-
-# Waits until GMLP_REPLICAS healthy API containers run, none of them in $1 (IDs to see replaced).
-wait_healthy() {
-  local gone=${1:-} ids
-  for _ in $(seq 150); do
-    ids=$(api_containers --healthy)
-    if [[ $(wc -w <<<"$ids") -eq $GMLP_REPLICAS && $(api_containers | wc -w) -eq $GMLP_REPLICAS ]] &&
-      ! grep -qxF -f <(tr ' ' '\n' <<<"$gone" | grep .) <<<"$ids" 2>/dev/null; then
-      return 0
-    fi
-    sleep 2
-  done
-  echo "replicas did not become healthy: $(api_containers --healthy | wc -w) of $GMLP_REPLICAS" >&2
-  return 1
-}
-
-start_load() {  # $1: name; runs until $work/$1.stop exists (or 240 s / 40000 requests)
-  "$PY" scripts/swarm_probe.py load --url "$URL" --workers 4 --duration 240 --max-requests 40000 \
-    --stop-file "$work/$1.stop" --out "$work/$1.json" &
-  load_pid=$!
-}
-
-stop_load() {  # $1: name; sets $requests and $failed
-  touch "$work/$1.stop"
-  wait "$load_pid"
-  load_pid=
-  read -r requests failed < <("$PY" -c 'import json, sys; d = json.load(open(sys.argv[1]))
-print(d["requests"], d["failed"])
-for f in d["failures"][:10]: print("  failed:", f, file=sys.stderr)' "$work/$1.json")
-}
-
-if [[ $(docker info --format '{{.Swarm.LocalNodeState}}') != active ]]; then
-  echo "-- docker swarm init (single node)"
-  docker swarm init --advertise-addr 127.0.0.1 >/dev/null
-  initialised_swarm=1
-fi
+ensure_swarm
 
 echo "-- build the images the stack runs, deploy $GMLP_REPLICAS replicas"
 docker compose -f "$FILE" build --quiet
-docker stack deploy --detach=true -c "$FILE" "$STACK"
-wait_healthy
-for _ in $(seq 30); do curl -sf "$URL/health/ready" >/dev/null && break; sleep 1; done
+deploy_stack
 curl -sS --fail-with-body "$URL/health/ready"
 echo
 
@@ -98,27 +30,33 @@ summary = json.load(open(sys.argv[1]))
 assert summary["requests"] == 200 and summary["failed"] == 0, summary
 counts = json.loads(subprocess.run([sys.executable, "scripts/swarm_probe.py", "replicas", *sys.argv[3:]],
                                    check=True, capture_output=True, text=True).stdout)
-print("POSTs answered per replica:", {c[:12]: n for c, n in counts.items()})
-assert len(counts) == int(sys.argv[2]) and all(n > 0 for n in counts.values()), counts
-assert sum(counts.values()) >= 200, counts  # warm-up does not go through HTTP: these are ours
+posts = {c[:12]: n["posts"] for c, n in counts.items()}
+print("POSTs answered per replica:", posts)
+assert len(posts) == int(sys.argv[2]) and all(n > 0 for n in posts.values()), posts
+assert sum(posts.values()) == 200, posts  # warm-up does not go through HTTP: these are ours
 PYEOF
 
 echo "-- kill a replica under load: swarm replaces it, the service keeps answering"
 before=$(api_containers)
-start_load kill
+start_load kill --workers 4
 sleep 5
 victim=$(head -n1 <<<"$before")
 docker kill "$victim" >/dev/null
 wait_healthy "$victim"
-sleep 3  # a few requests for the replacement too
+sleep 5  # the balancer checks the replacement (about 2 s) and sends it requests
 stop_load kill
 kill_requests=$requests kill_failed=$failed
 echo "kill: $kill_failed of $kill_requests requests failed (at most $KILL_MAX_FAILURES allowed)"
 [[ $kill_requests -gt 100 && $kill_failed -le $KILL_MAX_FAILURES ]]
+replacement=$(comm -13 <(echo "$before") <(api_containers))
+"$PY" scripts/swarm_probe.py replicas $replacement | "$PY" -c 'import json, sys
+counts = json.load(sys.stdin)
+print("POSTs answered by the replacement:", [n["posts"] for n in counts.values()])
+assert len(counts) == 1 and all(n["posts"] > 0 for n in counts.values()), counts'
 
 echo "-- rolling update (start-first) under load: no request may fail"
 before=$(api_containers)
-start_load update
+start_load update --workers 4
 timeout 600 docker service update --force --detach=false --quiet "${STACK}_api"
 for _ in $(seq 90); do  # the update is over once its monitoring window has passed
   state=$(docker service inspect -f '{{.UpdateStatus.State}}' "${STACK}_api")

@@ -7,8 +7,9 @@ fails when it gets another status, a malformed body, or no answer (refused, rese
 It stops at the first of --duration, --max-requests, or the --stop-file appearing, and writes
 the totals and the first failures as JSON.
 
-`replicas`: the POST requests each replica answered with 200, read from the replica's own
-/metrics inside its container (`docker exec`), so the count is the replica's, not the balancer's.
+`replicas`: per replica, the POST requests it answered with 200 and the batches it ran (count
+and requests in them), read from the replica's own /metrics inside its container (`docker exec`),
+so the figures are the replica's, not the balancer's. Counters are cumulative: compare two calls.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Load:
         self.sent = 0
         self.outcomes: Counter[str] = Counter()
         self.failures: list[dict[str, object]] = []
+        self.latencies: list[float] = []
         self.start = time.monotonic()
         self.deadline = self.start + args.duration
 
@@ -80,9 +82,11 @@ class Load:
             self.sent += 1
             return True
 
-    def _record(self, path: str, error: str | None) -> None:
+    def _record(self, path: str, error: str | None, seconds: float) -> None:
         with self.lock:
             self.outcomes["ok" if error is None else "failed"] += 1
+            if error is None:
+                self.latencies.append(seconds)
             if error is not None and len(self.failures) < KEPT_FAILURES:
                 at = round(time.monotonic() - self.start, 2)
                 self.failures.append({"t_s": at, "path": path, "error": error})
@@ -101,12 +105,13 @@ class Load:
         i = offset
         while self._claim():
             path = self.requests[i % len(self.requests)][0]
+            began = time.perf_counter()
             try:
                 error = self._one(conn, i)
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 conn.close()  # the next request opens a fresh connection
-            self._record(path, error)
+            self._record(path, error, time.perf_counter() - began)
             i += 1
             time.sleep(self.args.pause)
         conn.close()
@@ -118,17 +123,24 @@ class Load:
         for t in threads:
             t.join()
         elapsed = time.monotonic() - self.start
+        latencies = sorted(self.latencies) or [float("nan")]
+        quantile_ms = {
+            f"p{q}_ms": round(1000 * latencies[min(len(latencies) - 1, int(q / 100 * len(latencies)))], 1)
+            for q in (50, 95, 99)
+        }
         return {
             "requests": self.outcomes["ok"] + self.outcomes["failed"],
             "ok": self.outcomes["ok"],
             "failed": self.outcomes["failed"],
             "seconds": round(elapsed, 1),
+            "ok_per_s": round(self.outcomes["ok"] / elapsed, 1),
+            **quantile_ms,
             "failures": self.failures,
         }
 
 
-def replica_counts(containers: list[str]) -> dict[str, float]:
-    """POST requests answered 200 by each container, from its /metrics."""
+def replica_counts(containers: list[str]) -> dict[str, dict[str, float]]:
+    """Per container: POSTs answered 200 (`posts`), batches run and the requests in them."""
     from prometheus_client.parser import text_string_to_metric_families
 
     scrape = (
@@ -144,14 +156,18 @@ def replica_counts(containers: list[str]) -> dict[str, float]:
             text=True,
             timeout=30,
         ).stdout
-        counts[container] = sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "gmlp_http_requests_total"
-            and sample.labels.get("method") == "POST"
-            and sample.labels.get("status") == "200"
-        )
+        totals = Counter()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name == "gmlp_http_requests_total":
+                    if labels.get("method") == "POST" and labels.get("status") == "200":
+                        totals["posts"] += sample.value
+                elif sample.name == "gmlp_batch_size_count":
+                    totals["batches"] += sample.value
+                elif sample.name == "gmlp_batch_size_sum":
+                    totals["batched_requests"] += sample.value
+        counts[container] = {key: totals[key] for key in ("posts", "batches", "batched_requests")}
     return counts
 
 
@@ -167,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--timeout", type=float, default=40.0, help="seconds per request")
     load.add_argument("--stop-file", help="stop as soon as this file exists")
     load.add_argument("--out", required=True, help="JSON summary")
-    replicas = sub.add_parser("replicas", help="POSTs answered 200 by each replica container")
+    replicas = sub.add_parser("replicas", help="POSTs answered and batches run by each replica container")
     replicas.add_argument("containers", nargs="+")
     args = parser.parse_args(argv)
 
@@ -176,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     summary = Load(args).run()
     Path(args.out).write_text(json.dumps(summary, indent=2))
-    print(f"{summary['requests']} requests in {summary['seconds']} s: {summary['failed']} failed")
+    print(
+        f"{summary['requests']} requests in {summary['seconds']} s: {summary['failed']} failed; "
+        f"{summary['ok_per_s']}/s, p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms"
+    )
     return 0
 
 
