@@ -2,6 +2,7 @@
 #   runtime      (default) CPU service: ONNX Runtime + FastAPI, no torch, demo models baked in
 #   runtime-gpu  CUDA service: onnxruntime-gpu on an NVIDIA CUDA/cuDNN runtime base
 #   loadtest     locust load-test runner (`gmlp loadtest`)
+#   lb           HAProxy (Debian's package) in front of API replicas: deploy/swarm/stack.yml
 # The `export` stage is the only one with torch: it turns the committed checkpoints into ONNX.
 
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -72,6 +73,19 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=90s --retries=3 \
   CMD ["python", "-m", "service.healthcheck"]
 CMD ["gmlp", "serve"]
+
+# ---------------------------------------------------------------------------------------------
+# Load balancer for the Swarm stack: HAProxy on the same base, so no other image is needed.
+# It finds the replicas through the orchestrator's DNS (tasks.<service>); see deploy/swarm/.
+FROM ${PYTHON_IMAGE} AS lb
+RUN apt-get update && apt-get install -y --no-install-recommends haproxy \
+ && rm -rf /var/lib/apt/lists/*
+COPY deploy/swarm/haproxy.cfg /etc/haproxy/haproxy.cfg
+USER haproxy
+EXPOSE 8000
+HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["python3", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/lb/health', timeout=2)"]
+CMD ["haproxy", "-W", "-db", "-f", "/etc/haproxy/haproxy.cfg"]
 
 # ---------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS loadtest
