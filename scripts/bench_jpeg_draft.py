@@ -6,7 +6,7 @@ CIFAR-10 test images are upscaled (bicubic) to random sizes of 1 to 12 megapixel
 JPEG (quality 90), as a phone photo of the same scene would arrive. Each is classified by the
 served model (its int8 file, as the service runs it on CPU) twice: preprocessed from a full decode,
 and from the reduced decode the service uses (`contract.image`: sides of at least
-twice the resize target and at least 256 pixels).
+twice the resize target).
 Prints the top-1 agreement of the two and the median preprocessing time per image of each on a
 12-megapixel photo. A benchmark, not a test; the CPU's model name and flags are printed with it.
 """
