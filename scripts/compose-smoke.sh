@@ -69,6 +69,22 @@ print("compose smoke test: responses have the documented schema")
 PYEOF
 curl -sS --fail-with-body "$URL/models" >/dev/null
 
+echo "-- the api container is locked down (and still served everything above)"
+cid=$(docker compose ps -q api)
+docker inspect -f '{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapDrop}} {{.HostConfig.SecurityOpt}} {{.HostConfig.PidsLimit}} {{.Config.User}}' "$cid" | tee "$tmp/inspect.txt"
+grep -q '^true \[ALL\] \[no-new-privileges:true\] 512 gmlp$' "$tmp/inspect.txt"
+# Writing outside /tmp fails; /tmp is the one writable place.
+docker compose exec -T api python -c "
+import pathlib
+try:
+    pathlib.Path('/app/probe').write_text('x')
+except OSError as exc:
+    print('root filesystem is read-only:', exc.strerror)
+else:
+    raise SystemExit('the root filesystem is writable')
+pathlib.Path('/tmp/probe').write_text('x')
+"
+
 echo "-- the loadtest profile against the running api (short: proves the suite runs in compose)"
 report=$(mktemp -d)
 LOADTEST_USERS=2,4 LOADTEST_DURATION=8s LOADTEST_REPORT_DIR="$report" \
