@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.errors import UserError
+from contract.formats import MASK_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ DEFAULT_CIFAR = SHARED_DATA / "cifar10" / "cifar10-jpeg.npz"
 DEFAULT_TEXT = SHARED_DATA / "gutenberg" / "valid-000.txt.gz"  # held out from MLM training
 DEFAULT_TOKENIZER = SHARED_DATA / "bert-base-uncased" / "tokenizer.json"
 
-MASK = "[MASK]"
+MASK = MASK_TOKEN
 MIN_WORDS, MAX_WORDS = 5, 30
 UPLOAD_MODES = ("multipart", "raw", "mixed")
 

@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_varlen import FLAGS, cpu_model  # noqa: E402
 
+from contract.formats import MASK_TOKEN  # noqa: E402
 from contract.spec import discover  # noqa: E402
 from contract.text import FillMaskCodec  # noqa: E402
 from loadtests.runner import SweepConfig, parse_users, run_step  # noqa: E402
@@ -42,14 +43,14 @@ def long_texts(repository: Path, model: str, path: Path, count: int = 50) -> Pat
     """A TSV of texts that fill the model's window (n tokens with [CLS]/[SEP]), one [MASK] each."""
     spec = discover(repository)[model]
     codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config)
-    words = [s.text.replace("[MASK]", "the") for s in read_sentences_tsv(BUNDLED_SENTENCES)]
+    words = [s.text.replace(MASK_TOKEN, "the") for s in read_sentences_tsv(BUNDLED_SENTENCES)]
     pool = " ".join(words).split()
     lines = []
     for i in range(count):
         text = pool[i * 7 : i * 7 + codec.n]
         while len(codec.tokenizer.encode(" ".join(text)).ids) > codec.n:
             text = text[:-1]
-        text[len(text) // 2] = "[MASK]"
+        text[len(text) // 2] = MASK_TOKEN
         lines.append(f"{len(codec.tokenizer.encode(' '.join(text)).ids)}\t{' '.join(text)}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

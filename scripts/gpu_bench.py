@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from contract.formats import VISION_TASK
+
 
 def make_inputs(cfg: dict, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     feeds = {}
@@ -110,7 +112,7 @@ def bench_model(model_dir: Path, batches: list[int], seconds: float) -> dict:
 def to_markdown(results: list[dict], batches: list[int]) -> str:
     lines = []
     for res in results:
-        unit = "images/s" if res["task"] == "image-classification" else "sequences/s"
+        unit = "images/s" if res["task"] == VISION_TASK else "sequences/s"
         lines += [
             f"### {res['model']} ({unit}, median)",
             "",

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from contract.errors import UserError
-from contract.formats import SERVED_FORMAT
+from contract.formats import SERVED_FORMAT, VARIANT_FILES
 
 from .data import (
     SpecialIds,
@@ -72,7 +72,7 @@ def _torch_predictor(root: Path) -> Predictor:
 def _onnx_predictor(root: Path, info: dict[str, Any], variant: str, threads: int) -> Predictor:
     import onnxruntime as ort
 
-    variants = info.get("variants") or {"fp32": "model.onnx"}
+    variants = info.get("variants") or {"fp32": VARIANT_FILES["fp32"]}
     if variant not in variants:
         raise UserError(f"{root} has no {variant!r} variant; it has {sorted(variants)}")
     opts = ort.SessionOptions()
