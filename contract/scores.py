@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 import numpy as np
 
 
@@ -17,4 +20,18 @@ def ranked(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, kind="stable")[:k]
 
 
-__all__ = ["softmax", "ranked"]
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Element-wise logistic in float64 (multi-label style scores, when a client asks for them)."""
+    return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+
+
+ScoreFunction = Literal["softmax", "sigmoid", "none"]
+# How logits become the scores a client sees; "none" reports the logits themselves.
+SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "softmax": softmax,
+    "sigmoid": sigmoid,
+    "none": lambda logits: logits.astype(np.float64),
+}
+
+
+__all__ = ["softmax", "sigmoid", "ranked", "ScoreFunction", "SCORE_FUNCTIONS"]

@@ -32,7 +32,8 @@ router = APIRouter()
 _CLASSIFY_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, as the raw body, "
+        "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, as the raw body "
+        "(image/*, application/octet-stream or no content type: the format is read from the bytes), "
         "or base64 in JSON",
         "content": {
             "multipart/form-data": {
@@ -43,6 +44,7 @@ _CLASSIFY_BODY: dict[str, Any] = {
                 }
             },
             "image/*": {"schema": {"type": "string", "format": "binary"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
             "application/json": {"schema": ClassifyJSONRequest.model_json_schema()},
         },
     }
