@@ -11,6 +11,7 @@ for one [MASK] (a list of such lists for several), which is what the client pars
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -29,7 +30,7 @@ from service.http_io import (
     unless_disconnected,
     unsupported_media_type,
 )
-from service.pipelines import FillMaskPipeline, VisionPipeline
+from service.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
 from service.schemas import (
     MAX_TARGETS,
     MAX_TEXT_LENGTH,
@@ -89,40 +90,45 @@ class HFRequest(BaseModel):
 _BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": f"JSON, or for an image classifier the raw image ({ACCEPTED_DESCRIPTION}) with "
-        "an image/* type, application/octet-stream or no content type",
+        "description": f"JSON, or the raw input: an image classifier's image ({ACCEPTED_DESCRIPTION}), a "
+        "masked LM's UTF-8 text; with any image/* or text/* type, application/octet-stream or none",
         "content": {
             "application/json": {"schema": inline_schema(HFRequest)},
             "image/*": {"schema": {"type": "string", "format": "binary"}},
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "text/plain": {"schema": {"type": "string"}},
         },
     }
 }
 HFResponse = list[LabelScore] | list[MaskPrediction] | list[list[MaskPrediction]]
 
 
-async def _read(request: Request, *, json_only: bool) -> tuple[HFRequest | None, bytes]:
-    """The JSON request, or (for a classifier) the raw image bytes."""
+async def _read(request: Request, served: Pipeline) -> tuple[HFRequest | None, bytes]:
+    """The JSON request; else the raw body: a classifier's image, a masked LM's UTF-8 text."""
     mime = media_type(request)
     if mime == "application/json" or mime.endswith("+json"):
-        raw = await request.body()
-        try:
-            return HFRequest.model_validate_json(raw), b""
-        except ValidationError as exc:
-            raise validation_error(list(exc.errors()), "the JSON body") from None
-    if json_only:
-        raise unsupported_media_type(mime, 'send JSON {"inputs": "text with [MASK]", "parameters": {...}}')
-    if mime not in RAW_TYPES and not mime.startswith("image/"):
-        raise unsupported_media_type(mime, 'send the image as the raw body, or JSON {"inputs": "<base64>"}')
+        return _validated(await request.body()), b""
+    if mime not in RAW_TYPES and not mime.startswith(("image/", "text/")):
+        raise unsupported_media_type(mime, 'send JSON {"inputs": ..., "parameters": {...}} or the raw input')
     data = await request.body()
     if not data:
-        raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+        raise InvalidInput("empty_body", "the body is empty; send the image or the text")
+    if isinstance(served, FillMaskPipeline):
+        try:
+            return _validated(json.dumps({"inputs": data.decode("utf-8")}).encode()), b""
+        except UnicodeDecodeError:
+            raise InvalidInput("invalid_text", "a raw text body must be UTF-8") from None
     return None, data
 
 
-async def _run(request: Request, name: str, deadline: Deadline) -> Any:
-    served = get_state(request).model(name)
-    body, image = await before(_read(request, json_only=isinstance(served, FillMaskPipeline)), deadline)
+def _validated(raw: bytes) -> HFRequest:
+    try:
+        return HFRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(list(exc.errors()), "the JSON body") from None
+
+
+async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline: Deadline) -> Any:
     params = (body.parameters if body else None) or HFParameters()
     if isinstance(served, FillMaskPipeline):
         assert body is not None
@@ -131,7 +137,7 @@ async def _run(request: Request, name: str, deadline: Deadline) -> Any:
         predictions = await served.fill_mask(body.inputs, params.top_k or 5, params.targets, deadline)
         return predictions[0] if len(predictions) == 1 else predictions
     if not isinstance(served, VisionPipeline):  # pragma: no cover - every task is one of the two
-        raise InvalidInput("wrong_task", f"model {name} serves no task of this API")
+        raise InvalidInput("wrong_task", f"model {served.name} serves no task of this API")
     if params.targets is not None:
         raise InvalidInput("invalid_parameter", "targets apply to fill-mask only")
     if body is not None:
@@ -148,8 +154,11 @@ async def _run(request: Request, name: str, deadline: Deadline) -> Any:
     summary="Hugging Face inference API (fill-mask, image classification)",
 )
 async def hf_inference(request: Request, name: str) -> Any:
-    deadline = Deadline.after(get_state(request).settings.request_timeout_s)
-    return await unless_disconnected(request, _run(request, name, deadline))
+    state = get_state(request)
+    deadline = Deadline.after(state.settings.request_timeout_s)
+    served = state.model(name)
+    body, image = await before(_read(request, served), deadline)
+    return await unless_disconnected(request, _run(served, body, image, deadline))
 
 
 __all__ = ["router", "HF_ERRORS", "PREFIX", "HFRequest"]

@@ -13,6 +13,14 @@ MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token w
 MAX_TARGETS = 1000
 MAX_TARGET_LENGTH = 100  # characters of one target word
 Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
+# What `base64.b64decode(validate=True)` accepts, optionally behind a data: URL header.
+BASE64_PATTERN = r"^(data:[^,]*;base64,)?([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# A text is refused without one (the codec checks the tokens; this states it in the schema).
+MASK_PATTERN = r"\[MASK\]"
+# A 1x1 PNG: an example request that really works.
+TINY_PNG_BASE64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGM4IScHAAK2AQU0pnWqAAAAAElFTkSuQmCC"
+)
 
 
 class LabelScore(BaseModel):
@@ -38,10 +46,12 @@ class ClassifyResponse(BaseModel):
 class ClassifyJSONRequest(BaseModel):
     """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
 
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"image": "/9j/4AAQSkZJRgABAQAAAQABAAD..."}]}
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"image": TINY_PNG_BASE64}]})
+    image: str = Field(
+        min_length=1,
+        pattern=BASE64_PATTERN,
+        description="the image file, base64-encoded (standard alphabet, padded); a data: URL is accepted",
     )
-    image: str = Field(min_length=1, description="the image file, base64-encoded; a data: URL is accepted")
 
 
 class FillMaskRequest(BaseModel):
@@ -50,7 +60,10 @@ class FillMaskRequest(BaseModel):
         json_schema_extra={"examples": [{"text": "paris is the [MASK] of france.", "top_k": 5}]},
     )
     text: str = Field(
-        min_length=1, max_length=MAX_TEXT_LENGTH, description="text with one or more [MASK] tokens"
+        min_length=1,
+        max_length=MAX_TEXT_LENGTH,
+        pattern=MASK_PATTERN,
+        description="text with one or more [MASK] tokens (at most the model's window of tokens)",
     )
     top_k: int = Field(5, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK]")
     targets: list[Target] | None = Field(

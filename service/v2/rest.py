@@ -53,13 +53,28 @@ V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, bod
 router = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol v2"])
 
 _NOT_FOUND = {404: ERROR_RESPONSES[404]}
+
+
+def _json_form() -> dict[str, Any]:
+    """The request schema of a JSON-only body: every input carries its `data` (a tensor whose
+    parameters announce `binary_data_size` needs the binary form, JSON followed by the bytes)."""
+    schema = inline_schema(InferRequestBody)
+    tensor = schema["properties"]["inputs"]["items"]
+    tensor["required"] = [*tensor.get("required", []), "data"]
+    tensor["properties"]["data"] = {"type": "array", "description": "row-major data, flat or nested"}
+    tensor["properties"]["parameters"] = {
+        "anyOf": [{"type": "object", "not": {"required": ["binary_data_size"]}}, {"type": "null"}]
+    }
+    return schema
+
+
 _INFER_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "description": "JSON (any or no content type); with the Inference-Header-Content-Length header, "
         "that many bytes of JSON followed by the binary tensors",
         "content": {
-            "application/json": {"schema": inline_schema(InferRequestBody)},
+            "application/json": {"schema": _json_form()},
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
         },
     }

@@ -9,6 +9,7 @@ bytes, in JSON a string. Every malformed tensor is an `InvalidInput` that names 
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ def _check_header(name: str, datatype: str, shape: Sequence[int]) -> int:
         )
     if any(d < 0 for d in shape):
         raise InvalidInput("invalid_shape", f"input {name}: shape {list(shape)} has a negative dimension")
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return math.prod(shape)  # Python integers: a client's absurd shape must not overflow int64
 
 
 def _mismatch(name: str, shape: Sequence[int], got: str) -> InvalidInput:
