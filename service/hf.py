@@ -3,7 +3,9 @@
 `huggingface_hub.InferenceClient(model="http://HOST:PORT/models/NAME")` posts to that URL as given:
 for fill-mask `{"inputs": "text with [MASK]", "parameters": {"top_k", "targets"}}`, for image
 classification the raw image bytes (often without a content type), or `{"inputs": "<base64>",
-"parameters": {"top_k", "function_to_apply"}}` once parameters are set. The answers are the
+"parameters": {"top_k", "function_to_apply"}}` once parameters are set. A raw body is the input
+itself: a classifier's image, a masked LM's UTF-8 text (so that one operation accepts what its
+schema documents for either kind of model). The answers are the
 pipelines' own lists: `[{"label", "score"}]`, and `[{"score", "token", "token_str", "sequence"}]`
 for one [MASK] (a list of such lists for several), which is what the client parses. Errors are
 `{"error": "<message>"}` (the client shows that message) with the task routes' statuses.

@@ -62,8 +62,10 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
-# Raw image bodies may come without a content type, or a generic one (clients that only know bytes).
-RAW_TYPES = ("", "application/octet-stream")
+# Content types that say nothing about a raw body: none, generic bytes, and curl's default for
+# `--data-binary` (which is not a form here). Such bodies are read for what they are (an image is
+# recognised from its bytes, v2 JSON parsed), as Triton does.
+RAW_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 
 
 def get_state(request: Request) -> ServiceState:
@@ -174,5 +176,6 @@ __all__ = [
     "unless_disconnected",
     "media_type",
     "decode_base64",
+    "RAW_TYPES",
     "unsupported_media_type",
 ]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from contract.formats import MAX_FILL_MASK_TOP_K
+from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
 
 # Request limits, each checked where it is declared (the schemas below), so OpenAPI states them.
 MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token window is checked later)
@@ -62,7 +62,7 @@ class FillMaskRequest(BaseModel):
     text: str = Field(
         min_length=1,
         max_length=MAX_TEXT_LENGTH,
-        pattern=MASK_PATTERN,
+        json_schema_extra={"pattern": MASK_PATTERN},
         description="text with one or more [MASK] tokens (at most the model's window of tokens)",
     )
     top_k: int = Field(5, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK]")
@@ -74,6 +74,14 @@ class FillMaskRequest(BaseModel):
         "replaced by its first wordpiece (as Hugging Face's fill-mask pipeline does)",
     )
     model: str | None = Field(None, description="served model name; default: the service's fill-mask model")
+
+    @field_validator("text")
+    @classmethod
+    def _has_mask(cls, text: str) -> str:
+        """The schema's `pattern`, checked with a message that says what to do."""
+        if MASK_TOKEN not in text:
+            raise ValueError(f"the text contains no {MASK_TOKEN} token; put one where a word is missing")
+        return text
 
 
 class MaskPrediction(BaseModel):

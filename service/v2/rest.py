@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from contract.errors import InvalidInput, RequestError
 from service.deadline import Deadline, before
 from service.errors import REST_ERRORS, ErrorTable, validation_error
-from service.http_io import get_state, media_type, unless_disconnected, unsupported_media_type
+from service.http_io import RAW_TYPES, get_state, media_type, unless_disconnected, unsupported_media_type
 from service.schemas import inline_schema
 from service.v2 import inference
 from service.v2.inference import InferRequest, InferResult
@@ -39,7 +39,7 @@ from service.v2.tensors import from_json, from_raw
 
 PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"
-_JSON_TYPES = ("", "application/json", "application/octet-stream")
+_JSON_TYPES = ("application/json", *RAW_TYPES)
 
 
 def v2_body(error: RequestError) -> dict[str, Any]:

@@ -65,6 +65,18 @@ def test_classify_multipart_and_raw_body(
         assert p["score"] == pytest.approx(probs[labels.index(p["label"])], abs=1e-6)
 
 
+def test_classify_raw_body_without_an_image_type(server: RunningServer, cifar_images: list[bytes]) -> None:
+    """No content type, generic bytes, curl's default: the format is recognised from the bytes."""
+    with server.client() as client:
+        typed = client.post("/classify", **jpeg(cifar_images[4]))
+        answers = [
+            client.post("/classify", content=cifar_images[4], headers=headers)
+            for headers in ({}, {"content-type": "application/octet-stream"})
+        ]
+    assert typed.status_code == 200 and all(a.status_code == 200 for a in answers)
+    assert all(a.json() == typed.json() for a in answers)
+
+
 def test_fill_mask(server: RunningServer) -> None:
     with server.client() as client:
         response = client.post("/fill-mask", json={"text": "the [MASK] sat on the [MASK].", "top_k": 3})

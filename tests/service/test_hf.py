@@ -70,3 +70,18 @@ def test_errors_carry_the_servers_message(server: RunningServer) -> None:
     assert not_image.value.response.status_code == 422 and "not a readable image" in str(not_image.value)
     with server.client() as http:  # GET /models (the listing) keeps the REST error shape
         assert http.post("/models").json()["error"]["code"] == "method_not_allowed"
+
+
+def test_raw_bodies_as_curl_sends_them(server: RunningServer, cifar_images: list[bytes]) -> None:
+    """`curl --data-binary @file URL` (curl's form content type) and raw text for a masked LM."""
+    curl_type = {"content-type": "application/x-www-form-urlencoded"}
+    with server.client() as http:
+        image = http.post("/models/tiny-vision", content=cifar_images[2], headers=curl_type)
+        classify = http.post("/classify", content=cifar_images[2], headers=curl_type)
+        text = http.post(
+            "/models/tiny-mlm", content=b"the [MASK] sat.", headers={"content-type": "text/plain"}
+        )
+        as_json = http.post("/models/tiny-mlm", json={"inputs": "the [MASK] sat."})
+    assert image.status_code == classify.status_code == text.status_code == 200, image.text
+    assert image.json() == classify.json()["predictions"]
+    assert text.json() == as_json.json() and len(text.json()) == 5
