@@ -119,6 +119,18 @@ def test_typed_tensor_contents(server: RunningServer, triton: grpcclient.Inferen
     expected = triton.infer("tiny-vision", [raw]).as_numpy("logits")[0]
     assert response.id == "typed" and list(response.outputs[0].shape) == [1, 10]
     np.testing.assert_allclose(typed, expected, rtol=0, atol=1e-5)
+    half = service_pb2.ModelInferRequest(model_name="tiny-vision")
+    half.inputs.add(name="pixel_values", datatype="FP16", shape=[1])
+    two_raws = service_pb2.ModelInferRequest(model_name="tiny-vision", raw_input_contents=[b"", b""])
+    two_raws.inputs.add(name="pixel_values", datatype="FP32", shape=[0])
+    with grpc.insecure_channel(f"127.0.0.1:{server.settings.grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for bad, message in ((half, "must be sent in raw_input_contents"), (two_raws, "send one per input")):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ModelInfer(bad, timeout=30)
+            assert (
+                caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in caught.value.details()
+            )
 
 
 def test_errors_and_message_size(triton: grpcclient.InferenceServerClient) -> None:

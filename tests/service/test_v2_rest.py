@@ -180,6 +180,33 @@ def test_plain_json_without_a_content_type(server: RunningServer) -> None:
         timeout=30,
     )
     assert truncated.status_code == 400 and "Inference-Header-Content-Length" in truncated.json()["error"]
+    announced = {
+        "inputs": [
+            {"name": "text", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 40}}
+        ]
+    }
+    head = json.dumps(announced).encode()
+    for tail, message in ((b"\x03\x00\x00\x00abc", "40 bytes announced, fewer sent"), (b"", "fewer sent")):
+        response = httpx.post(
+            f"{server.url}/v2/models/tiny-mlm/infer",
+            content=head + tail,
+            headers={"Inference-Header-Content-Length": str(len(head))},
+            timeout=30,
+        )
+        assert response.status_code == 400 and message in response.json()["error"], response.text
+    leftover = json.dumps(
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["[MASK]"]}]}
+    )
+    response = httpx.post(
+        f"{server.url}/v2/models/tiny-mlm/infer",
+        content=leftover.encode() + b"extra",
+        headers={"Inference-Header-Content-Length": str(len(leftover))},
+        timeout=30,
+    )
+    assert (
+        response.status_code == 400
+        and "5 bytes of binary data belong to no input" in response.json()["error"]
+    )
 
 
 def test_kserve_sdk_rest_and_grpc(
