@@ -47,7 +47,7 @@ COPY --from=export --chown=gmlp /models /models
 # (affinity and cgroup quota), so `--cpus` / compose cpu limits are honoured.
 ENV GMLP_MODEL_REPOSITORY=/models GMLP_CHECKPOINT_DIR= GMLP_HOST=0.0.0.0 GMLP_PORT=8000
 USER gmlp
-EXPOSE 8000
+EXPOSE 8000 8081
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
   CMD ["python", "-m", "service.healthcheck"]
 CMD ["gmlp", "serve"]

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models demo-eval export serve bench docker loadtest constraints timm-parity clean
+.PHONY: install test lint format demo-models demo-eval export serve bench docker loadtest constraints grpc-stubs timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,11 @@ loadtest: install
 constraints: install
 	( sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -vi '^gmlp' | sed 's/+cpu//' ) > constraints.new
 	mv constraints.new constraints.txt
+
+# Regenerate the committed gRPC stubs of service/v2/proto/ from grpc_predict_v2.proto (the serving
+# image has no grpcio-tools); tests/service/test_v2_grpc.py fails when they are stale.
+grpc-stubs: install
+	$(BIN)/python scripts/grpc_stubs.py
 
 # Optional: parity against timm's own gMLP. timm needs torchvision, which imports only beside
 # torch 2.14.1 (a 5.5 GB CUDA build that runs on CPU), so it lives in a separate venv.

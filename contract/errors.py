@@ -1,8 +1,8 @@
 """Transport-free errors: what went wrong, as a stable machine code and a message that says what is
 accepted. Each transport maps these *types* to its own status codes in one table (REST task
-routes: `service.errors`; Open Inference Protocol v2: `service.kserve`), as Hugging Face
-text-embeddings-inference maps its core errors in its router; nothing below the transports
-chooses a status code.
+routes: `service.errors`; Open Inference Protocol v2: `service.v2.rest`; gRPC:
+`service.v2.grpc_server`), as Hugging Face text-embeddings-inference maps its core errors in its
+router; nothing below the transports chooses a status code.
 
 `UserError` is different: a problem with what an operator handed a command (a checkpoint, a model
 repository, a setting). The CLI prints its message and exits non-zero.

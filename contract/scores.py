@@ -9,6 +9,9 @@ always probabilities over the whole row, also when `candidates` restricts what m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 import numpy as np
 
 
@@ -40,4 +43,39 @@ def top_probabilities(
     return (picked if candidates is None else np.asarray(candidates)[picked]), probabilities
 
 
-__all__ = ["log_normaliser", "top_probabilities"]
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities of a row of logits (float64)."""
+    row = np.asarray(logits, dtype=np.float64)
+    return np.exp(row - log_normaliser(row))
+
+
+def ranked(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k highest scores, best first; ties keep index order (deterministic output).
+
+    A full sort: for short rows (class labels); a vocabulary row takes `top_probabilities`."""
+    return np.argsort(-scores, kind="stable")[:k]
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Element-wise logistic in float64 (multi-label style scores, when a client asks for them)."""
+    return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+
+
+ScoreFunction = Literal["softmax", "sigmoid", "none"]
+# How logits become the scores a client sees; "none" reports the logits themselves.
+SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "softmax": softmax,
+    "sigmoid": sigmoid,
+    "none": lambda logits: logits.astype(np.float64),
+}
+
+
+__all__ = [
+    "log_normaliser",
+    "top_probabilities",
+    "softmax",
+    "ranked",
+    "sigmoid",
+    "ScoreFunction",
+    "SCORE_FUNCTIONS",
+]

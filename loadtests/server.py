@@ -64,6 +64,9 @@ class ServerProcess:
             # Serve exactly the repository: never export ./checkpoints into it.
             "--checkpoint-dir",
             "",
+            # HTTP only: a fixed gRPC port would clash between runs on one machine.
+            "--grpc-port",
+            "0",
             *self.serve_args,
         ]
 

@@ -1,7 +1,9 @@
 """The FastAPI application: `create_app(settings)` and its lifespan (load, warm up, drain).
 
 The lifecycle itself (phases, loading, draining) is `service.state.ServiceState`; this module wires
-it to HTTP: routers, error tables, middlewares.
+it to the transports: the HTTP routers (task routes, Hugging Face API, Open Inference Protocol v2),
+their error tables and middlewares, and the v2 gRPC server, which the lifespan runs on the same
+event loop so that it shares the models and batchers.
 
 Run with `gmlp serve` (service.cli) or `uvicorn --factory service.app:create_app`.
 """
@@ -17,17 +19,24 @@ from fastapi import FastAPI
 from PIL import Image
 
 from contract.formats import package_version
-from service import kserve, routes
+from service import hf, routes
 from service.errors import REST_ERRORS, ErrorResponder, install_error_handlers
 from service.http_io import BodyLimitMiddleware
 from service.metrics import HttpMetricsMiddleware, ServiceMetrics
 from service.settings import ServiceSettings
 from service.state import ServiceState
+from service.v2 import rest as v2
+from service.v2.grpc_server import GrpcServer
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start gRPC (when enabled) and the background model loading; on shutdown stop taking gRPC
+    calls (running ones finish), then drain the batchers."""
     state: ServiceState = app.state.service
+    grpc_server = GrpcServer(state, state.settings) if state.settings.grpc_port else None
+    if grpc_server is not None:
+        await grpc_server.start()
     loader = asyncio.create_task(state.load(), name="load-models")
     try:
         yield
@@ -35,6 +44,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not loader.done():
             loader.cancel()
         await asyncio.gather(loader, return_exceptions=True)
+        if grpc_server is not None:
+            await grpc_server.stop(state.settings.drain_timeout_s)
         await state.shutdown()
 
 
@@ -55,10 +66,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = ServiceState(settings, metrics)
-    errors = ErrorResponder(default=REST_ERRORS, by_prefix={kserve.PREFIX: kserve.V2_ERRORS})
+    errors = ErrorResponder(default=REST_ERRORS, by_prefix={v2.PREFIX: v2.V2_ERRORS, hf.PREFIX: hf.HF_ERRORS})
     install_error_handlers(app, errors)
     app.include_router(routes.router)
-    app.include_router(kserve.router)
+    app.include_router(hf.router)
+    app.include_router(v2.router)
     # Outermost first in the stack: metrics see every response, including early 413s.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes, errors=errors)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)

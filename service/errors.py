@@ -3,7 +3,7 @@
 Below the routes nothing chooses a status code: preprocessing, the text codec, the batcher and the
 pipelines raise transport-free errors with a machine code and a message that says what is
 accepted. An `ErrorTable` is the whole mapping of one transport (its status per error type and
-the shape of its body); `REST_ERRORS` here serves the task routes, `service.kserve` has the Open
+the shape of its body); `REST_ERRORS` here serves the task routes, `service.v2.rest` has the Open
 Inference Protocol's own. `install_error_handlers` renders FastAPI's validation errors,
 Starlette's 404/405 and unexpected exceptions through the table of the path's transport too, so a
 client sees one shape per API:
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,6 +45,16 @@ INTERNAL_ERROR = 500
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "payload_too_large"}
 
 Body = Callable[[RequestError], dict[str, Any]]
+S = TypeVar("S")
+
+
+def most_specific(table: Mapping[type[RequestError], S], error: RequestError, default: S) -> S:
+    """The entry of the closest class of `error` in `table`: how every transport's table is read
+    (the gRPC transport's maps to status codes of its own, not HTTP ones)."""
+    for cls in type(error).__mro__:
+        if cls in table:
+            return table[cls]  # type: ignore[index]
+    return default
 
 
 def rest_body(error: RequestError) -> dict[str, Any]:
@@ -62,10 +72,7 @@ class ErrorTable:
     body: Body
 
     def status(self, error: RequestError) -> int:
-        for cls in type(error).__mro__:
-            if cls in self.statuses:
-                return self.statuses[cls]
-        return INTERNAL_ERROR
+        return most_specific(self.statuses, error, INTERNAL_ERROR)
 
     def response(self, error: RequestError, *, status: int | None = None) -> JSONResponse:
         headers = {}
@@ -88,6 +95,12 @@ REST_ERRORS = ErrorTable(
 )
 
 
+def _covers(prefix: str, path: str) -> bool:
+    if prefix.endswith("/"):
+        return path.startswith(prefix)
+    return path == prefix or path.startswith(prefix + "/")
+
+
 @dataclass(frozen=True)
 class ErrorResponder:
     """Picks the table of the transport a path belongs to (by prefix; default: the REST table)."""
@@ -96,8 +109,10 @@ class ErrorResponder:
     by_prefix: Mapping[str, ErrorTable] | None = None
 
     def table(self, path: str) -> ErrorTable:
+        """A prefix covers itself and what lies below it; one ending in "/" only what lies below
+        (so "/models/" takes POST /models/{name} but not GET /models)."""
         for prefix, table in (self.by_prefix or {}).items():
-            if path == prefix or path.startswith(prefix + "/"):
+            if _covers(prefix, path):
                 return table
         return self.default
 
@@ -156,6 +171,7 @@ def install_error_handlers(app: FastAPI, responder: ErrorResponder) -> None:
 __all__ = [
     "ErrorTable",
     "ErrorResponder",
+    "most_specific",
     "REST_ERRORS",
     "rest_body",
     "install_error_handlers",

@@ -62,6 +62,12 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
+# Content types that say nothing about a raw body: none, generic bytes, and curl's default for
+# `--data-binary` (which is not a form here). Such bodies are read for what they are (an image is
+# recognised from its bytes, v2 JSON parsed), as Triton does.
+RAW_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
+
+
 def get_state(request: Request) -> ServiceState:
     return request.app.state.service
 
@@ -77,8 +83,8 @@ def media_type(request: Request) -> str:
 
 
 async def read_image(request: Request) -> bytes:
-    """The image of a /classify request: multipart field `file`, the raw body with an image/* type, or
-    JSON `{"image": "<base64>"}` (how clients that only speak JSON send images, as for HF endpoints)."""
+    """The image of a /classify request: multipart field `file`, the raw body (image/*, octet-stream or
+    no content type), or JSON `{"image": "<base64>"}` (for clients that only speak JSON)."""
     mime = media_type(request)
     if mime == "multipart/form-data":
         # max_part_size bounds the non-file fields; the body limit bounds the file.
@@ -89,22 +95,24 @@ async def read_image(request: Request) -> bytes:
                     "missing_file", "the multipart upload needs the image in a file field named 'file'"
                 )
             data = await upload.read()
-    elif mime.startswith("image/"):
+    elif mime.startswith("image/") or mime in RAW_TYPES:
+        # No (or a generic) content type: the decoder recognises the format from the bytes.
         data = await request.body()
     elif mime == "application/json":
-        data = _decode_base64((await read_json(request, ClassifyJSONRequest)).image)
+        data = decode_base64((await read_json(request, ClassifyJSONRequest)).image, "image")
     else:
         raise unsupported_media_type(
             mime,
             f"send the image ({ACCEPTED_DESCRIPTION}) as multipart/form-data field 'file', as the raw body "
-            'with an image/* content type, or base64 in JSON {"image": ...}',
+            '(image/*, application/octet-stream or no content type), or base64 in JSON {"image": ...}',
         )
     if not data:
         raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     return data
 
 
-def _decode_base64(text: str) -> bytes:
+def decode_base64(text: str, field: str) -> bytes:
+    """An image sent base64-encoded in the JSON field `field`, plain or as a data: URL."""
     if text.startswith("data:"):
         header, _, text = text.partition(",")
         if not header.endswith(";base64"):
@@ -167,5 +175,7 @@ __all__ = [
     "read_json",
     "unless_disconnected",
     "media_type",
+    "decode_base64",
+    "RAW_TYPES",
     "unsupported_media_type",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 from contract.errors import InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
-from contract.scores import top_probabilities
+from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
 from contract.spec import ModelSpec
 from contract.text import LENGTH_MULTIPLE, FillMaskCodec
 from service.batching import DynamicBatcher
@@ -120,16 +120,23 @@ class VisionPipeline(Pipeline):
                 f"model {self.name}: logits {outputs['logits'].shape} but {len(self.labels)} labels"
             )
 
-    async def classify(self, image: bytes, top_k: int, deadline: Deadline) -> list[dict[str, Any]]:
+    async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
+        """The logits of one encoded image, through the model's own transform and the batcher."""
+        with self.batcher.arriving():
+            pixels = await before(asyncio.to_thread(self.transform, image), deadline)
+        return (await self.infer({"pixel_values": pixels}, deadline))["logits"]
+
+    async def classify(
+        self, image: bytes, top_k: int, deadline: Deadline, function: ScoreFunction = "softmax"
+    ) -> list[dict[str, Any]]:
+        """The top_k labels; scores are softmax probabilities unless `function` says otherwise (the
+        Hugging Face API lets a client ask for sigmoid scores or the raw logits)."""
         if not 1 <= top_k <= len(self.labels):
             raise InvalidInput(
                 "invalid_top_k", f"top_k must be between 1 and {len(self.labels)} (the number of labels)"
             )
-        with self.batcher.arriving():
-            pixels = await before(asyncio.to_thread(self.transform, image), deadline)
-        logits = (await self.infer({"pixel_values": pixels}, deadline))["logits"]
-        ids, probs = top_probabilities(logits, top_k)
-        return [{"label": self.labels[i], "score": float(p)} for i, p in zip(ids, probs, strict=True)]
+        scores = SCORE_FUNCTIONS[function](await self.logits(image, deadline))
+        return [{"label": self.labels[i], "score": float(scores[i])} for i in ranked(scores, top_k)]
 
 
 class FillMaskPipeline(Pipeline):

@@ -32,7 +32,8 @@ router = APIRouter()
 _CLASSIFY_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, as the raw body, "
+        "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, as the raw body "
+        "(image/*, application/octet-stream or no content type: the format is read from the bytes), "
         "or base64 in JSON",
         "content": {
             "multipart/form-data": {
@@ -43,6 +44,7 @@ _CLASSIFY_BODY: dict[str, Any] = {
                 }
             },
             "image/*": {"schema": {"type": "string", "format": "binary"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
             "application/json": {"schema": ClassifyJSONRequest.model_json_schema()},
         },
     }
@@ -106,7 +108,18 @@ def _health(ok: bool, status: str, detail: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/health/live", response_model=HealthResponse, tags=["health"], summary="Liveness probe")
+_UNHEALTHY: dict[int | str, dict[str, Any]] = {
+    503: {"model": HealthResponse, "description": "not live / not ready"}
+}
+
+
+@router.get(
+    "/health/live",
+    response_model=HealthResponse,
+    responses=_UNHEALTHY,
+    tags=["health"],
+    summary="Liveness probe",
+)
 async def live(request: Request) -> JSONResponse:
     """200 while the process works; 503 only if loading the models failed (restart won't hurt)."""
     state = get_state(request)
@@ -115,7 +128,13 @@ async def live(request: Request) -> JSONResponse:
     return _health(True, "alive")
 
 
-@router.get("/health/ready", response_model=HealthResponse, tags=["health"], summary="Readiness probe")
+@router.get(
+    "/health/ready",
+    response_model=HealthResponse,
+    responses=_UNHEALTHY,
+    tags=["health"],
+    summary="Readiness probe",
+)
 async def ready(request: Request) -> JSONResponse:
     """200 only when every model is loaded and warmed up; 503 while loading, failed or draining."""
     state = get_state(request)

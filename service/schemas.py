@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from contract.formats import MAX_FILL_MASK_TOP_K
+from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
+
+# Request limits, each checked where it is declared (the schemas below), so OpenAPI states them.
+MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token window is checked later)
+MAX_TARGETS = 1000
+MAX_TARGET_LENGTH = 100  # characters of one target word
+Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
+# What `base64.b64decode(validate=True)` accepts, optionally behind a data: URL header.
+BASE64_PATTERN = r"^(data:[^,]*;base64,)?([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# A text is refused without one (the codec checks the tokens; this states it in the schema).
+MASK_PATTERN = r"\[MASK\]"
+# A 1x1 PNG: an example request that really works.
+TINY_PNG_BASE64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGM4IScHAAK2AQU0pnWqAAAAAElFTkSuQmCC"
+)
 
 
 class LabelScore(BaseModel):
@@ -32,10 +46,12 @@ class ClassifyResponse(BaseModel):
 class ClassifyJSONRequest(BaseModel):
     """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
 
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"image": "/9j/4AAQSkZJRgABAQAAAQABAAD..."}]}
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"image": TINY_PNG_BASE64}]})
+    image: str = Field(
+        min_length=1,
+        pattern=BASE64_PATTERN,
+        description="the image file, base64-encoded (standard alphabet, padded); a data: URL is accepted",
     )
-    image: str = Field(min_length=1, description="the image file, base64-encoded; a data: URL is accepted")
 
 
 class FillMaskRequest(BaseModel):
@@ -43,16 +59,29 @@ class FillMaskRequest(BaseModel):
         extra="forbid",
         json_schema_extra={"examples": [{"text": "paris is the [MASK] of france.", "top_k": 5}]},
     )
-    text: str = Field(min_length=1, max_length=100_000, description="text with one or more [MASK] tokens")
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_TEXT_LENGTH,
+        json_schema_extra={"pattern": MASK_PATTERN},
+        description="text with one or more [MASK] tokens (at most the model's window of tokens)",
+    )
     top_k: int = Field(5, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK]")
-    targets: list[str] | None = Field(
+    targets: list[Target] | None = Field(
         None,
         min_length=1,
-        max_length=1000,
+        max_length=MAX_TARGETS,
         description="restrict the candidates to these words; a word that is not one vocabulary token is "
         "replaced by its first wordpiece (as Hugging Face's fill-mask pipeline does)",
     )
     model: str | None = Field(None, description="served model name; default: the service's fill-mask model")
+
+    @field_validator("text")
+    @classmethod
+    def _has_mask(cls, text: str) -> str:
+        """The schema's `pattern`, checked with a message that says what to do."""
+        if MASK_TOKEN not in text:
+            raise ValueError(f"the text contains no {MASK_TOKEN} token; put one where a word is missing")
+        return text
 
 
 class MaskPrediction(BaseModel):
@@ -103,6 +132,13 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class MessageError(BaseModel):
+    """`{"error": "<message>"}`: the error shape of the Open Inference Protocol and of Hugging Face's
+    inference API (their clients print that string)."""
+
+    error: str = Field(description="what was wrong and what is accepted")
+
+
 class BatchingInfo(BaseModel):
     max_batch_size: int
     max_queue_delay_ms: float
@@ -141,62 +177,8 @@ class HealthResponse(BaseModel):
     detail: str | None = None
 
 
-# -- KServe / Open Inference Protocol v2 -----------------------------------------------------------
-
-
-class V2Tensor(BaseModel):
-    name: str
-    shape: list[int]
-    datatype: str = Field(description="FP32 or INT64")
-    data: list[Any] = Field(description="row-major flat list (nested lists are flattened)")
-
-
-class V2InferRequest(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "inputs": [
-                        {"name": "pixel_values", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": [0.0]}
-                    ]
-                }
-            ]
-        }
-    )
-    id: str | None = None
-    inputs: list[V2Tensor] = Field(min_length=1)
-    parameters: dict[str, Any] | None = None
-    outputs: list[dict[str, Any]] | None = None
-
-
-class V2InferResponse(BaseModel):
-    model_name: str
-    model_version: str | None = None
-    id: str | None = None
-    outputs: list[V2Tensor]
-
-
-class V2TensorMetadata(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-
-
-class V2ModelMetadata(BaseModel):
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[V2TensorMetadata]
-    outputs: list[V2TensorMetadata]
-
-
-class V2ErrorResponse(BaseModel):
-    """The Open Inference Protocol's error shape."""
-
-    error: str = Field(description="what was wrong and what is accepted")
-
-
 _ERROR_DESCRIPTIONS = {
+    400: "malformed request",
     404: "unknown model",
     413: "body or image too large",
     415: "wrong content type",
@@ -206,9 +188,39 @@ _ERROR_DESCRIPTIONS = {
 }
 
 
-def _error_responses(body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": body, "description": text} for code, text in _ERROR_DESCRIPTIONS.items()}
+def error_responses(
+    body: type[BaseModel], *, invalid: int = 422, statuses: tuple[int, ...] = tuple(_ERROR_DESCRIPTIONS)
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the refusals of a route; `invalid` is the transport's status for an
+    invalid request (REST 422, the Open Inference Protocol 400)."""
+    responses: dict[int | str, dict[str, Any]] = {}
+    for code in statuses:
+        text = _ERROR_DESCRIPTIONS[code]
+        if code == invalid:
+            text = _ERROR_DESCRIPTIONS[422] if invalid != 422 else text
+        elif code == 422:
+            continue
+        responses[code] = {"model": body, "description": text}
+    return responses
 
 
-ERROR_RESPONSES = _error_responses(ErrorResponse)
-V2_ERROR_RESPONSES = _error_responses(V2ErrorResponse)
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema with its `$defs` inlined, for a hand-written OpenAPI request body
+    (whose `#/$defs/...` references would not resolve inside the OpenAPI document)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
+
+
+ERROR_RESPONSES = error_responses(ErrorResponse)

@@ -40,6 +40,13 @@ class ServiceSettings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="interface to bind; 0.0.0.0 in a container")
     port: int = Field(8000, ge=0, le=65535, description="TCP port")
+    grpc_port: int = Field(
+        8081,
+        ge=0,
+        le=65535,
+        description="TCP port of the Open Inference Protocol v2 gRPC service (same process, same models); "
+        "0 disables it",
+    )
     device: Device = Field("auto", description="auto|cpu|cuda; auto uses CUDA when ONNX Runtime has it")
     variant: Variant | None = Field(
         None, description="fp32|int8|fp16; default: int8 on CPU, fp16 on CUDA when exported, else fp32"

@@ -39,6 +39,13 @@ def wait_until(condition: Callable[[], bool], *, timeout: float = 20.0, interval
     raise AssertionError(f"condition not met within {timeout} s")
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (for the gRPC server, which binds its own socket)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class RunningServer:
     """uvicorn.Server running `create_app(settings)` in a thread, on a socket we bound ourselves."""
 
@@ -113,6 +120,8 @@ def make_settings(repository: Path) -> Callable[..., ServiceSettings]:
             "max_batch_size": 8,
             "max_queue_delay_ms": 5.0,
             "request_timeout_s": 30.0,
+            # gRPC only where a test asks for it (with a free port): the default port is fixed.
+            "grpc_port": 0,
         }
         return ServiceSettings(**{**base, **overrides})
 

@@ -157,7 +157,8 @@ def test_runtime_batches_rows_independently(tiny_vision_served: Path) -> None:
 def test_the_service_does_not_import_torch() -> None:
     """The serving image has no torch: nothing on the request path may import it."""
     code = (
-        "import sys, service.app, service.routes, service.kserve, service.cli; "
+        "import sys, service.app, service.routes, service.hf, service.cli; "
+        "import service.v2.rest, service.v2.grpc_server; "
         "from service.settings import ServiceSettings; service.app.create_app(ServiceSettings()); "
         "assert 'torch' not in sys.modules, 'torch imported'; "
         "assert 'export' not in sys.modules and 'model' not in sys.modules"

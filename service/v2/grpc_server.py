@@ -1,0 +1,213 @@
+"""Open Inference Protocol v2 over gRPC (`inference.GRPCInferenceService`), in the HTTP server's process.
+
+The gRPC server runs on the same event loop as uvicorn and serves the same `ServiceState`, so its
+requests join the same dynamic batchers as REST traffic and see the same lifecycle (ready only
+after warm-up, draining on shutdown). The limits are the HTTP ones: the largest message is
+`max_upload_bytes`, the deadline is the client's gRPC deadline capped by `request_timeout_s`, a full
+queue answers UNAVAILABLE. Core errors map to status codes in one table, `GRPC_STATUS`; the
+messages are the ones REST clients read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
+
+import grpc
+from grpc import aio
+
+from contract.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    InputTooLarge,
+    InvalidInput,
+    ModelNotFound,
+    RequestError,
+    Unavailable,
+    UnsupportedMediaType,
+)
+from service.deadline import Deadline
+from service.errors import most_specific
+from service.settings import ServiceSettings
+from service.state import ServiceState
+from service.v2 import inference
+from service.v2.inference import InferRequest
+from service.v2.proto import grpc_predict_v2_pb2 as pb
+from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from service.v2.tensors import BYTES, Tensor, from_items, from_json, from_raw
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+GRPC_STATUS: Mapping[type[RequestError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    UnsupportedMediaType: grpc.StatusCode.INVALID_ARGUMENT,
+    InputTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,  # queue full, not ready, shutting down
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ClientGone: grpc.StatusCode.CANCELLED,
+}
+
+# Which typed `contents` field carries each datatype (FP16 has none: it travels raw).
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    BYTES: "bytes_contents",
+}
+
+
+def grpc_status(error: RequestError) -> grpc.StatusCode:
+    return most_specific(GRPC_STATUS, error, grpc.StatusCode.INTERNAL)
+
+
+def _parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        kind = value.WhichOneof("parameter_choice")
+        if kind is not None:
+            out[key] = getattr(value, kind)
+    return out
+
+
+def _input(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> Tensor:
+    shape = list(tensor.shape)
+    if raw is not None:
+        return from_raw(tensor.name, tensor.datatype, shape, raw)
+    field = _CONTENTS.get(tensor.datatype)
+    if field is None:
+        raise InvalidInput(
+            "invalid_inputs",
+            f"input {tensor.name}: {tensor.datatype!r} data must be sent in raw_input_contents",
+        )
+    values = list(getattr(tensor.contents, field))
+    if tensor.datatype == BYTES:
+        return from_items(tensor.name, shape, values)
+    return from_json(tensor.name, tensor.datatype, shape, values)
+
+
+def decode_request(request: pb.ModelInferRequest) -> InferRequest:
+    raws = list(request.raw_input_contents)
+    if raws and len(raws) != len(request.inputs):
+        raise InvalidInput(
+            "invalid_inputs",
+            f"{len(raws)} raw_input_contents for {len(request.inputs)} inputs; send one per input",
+        )
+    inputs = [_input(t, raws[i] if raws else None) for i, t in enumerate(request.inputs)]
+    return InferRequest(
+        model_name=request.model_name,
+        inputs=inputs,
+        outputs=[o.name for o in request.outputs],
+        id=request.id,
+        parameters=_parameters(request.parameters),
+        model_version=request.model_version,
+    )
+
+
+def encode_result(result: inference.InferResult) -> pb.ModelInferResponse:
+    """Every output as raw contents (what Triton answers; both stock clients read it)."""
+    response = pb.ModelInferResponse(
+        model_name=result.model_name, model_version=result.model_version, id=result.id
+    )
+    for tensor in result.outputs:
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        response.raw_output_contents.append(tensor.raw())
+    return response
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The protocol's calls over one `ServiceState`."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+
+    async def _answer(self, context: aio.ServicerContext, work: Awaitable[T]) -> T:
+        """Await `work`; a core error becomes its status code and message, a bug INTERNAL (logged)."""
+        try:
+            return await work
+        except RequestError as exc:
+            await context.abort(grpc_status(exc), exc.message)
+        except Exception:
+            log.exception("unhandled error in a gRPC call")
+            await context.abort(grpc.StatusCode.INTERNAL, "internal server error; the error was logged")
+        raise AssertionError("abort returns only by raising")  # pragma: no cover
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+        return pb.ServerLiveResponse(live=inference.server_live(self.state))
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+        return pb.ServerReadyResponse(ready=self.state.ready)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+        async def ready() -> pb.ModelReadyResponse:
+            return pb.ModelReadyResponse(
+                ready=inference.model_ready(self.state, request.name, request.version)
+            )
+
+        return await self._answer(context, ready())
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+        return pb.ServerMetadataResponse(**inference.server_metadata())
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+        async def metadata() -> pb.ModelMetadataResponse:
+            meta = inference.model_metadata(self.state, request.name, request.version)
+            response = pb.ModelMetadataResponse(
+                name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+            )
+            for key in ("inputs", "outputs"):
+                getattr(response, key).extend(pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key])
+            return response
+
+        return await self._answer(context, metadata())
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+        settings = self.state.settings
+        remaining = context.time_remaining()
+        timeout = (
+            settings.request_timeout_s if remaining is None else min(settings.request_timeout_s, remaining)
+        )
+        deadline = Deadline.after(max(0.0, timeout))
+
+        async def run() -> pb.ModelInferResponse:
+            inference.model(self.state, request.model_name, request.model_version)
+            return encode_result(await inference.infer(self.state, decode_request(request), deadline))
+
+        return await self._answer(context, run())
+
+
+class GrpcServer:
+    """A `grpc.aio` server on the running event loop, started and stopped by the app's lifespan."""
+
+    def __init__(self, state: ServiceState, settings: ServiceSettings) -> None:
+        limit = settings.max_upload_bytes
+        self.server = aio.server(
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), self.server)
+        self.address = f"{settings.host}:{settings.grpc_port}"
+        self.port = 0
+
+    async def start(self) -> int:
+        """Bind and serve; the bound port (raises when the address cannot be bound)."""
+        self.port = self.server.add_insecure_port(self.address)
+        await self.server.start()
+        log.info("gRPC (Open Inference Protocol v2) on %s", self.address)
+        return self.port
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new calls, let running ones finish for up to `grace` seconds."""
+        await self.server.stop(grace)
+
+
+__all__ = ["GrpcServer", "InferenceServicer", "GRPC_STATUS", "grpc_status", "decode_request", "encode_result"]

@@ -1,0 +1,268 @@
+"""Open Inference Protocol v2 semantics, shared by the REST and the gRPC transport.
+
+A transport decodes its envelope into an `InferRequest` of `service.v2.tensors.Tensor`s, calls
+`infer`, and encodes the `Tensor`s it gets back; metadata and readiness come from here too, so both
+transports describe and run the models identically. Three kinds of request, chosen by the input
+names:
+
+- the graph's own tensors (`pixel_values`; `input_ids` + `mask_positions`): raw tensors in, the
+  graph's outputs out, for clients that preprocess themselves;
+- `image` (BYTES, one encoded image per row) for classifiers: the service's own decoding and
+  transform, output `logits`, so a v2 client gets the same answer as `/classify`;
+- `text` (BYTES, one text per row) for masked LMs: output `predictions` (BYTES), each element the
+  JSON list `/fill-mask` returns (one ranked list per [MASK]); request parameter `top_k`.
+
+Every row is queued on its own in the model's dynamic batcher, so v2 rows share batches with the
+task routes' requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from contract.errors import InvalidInput, ModelNotFound
+from contract.formats import MAX_FILL_MASK_TOP_K, package_version
+from service.deadline import Deadline
+from service.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
+from service.state import FAILED, ServiceState
+from service.v2.tensors import BYTES, Tensor, bytes_tensor, datatype_of
+
+T = TypeVar("T")
+
+SERVER_NAME = "gmlp-serve"
+# Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
+EXTENSIONS = ["binary_tensor_data"]
+VERSION = "1"
+PLATFORM = "onnxruntime_onnx"
+IMAGE_INPUT, TEXT_INPUT, PREDICTIONS_OUTPUT = "image", "text", "predictions"
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    """One v2 inference request, whichever transport it came by."""
+
+    model_name: str
+    inputs: list[Tensor]
+    outputs: list[str] = field(default_factory=list)  # requested output names; empty: all
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    model_version: str = ""
+
+
+@dataclass(frozen=True)
+class InferResult:
+    model_name: str
+    outputs: list[Tensor]
+    id: str = ""
+    model_version: str = VERSION
+
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": package_version(), "extensions": list(EXTENSIONS)}
+
+
+def server_live(state: ServiceState) -> bool:
+    return state.phase != FAILED
+
+
+def model(state: ServiceState, name: str, version: str = "", *, loaded_only: bool = False) -> Pipeline:
+    """The served model `name` at `version` (empty: the only one, "1")."""
+    served = state.model(name, loaded_only=loaded_only)
+    if version not in ("", VERSION):
+        raise ModelNotFound(
+            "version_not_found", f"model {name!r} has no version {version!r}; versions: [{VERSION!r}]"
+        )
+    return served
+
+
+def model_ready(state: ServiceState, name: str, version: str = "") -> bool:
+    return model(state, name, version, loaded_only=True).ready and state.ready
+
+
+def _meta(
+    name: str, datatype: str, shape: Sequence[Any], dims: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Tensor metadata; named dimensions the model fixes (`dims`) are given as numbers, others -1."""
+    sizes = [d if isinstance(d, int) else (dims or {}).get(str(d), -1) for d in shape]
+    return {"name": name, "datatype": datatype, "shape": sizes}
+
+
+def _graph_tensors(served: Pipeline, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The graph's tensors as the served config declares them: a named (dynamic) axis is -1, so a
+    masked LM takes any length up to n and any number of positions up to max_predictions."""
+    return [
+        _meta(e["name"], datatype_of(np.dtype(str(e.get("dtype", "float32")))), e["shape"]) for e in entries
+    ]
+
+
+def model_metadata(state: ServiceState, name: str, version: str = "") -> dict[str, Any]:
+    """Name, versions, platform, inputs and outputs: the graph's tensors and the encoded forms."""
+    served = model(state, name, version, loaded_only=True)
+    inputs, outputs = _graph_tensors(served, served.spec.inputs), _graph_tensors(served, served.spec.outputs)
+    if isinstance(served, VisionPipeline):
+        inputs.append(_meta(IMAGE_INPUT, BYTES, [-1]))
+    elif isinstance(served, FillMaskPipeline):
+        inputs.append(_meta(TEXT_INPUT, BYTES, [-1]))
+        outputs.append(_meta(PREDICTIONS_OUTPUT, BYTES, [-1]))
+    return {
+        "name": served.name,
+        "versions": [VERSION],
+        "platform": PLATFORM,
+        "inputs": inputs,
+        "outputs": outputs,
+    }
+
+
+async def gather_or_cancel(work: Sequence[Awaitable[T]]) -> list[T]:
+    """Await all; if one fails (a row refused, the queue full), the others are withdrawn at once."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _rows(served: Pipeline, count: int) -> int:
+    if not 1 <= count <= served.batcher.max_batch_size:
+        raise InvalidInput(
+            "invalid_batch", f"a request has between 1 and {served.batcher.max_batch_size} rows, got {count}"
+        )
+    return count
+
+
+def _encoded_items(tensor: Tensor, served: Pipeline) -> list[bytes]:
+    """The elements of an `image` / `text` input: shape [rows] or [rows, 1], datatype BYTES."""
+    if tensor.datatype != BYTES or not (
+        len(tensor.shape) == 1 or (len(tensor.shape) == 2 and tensor.shape[1] == 1)
+    ):
+        raise InvalidInput(
+            "invalid_inputs",
+            f"input {tensor.name} must be BYTES with shape [rows] or [rows, 1], one element per row; "
+            f"got {tensor.datatype} {tensor.shape}",
+        )
+    _rows(served, tensor.shape[0])
+    return list(tensor.array.ravel())
+
+
+def _top_k(parameters: dict[str, Any]) -> int:
+    top_k = parameters.get("top_k", 5)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
+        raise InvalidInput("invalid_top_k", f"parameter top_k must be an integer in 1..{MAX_FILL_MASK_TOP_K}")
+    return top_k
+
+
+def _graph_rows(served: Pipeline, inputs: list[Tensor]) -> list[dict[str, np.ndarray]]:
+    """Validate raw tensors against the graph's inputs and split them into per-request rows."""
+    expected = {e["name"]: e for e in _graph_tensors(served, served.spec.inputs)}
+    given = {t.name: t for t in inputs}
+    for name, tensor in given.items():
+        meta = expected[name]
+        if tensor.datatype != meta["datatype"]:
+            raise InvalidInput(
+                "invalid_inputs", f"input {name} must have datatype {meta['datatype']}, got {tensor.datatype}"
+            )
+        dims = meta["shape"]
+        if len(tensor.shape) != len(dims) or any(
+            d not in (-1, t) or t < 1 for t, d in zip(tensor.shape[1:], dims[1:], strict=True)
+        ):
+            raise InvalidInput(
+                "invalid_inputs",
+                f"input {name} must have shape {meta['shape']} (-1: any size), got {tensor.shape}",
+            )
+    batch = {t.shape[0] for t in inputs}
+    if len(batch) != 1:
+        raise InvalidInput("invalid_inputs", "all inputs need the same number of rows")
+    rows = _rows(served, batch.pop())
+    if isinstance(served, FillMaskPipeline):
+        _check_text_tensors(served, given["input_ids"].array, given["mask_positions"].array)
+    return [{name: t.array[i] for name, t in given.items()} for i in range(rows)]
+
+
+def _check_text_tensors(served: FillMaskPipeline, ids: np.ndarray, positions: np.ndarray) -> None:
+    """Lengths within the model's limits, ids in the vocabulary, positions inside the text: an
+    out-of-range index would make the graph's Gather fail (or read garbage), so refuse it here."""
+    codec = served.codec
+    length, slots = ids.shape[1], positions.shape[1]
+    if length > codec.n or slots > codec.max_predictions:
+        raise InvalidInput(
+            "invalid_inputs",
+            f"input_ids may have at most {codec.n} tokens and mask_positions at most "
+            f"{codec.max_predictions} entries, got {length} and {slots}",
+        )
+    for name, values, upper in (("input_ids", ids, codec.vocab_size), ("mask_positions", positions, length)):
+        if values.min() < 0 or values.max() >= upper:
+            raise InvalidInput("invalid_inputs", f"values of {name} must be in [0, {upper})")
+
+
+def _check_outputs(requested: list[str], available: list[str]) -> None:
+    """Refuse unknown requested outputs before anything is queued."""
+    missing = [n for n in requested if n not in available]
+    if missing:
+        raise InvalidInput(
+            "invalid_outputs", f"outputs {missing} are not produced for these inputs; available: {available}"
+        )
+
+
+async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> dict[str, Tensor]:
+    names = sorted(t.name for t in request.inputs)
+    graph_inputs = sorted(served.runtime.input_names)
+    if len(set(names)) != len(names):
+        raise InvalidInput("invalid_inputs", f"an input is given twice: {names}")
+    if names == graph_inputs:
+        _check_outputs(request.outputs, served.runtime.output_names)
+        rows = _graph_rows(served, request.inputs)
+        results = await gather_or_cancel([served.infer(row, deadline) for row in rows])
+        stacked = {name: np.stack([r[name] for r in results]) for name in served.runtime.output_names}
+        return {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacked.items()}
+    if isinstance(served, VisionPipeline) and names == [IMAGE_INPUT]:
+        _check_outputs(request.outputs, ["logits"])
+        images = _encoded_items(request.inputs[0], served)
+        logits = np.stack(await gather_or_cancel([served.logits(image, deadline) for image in images]))
+        return {"logits": Tensor("logits", datatype_of(logits.dtype), logits)}
+    if isinstance(served, FillMaskPipeline) and names == [TEXT_INPUT]:
+        _check_outputs(request.outputs, [PREDICTIONS_OUTPUT])
+        top_k = _top_k(request.parameters)
+        texts = [_utf8(item) for item in _encoded_items(request.inputs[0], served)]
+        predictions = await gather_or_cancel([served.fill_mask(t, top_k, None, deadline) for t in texts])
+        encoded = [json.dumps(p, ensure_ascii=False).encode("utf-8") for p in predictions]
+        return {PREDICTIONS_OUTPUT: bytes_tensor(PREDICTIONS_OUTPUT, encoded)}
+    accepted = [graph_inputs, [IMAGE_INPUT] if isinstance(served, VisionPipeline) else [TEXT_INPUT]]
+    raise InvalidInput(
+        "invalid_inputs", f"model {served.name} takes the inputs {accepted[0]} or {accepted[1]}, got {names}"
+    )
+
+
+def _utf8(item: bytes) -> str:
+    try:
+        return item.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput("invalid_text", "input text must be UTF-8 encoded") from None
+
+
+async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) -> InferResult:
+    """Run one v2 request; outputs in the order requested (default: every output produced)."""
+    served = model(state, request.model_name, request.model_version)
+    produced = await _run(served, request, deadline)
+    names = request.outputs or list(produced)
+    return InferResult(served.name, [produced[n] for n in names], id=request.id)
+
+
+__all__ = [
+    "InferRequest",
+    "InferResult",
+    "infer",
+    "model",
+    "model_metadata",
+    "model_ready",
+    "server_metadata",
+    "server_live",
+    "gather_or_cancel",
+    "EXTENSIONS",
+]

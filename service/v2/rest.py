@@ -1,0 +1,271 @@
+"""Open Inference Protocol v2 over HTTP/REST, with the binary tensor data extension.
+
+What stock clients (tritonclient.http, KServe's InferenceRESTClient, curl) send works unchanged:
+a JSON body with or without a content type; with `Inference-Header-Content-Length: N`, N bytes of
+JSON followed by the raw tensors of the inputs whose parameters carry `binary_data_size`, in input
+order. Outputs come back as raw bytes after the JSON when asked (`binary_data` per output, or
+`binary_data_output` for all), with the same header on the response. Health answers 200 for true and
+400 for false, as the protocol says. Errors take the protocol's shape, `{"error": "<message>"}`,
+with the statuses of `V2_ERRORS`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from contract.errors import InvalidInput, RequestError
+from service.deadline import Deadline, before
+from service.errors import REST_ERRORS, ErrorTable, validation_error
+from service.http_io import RAW_TYPES, get_state, media_type, unless_disconnected, unsupported_media_type
+from service.schemas import inline_schema
+from service.v2 import inference
+from service.v2.inference import InferRequest, InferResult
+from service.v2.schemas import (
+    ERROR_RESPONSES,
+    InferRequestBody,
+    InferResponseBody,
+    Live,
+    ModelMetadata,
+    ModelReadyBody,
+    Ready,
+    ServerMetadata,
+)
+from service.v2.tensors import from_json, from_raw
+
+PREFIX = "/v2"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_JSON_TYPES = ("application/json", *RAW_TYPES)
+
+
+def v2_body(error: RequestError) -> dict[str, Any]:
+    return {"error": error.message}
+
+
+# The REST task routes' statuses, except that the protocol (like Triton) answers a malformed or
+# unfitting request with 400.
+V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body)
+
+router = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol v2"])
+
+_NOT_FOUND = {404: ERROR_RESPONSES[404]}
+
+
+def _json_form() -> dict[str, Any]:
+    """The request schema of a JSON-only body: every input carries its `data` (a tensor whose
+    parameters announce `binary_data_size` needs the binary form, JSON followed by the bytes)."""
+    schema = inline_schema(InferRequestBody)
+    tensor = schema["properties"]["inputs"]["items"]
+    tensor["required"] = [*tensor.get("required", []), "data"]
+    tensor["properties"]["data"] = {"type": "array", "description": "row-major data, flat or nested"}
+    tensor["properties"]["parameters"] = {
+        "anyOf": [{"type": "object", "not": {"required": ["binary_data_size"]}}, {"type": "null"}]
+    }
+    return schema
+
+
+_INFER_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "JSON (any or no content type); with the Inference-Header-Content-Length header, "
+        "that many bytes of JSON followed by the binary tensors",
+        "content": {
+            "application/json": {"schema": _json_form()},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+_INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": InferResponseBody,
+        "description": "the outputs; as application/octet-stream when binary outputs follow the JSON "
+        "(its length in the Inference-Header-Content-Length header)",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    **ERROR_RESPONSES,
+}
+
+
+def _flag(ok: bool, body: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(body, status_code=200 if ok else 400)
+
+
+def _false(body: type, description: str) -> dict[int | str, dict[str, Any]]:
+    return {400: {"model": body, "description": description}}
+
+
+@router.get("", response_model=ServerMetadata, summary="Server metadata")
+async def server_metadata() -> ServerMetadata:
+    return ServerMetadata.model_validate(inference.server_metadata())
+
+
+@router.get("/health/live", response_model=Live, responses=_false(Live, "not live"), summary="Server live")
+async def live(request: Request) -> JSONResponse:
+    ok = inference.server_live(get_state(request))
+    return _flag(ok, {"live": ok})
+
+
+@router.get(
+    "/health/ready", response_model=Ready, responses=_false(Ready, "not ready"), summary="Server ready"
+)
+async def ready(request: Request) -> JSONResponse:
+    ok = get_state(request).ready
+    return _flag(ok, {"ready": ok})
+
+
+def _metadata(request: Request, name: str, version: str) -> ModelMetadata:
+    return ModelMetadata.model_validate(inference.model_metadata(get_state(request), name, version))
+
+
+def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
+    ok = inference.model_ready(get_state(request), name, version)
+    return _flag(ok, {"name": name, "ready": ok})
+
+
+_READY_RESPONSES = {**_false(ModelReadyBody, "not ready"), **_NOT_FOUND}
+
+
+@router.get("/models/{name}", response_model=ModelMetadata, responses=_NOT_FOUND, summary="Model metadata")
+async def model_metadata(request: Request, name: str) -> ModelMetadata:
+    return _metadata(request, name, "")
+
+
+@router.get(
+    "/models/{name}/versions/{version}",
+    response_model=ModelMetadata,
+    responses=_NOT_FOUND,
+    summary="Model metadata (a version)",
+)
+async def model_version_metadata(request: Request, name: str, version: str) -> ModelMetadata:
+    return _metadata(request, name, version)
+
+
+@router.get(
+    "/models/{name}/ready", response_model=ModelReadyBody, responses=_READY_RESPONSES, summary="Model ready"
+)
+async def model_ready(request: Request, name: str) -> JSONResponse:
+    return _model_ready(request, name, "")
+
+
+@router.get(
+    "/models/{name}/versions/{version}/ready",
+    response_model=ModelReadyBody,
+    responses=_READY_RESPONSES,
+    summary="Model ready (a version)",
+)
+async def model_version_ready(request: Request, name: str, version: str) -> JSONResponse:
+    return _model_ready(request, name, version)
+
+
+def _binary_length(request: Request, size: int) -> int | None:
+    value = request.headers.get(HEADER_LENGTH)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) > size:
+        raise InvalidInput(
+            "invalid_header", f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {value!r}"
+        )
+    return int(value)
+
+
+async def read_infer_request(request: Request, name: str, version: str) -> tuple[InferRequest, set[str]]:
+    """The request and the names of the outputs to return as binary data."""
+    mime = media_type(request)
+    if mime not in _JSON_TYPES and not mime.endswith("+json"):
+        raise unsupported_media_type(mime, "send JSON, or JSON followed by binary tensors (octet-stream)")
+    raw = await request.body()
+    length = _binary_length(request, len(raw))
+    head, tail = (raw, b"") if length is None else (raw[:length], raw[length:])
+    if not head:
+        raise InvalidInput("empty_body", "the body is empty; send a JSON inference request")
+    try:
+        body = InferRequestBody.model_validate_json(head)
+    except ValidationError as exc:
+        raise validation_error(list(exc.errors()), "the inference request") from None
+    inputs, offset = [], 0
+    for tensor in body.inputs:
+        size = tensor.parameters.binary_data_size if tensor.parameters else None
+        if size is not None:
+            if offset + size > len(tail):
+                raise InvalidInput(
+                    "invalid_binary", f"input {tensor.name}: {size} bytes announced, fewer sent"
+                )
+            inputs.append(from_raw(tensor.name, tensor.datatype, tensor.shape, tail[offset : offset + size]))
+            offset += size
+        elif tensor.data is None:
+            raise InvalidInput("invalid_inputs", f"input {tensor.name} has neither data nor binary_data_size")
+        else:
+            inputs.append(from_json(tensor.name, tensor.datatype, tensor.shape, tensor.data))
+    if offset != len(tail):
+        raise InvalidInput("invalid_binary", f"{len(tail) - offset} bytes of binary data belong to no input")
+    parameters = body.parameters.model_dump(exclude_none=True) if body.parameters else {}
+    default_binary = bool(parameters.get("binary_data_output", False))
+    binary: set[str] = set()
+    for out in body.outputs or []:
+        flag = out.parameters.binary_data if out.parameters else None
+        if default_binary if flag is None else flag:
+            binary.add(out.name)
+    outputs = [o.name for o in body.outputs or []]
+    # Without a list of outputs, binary_data_output applies to every output produced.
+    binary_all = default_binary and not outputs
+    request_ = InferRequest(name, inputs, outputs, body.id or "", parameters, version)
+    return request_, {"*"} if binary_all else binary
+
+
+def encode_response(result: InferResult, binary: set[str]) -> Response:
+    """JSON, or JSON followed by the binary outputs (with the header that says where the JSON ends)."""
+    entries, blobs = [], []
+    for tensor in result.outputs:
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if "*" in binary or tensor.name in binary:
+            blob = tensor.raw()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = tensor.json_data()
+        entries.append(entry)
+    body: dict[str, Any] = {"model_name": result.model_name, "model_version": result.model_version}
+    if result.id:
+        body["id"] = result.id
+    body["outputs"] = entries
+    head = json.dumps(body, separators=(",", ":")).encode()
+    if not blobs:
+        return Response(head, media_type="application/json")
+    return Response(
+        head + b"".join(blobs),
+        media_type="application/octet-stream",
+        headers={HEADER_LENGTH: str(len(head))},
+    )
+
+
+async def _infer(request: Request, name: str, version: str) -> Response:
+    state = get_state(request)
+    deadline = Deadline.after(state.settings.request_timeout_s)
+    inference.model(state, name, version)  # 404 / 503 before the body is read
+    infer_request, binary = await before(read_infer_request(request, name, version), deadline)
+    result = await unless_disconnected(request, inference.infer(state, infer_request, deadline))
+    return encode_response(result, binary)
+
+
+_INFER_ROUTE: dict[str, Any] = {
+    "response_model": None,
+    "responses": _INFER_RESPONSES,
+    "openapi_extra": _INFER_DOC,
+}
+
+
+@router.post("/models/{name}/infer", summary="Inference", **_INFER_ROUTE)
+async def infer(request: Request, name: str) -> Response:
+    return await _infer(request, name, "")
+
+
+@router.post("/models/{name}/versions/{version}/infer", summary="Inference (a version)", **_INFER_ROUTE)
+async def infer_version(request: Request, name: str, version: str) -> Response:
+    return await _infer(request, name, version)
+
+
+__all__ = ["router", "V2_ERRORS", "PREFIX", "read_infer_request", "encode_response"]

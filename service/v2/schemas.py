@@ -1,0 +1,132 @@
+"""The Open Inference Protocol's REST bodies (pydantic), with every constraint the server checks
+before it looks at a model: datatypes, non-negative shapes, the parameters it reads."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contract.formats import MAX_FILL_MASK_TOP_K
+from service.schemas import MessageError, error_responses
+from service.v2.tensors import DATATYPES
+
+Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
+Scalar = str | int | float | bool
+
+
+class TensorParameters(BaseModel):
+    """Tensor parameters; `binary_data_size` says the tensor's data follow the JSON as raw bytes."""
+
+    model_config = ConfigDict(extra="allow")
+    binary_data_size: int | None = Field(None, ge=0, description="bytes of this tensor after the JSON")
+
+
+class InputTensor(BaseModel):
+    name: str = Field(min_length=1)
+    shape: list[Annotated[int, Field(ge=0)]] = Field(description="dimensions")
+    datatype: Datatype  # type: ignore[valid-type]
+    parameters: TensorParameters | None = None
+    data: list[Any] | None = Field(
+        None, description="row-major data, flat or nested (BYTES: strings); absent for binary data"
+    )
+
+
+class OutputParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data: bool | None = Field(None, description="return this output as raw bytes after the JSON")
+
+
+class RequestedOutput(BaseModel):
+    name: str = Field(min_length=1)
+    parameters: OutputParameters | None = None
+
+
+class RequestParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data_output: bool | None = Field(None, description="default of every output's binary_data")
+    top_k: int | None = Field(
+        None, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK] for a `text` input"
+    )
+
+
+class InferRequestBody(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "r1",
+                    "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a [MASK] day"]}],
+                    "parameters": {"top_k": 3},
+                }
+            ]
+        }
+    )
+    id: str | None = Field(None, description="echoed in the response")
+    parameters: RequestParameters | None = None
+    inputs: list[InputTensor] = Field(min_length=1)
+    outputs: list[RequestedOutput] | None = Field(None, description="outputs to return; default: all")
+
+
+class OutputTensor(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: Datatype  # type: ignore[valid-type]
+    parameters: dict[str, Scalar] | None = None
+    data: list[Any] | None = None
+
+
+class InferResponseBody(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, Scalar] | None = None
+    outputs: list[OutputTensor]
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: Datatype  # type: ignore[valid-type]
+    shape: list[int] = Field(description="-1: any size")
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class Live(BaseModel):
+    live: bool
+
+
+class Ready(BaseModel):
+    ready: bool
+
+
+class ModelReadyBody(BaseModel):
+    name: str
+    ready: bool
+
+
+ERROR_RESPONSES = error_responses(MessageError, invalid=400)
+
+
+__all__ = [
+    "InferRequestBody",
+    "InferResponseBody",
+    "ServerMetadata",
+    "ModelMetadata",
+    "Live",
+    "Ready",
+    "ModelReadyBody",
+    "ERROR_RESPONSES",
+]
