@@ -66,13 +66,22 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = ServiceState(settings, metrics)
-    errors = ErrorResponder(default=REST_ERRORS, by_prefix={v2.PREFIX: v2.V2_ERRORS, hf.PREFIX: hf.HF_ERRORS})
+    errors = ErrorResponder(
+        default=REST_ERRORS,
+        by_prefix={v2.PREFIX: v2.V2_ERRORS, hf.PREFIX: hf.HF_ERRORS},
+        observe=metrics.refused,
+    )
     install_error_handlers(app, errors)
     app.include_router(routes.router)
     app.include_router(hf.router)
     app.include_router(v2.router)
     # Outermost first in the stack: metrics see every response, including early 413s.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes, errors=errors)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_upload_bytes,
+        errors=errors,
+        max_header_bytes=settings.max_header_bytes,
+    )
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     return app
 

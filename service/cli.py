@@ -101,11 +101,21 @@ def serve(settings: ServiceSettings) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        # In-flight requests get their full deadline to finish on shutdown, then some slack.
-        timeout_graceful_shutdown=int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
         access_log=settings.access_log,
+        **server_options(settings),
     )
     uvicorn.Server(config).run()
+
+
+def server_options(settings: ServiceSettings) -> dict[str, Any]:
+    """uvicorn's options that enforce the service's settings (shared with the test harness)."""
+    return {
+        # In-flight requests get their full deadline to finish on shutdown, then some slack.
+        "timeout_graceful_shutdown": int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
+        # Beyond this many connections or in-flight requests uvicorn answers 503 at once, so idle or
+        # slow clients cannot exhaust file descriptors or memory.
+        "limit_concurrency": settings.max_connections,
+    }
 
 
 def run_serve(args: argparse.Namespace, prepare: Callable[[ServiceSettings], None] | None = None) -> int:

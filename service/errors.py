@@ -70,6 +70,7 @@ class ErrorTable:
 
     statuses: Mapping[type[RequestError], int]
     body: Body
+    transport: str = "rest"  # the label of its refusals in gmlp_refusals_total
 
     def status(self, error: RequestError) -> int:
         return most_specific(self.statuses, error, INTERNAL_ERROR)
@@ -107,6 +108,8 @@ class ErrorResponder:
 
     default: ErrorTable = REST_ERRORS
     by_prefix: Mapping[str, ErrorTable] | None = None
+    # Called with (transport, machine code) for every error answered: what an operator sees shed.
+    observe: Callable[[str, str], None] | None = None
 
     def table(self, path: str) -> ErrorTable:
         """A prefix covers itself and what lies below it; one ending in "/" only what lies below
@@ -117,7 +120,10 @@ class ErrorResponder:
         return self.default
 
     def response(self, path: str, error: RequestError, *, status: int | None = None) -> JSONResponse:
-        return self.table(path).response(error, status=status)
+        table = self.table(path)
+        if self.observe is not None:
+            self.observe(table.transport, error.code)
+        return table.response(error, status=status)
 
 
 def payload_too_large(limit: int, what: str = "request body") -> InputTooLarge:

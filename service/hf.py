@@ -52,7 +52,7 @@ def hf_body(error: RequestError) -> dict[str, Any]:
     return {"error": error.message}
 
 
-HF_ERRORS = ErrorTable(statuses=REST_ERRORS.statuses, body=hf_body)
+HF_ERRORS = ErrorTable(statuses=REST_ERRORS.statuses, body=hf_body, transport="hf")
 
 
 class HFParameters(BaseModel):

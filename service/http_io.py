@@ -17,31 +17,46 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contract.errors import InvalidInput, UnsupportedMediaType
+from contract.errors import InputTooLarge, InvalidInput, UnsupportedMediaType
 from contract.image import ACCEPTED_DESCRIPTION
 from service.errors import ErrorResponder, client_gone, payload_too_large, validation_error
 from service.schemas import ClassifyJSONRequest
 from service.state import ServiceState
 
+HEADERS_TOO_LARGE = 431
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
 class BodyLimitMiddleware:
-    """413 for bodies over `max_bytes`: early from Content-Length, and by counting what is read.
+    """431 for a request line plus headers over `max_header_bytes`; 413 for bodies over `max_bytes`,
+    early from Content-Length and by counting what is read.
 
-    The header check rejects honest clients before they upload; the count catches chunked
-    uploads and lying headers, so no request can make us buffer more than the limit.
+    The Content-Length check rejects honest clients before they upload; the count catches chunked
+    uploads and lying headers, so no request can make us buffer more than the limit. (uvicorn's
+    HTTP parser has read the headers by then: a reverse proxy's limit bounds that, if needed.)
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, errors: ErrorResponder) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, errors: ErrorResponder, max_header_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_header_bytes = max_header_bytes
         self.errors = errors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        header_bytes = len(scope.get("raw_path") or b"") + sum(
+            len(k) + len(v) + 4 for k, v in scope["headers"]
+        )
+        if header_bytes > self.max_header_bytes:
+            error = InputTooLarge(
+                "headers_too_large",
+                f"the request line and headers are {header_bytes} bytes; at most {self.max_header_bytes} "
+                "are accepted",
+            )
+            await self.errors.response(scope["path"], error, status=HEADERS_TOO_LARGE)(scope, receive, send)
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):

@@ -70,6 +70,13 @@ class ServiceMetrics:
         self.inference = Histogram(
             "gmlp_inference_seconds", "run time of one batch", ["model"], buckets=LATENCY_BUCKETS, registry=r
         )
+        self.refusals = Counter(
+            "gmlp_refusals",
+            "error answers by transport (rest, v2, hf, grpc) and machine code (e.g. invalid_image, "
+            "payload_too_large, overloaded, timeout)",
+            ["transport", "code"],
+            registry=r,
+        )
         self.rejections = Counter(
             "gmlp_rejections",
             "requests refused or dropped by the batcher (queue_full, deadline, cancelled, shutting_down)",
@@ -79,6 +86,10 @@ class ServiceMetrics:
         self.model_ready = Gauge(
             "gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r
         )
+
+    def refused(self, transport: str, code: str) -> None:
+        """An error answer, by transport and machine code (what was wrong, what was shed)."""
+        self.refusals.labels(transport, code).inc()
 
     def observer(self, model: str) -> ModelObserver:
         return ModelObserver(self, model)

@@ -70,6 +70,12 @@ class ServiceSettings(BaseSettings):
         "instead of each batch at its longest text (for comparison, or runtimes that need static shapes)",
     )
     request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request from arrival; 504 after")
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="open connections (or requests in flight) beyond which new requests get 503 at once",
+    )
+    max_header_bytes: int = Field(16384, ge=1024, description="largest request line plus headers; 431 above")
     max_upload_bytes: int = Field(
         8 * 1024 * 1024, ge=1, description="largest accepted request body; 413 above"
     )

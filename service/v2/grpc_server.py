@@ -136,6 +136,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await work
         except RequestError as exc:
+            self.state.metrics.refused("grpc", exc.code)
             await context.abort(grpc_status(exc), exc.message)
         except Exception:
             log.exception("unhandled error in a gRPC call")

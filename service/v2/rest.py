@@ -48,7 +48,7 @@ def v2_body(error: RequestError) -> dict[str, Any]:
 
 # The REST task routes' statuses, except that the protocol (like Triton) answers a malformed or
 # unfitting request with 400.
-V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body)
+V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body, transport="v2")
 
 router = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol v2"])
 

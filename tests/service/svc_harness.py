@@ -23,6 +23,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
+from service.cli import server_options
 from service.settings import ServiceSettings
 
 
@@ -57,13 +58,8 @@ class RunningServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            self.app,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=graceful_timeout,
-            access_log=False,
-        )
+        options = {**server_options(settings), "timeout_graceful_shutdown": graceful_timeout}
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False, **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
