@@ -1,10 +1,11 @@
 """The classifier every peer server serves: one ONNX Runtime session and the product's own transform.
 
 Every peer imports this module so that the only thing that differs between them is the serving
-framework (HTTP stack, queue, batching): the same exported file, the same session options as the
-product's `service.runtime.OnnxModel` on CPU, the same preprocessing (`contract.image`), the same
-scores (`contract.scores`) and the same response shape as gmlp-serve's `/classify`. It needs only
-numpy, Pillow, tokenizers (the `contract` package) and onnxruntime, which every peer venv has.
+framework (HTTP stack, queue, batching): the same exported file, a session built by the product's
+own `service.runtime.OnnxModel` (its CPU options: intra-op threads, sequential, no spinning), the
+same preprocessing (`contract.image`), the same scores (`contract.scores`) and the same response
+shape as gmlp-serve's `/classify`. It needs only numpy, Pillow, tokenizers and onnxruntime
+(`contract` and `service.runtime` import nothing else), which every peer venv has.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import onnxruntime as ort
 from contract.image import ImageTransform
 from contract.scores import ranked, softmax
 from contract.spec import ModelSpec, read_spec
+from service.runtime import OnnxModel, RuntimeOptions
 
 # The batch limits every peer is configured with (gmlp-serve: --max-batch-size, --max-queue-delay-ms).
 MAX_BATCH = 16
@@ -30,17 +32,6 @@ TOP_K = 5
 MAX_PIXELS = 40_000_000
 MODEL_ENV = "GMLP_PEER_MODEL_DIR"
 VARIANT = "int8"
-
-
-def session_options(intra_op_threads: int = INTRA_OP_THREADS) -> ort.SessionOptions:
-    """The options gmlp-serve's runtime sets on CPU (kept in step with service/runtime.py)."""
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = intra_op_threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return so
 
 
 @dataclass
@@ -60,9 +51,9 @@ class PeerModel:
         spec = read_spec(directory)
         if spec is None:
             raise SystemExit(f"{directory} is not a served-model directory (run gmlp export)")
-        session = ort.InferenceSession(
-            str(spec.variant_path(variant)), session_options(), providers=["CPUExecutionProvider"]
-        )
+        # The product's own runtime class builds the session, so the options cannot drift apart.
+        runtime = OnnxModel(spec.variant_path(variant), RuntimeOptions("cpu", INTRA_OP_THREADS, False))
+        session = runtime.session
         transform = ImageTransform.for_model(spec.config, MAX_PIXELS)
         return cls(spec, session, transform, spec.labels(), session.get_inputs()[0].name)
 
