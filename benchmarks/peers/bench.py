@@ -9,8 +9,11 @@ answers are checked against raw ONNX Runtime's before any timing: a fast wrong s
 from __future__ import annotations
 
 import json
+import os
+import resource
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +22,7 @@ from typing import Any
 from benchmarks.peers import wrk
 from benchmarks.peers.model import PeerModel
 from benchmarks.peers.peers import REPO, Peer
-from benchmarks.peers.proc import tree_cpu_seconds
+from benchmarks.peers.proc import machine_busy_seconds, tree_cpu_seconds
 from benchmarks.peers.server import Running, classify, request_body, running, wait_ready
 
 DATA = REPO / "loadtests" / "data"
@@ -41,6 +44,9 @@ class Row:
     cpu_ms_per_request: float
     requests: int
     errors: int
+    # CPU the rest of the machine used during the row (not the server, not wrk), as a share of
+    # all CPUs: the background load that makes a row slow for reasons outside the server.
+    others_cpu_pct: float = float("nan")
 
 
 @dataclass
@@ -101,10 +107,23 @@ def check_answers(server: Running, images: dict[str, bytes], reference: dict[str
         raise AssertionError(f"{server.peer.key} answers differ from raw ORT (got, expected): {wrong}")
 
 
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure_row(server: Running, script: Path, peer_round: tuple[int, str], c: int, seconds: float) -> Row:
-    before = tree_cpu_seconds(server.pid)
+    before, busy0, wrk0, t0 = (
+        tree_cpu_seconds(server.pid),
+        machine_busy_seconds(),
+        _children_cpu_s(),
+        time.monotonic(),
+    )
     result = wrk.run(server.url, script, c, seconds)
     cpu_s = tree_cpu_seconds(server.pid) - before
+    # wrk is the only child that finishes (and is reaped) during the row.
+    others = machine_busy_seconds() - busy0 - cpu_s - (_children_cpu_s() - wrk0)
+    capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
     return Row(
         peer=server.peer.key,
         round=peer_round[0],
@@ -116,6 +135,7 @@ def measure_row(server: Running, script: Path, peer_round: tuple[int, str], c: i
         cpu_ms_per_request=cpu_s * 1000.0 / max(result.requests, 1),
         requests=result.requests,
         errors=result.errors,
+        others_cpu_pct=100.0 * max(others, 0.0) / capacity,
     )
 
 
@@ -158,6 +178,7 @@ def run_peer(
             log(
                 f"  {peer.key:22s} c={c:<3d} {row.rps:8.1f} req/s  p50 {row.p50_ms:7.2f} ms"
                 f"  CPU {row.cpu_ms_per_request:6.2f} ms/req  errors {row.errors}"
+                f"  others {row.others_cpu_pct:3.0f}%"
             )
         if peer.key == "gmlp-serve":
             photo = (work / f"{LARGE}.jpg").read_bytes()

@@ -62,6 +62,15 @@ def tree_cpu_seconds(root: int, proc: Path = PROC) -> float:
     return ticks / CLOCK_TICKS
 
 
+def machine_busy_seconds(proc: Path = PROC) -> float:
+    """CPU seconds the whole machine has been busy (all CPUs; steal counted as busy: the host
+    took that time from us). Minus the server's and wrk's share, it is the background load."""
+    fields = (proc / "stat").read_text().splitlines()[0].split()
+    assert fields[0] == "cpu"
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
+
+
 def tree_pids(root: int, proc: Path = PROC) -> set[int]:
     """The living processes of the tree (to stop every one of them after a peer's rows)."""
     stats = _all_stats(proc)

@@ -44,7 +44,8 @@ def stat(values: Iterable[float]) -> Stat | None:
 
 
 def figure(rows: Sequence[dict[str, Any]], peer: str, image: str, c: int, key: str) -> Stat | None:
-    return stat(r[key] for r in rows if r["peer"] == peer and r["image"] == image and r["concurrency"] == c)
+    match = (r for r in rows if r["peer"] == peer and r["image"] == image and r["concurrency"] == c)
+    return stat(r.get(key, float("nan")) for r in match)
 
 
 def _cell(s: Stat | None, digits: int = 0) -> str:
@@ -57,9 +58,9 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     head = (
         "| server | c=1 p50 ms | "
         + " | ".join(f"c={c} req/s" for c in TABLE_LEVELS)
-        + f" | server CPU ms/request (c={CPU_LEVEL}) |\n|---|---:|"
+        + f" | server CPU ms/request (c={CPU_LEVEL}) | background CPU % (c={CPU_LEVEL}) |\n|---|---:|"
         + "---:|" * len(TABLE_LEVELS)
-        + "---:|\n"
+        + "---:|---:|\n"
     )
     lines = []
     for key, label in labels.items():
@@ -68,13 +69,14 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
         cells = [_cell(figure(rows, key, "cifar", 1, "p50_ms"), 1)]
         cells += [_cell(figure(rows, key, "cifar", c, "rps")) for c in TABLE_LEVELS]
         cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "cpu_ms_per_request"), 2))
+        cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "others_cpu_pct")))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     raw = results.get("raw") or []
     if raw:
         ips = stat(r["images_per_s"] for r in raw)
         cpu = stat(r["cpu_ms_per_image"] for r in raw)
         empty = " |" * (len(TABLE_LEVELS) - 2)
-        cells = f"|{empty} {_cell(ips)} images/s | | {_cell(cpu, 2)} per image |"
+        cells = f"|{empty} {_cell(ips)} images/s | | {_cell(cpu, 2)} per image | |"
         lines.append(f"| raw `session.run`, batch 16 (no HTTP) | {cells}")
     return head + "\n".join(lines) + "\n"
 

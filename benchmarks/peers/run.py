@@ -1,6 +1,6 @@
 """Re-run the peer benchmark end to end and rewrite its section of docs/benchmarks.md.
 
-    .venv/bin/python -m benchmarks.peers.run            # 2 rounds, c = 1, 8, 32, 64, 10 s a row
+    .venv/bin/python -m benchmarks.peers.run            # 3 rounds, c = 1, 8, 32, 64, 10 s a row
     .venv/bin/python -m benchmarks.peers.run --quick    # 1 round, c = 1 and 32, 5 s a row
 
 It installs each peer into its own venv under .bench-venvs/ (once), exports the demo classifier
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import platform
 import shutil
@@ -156,7 +157,7 @@ server's own (HTTP, queueing, serialisation).
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round, c = 1 and 32, 5 s rows")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--levels", default="1,8,32,64")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk row")
     parser.add_argument("--peers", default=",".join(PEER_KEYS), help=f"subset of {','.join(PEER_KEYS)}")
@@ -193,7 +194,7 @@ def measure(args: argparse.Namespace) -> None:
         work = Path(tmp)
         (work / "repository").mkdir()
         (work / "repository" / MODEL.name).symlink_to(MODEL)
-        results = run_rounds(plan, work, MODEL)
+        results = run_rounds(plan, work, MODEL, log=functools.partial(print, flush=True))
     minutes = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60.0
     meta = {
         "date": started.strftime("%Y-%m-%d"),
