@@ -196,6 +196,7 @@ def test_ratios_against_the_best_peer_and_raw_ort():
     lines = report.ratios(_results(), LABELS)
     assert lines[0] == "c=1 p50: 0.83x the lowest peer's (LitServe)"
     assert "c=32 req/s: 1.33x the best peer's (LitServe)" in lines
+    assert "c=32 server CPU per request: 0.75x the most frugal peer's (LitServe)" in lines
     assert "c=32 req/s: 0.67x raw session.run images/s" in lines
     assert "c=32 server CPU per request: 1.50x raw ORT CPU per image" in lines
 
@@ -218,3 +219,25 @@ def test_plot_is_written(tmp_path: Path):
 def test_machine_busy_counts_steal_but_not_idle_or_iowait(tmp_path: Path):
     (tmp_path / "stat").write_text("cpu  100 5 50 1000 30 2 3 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
     assert proc.machine_busy_seconds(tmp_path) == pytest.approx(170 / proc.CLOCK_TICKS)
+
+
+def test_section_states_conditions_command_and_figures():
+    from benchmarks.peers.run import COMMAND, section
+
+    results = _results()
+    results["raw"][0].update(preprocess_cpu_ms_per_image=0.3)
+    results["meta"] = {
+        "date": "2026-01-01",
+        "machine": {"cpu": "Test CPU", "cpus": "2", "hypervisor": "none", "simd": "avx2", "python": "3.11"},
+        "rounds": 3,
+        "levels": [1, 8, 32, 64],
+        "duration_s": 10.0,
+        "peers": ["gmlp-serve", "litserve"],
+        "minutes": 20.0,
+    }
+    results["failed"] = {"litserve": "RuntimeError: boom"}
+    text = section(results)
+    assert "Test CPU" in text and "SIMD: avx2" in text and COMMAND in text
+    assert "| LitServe 0.2.19 | 6.0 (5.4-7.2) |" in text
+    assert "c=32 req/s: 1.33x the best peer's (LitServe 0.2.19)" in text
+    assert "- litserve: not measured (RuntimeError: boom)" in text

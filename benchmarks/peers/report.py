@@ -108,6 +108,17 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
         mine, best = figure(rows, ours, "cifar", c, "rps"), best_peer(rows, others, c)
         if mine and best:
             out.append(f"c={c} req/s: {mine.median / best[1]:.2f}x the best peer's ({labels[best[0]]})")
+    cpu_mine = figure(rows, ours, "cifar", CPU_LEVEL, "cpu_ms_per_request")
+    frugal = min(
+        ((k, s.median) for k in others if (s := figure(rows, k, "cifar", CPU_LEVEL, "cpu_ms_per_request"))),
+        key=lambda kv: kv[1],
+        default=None,
+    )
+    if cpu_mine and frugal:
+        out.append(
+            f"c={CPU_LEVEL} server CPU per request: {cpu_mine.median / frugal[1]:.2f}x the most frugal"
+            f" peer's ({labels[frugal[0]]})"
+        )
     raw = results.get("raw") or []
     mine32 = figure(rows, ours, "cifar", CPU_LEVEL, "rps")
     cpu32 = figure(rows, ours, "cifar", CPU_LEVEL, "cpu_ms_per_request")

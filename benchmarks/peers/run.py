@@ -5,8 +5,8 @@
 
 It installs each peer into its own venv under .bench-venvs/ (once), exports the demo classifier
 if models/ lacks it, and needs wrk (Debian/Ubuntu: apt-get install wrk). Raw results go to
-reports/peers/results.json; the section and plot are rewritten from them (`--report-only` redraws
-them from an existing results file without measuring).
+benchmarks/peers/results.json, kept in git beside the section for before/after comparisons; the
+section and plot are rewritten from them (`--report-only` redraws them without measuring).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from benchmarks.peers.peers import PEER_KEYS, PEERS, REPO, ensure_venv
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "img" / "peers-throughput-latency.png"
-RESULTS = REPO / "reports" / "peers" / "results.json"
+RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the section it feeds
 COMMAND = ".venv/bin/python -m benchmarks.peers.run"
 
 NOTES = """\
@@ -115,6 +115,8 @@ def section(results: dict[str, Any]) -> str:
     pre = statistics.median(r["preprocess_cpu_ms_per_image"] for r in raw) if raw else float("nan")
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
     m = meta["machine"]
+    background = report.stat(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
+    load = f"a median {background.fmt()} % of both CPUs" if background else "an unmeasured share"
     ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
     return f"""\
 The demo classifier (`models/cifar10-gmlp/model.{VARIANT}.onnx`, static int8, 32x32 inputs) served
@@ -131,8 +133,10 @@ medians over rounds, (ranges) beside them. Every server's answers to the 8 CIFAR
 
 Measured {meta["date"]} on {m.get("cpu", "?")}, {m.get("cpus", "?")} vCPUs ({m.get("hypervisor")} guest;
 SIMD: {m.get("simd", "?")}), Python {m.get("python")}, shared with other work (the load generator
-runs on the same 2 cores), so absolute figures are low and noisy: read the ratios, measured side
-by side. Re-run (about {meta["minutes"]:.0f} minutes):
+runs on the same 2 cores; during the rows the rest of the machine used {load}), so
+absolute figures are low and noisy: read the ratios, measured side by side, and the CPU per
+request, which depends far less on the background load than requests/s.
+Re-run (about {meta["minutes"]:.0f} minutes):
 
 ```bash
 {COMMAND}            # add --quick for a 1-round smoke run
