@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models demo-eval export serve bench docker loadtest constraints grpc-stubs timm-parity clean
+.PHONY: install test lint format demo-models demo-eval export serve bench bench-peers docker loadtest constraints grpc-stubs timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ serve: install
 bench: install
 	$(BIN)/gmlp bench gmlp_s16_224 --batches 1,8,32
 
+# gmlp-serve against LitServe, Ray Serve and BentoML (each installed into .bench-venvs/ by the
+# script) and raw ONNX Runtime; needs wrk. Rewrites "Against other servers" in docs/benchmarks.md.
+bench-peers: install
+	$(BIN)/python -m benchmarks.peers.run $(PEERS_ARGS)
+
 docker:
 	docker compose build
 
@@ -71,4 +76,4 @@ timm-parity:
 	PYTHONPATH=. .venv-timm/bin/python -m pytest -p no:cacheprovider -s -m timm tests/test_timm_import.py
 
 clean:
-	rm -rf $(VENV) .venv-timm .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-timm .bench-venvs .pytest_cache .ruff_cache *.egg-info

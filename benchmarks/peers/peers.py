@@ -1,0 +1,206 @@
+"""The servers compared, how each is installed and started, and the request body each one takes.
+
+Every peer framework goes into its own virtual environment under `.bench-venvs/<venv>/` (never
+the product's `.venv`): the framework at a pinned version, plus the product's own pins of the
+packages that decide the measured work (onnxruntime, numpy, Pillow, tokenizers, from
+constraints.txt) and this repository installed editable without extras for `contract`. gmlp-serve
+itself runs from the product's `.venv`, as a user would run it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENVS = REPO / ".bench-venvs"
+# The packages whose versions decide the work every server does, pinned as the product pins them.
+SHARED_PINS = ("onnxruntime", "numpy", "pillow", "tokenizers")
+
+LITSERVE = "litserve==0.2.19"
+RAY = "ray[serve]==2.60.0"
+BENTOML = "bentoml==1.4.40"
+# LitServe parses forms only when python-multipart is installed; pinned as the product pins it.
+MULTIPART = "python-multipart"
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The free ports a peer is started on: `http` is the one measured."""
+
+    http: int
+    extra: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One measured server configuration."""
+
+    key: str
+    label: str
+    venv: str | None  # None: the product's .venv
+    packages: tuple[str, ...]
+    argv: Callable[[Path, Ports, Path], list[str]]  # (python or venv bin dir, ports, work dir) -> argv
+    body: str  # "raw" (image/jpeg body) or "multipart" (field `file`)
+    path: str = "/classify"
+    extra_ports: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+
+    def bin_dir(self) -> Path:
+        return (VENVS / self.venv if self.venv else REPO / ".venv") / "bin"
+
+
+def _gmlp(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+    return [
+        str(bin_dir / "gmlp"),
+        "serve",
+        "--model-repository",
+        str(work / "repository"),
+        "--checkpoint-dir",
+        "",
+        "--variant",
+        "int8",
+        "--intra-op-threads",
+        "2",
+        "--max-batch-size",
+        "16",
+        "--max-queue-delay-ms",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(ports.http),
+        "--log-level",
+        "warning",
+    ]
+
+
+def _module(name: str, *flags: str) -> Callable[[Path, Ports, Path], list[str]]:
+    def argv(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+        return [str(bin_dir / "python"), "-m", f"benchmarks.peers.{name}", "--port", str(ports.http), *flags]
+
+    return argv
+
+
+def _ray(direct: bool) -> Callable[[Path, Ports, Path], list[str]]:
+    def argv(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+        # Measured port first: the replica's own port with direct ingress, else the proxy's.
+        cmd = [str(bin_dir / "python"), "-m", "benchmarks.peers.ray_server", "--temp-dir", str(work / "ray")]
+        if direct:
+            proxy, grpc = ports.extra
+            return [
+                *cmd,
+                "--port",
+                str(proxy),
+                "--direct-port",
+                str(ports.http),
+                "--direct-grpc-port",
+                str(grpc),
+            ]
+        return [*cmd, "--port", str(ports.http)]
+
+    return argv
+
+
+def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+    return [
+        str(bin_dir / "bentoml"),
+        "serve",
+        "benchmarks.peers.bentoml_service:Classifier",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(ports.http),
+    ]
+
+
+PEERS: tuple[Peer, ...] = (
+    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw"),
+    Peer(
+        "gmlp-serve-multipart",
+        "gmlp-serve (multipart)",
+        None,
+        (),
+        _gmlp,
+        "multipart",
+        note="the same server sent multipart bodies, as LitServe and BentoML are",
+    ),
+    Peer(
+        "litserve",
+        "LitServe 0.2.19",
+        "litserve",
+        (LITSERVE, MULTIPART),
+        _module("litserve_server"),
+        "multipart",
+    ),
+    Peer(
+        "litserve-fast",
+        "LitServe 0.2.19 (fast queue)",
+        "litserve",
+        (LITSERVE, MULTIPART),
+        _module("litserve_server", "--fast-queue"),
+        "multipart",
+    ),
+    Peer("ray-proxy", "Ray Serve 2.60 (through its proxy)", "ray", (RAY,), _ray(direct=False), "raw"),
+    Peer(
+        "ray-direct",
+        "Ray Serve 2.60 (direct ingress)",
+        "ray",
+        (RAY,),
+        _ray(direct=True),
+        "raw",
+        extra_ports=2,
+    ),
+    Peer(
+        "bentoml",
+        "BentoML 1.4.40 (batchable API)",
+        "bentoml",
+        (BENTOML,),
+        _bentoml,
+        "multipart",
+        env={"BENTOML_DO_NOT_TRACK": "True"},
+    ),
+)
+PEER_KEYS = tuple(p.key for p in PEERS)
+
+
+def product_pins(names: tuple[str, ...], constraints: Path = REPO / "constraints.txt") -> list[str]:
+    """`name==version` for each of `names` as constraints.txt pins it (raises if one is missing)."""
+    pins = {}
+    for line in constraints.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;]+)", line.strip())
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = f"{match.group(1)}=={match.group(2)}"
+    missing = [n for n in names if n.lower() not in pins]
+    if missing:
+        raise SystemExit(f"constraints.txt pins none of {missing}")
+    return [pins[n.lower()] for n in names]
+
+
+def install_spec(peer: Peer) -> list[str]:
+    """What pip installs into the peer's venv (the repository last, editable, no extras)."""
+    plain = [p for p in peer.packages if "==" in p]
+    unpinned = tuple(p for p in peer.packages if "==" not in p)
+    return [*plain, *product_pins(SHARED_PINS + unpinned), "-e", str(REPO)]
+
+
+def ensure_venv(peer: Peer, log: Callable[[str], None] = print) -> None:
+    """Create or update the peer's venv; a marker holding the install spec skips repeat installs."""
+    if peer.venv is None:
+        return
+    spec = install_spec(peer)
+    root = VENVS / peer.venv
+    marker = root / ".installed"
+    if marker.exists() and marker.read_text() == "\n".join(spec):
+        return
+    log(f"installing {peer.venv} into {root} (once): {' '.join(spec)}")
+    if not (root / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    pip = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, *spec], check=True)
+    marker.write_text("\n".join(spec))

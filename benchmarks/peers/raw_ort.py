@@ -1,0 +1,65 @@
+"""The floor every server is compared with: session.run at batch 16 on preprocessed images, no HTTP.
+
+Run as its own process so that its CPU time (getrusage of the process: ORT's threads included)
+is the model's alone. It also times the preprocessing (decode + transform, one image at a time)
+so that a server's CPU per request can be read as model + preprocessing + the server's own
+overhead. Prints one JSON object:
+
+    python -m benchmarks.peers.raw_ort --model-dir models/cifar10-gmlp --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.peers.model import MAX_BATCH, PeerModel
+
+DATA = Path(__file__).resolve().parents[2] / "loadtests" / "data"
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(model: PeerModel, images: list[bytes], seconds: float) -> dict[str, float]:
+    """images/s and CPU ms per image of session.run at batch 16; CPU ms of preprocessing per image."""
+    cpu0, t0 = _cpu_s(), time.perf_counter()
+    pixels = [model.preprocess(images[i % len(images)]) for i in range(MAX_BATCH * 8)]
+    pre_cpu_ms = (_cpu_s() - cpu0) * 1000.0 / len(pixels)
+    pre_wall_ms = (time.perf_counter() - t0) * 1000.0 / len(pixels)
+    batch = np.stack(pixels[:MAX_BATCH])
+    model.logits(batch)  # warm
+    runs, cpu0, t0 = 0, _cpu_s(), time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        model.logits(batch)
+        runs += 1
+    wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    return {
+        "images_per_s": runs * MAX_BATCH / wall,
+        "cpu_ms_per_image": cpu * 1000.0 / (runs * MAX_BATCH),
+        "preprocess_cpu_ms_per_image": pre_cpu_ms,
+        "preprocess_wall_ms_per_image": pre_wall_ms,
+        "batches": runs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    model = PeerModel.load(args.model_dir)
+    model.warm_up()
+    images = [p.read_bytes() for p in sorted(DATA.glob("cifar10-test-*.jpg"))]
+    print(json.dumps(measure(model, images, args.seconds)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Ray Serve peer: one replica with `@serve.batch`, reached through Serve's HTTP proxy or directly.
+
+Each request is preprocessed in the replica's `__call__` (per request, before the batch queue, in a
+worker thread as gmlp-serve does, so that the replica's event loop keeps accepting requests), then
+`@serve.batch` gathers up to 16 of them for one session.run (also off the event loop).
+`max_ongoing_requests` is raised above the largest client count: Ray's default (5) would cap a
+batch at 5 and queue the rest in the router, a configuration choice rather than a property of
+the framework.
+
+Two ingress paths are measured:
+- proxy: Serve's HTTP proxy actor (a separate process) forwards each request to the replica;
+- direct ingress (`RAY_SERVE_ENABLE_DIRECT_INGRESS=1`): the replica runs its own HTTP server on a
+  port from a configured range and clients talk to it without the proxy hop. The runner sets the
+  range to a single free port, so that port is the replica's.
+
+Run in the Ray venv (blocks until killed):
+
+    python -m benchmarks.peers.ray_server --port 8002 --temp-dir /tmp/peer-ray [--direct-port 8102]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+# Direct ingress is read from the environment when Serve's modules are imported.
+# Port ranges are half-open, [min, max): a range of one port pins the replica to it.
+DIRECT_ENV = {
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "{http}",
+    "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "{http_end}",
+    "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": "{grpc}",
+    "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": "{grpc_end}",
+}
+
+
+def build_app() -> Any:
+    """The Serve application (imports Ray lazily, after the environment is set)."""
+    from ray import serve
+    from starlette.requests import Request
+
+    from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, PeerModel
+
+    @serve.deployment(
+        num_replicas=1,
+        max_ongoing_requests=256,
+        ray_actor_options={"num_cpus": 0},
+        logging_config={"enable_access_log": False},
+    )
+    class Classifier:
+        def __init__(self) -> None:
+            self.model = PeerModel.load()
+            self.model.warm_up()
+
+        @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=MAX_WAIT_S)
+        async def run_batch(self, pixels: list[np.ndarray]) -> list[dict[str, Any]]:
+            return await asyncio.to_thread(self.model.predict, pixels)
+
+        async def __call__(self, request: Request) -> dict[str, Any]:
+            pixels = await asyncio.to_thread(self.model.preprocess, await request.body())
+            return await self.run_batch(pixels)
+
+    return Classifier.bind()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True, help="Serve's HTTP proxy port")
+    parser.add_argument("--direct-port", type=int, help="enable direct ingress on this replica port")
+    parser.add_argument("--direct-grpc-port", type=int, help="the replica's gRPC port (direct ingress)")
+    parser.add_argument("--temp-dir", required=True, help="Ray's session directory (not shared /tmp/ray)")
+    args = parser.parse_args()
+    if args.direct_port:
+        grpc = args.direct_grpc_port or args.direct_port + 1
+        ports = {
+            "http": args.direct_port,
+            "http_end": args.direct_port + 1,
+            "grpc": grpc,
+            "grpc_end": grpc + 1,
+        }
+        for key, value in DIRECT_ENV.items():
+            os.environ[key] = value.format(**ports)
+    import ray
+    from ray import serve
+
+    # address="local": always a new single-node cluster, never one another user started here.
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=args.temp_dir,
+    )
+    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    serve.run(build_app(), route_prefix="/classify", blocking=False)
+    print("ray serve ready", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

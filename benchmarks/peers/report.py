@@ -1,0 +1,176 @@
+"""Results -> the "Against other servers" section of docs/benchmarks.md and its plot.
+
+Every figure is a median over rounds; the table shows the range over rounds beside it when
+there was more than one, since on a shared machine the spread is part of the result.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BEGIN = "<!-- peers:begin (written by benchmarks/peers/run.py) -->"
+END = "<!-- peers:end -->"
+HEADING = "## Against other servers"
+TABLE_LEVELS = (8, 32, 64)
+CPU_LEVEL = 32
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The median of a figure over rounds and its range."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    def fmt(self, digits: int = 0) -> str:
+        text = f"{self.median:.{digits}f}"
+        if self.n > 1:
+            text += f" ({self.low:.{digits}f}-{self.high:.{digits}f})"
+        return text
+
+
+def stat(values: Iterable[float]) -> Stat | None:
+    vals = [v for v in values if v == v]  # drop NaN
+    if not vals:
+        return None
+    return Stat(statistics.median(vals), min(vals), max(vals), len(vals))
+
+
+def figure(rows: Sequence[dict[str, Any]], peer: str, image: str, c: int, key: str) -> Stat | None:
+    match = (r for r in rows if r["peer"] == peer and r["image"] == image and r["concurrency"] == c)
+    return stat(r.get(key, float("nan")) for r in match)
+
+
+def _cell(s: Stat | None, digits: int = 0) -> str:
+    return s.fmt(digits) if s else "-"
+
+
+def table(results: dict[str, Any], labels: dict[str, str]) -> str:
+    """The markdown comparison table: c=1 p50, req/s at 8/32/64, CPU/request at 32, one row each."""
+    rows = results["rows"]
+    head = (
+        "| server | c=1 p50 ms | "
+        + " | ".join(f"c={c} req/s" for c in TABLE_LEVELS)
+        + f" | server CPU ms/request (c={CPU_LEVEL}) | background CPU % (c={CPU_LEVEL}) |\n|---|---:|"
+        + "---:|" * len(TABLE_LEVELS)
+        + "---:|---:|\n"
+    )
+    lines = []
+    for key, label in labels.items():
+        if not any(r["peer"] == key and r["image"] == "cifar" for r in rows):
+            continue
+        cells = [_cell(figure(rows, key, "cifar", 1, "p50_ms"), 1)]
+        cells += [_cell(figure(rows, key, "cifar", c, "rps")) for c in TABLE_LEVELS]
+        cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "cpu_ms_per_request"), 2))
+        cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "others_cpu_pct")))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    raw = results.get("raw") or []
+    if raw:
+        ips = stat(r["images_per_s"] for r in raw)
+        cpu = stat(r["cpu_ms_per_image"] for r in raw)
+        empty = " |" * (len(TABLE_LEVELS) - 2)
+        cells = f"|{empty} {_cell(ips)} images/s | | {_cell(cpu, 2)} per image | |"
+        lines.append(f"| raw `session.run`, batch 16 (no HTTP) | {cells}")
+    return head + "\n".join(lines) + "\n"
+
+
+def best_peer(rows: Sequence[dict[str, Any]], peers: Iterable[str], c: int) -> tuple[str, float] | None:
+    """The peer with the highest median req/s at `c` (gmlp-serve's own rows excluded by the caller)."""
+    best = None
+    for key in peers:
+        s = figure(rows, key, "cifar", c, "rps")
+        if s and (best is None or s.median > best[1]):
+            best = (key, s.median)
+    return best
+
+
+def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-serve") -> list[str]:
+    """gmlp-serve against the best other server at each level, and against raw ORT."""
+    rows = results["rows"]
+    others = [k for k in labels if not k.startswith(ours)]
+    out = []
+    p50 = figure(rows, ours, "cifar", 1, "p50_ms")
+    fastest = min(
+        ((k, s.median) for k in others if (s := figure(rows, k, "cifar", 1, "p50_ms"))),
+        key=lambda kv: kv[1],
+        default=None,
+    )
+    if p50 and fastest:
+        out.append(f"c=1 p50: {p50.median / fastest[1]:.2f}x the lowest peer's ({labels[fastest[0]]})")
+    for c in TABLE_LEVELS:
+        mine, best = figure(rows, ours, "cifar", c, "rps"), best_peer(rows, others, c)
+        if mine and best:
+            out.append(f"c={c} req/s: {mine.median / best[1]:.2f}x the best peer's ({labels[best[0]]})")
+    cpu_mine = figure(rows, ours, "cifar", CPU_LEVEL, "cpu_ms_per_request")
+    frugal = min(
+        ((k, s.median) for k in others if (s := figure(rows, k, "cifar", CPU_LEVEL, "cpu_ms_per_request"))),
+        key=lambda kv: kv[1],
+        default=None,
+    )
+    if cpu_mine and frugal:
+        out.append(
+            f"c={CPU_LEVEL} server CPU per request: {cpu_mine.median / frugal[1]:.2f}x the most frugal"
+            f" peer's ({labels[frugal[0]]})"
+        )
+    raw = results.get("raw") or []
+    mine32 = figure(rows, ours, "cifar", CPU_LEVEL, "rps")
+    cpu32 = figure(rows, ours, "cifar", CPU_LEVEL, "cpu_ms_per_request")
+    if raw and mine32 and cpu32:
+        ips = statistics.median(r["images_per_s"] for r in raw)
+        cpu = statistics.median(r["cpu_ms_per_image"] for r in raw)
+        out.append(f"c={CPU_LEVEL} req/s: {mine32.median / ips:.2f}x raw session.run images/s")
+        out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x raw ORT CPU per image")
+    return out
+
+
+def plot(results: dict[str, Any], labels: dict[str, str], out: Path) -> None:
+    """Throughput (x) against median latency (y, log) per server, one point per client count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["rows"]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for key, label in labels.items():
+        levels = sorted({r["concurrency"] for r in rows if r["peer"] == key and r["image"] == "cifar"})
+        pts = [
+            (figure(rows, key, "cifar", c, "rps"), figure(rows, key, "cifar", c, "p50_ms"), c) for c in levels
+        ]
+        pts = [(x.median, y.median, c) for x, y, c in pts if x and y]
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        for x, y, c in pts:
+            ax.annotate(f"{c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    raw = results.get("raw") or []
+    if raw:
+        ax.axvline(statistics.median(r["images_per_s"] for r in raw), color="grey", ls="--", lw=1)
+        ax.text(
+            0.99, 0.02, "dashed: raw session.run, batch 16", transform=ax.transAxes, ha="right", fontsize=7
+        )
+    ax.set_xlabel("requests/s (median over rounds)")
+    ax.set_ylabel("p50 latency, ms (log)")
+    ax.set_yscale("log")
+    ax.set_title("/classify, demo classifier int8; numbers at points: concurrent clients")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def replace_section(doc: str, section: str) -> str:
+    """Put `section` between the markers, or append it (with its heading) when they are absent."""
+    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
+    if BEGIN in doc and END in doc:
+        return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+    return doc.rstrip() + f"\n\n{HEADING}\n\n{block}\n"

@@ -1,0 +1,218 @@
+"""Re-run the peer benchmark end to end and rewrite its section of docs/benchmarks.md.
+
+    .venv/bin/python -m benchmarks.peers.run            # 3 rounds, c = 1, 8, 32, 64, 10 s a row
+    .venv/bin/python -m benchmarks.peers.run --quick    # 1 round, c = 1 and 32, 5 s a row
+
+It installs each peer into its own venv under .bench-venvs/ (once), exports the demo classifier
+if models/ lacks it, and needs wrk (Debian/Ubuntu: apt-get install wrk). Raw results go to
+benchmarks/peers/results.json, kept in git beside the section for before/after comparisons; the
+section and plot are rewritten from them (`--report-only` redraws them without measuring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.peers import report
+from benchmarks.peers.bench import LARGE, Plan, run_rounds
+from benchmarks.peers.model import VARIANT
+from benchmarks.peers.peers import PEER_KEYS, PEERS, REPO, ensure_venv
+
+MODEL = REPO / "models" / "cifar10-gmlp"
+DOC = REPO / "docs" / "benchmarks.md"
+PLOT = REPO / "docs" / "img" / "peers-throughput-latency.png"
+RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the section it feeds
+COMMAND = ".venv/bin/python -m benchmarks.peers.run"
+
+NOTES = """\
+Not like for like, and why:
+- **Request format.** gmlp-serve and Ray Serve take the raw JPEG as the body; LitServe parses only
+  JSON or forms and BentoML takes files as multipart fields, so those two are sent multipart
+  (field `file`). The "gmlp-serve (multipart)" row is the same server sent the same multipart
+  bodies, the like-for-like comparison for them.
+- **Ray Serve through its proxy** adds a hop: the proxy actor (its own process) receives the HTTP
+  request and forwards it to the replica over Ray's RPC. **Direct ingress**
+  (`RAY_SERVE_ENABLE_DIRECT_INGRESS=1`) makes the replica serve HTTP on its own port; the proxy
+  still runs, idle. Ray also runs its GCS, raylet, controller and dashboard agent: their CPU is in
+  the server CPU figures (the whole process tree is counted). `max_ongoing_requests` is 256, not
+  Ray's default of 5, which would cap every batch at 5.
+- **BentoML's batching** has no fixed wait: it adapts the wait to the batch times it observes,
+  bounded by `max_latency_ms` (set to 10 s, so that no request is refused). Its batchable API
+  receives the whole batch of inputs, so preprocessing runs one image after another inside the
+  batch call; in the other servers it runs per request before batching.
+- **LitServe** runs decode (preprocessing), batching and the model in one inference worker
+  process, fed by the API server process through a queue (a multiprocessing manager queue, or
+  ZeroMQ with `fast_queue=True`).
+- Access logs are off in every server (gmlp-serve's default; set for Ray and BentoML)."""
+
+
+def machine() -> dict[str, str]:
+    """CPU model, core count and the SIMD flags that decide int8 speed (from lscpu)."""
+    info = {"python": platform.python_version()}
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return info
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = fields.get("Flags", "").split()
+    simd = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "vnni")) or f in ("sse4_2",)]
+    info.update(
+        cpu=fields.get("Model name", "?"),
+        cpus=fields.get("CPU(s)", "?"),
+        hypervisor=fields.get("Hypervisor vendor", "none"),
+        simd=" ".join(simd),
+        flags=" ".join(flags),
+    )
+    return info
+
+
+def ensure_model() -> None:
+    if (MODEL / "model.int8.onnx").exists():
+        return
+    print(f"exporting the demo classifier into {MODEL}")
+    cmd = [str(REPO / ".venv" / "bin" / "gmlp"), "export", "checkpoints/cifar10-gmlp"]
+    subprocess.run([*cmd, "--out", str(MODEL), "--variants", "fp32,int8"], cwd=REPO, check=True)
+
+
+def labels(keys: list[str]) -> dict[str, str]:
+    return {p.key: p.label for p in PEERS if p.key in keys}
+
+
+def large_photo_line(results: dict[str, Any]) -> str:
+    rows = results["rows"]
+    c = next((r["concurrency"] for r in rows if r["image"] == LARGE), None)
+    if c is None:
+        return ""
+    rps = report.figure(rows, "gmlp-serve", LARGE, c, "rps")
+    cpu = report.figure(rows, "gmlp-serve", LARGE, c, "cpu_ms_per_request")
+    return (
+        f"**Large photo** (gmlp-serve only): a 12-megapixel JPEG (4000x3000, quality 90, a CIFAR-10 "
+        f"test image upscaled) at {c} clients: **{_fmt(rps, 1)} req/s**, server CPU "
+        f"**{_fmt(cpu, 1)} ms/request**."
+    )
+
+
+def _fmt(s: report.Stat | None, digits: int) -> str:
+    return s.fmt(digits) if s else "-"
+
+
+def section(results: dict[str, Any]) -> str:
+    """The markdown of the section: conditions, table, ratios, large photo, plot, notes."""
+    meta, keys = results["meta"], [k for k in PEER_KEYS if k in results["meta"]["peers"]]
+    names = labels(keys)
+    raw = results.get("raw") or []
+    pre = statistics.median(r["preprocess_cpu_ms_per_image"] for r in raw) if raw else float("nan")
+    failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
+    m = meta["machine"]
+    background = report.stat(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
+    load = f"a median {background.fmt()} % of both CPUs" if background else "an unmeasured share"
+    ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
+    return f"""\
+The demo classifier (`models/cifar10-gmlp/model.{VARIANT}.onnx`, static int8, 32x32 inputs) served
+by gmlp-serve and by three other serving frameworks, each with its own dynamic batching set to the
+same limits (max batch 16, 2 ms wait), one process, ONNX Runtime with the same options (2 intra-op
+threads, 1 inter-op, sequential, all graph optimisations, no spinning) and the same preprocessing
+(`contract.image.ImageTransform`), answering the same JSON as `/classify` (top 5). Load: wrk, one
+thread, {meta["duration_s"]:g} s per row after a warm-up, the same CIFAR-10 test JPEG on every
+request; server CPU is user + system time of the server's whole process tree (from /proc) over
+the row, divided by the requests served. {meta["rounds"]} round(s), each measuring every server at
+every client count (c = {", ".join(map(str, meta["levels"]))}), the order rotating; figures are
+medians over rounds, (ranges) beside them. Every server's answers to the 8 CIFAR-10 test JPEGs in
+`loadtests/data/` are checked against raw ONNX Runtime before it is timed.
+
+Measured {meta["date"]} on {m.get("cpu", "?")}, {m.get("cpus", "?")} vCPUs ({m.get("hypervisor")} guest;
+SIMD: {m.get("simd", "?")}), Python {m.get("python")}, shared with other work (the load generator
+runs on the same 2 cores; during the rows the rest of the machine used {load}), so
+absolute figures are low and noisy: read the ratios, measured side by side, and the CPU per
+request, which depends far less on the background load than requests/s.
+Re-run (about {meta["minutes"]:.0f} minutes):
+
+```bash
+{COMMAND}            # add --quick for a 1-round smoke run
+```
+
+{report.table(results, names)}
+gmlp-serve, medians:
+{ratio_lines}
+
+Preprocessing alone (decode + resize + normalise, one CIFAR-10 JPEG) costs {pre:.2f} ms of CPU per
+image on this machine; the rest of a server's CPU per request beyond raw ORT's per image is the
+server's own (HTTP, queueing, serialisation).
+
+{large_photo_line(results)}
+
+![throughput against latency](img/{PLOT.name})
+
+{NOTES}{failed}
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 round, c = 1 and 32, 5 s rows")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--levels", default="1,8,32,64")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk row")
+    parser.add_argument("--peers", default=",".join(PEER_KEYS), help=f"subset of {','.join(PEER_KEYS)}")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--no-docs", action="store_true", help="measure only; leave docs/ alone")
+    parser.add_argument("--report-only", action="store_true", help="redraw docs from --results")
+    args = parser.parse_args()
+    if not args.report_only:
+        measure(args)
+    results = json.loads(args.results.read_text())
+    if not args.no_docs:
+        names = labels(results["meta"]["peers"])
+        report.plot(results, names, PLOT)
+        DOC.write_text(report.replace_section(DOC.read_text(), section(results)))
+        print(f"wrote {DOC} and {PLOT}")
+
+
+def measure(args: argparse.Namespace) -> None:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian/Ubuntu: apt-get install -y wrk)")
+    if args.quick:
+        args.rounds, args.levels, args.duration = 1, "1,32", 5.0
+    keys = [k.strip() for k in args.peers.split(",") if k.strip()]
+    unknown = set(keys) - set(PEER_KEYS)
+    if unknown:
+        raise SystemExit(f"unknown peers {sorted(unknown)}; known: {', '.join(PEER_KEYS)}")
+    peers = [p for p in PEERS if p.key in keys]
+    ensure_model()
+    for peer in peers:
+        ensure_venv(peer)
+    plan = Plan(peers, [int(c) for c in args.levels.split(",")], args.rounds, args.duration, args.duration)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    with tempfile.TemporaryDirectory(prefix="gmlp-peers-") as tmp:
+        work = Path(tmp)
+        (work / "repository").mkdir()
+        (work / "repository" / MODEL.name).symlink_to(MODEL)
+        results = run_rounds(plan, work, MODEL, log=functools.partial(print, flush=True))
+    minutes = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60.0
+    meta = {
+        "date": started.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "rounds": plan.rounds,
+        "levels": plan.levels,
+        "duration_s": plan.duration_s,
+        "peers": keys,
+        "minutes": minutes,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps({"meta": meta, **results.to_json()}, indent=1))
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()

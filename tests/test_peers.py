@@ -1,0 +1,243 @@
+"""The peer benchmark's pure parts: wrk report parsing, /proc CPU of a process tree, request bodies
+and report rendering. No peer framework is installed or started here; the benchmark is a command
+(benchmarks/peers/run.py), not a test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.peers import proc, report, wrk
+from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins
+from benchmarks.peers.server import request_body, top_label
+
+WRK_OUTPUT = """\
+Running 10s test @ http://127.0.0.1:8000/classify
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    61.21ms   12.03ms 201.10ms   81.52%
+    Req/Sec   522.31     40.12   610.00     70.00%
+  Latency Distribution
+     50%   59.87ms
+     75%   66.02ms
+     90%  750.00us
+     99%    1.20s
+  5219 requests in 10.01s, 2.01MB read
+  Non-2xx or 3xx responses: 3
+  Socket errors: connect 0, read 1, write 0, timeout 2
+Requests/sec:    521.38
+Transfer/sec:    205.51KB
+"""
+
+
+def test_wrk_report_is_parsed_with_units():
+    result = wrk.parse(WRK_OUTPUT)
+    assert result.requests == 5219
+    assert result.duration_s == pytest.approx(10.01)
+    assert result.rps == pytest.approx(521.38)
+    assert result.p50_ms == pytest.approx(59.87)
+    assert result.percentiles_ms[90.0] == pytest.approx(0.75)
+    assert result.percentiles_ms[99.0] == pytest.approx(1200.0)
+    assert (result.non_2xx, result.socket_errors, result.errors) == (3, 3, 6)
+
+
+def test_wrk_report_without_failures_or_latency():
+    clean = "\n".join(
+        line for line in WRK_OUTPUT.splitlines() if "Non-2xx" not in line and "Socket" not in line
+    )
+    assert wrk.parse(clean).errors == 0
+    with pytest.raises(ValueError, match="latency distribution"):
+        wrk.parse(clean.replace("     50%   59.87ms\n", ""))
+    with pytest.raises(ValueError, match="no results"):
+        wrk.parse("unable to connect to 127.0.0.1:1 Connection refused")
+
+
+def test_wrk_durations():
+    assert wrk.to_ms("812.00us") == pytest.approx(0.812)
+    assert wrk.to_ms("2.00m") == pytest.approx(120_000.0)
+    with pytest.raises(ValueError):
+        wrk.to_ms("12 ms")
+
+
+def test_lua_script_posts_the_body_file(tmp_path: Path):
+    script = wrk.lua_script(tmp_path / "x.body", "image/jpeg")
+    assert f'io.open("{tmp_path / "x.body"}", "rb")' in script
+    assert 'wrk.method = "POST"' in script and '"Content-Type"] = "image/jpeg"' in script
+
+
+def test_stat_fields_counted_after_the_command_name():
+    # A command name with spaces and parentheses must not shift the fields.
+    text = "4242 (we) ird (name)) S 17 4242 4242 0 -1 4194560 1 0 0 0 250 75 0 0 20 0 3 0 100 1 1"
+    assert proc.parse_stat(text) == (17, 250, 75)
+
+
+def test_descendants_follow_the_parent_chain():
+    parents = {1: 0, 10: 1, 11: 10, 12: 11, 20: 1, 30: 99}
+    assert proc.descendants(10, parents) == {10, 11, 12}
+    assert proc.descendants(30, parents) == {30}
+
+
+CHILD = """
+import subprocess, sys, time
+grandchild = subprocess.Popen([sys.executable, "-c", "import time\\nt=time.process_time()\\n"
+    "while time.process_time() - t < 0.4: pass\\ntime.sleep(30)"])
+t = time.process_time()
+while time.process_time() - t < 0.3:
+    pass
+print("busy done", flush=True)
+time.sleep(30)
+"""
+
+
+def test_tree_cpu_counts_children_and_grandchildren():
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "busy done"
+        deadline = time.monotonic() + 20
+        while len(proc.tree_pids(child.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = proc.tree_pids(child.pid)
+        assert child.pid in pids and len(pids) == 2
+        cpu = proc.tree_cpu_seconds(child.pid)
+        while cpu < 0.7 and time.monotonic() < deadline:  # the grandchild may still be spinning
+            time.sleep(0.1)
+            cpu = proc.tree_cpu_seconds(child.pid)
+        # 0.3 s (child) + 0.4 s (grandchild) of CPU, plus interpreter start-up, in clock ticks.
+        assert 0.7 - 2.0 / proc.CLOCK_TICKS <= cpu < 5.0
+    finally:
+        for pid in proc.tree_pids(child.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        child.wait(timeout=10)
+
+
+def test_multipart_body_parses_as_a_form_with_the_image():
+    from starlette.requests import Request
+
+    body, content_type = request_body(b"\xff\xd8jpeg bytes\xff\xd9", "multipart")
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def parse() -> bytes:
+        scope = {"type": "http", "method": "POST", "path": "/", "query_string": b""}
+        scope["headers"] = [(b"content-type", content_type.encode())]
+        form = await Request(scope, receive).form()
+        return await form["file"].read()
+
+    assert asyncio.run(parse()) == b"\xff\xd8jpeg bytes\xff\xd9"
+    assert request_body(b"abc", "raw") == (b"abc", "image/jpeg")
+    with pytest.raises(ValueError):
+        request_body(b"abc", "json")
+
+
+def test_top_label_of_plain_and_wrapped_answers():
+    answer = {"model": "m", "predictions": [{"label": "cat", "score": 0.9}]}
+    assert top_label(answer) == top_label([answer]) == "cat"
+
+
+def test_peer_venvs_pin_the_product_packages():
+    pins = product_pins(SHARED_PINS)
+    assert [p.split("==")[0].lower() for p in pins] == list(SHARED_PINS)
+    for peer in PEERS:
+        if peer.venv is None:
+            continue
+        spec = install_spec(peer)
+        assert spec[-2:][0] == "-e" and all("==" in p for p in spec[:-2]), spec
+
+
+def _results() -> dict:
+    rows = []
+    figures = {"gmlp-serve": (5.0, 400.0, 3.0), "litserve": (6.0, 300.0, 4.0)}
+    for rnd, jitter in enumerate((0.9, 1.0, 1.2)):
+        for peer, (p50, rps, cpu) in figures.items():
+            for c in (1, 8, 32, 64):
+                rows.append(
+                    {
+                        "peer": peer,
+                        "round": rnd,
+                        "image": "cifar",
+                        "concurrency": c,
+                        "rps": rps * jitter * (1 if c > 1 else 0.3),
+                        "p50_ms": p50 * jitter * c,
+                        "p99_ms": float("nan"),
+                        "cpu_ms_per_request": cpu * jitter,
+                        "requests": 1000,
+                        "errors": 0,
+                    }
+                )
+    raw = [{"images_per_s": 600.0, "cpu_ms_per_image": 2.0}]
+    return {"rows": rows, "raw": raw}
+
+
+LABELS = {"gmlp-serve": "gmlp-serve", "litserve": "LitServe"}
+
+
+def test_table_holds_medians_and_ranges():
+    text = report.table(_results(), LABELS)
+    lines = text.splitlines()
+    assert lines[0].startswith("| server | c=1 p50 ms | c=8 req/s | c=32 req/s | c=64 req/s |")
+    assert lines[0].endswith("| background CPU % (c=32) |") and lines[1].count("|") == 8
+    cells = "5.0 (4.5-6.0) | 400 (360-480) | 400 (360-480) | 400 (360-480) | 3.00 (2.70-3.60) | -"
+    assert lines[2] == f"| gmlp-serve | {cells} |"
+    assert lines[3].startswith("| LitServe | 6.0 (5.4-7.2) | 300 (270-360) |")
+    assert "600 images/s" in lines[4] and "2.00 per image" in lines[4]
+
+
+def test_ratios_against_the_best_peer_and_raw_ort():
+    lines = report.ratios(_results(), LABELS)
+    assert lines[0] == "c=1 p50: 0.83x the lowest peer's (LitServe)"
+    assert "c=32 req/s: 1.33x the best peer's (LitServe)" in lines
+    assert "c=32 server CPU per request: 0.75x the most frugal peer's (LitServe)" in lines
+    assert "c=32 req/s: 0.67x raw session.run images/s" in lines
+    assert "c=32 server CPU per request: 1.50x raw ORT CPU per image" in lines
+
+
+def test_section_is_replaced_between_markers_and_appended_once():
+    doc = "# Benchmarks\n\nintro\n"
+    once = report.replace_section(doc, "first")
+    assert once.count(report.HEADING) == 1 and "first" in once
+    twice = report.replace_section(once + "\n## Later section\n", "second")
+    assert "first" not in twice and "second" in twice and twice.count(report.HEADING) == 1
+    assert twice.rstrip().endswith("## Later section")
+
+
+def test_plot_is_written(tmp_path: Path):
+    out = tmp_path / "img" / "plot.png"
+    report.plot(_results(), LABELS, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_machine_busy_counts_steal_but_not_idle_or_iowait(tmp_path: Path):
+    (tmp_path / "stat").write_text("cpu  100 5 50 1000 30 2 3 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    assert proc.machine_busy_seconds(tmp_path) == pytest.approx(170 / proc.CLOCK_TICKS)
+
+
+def test_section_states_conditions_command_and_figures():
+    from benchmarks.peers.run import COMMAND, section
+
+    results = _results()
+    results["raw"][0].update(preprocess_cpu_ms_per_image=0.3)
+    results["meta"] = {
+        "date": "2026-01-01",
+        "machine": {"cpu": "Test CPU", "cpus": "2", "hypervisor": "none", "simd": "avx2", "python": "3.11"},
+        "rounds": 3,
+        "levels": [1, 8, 32, 64],
+        "duration_s": 10.0,
+        "peers": ["gmlp-serve", "litserve"],
+        "minutes": 20.0,
+    }
+    results["failed"] = {"litserve": "RuntimeError: boom"}
+    text = section(results)
+    assert "Test CPU" in text and "SIMD: avx2" in text and COMMAND in text
+    assert "| LitServe 0.2.19 | 6.0 (5.4-7.2) |" in text
+    assert "c=32 req/s: 1.33x the best peer's (LitServe 0.2.19)" in text
+    assert "- litserve: not measured (RuntimeError: boom)" in text
