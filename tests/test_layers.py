@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "model", "export", "service", "loadtests", "gmlp")
+PACKAGES = ("contract", "model", "export", "service", "loadtests", "gmlp", "benchmarks")
 # Which of our packages each package may import (besides itself). Read bottom-up: `contract` is the
 # served-model contract everyone shares; torch lives in `model` and `export`; `service` runs without
 # them; `gmlp` (the CLI) sits on top of everything.
@@ -21,6 +21,8 @@ ALLOWED = {
     "service": {"contract"},
     "loadtests": {"contract"},
     "gmlp": {"contract", "model", "export", "service", "loadtests"},
+    # The peer benchmark serves the same file with the service's own runtime options.
+    "benchmarks": {"contract", "service"},
 }
 
 
