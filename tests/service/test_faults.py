@@ -106,7 +106,9 @@ def _copy_model(source: Path, repository: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def mismatched_mlm_server(
-    tiny_mlm_served: Path, start_server: Callable[..., RunningServer], tmp_path_factory: pytest.TempPathFactory
+    tiny_mlm_served: Path,
+    start_server: Callable[..., RunningServer],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> RunningServer:
     """The tiny MLM with a tokenizer that maps one word past the graph's vocabulary: a served model
     that does not fit its own metadata, the kind of bug ORT reports at run time."""
