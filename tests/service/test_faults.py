@@ -1,4 +1,5 @@
-"""Faults: ONNX Runtime failing inside a batch, corrupt or missing model files at start-up.
+"""Faults: ONNX Runtime failing inside a batch, corrupt or missing model files at start-up, SIGTERM
+during a burst.
 
 Every fault is real: ONNX Runtime really raises (a token id past the embedding table makes the
 graph's Gather fail), the model files are really truncated or deleted. What is checked is each
@@ -21,15 +22,21 @@ import asyncio
 import json
 import logging
 import shutil
+import signal
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from contract.spec import read_spec
+from loadtests.checks import check_classify, check_fill_mask
+from loadtests.metrics_scrape import http_get
+from loadtests.server import ServerProcess
 from service import cli
 from service.app import create_app
 from service.deadline import Deadline
@@ -230,3 +237,72 @@ def test_missing_variant_file_fails_loading_and_serve_start_up(
     status = cli.main(["--model-repository", str(broken_repository), "--checkpoint-dir", "", "--port", "9"])
     err = capsys.readouterr().err
     assert status == 1 and "model.int8.onnx" in err and str(config) in err, err
+
+
+def _queued(url: str) -> float:
+    """Requests waiting in all batch queues of the server at `url` (its /metrics)."""
+    text = http_get(f"{url}/metrics").decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gmlp_queue_depth"
+    )
+
+
+def _refuses_connections(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health/live", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_sigterm_during_a_burst_answers_every_accepted_request(
+    repository: Path, cifar_images: list[bytes], tmp_path: Path, poll: Callable[..., None]
+) -> None:
+    """A real `gmlp serve` process: a burst of requests is queued (a long batching window holds
+    them), SIGTERM arrives; the server stops accepting connections, answers every queued request
+    with its result, drains the batchers and exits."""
+    server = ServerProcess(
+        repository,
+        log_path=tmp_path / "server.log",
+        serve_args=["--intra-op-threads", "1", "--max-batch-size", "64", "--max-queue-delay-ms", "8000"]
+        + ["--queue-delay-policy", "always"],
+        ready_timeout_s=90,
+    )
+    images, texts = cifar_images[:8], [*GOOD_TEXTS, *GOOD_TEXTS, *GOOD_TEXTS[:2]]
+
+    def classify(image: bytes) -> httpx.Response:  # each request on a connection of its own
+        return httpx.post(
+            f"{server.url}/classify?top_k=3",
+            content=image,
+            headers={"content-type": "image/jpeg"},
+            timeout=60,
+        )
+
+    def fill_mask(text: str) -> httpx.Response:
+        return httpx.post(f"{server.url}/fill-mask", json={"text": text, "top_k": 3}, timeout=60)
+
+    with server, ThreadPoolExecutor(len(images) + len(texts)) as pool:
+        burst = [pool.submit(classify, image) for image in images]
+        burst += [pool.submit(fill_mask, text) for text in texts]
+        poll(lambda: _queued(server.url) == len(burst), timeout=30, interval=0.1)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        poll(lambda: _refuses_connections(server.url), timeout=30, interval=0.1)
+        answers = [future.result(timeout=90) for future in burst]
+        exit_status = server.proc.wait(timeout=90)
+
+    assert [a.status_code for a in answers] == [200] * len(burst), [
+        a.text for a in answers if a.status_code != 200
+    ]
+    for answer in answers[: len(images)]:
+        assert check_classify(answer.json(), 3) is None
+    for answer, text in zip(answers[len(images) :], texts, strict=True):
+        assert check_fill_mask(answer.json(), text, 3) is None
+    # uvicorn re-raises the signal once it has shut down, so the process ends "killed by SIGTERM"
+    # (143 in a shell) after a complete, graceful shutdown.
+    assert exit_status in (0, -signal.SIGTERM), server.log_tail()
+    log = server.log_tail()
+    assert "drained and closed 2 models" in log and "Application shutdown complete" in log, log
