@@ -193,13 +193,15 @@ async def open_loop(
             await asyncio.sleep(SAMPLE_EVERY_S)
 
     sampler = asyncio.create_task(sample())
+    reported = -1  # the last bucket printed (while running, for a long soak)
     for i in range(min(plan.max_requests, int(plan.rate * (end - start)))):
         due = start + i / plan.rate
         # Always yield (sleep 0 when behind), so that open requests progress while catching up.
         await asyncio.sleep(max(0.0, due - time.monotonic()))
         index = bucket_at(due)
-        if label and index and buckets[index].sent == 0:
-            print(f"{label} {index - 1}: {json.dumps(buckets[index - 1].report(plan.bucket_s))}", flush=True)
+        if label and index > reported + 1:
+            reported = index - 1
+            print(f"{label} {reported}: {json.dumps(buckets[reported].report(plan.bucket_s))}", flush=True)
         bucket = buckets[index]
         # An arrival the client could not send on time (it shares the CPU) or beyond its bound of
         # open requests is not sent: what is sent is the load the server really saw.
