@@ -70,7 +70,7 @@ time_to_ready=$("$PY" -c "print(f'{$ready_at - $killed_at:.1f}')")
 echo "restarts by the policy: $((restarts - restarts_before))"
 echo "time from SIGKILL to /health/ready 200: $time_to_ready s (limit $READY_LIMIT_S s)"
 echo "load across the kill: $(summary chaos '"{requests} requests, {failed} failed, {ok_per_s} ok/s".format(**d)')"
-summary chaos '"\n".join(f"  failed at {f[\"t_s\"]} s: {f[\"path\"]}: {f[\"error\"][:100]}" for f in d["failures"][:5])'
+summary chaos '"\n".join("  failed at %s s: %s: %s" % (f["t_s"], f["path"], f["error"][:100]) for f in d["failures"][:3])'
 echo "load after the restart: $(summary after '"{requests} requests, {failed} failed".format(**d)')"
 [[ $((restarts - restarts_before)) -eq 1 ]] || { echo "the container was not restarted once by its policy" >&2; exit 1; }
 [[ $(summary after 'd["failed"]') -eq 0 && $(summary after 'd["requests"]') -gt 0 ]] ||
