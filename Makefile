@@ -61,7 +61,8 @@ constraints: install
 # Known vulnerabilities of the pinned serving install (what the runtime image installs): a fresh
 # venv with `pip install -c constraints.txt .[serve]`, its packages checked by pip-audit (in a venv
 # of its own, so that its dependencies are not audited) against PyPI's vulnerability data;
-# AUDIT_SERVICE=osv asks OSV instead. Exits non-zero when a pinned package has a known vulnerability.
+# AUDIT_SERVICE=osv asks OSV instead. Fails when a pinned package has a known vulnerability or could
+# not be checked (--strict: unreachable vulnerability data is not a pass).
 AUDIT_VENV ?= .venv-audit
 AUDIT_SERVICE ?= pypi
 audit:
