@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models demo-eval export serve bench bench-peers docker loadtest constraints grpc-stubs timm-parity clean
+.PHONY: install test lint format demo-models demo-eval export serve bench bench-peers docker loadtest constraints grpc-stubs audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,22 @@ constraints: install
 grpc-stubs: install
 	$(BIN)/python scripts/grpc_stubs.py
 
+# Known vulnerabilities of the pinned serving install (what the runtime image installs): a fresh
+# venv with `pip install -c constraints.txt .[serve]`, its packages checked by pip-audit (in a venv
+# of its own, so that its dependencies are not audited) against PyPI's vulnerability data;
+# AUDIT_SERVICE=osv asks OSV instead. Fails when a pinned package has a known vulnerability or could
+# not be checked (--strict: unreachable vulnerability data is not a pass).
+AUDIT_VENV ?= .venv-audit
+AUDIT_SERVICE ?= pypi
+audit:
+	test -x $(AUDIT_VENV)/serve/bin/python || $(PYTHON) -m venv $(AUDIT_VENV)/serve
+	$(AUDIT_VENV)/serve/bin/python -m pip install -q -c constraints.txt ".[serve]"
+	test -x $(AUDIT_VENV)/tool/bin/pip-audit || \
+	  ( $(PYTHON) -m venv $(AUDIT_VENV)/tool && $(AUDIT_VENV)/tool/bin/python -m pip install -q pip-audit )
+	$(AUDIT_VENV)/serve/bin/python -m pip freeze | grep -vi '^gmlp' > $(AUDIT_VENV)/serve-requirements.txt
+	$(AUDIT_VENV)/tool/bin/pip-audit --vulnerability-service $(AUDIT_SERVICE) --no-deps --disable-pip --strict \
+	  --desc on -r $(AUDIT_VENV)/serve-requirements.txt
+
 # Optional: parity against timm's own gMLP. timm needs torchvision, which imports only beside
 # torch 2.14.1 (a 5.5 GB CUDA build that runs on CPU), so it lives in a separate venv.
 timm-parity:
@@ -76,4 +92,4 @@ timm-parity:
 	PYTHONPATH=. .venv-timm/bin/python -m pytest -p no:cacheprovider -s -m timm tests/test_timm_import.py
 
 clean:
-	rm -rf $(VENV) .venv-timm .bench-venvs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-timm .venv-audit .bench-venvs .pytest_cache .ruff_cache *.egg-info

@@ -4,30 +4,17 @@
 # Needs a Docker engine with Compose v2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-URL=http://127.0.0.1:${GMLP_PUBLISH_PORT:-8000}
-export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-gmlp-smoke}
+source scripts/compose-lib.sh
 
 echo "-- compose files validate (default and gpu profile)"
 docker compose config -q
 docker compose --profile gpu config -q
 docker compose --profile loadtest config -q
 
-cleanup() {
-  status=$?
-  if [[ $status -ne 0 ]]; then docker compose logs --tail 80 api || true; fi
-  docker compose down -v --remove-orphans || true
-  exit $status
-}
-trap cleanup EXIT
+trap compose_cleanup EXIT
 
 echo "-- build and start (waits for the healthcheck on /health/ready)"
-docker compose up -d --build --wait --wait-timeout 600 api
-# `--wait` has returned 0 on an unhealthy container with some Compose builds: check ourselves.
-for _ in $(seq 60); do
-  curl -sf "$URL/health/ready" >/dev/null && break
-  sleep 2
-done
+compose_up
 curl -sS --fail-with-body "$URL/health/ready"
 echo
 docker image ls gmlp-serve:cpu --format 'runtime image gmlp-serve:cpu: {{.Size}}'

@@ -100,6 +100,12 @@ class RunningServer:
 
 
 @pytest.fixture(scope="session")
+def poll() -> Callable[..., None]:
+    """`wait_until`, for tests that wait on something other than a RunningServer (a process)."""
+    return wait_until
+
+
+@pytest.fixture(scope="session")
 def repository(tiny_vision_served: Path, tiny_mlm_served: Path) -> Path:
     """The repository holding both tiny served models."""
     assert tiny_vision_served.parent == tiny_mlm_served.parent

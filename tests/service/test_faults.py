@@ -1,0 +1,308 @@
+"""Faults: ONNX Runtime failing inside a batch, corrupt or missing model files at start-up, SIGTERM
+during a burst.
+
+Every fault is real: ONNX Runtime really raises (a token id past the embedding table makes the
+graph's Gather fail), the model files are really truncated or deleted. What is checked is each
+request's outcome and the message an operator sees, never a duration.
+
+Chosen behaviours (docs/reliability.md):
+- a request ONNX Runtime cannot run is a server fault: 500 `internal_error`, logged with the
+  traceback. The request had passed every input check, so either a check is missing or the
+  served model does not fit its own metadata; both are bugs to fix on the server side, not
+  something a client can correct. Its batch-mates are retried one by one and succeed.
+- a served-model directory that cannot be loaded fails the whole service with the reason, which
+  names the file: `gmlp serve` refuses to start when a listed file is missing; a file that exists
+  but does not load leaves the service up with /health/live and /health/ready at 503 and the
+  reason in their body (never ready, so no traffic is routed to a replica serving a subset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from contract.spec import read_spec
+from loadtests.checks import check_classify, check_fill_mask
+from loadtests.metrics_scrape import http_get
+from loadtests.server import ServerProcess
+from service import cli
+from service.app import create_app
+from service.deadline import Deadline
+from service.metrics import ServiceMetrics
+from service.pipelines import FillMaskPipeline, load_pipeline
+from service.settings import ServiceSettings
+
+if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
+    from svc_harness import RunningServer
+
+pytest_plugins = ["svc_harness"]
+pytestmark = pytest.mark.timeout(120)
+
+GOOD_TEXTS = ["the [MASK] sat on the mat.", "paris is the [MASK] of france.", "she [MASK] the ball."]
+POISON_WORD = "zebra"
+
+
+def _fill_mask_pipeline(spec_dir: Path, settings: ServiceSettings) -> FillMaskPipeline:
+    spec = read_spec(spec_dir)
+    assert spec is not None
+    pipeline = load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+    assert isinstance(pipeline, FillMaskPipeline)
+    return pipeline
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_ort_failure_in_a_batch_fails_only_the_poisoned_request(
+    tiny_mlm_served: Path,
+    make_settings: Callable[..., ServiceSettings],
+    caplog: pytest.LogCaptureFixture,
+    variant: str,
+) -> None:
+    """One feed with an id >= vocab_size, batched with good ones: ORT's Gather raises for the batch;
+    the batcher retries one by one, the good ones get exactly their results run alone."""
+    settings = make_settings(variant=variant, max_batch_size=8, max_queue_delay_ms=0.0)
+    pipeline = _fill_mask_pipeline(tiny_mlm_served, settings)
+    codec = pipeline.codec
+    good = [codec.encode(text).feeds for text in GOOD_TEXTS]
+    poisoned = {
+        "input_ids": np.array([101, codec.vocab_size + 7, codec.mask_id, 102], np.int64),
+        "mask_positions": np.array([2], np.int64),
+    }
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        pipeline.batcher.start()
+        try:
+            alone = [await pipeline.infer(feeds, Deadline.after(30)) for feeds in good]
+            # Submitted in one go, before the batching loop runs: they form one batch.
+            together = await asyncio.gather(
+                *(pipeline.infer(f, Deadline.after(30)) for f in [good[0], poisoned, *good[1:]]),
+                return_exceptions=True,
+            )
+            return alone, together
+        finally:
+            await pipeline.batcher.close(10)
+
+    with caplog.at_level(logging.WARNING, logger="service.batching"):
+        alone, together = asyncio.run(asyncio.wait_for(main(), 60))
+
+    assert any("batch of 4 failed" in r.getMessage() for r in caplog.records), caplog.text
+    error = together[1]
+    assert isinstance(error, Exception) and not isinstance(error, AssertionError)
+    assert "Gather" in str(error) or "indices" in str(error), repr(error)
+    for expected, got in zip(alone, [together[0], *together[2:]], strict=True):
+        assert isinstance(got, dict), got
+        assert np.array_equal(expected["logits"], got["logits"])
+
+
+def _copy_model(source: Path, repository: Path) -> Path:
+    target = repository / source.name
+    shutil.copytree(source, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def mismatched_mlm_server(
+    tiny_mlm_served: Path,
+    start_server: Callable[..., RunningServer],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> RunningServer:
+    """The tiny MLM with a tokenizer that maps one word past the graph's vocabulary: a served model
+    that does not fit its own metadata, the kind of bug ORT reports at run time."""
+    model = _copy_model(tiny_mlm_served, tmp_path_factory.mktemp("mismatched"))
+    tokenizer_file = model / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    vocab_size = json.loads((model / "config.json").read_text())["model"]["vocab_size"]
+    tokenizer["model"]["vocab"][POISON_WORD] = vocab_size + 100
+    tokenizer_file.write_text(json.dumps(tokenizer))
+    return start_server(
+        model_repository=model.parent,
+        variant="fp32",
+        max_batch_size=8,
+        max_queue_delay_ms=1000.0,
+        queue_delay_policy="always",
+    )
+
+
+def test_ort_failure_over_http_is_a_logged_500_and_its_batch_mates_succeed(
+    mismatched_mlm_server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = mismatched_mlm_server
+
+    async def post(client: httpx.AsyncClient, text: str) -> httpx.Response:
+        return await client.post("/fill-mask", json={"text": text, "top_k": 5})
+
+    async def main() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            alone = [await post(client, text) for text in GOOD_TEXTS]
+            texts = [GOOD_TEXTS[0], f"a {POISON_WORD} [MASK] here.", *GOOD_TEXTS[1:]]
+            together = await asyncio.gather(*(post(client, text) for text in texts))
+            return alone, list(together)
+
+    batches_before = server.metric("gmlp_batch_size_count", model="tiny-mlm")
+    with caplog.at_level(logging.WARNING):
+        alone, together = asyncio.run(asyncio.wait_for(main(), 90))
+
+    failed = together[1]
+    assert failed.status_code == 500, failed.text
+    assert failed.json()["error"]["code"] == "internal_error"
+    assert "Gather" not in failed.text  # nothing internal is sent to the client
+    logged = [r for r in caplog.records if r.getMessage().startswith("unhandled error on POST /fill-mask")]
+    assert logged and logged[0].exc_info is not None, caplog.text
+    for expected, got in zip(alone, [together[0], *together[2:]], strict=True):
+        assert expected.status_code == got.status_code == 200, got.text
+        assert got.json() == expected.json()
+    # The four waited together for the window and failed as one batch, then ran one by one.
+    assert any("batch of 4 failed" in r.getMessage() for r in caplog.records), caplog.text
+    assert server.metric("gmlp_batch_size_count", model="tiny-mlm") - batches_before == len(GOOD_TEXTS) + 1
+    with server.client() as client:  # the service stays healthy
+        assert client.get("/health/ready").status_code == 200
+
+
+@pytest.fixture()
+def broken_repository(repository: Path, tmp_path: Path) -> Path:
+    """A copy of the test repository (tiny classifier + tiny MLM) for a test to break."""
+    copy = tmp_path / "repository"
+    for model in (repository / "tiny-vision", repository / "tiny-mlm"):
+        _copy_model(model, copy)
+    return copy
+
+
+def _load_failed(settings: ServiceSettings) -> dict[str, httpx.Response]:
+    """What a client sees after the service tried to load `settings`' repository."""
+
+    async def main() -> dict[str, httpx.Response]:
+        app = create_app(settings)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+            await app.state.service.load()
+            try:
+                return {
+                    "live": await client.get("/health/live"),
+                    "ready": await client.get("/health/ready"),
+                    "fill": await client.post("/fill-mask", json={"text": "a [MASK] day"}),
+                    "classify": await client.post(
+                        "/classify", content=b"x", headers={"content-type": "image/jpeg"}
+                    ),
+                }
+            finally:
+                await app.state.service.shutdown()
+
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def _assert_failed_naming(responses: dict[str, httpx.Response], fragment: str) -> None:
+    live, ready = responses["live"], responses["ready"]
+    assert live.status_code == ready.status_code == 503
+    assert live.json()["status"] == ready.json()["status"] == "failed"
+    assert fragment in live.json()["detail"] and fragment in ready.json()["detail"], ready.text
+    for task in ("fill", "classify"):  # the intact model is not served either
+        refused = responses[task]
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "not_ready"
+        assert fragment in refused.json()["error"]["message"]
+        assert "retry-after" not in refused.headers  # retrying will not help
+
+
+def test_truncated_model_file_fails_loading_with_the_file_named(
+    broken_repository: Path, make_settings: Callable[..., ServiceSettings]
+) -> None:
+    model_file = broken_repository / "tiny-mlm" / "model.int8.onnx"
+    data = model_file.read_bytes()
+    model_file.write_bytes(data[: len(data) // 2])
+    responses = _load_failed(make_settings(model_repository=broken_repository, variant="int8"))
+    _assert_failed_naming(responses, str(model_file))
+
+
+def test_missing_variant_file_fails_loading_and_serve_start_up(
+    broken_repository: Path,
+    make_settings: Callable[..., ServiceSettings],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (broken_repository / "tiny-mlm" / "model.int8.onnx").unlink()
+    config = broken_repository / "tiny-mlm" / "config.json"
+    # The app (uvicorn --factory) comes up, never ready, with the reason in its health body.
+    responses = _load_failed(make_settings(model_repository=broken_repository))
+    _assert_failed_naming(responses, "model.int8.onnx")
+    assert str(config) in responses["ready"].json()["detail"]
+    # `gmlp serve` checks the repository before it listens: exit status 1 and the reason.
+    status = cli.main(["--model-repository", str(broken_repository), "--checkpoint-dir", "", "--port", "9"])
+    err = capsys.readouterr().err
+    assert status == 1 and "model.int8.onnx" in err and str(config) in err, err
+
+
+def _queued(url: str) -> float:
+    """Requests waiting in all batch queues of the server at `url` (its /metrics)."""
+    text = http_get(f"{url}/metrics").decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "gmlp_queue_depth"
+    )
+
+
+def _refuses_connections(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health/live", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_sigterm_during_a_burst_answers_every_accepted_request(
+    repository: Path, cifar_images: list[bytes], tmp_path: Path, poll: Callable[..., None]
+) -> None:
+    """A real `gmlp serve` process: a burst of requests is queued (a long batching window holds
+    them), SIGTERM arrives; the server stops accepting connections, answers every queued request
+    with its result, drains the batchers and exits."""
+    server = ServerProcess(
+        repository,
+        log_path=tmp_path / "server.log",
+        serve_args=["--intra-op-threads", "1", "--max-batch-size", "64", "--max-queue-delay-ms", "8000"]
+        + ["--queue-delay-policy", "always"],
+        ready_timeout_s=90,
+    )
+    images, texts = cifar_images[:8], [*GOOD_TEXTS, *GOOD_TEXTS, *GOOD_TEXTS[:2]]
+
+    def classify(image: bytes) -> httpx.Response:  # each request on a connection of its own
+        return httpx.post(
+            f"{server.url}/classify?top_k=3",
+            content=image,
+            headers={"content-type": "image/jpeg"},
+            timeout=60,
+        )
+
+    def fill_mask(text: str) -> httpx.Response:
+        return httpx.post(f"{server.url}/fill-mask", json={"text": text, "top_k": 3}, timeout=60)
+
+    with server, ThreadPoolExecutor(len(images) + len(texts)) as pool:
+        burst = [pool.submit(classify, image) for image in images]
+        burst += [pool.submit(fill_mask, text) for text in texts]
+        poll(lambda: _queued(server.url) == len(burst), timeout=30, interval=0.1)
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        poll(lambda: _refuses_connections(server.url), timeout=30, interval=0.1)
+        answers = [future.result(timeout=90) for future in burst]
+        exit_status = server.proc.wait(timeout=90)
+
+    assert [a.status_code for a in answers] == [200] * len(burst), [
+        a.text for a in answers if a.status_code != 200
+    ]
+    for answer in answers[: len(images)]:
+        assert check_classify(answer.json(), 3) is None
+    for answer, text in zip(answers[len(images) :], texts, strict=True):
+        assert check_fill_mask(answer.json(), text, 3) is None
+    # uvicorn re-raises the signal once it has shut down, so the process ends "killed by SIGTERM"
+    # (143 in a shell) after a complete, graceful shutdown.
+    assert exit_status in (0, -signal.SIGTERM), server.log_tail()
+    log = server.log_tail()
+    assert "drained and closed 2 models" in log and "Application shutdown complete" in log, log
