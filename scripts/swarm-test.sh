@@ -3,7 +3,7 @@
 # that both replicas become healthy and both answer requests sent through the published port,
 # kill a replica under load (it must be replaced; few requests may fail), run a rolling update
 # under load (no request may fail), tear down. Initialises a swarm when there is none, and leaves
-# it again at the end. Needs a Docker engine with Compose v2 (here: ../shared/tools/docker-standin.sh).
+# it again at the end. Needs a Docker engine with Compose v2.
 #
 # Environment: GMLP_PUBLISH_PORT (8000), GMLP_REPLICAS (2), SWARM_TEST_STACK (gmlp-swarm-test),
 # SWARM_TEST_KILL_MAX_FAILURES (3): failed requests tolerated across the kill.
