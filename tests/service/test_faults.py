@@ -76,7 +76,7 @@ def test_ort_failure_in_a_batch_fails_only_the_poisoned_request(
     codec = pipeline.codec
     good = [codec.encode(text).feeds for text in GOOD_TEXTS]
     poisoned = {
-        "input_ids": np.array([101, codec.vocab_size + 7, codec.mask_id, 102], np.int64),
+        "input_ids": np.array([good[0]["input_ids"][0], codec.vocab_size + 7, codec.mask_id], np.int64),
         "mask_positions": np.array([2], np.int64),
     }
 
@@ -98,8 +98,8 @@ def test_ort_failure_in_a_batch_fails_only_the_poisoned_request(
 
     assert any("batch of 4 failed" in r.getMessage() for r in caplog.records), caplog.text
     error = together[1]
-    assert isinstance(error, Exception) and not isinstance(error, AssertionError)
-    assert "Gather" in str(error) or "indices" in str(error), repr(error)
+    assert isinstance(error, Exception), error
+    assert "Gather" in str(error) and "out of data bounds" in str(error), repr(error)  # ORT's own
     for expected, got in zip(alone, [together[0], *together[2:]], strict=True):
         assert isinstance(got, dict), got
         assert np.array_equal(expected["logits"], got["logits"])
