@@ -53,7 +53,10 @@ Not like for like, and why:
 - **LitServe** runs decode (preprocessing), batching and the model in one inference worker
   process, fed by the API server process through a queue (a multiprocessing manager queue, or
   ZeroMQ with `fast_queue=True`).
-- Access logs are off in every server (gmlp-serve's default; set for Ray and BentoML)."""
+- Access logs are off in every server (gmlp-serve's default; set for Ray and BentoML); every other
+  setting is the framework's default (Ray's `RAY_SERVE_THROUGHPUT_OPTIMIZED` mode is not set).
+- The large-photo row's answer is checked against raw ONNX Runtime too; the photo is made by the
+  script (Pillow, bicubic upscale of a CIFAR-10 test JPEG), not shipped."""
 
 
 def machine() -> dict[str, str]:
