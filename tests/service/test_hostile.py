@@ -30,29 +30,42 @@ def _connect(server: RunningServer) -> socket.socket:
     return sock
 
 
+class Responses:
+    """Reads HTTP responses one after another from a socket, keeping what arrived past each one
+    (pipelined answers may come in one packet)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def next(self) -> bytes:
+        """One whole response (headers and Content-Length body), or what came before EOF."""
+        while b"\r\n\r\n" not in self.buffer:
+            if not self._fill():
+                response, self.buffer = self.buffer, b""
+                return response
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            ),
+            0,
+        )
+        while len(rest) < length and self._fill():
+            head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        self.buffer = rest[length:]
+        return head + b"\r\n\r\n" + rest[:length]
+
+
 def _read_response(sock: socket.socket) -> bytes:
-    """One whole HTTP response (headers and Content-Length body) or what came before EOF."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        (
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        ),
-        0,
-    )
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
+    return Responses(sock).next()
 
 
 def _status(response: bytes) -> int:
@@ -104,7 +117,8 @@ def test_pipelined_requests_are_answered_in_order(server: RunningServer) -> None
         b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
         b"GET /health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
     )
-    statuses = [_status(_read_response(sock)) for _ in range(3)]
+    responses = Responses(sock)
+    statuses = [_status(responses.next()) for _ in range(3)]
     sock.close()
     assert statuses == [200, 404, 200]
 
