@@ -36,7 +36,6 @@ DEFAULT_CIFAR = SHARED_DATA / "cifar10" / "cifar10-jpeg.npz"
 DEFAULT_TEXT = SHARED_DATA / "gutenberg" / "valid-000.txt.gz"  # held out from MLM training
 DEFAULT_TOKENIZER = SHARED_DATA / "bert-base-uncased" / "tokenizer.json"
 
-MASK = MASK_TOKEN
 MIN_WORDS, MAX_WORDS = 5, 30
 UPLOAD_MODES = ("multipart", "raw", "mixed")
 
@@ -170,7 +169,7 @@ def mask_one_word(sentence: str, rng: random.Random) -> str | None:
     i = rng.choice(candidates)
     match = _MASKABLE.match(words[i])
     assert match is not None
-    words[i] = match.group(1) + MASK + match.group(3)
+    words[i] = match.group(1) + MASK_TOKEN + match.group(3)
     return " ".join(words)
 
 
@@ -183,10 +182,10 @@ def estimate_tokens(text: str) -> int:
     vocabulary; over-counting only drops some usable sentences.
     """
     pieces = 0
-    for chunk in text.split(MASK):
+    for chunk in text.split(MASK_TOKEN):
         for token in re.findall(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]", chunk):
             pieces += 1 if len(token) <= 6 else math.ceil(len(token) / 4)
-    return 2 + text.count(MASK) + math.ceil(pieces * 1.25)
+    return 2 + text.count(MASK_TOKEN) + math.ceil(pieces * 1.25)
 
 
 def token_counter(tokenizer_path: Path | None = None) -> tuple[Callable[[str], int], str]:

@@ -106,9 +106,10 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.__exit__(None, None, None)
-    print(report(results, plan, args))
+    table = report(results, plan, args)
+    print(table)
     if args.out:
-        args.out.write_text(report(results, plan, args), encoding="utf-8")
+        args.out.write_text(table, encoding="utf-8")
 
 
 def report(results: dict[tuple[str, int, str], list[Any]], plan: list[tuple[str, int]], args: Any) -> str:

@@ -104,21 +104,22 @@ class ServiceState:
         if not self.ready:
             raise self.not_ready_error()
         task = kind.task
-        same_task = sorted(m.name for m in self.models.values() if m.task == task)
         if name is None:
             name = self.defaults.get(task)
             if name is None:
                 raise ModelNotFound("no_model", f"no {task} model is served")
         model = self.models.get(name)
+        if isinstance(model, kind):
+            return model
+        # Refused: list what the request could have named (only now, off the per-request path).
+        same_task = sorted(m.name for m in self.models.values() if m.task == task)
         if model is None:
             raise ModelNotFound(
                 "model_not_found", f"model {name!r} is not served; {task} models: {same_task}"
             )
-        if not isinstance(model, kind):
-            raise InvalidInput(
-                "wrong_task", f"model {name!r} is a {model.task} model; {task} models: {same_task}"
-            )
-        return model
+        raise InvalidInput(
+            "wrong_task", f"model {name!r} is a {model.task} model; {task} models: {same_task}"
+        )
 
     def not_ready_error(self) -> NotReady:
         if self.phase == FAILED:
