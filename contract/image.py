@@ -51,6 +51,13 @@ def decode_image(data: bytes, max_pixels: int, min_side: int | None = None) -> I
     that keeps both sides >= `min_side` (Pillow's `draft`): a 12-megapixel photo headed for a
     224-pixel crop then costs a fraction of its full decode, and none of the pixels the resize
     would keep is lost as long as `min_side` is at least twice the resize target."""
+    return load_image(open_image(data, max_pixels), max_pixels, min_side)
+
+
+def open_image(data: bytes, max_pixels: int) -> Image.Image:
+    """Read only the header of `data`: its format (one we accept) and size (within `max_pixels`).
+
+    Cheap whatever the image, so a caller can choose where to spend the decode (`load_image`)."""
     if not data:
         raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     try:
@@ -64,12 +71,17 @@ def decode_image(data: bytes, max_pixels: int, min_side: int | None = None) -> I
     width, height = img.size
     if width * height > max_pixels:
         raise image_too_large(width * height, max_pixels)
+    return img
+
+
+def load_image(img: Image.Image, max_pixels: int, min_side: int | None = None) -> Image.Image:
+    """Decode an image opened by `open_image` (see `decode_image`)."""
     if min_side is not None and img.format in ("JPEG", "MPO"):
         img.draft(img.mode, (min_side, min_side))
     try:
         img.load()
     except Image.DecompressionBombError as exc:
-        raise image_too_large(width * height, max_pixels) from exc
+        raise image_too_large(img.width * img.height, max_pixels) from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise InvalidInput(
             "invalid_image", f"the {img.format} image is truncated or corrupt ({exc})"
@@ -166,7 +178,15 @@ class ImageTransform:
 
     def __call__(self, data: bytes) -> np.ndarray:
         """Encoded image bytes -> float32 [3, H, W] (JPEGs decoded at a reduced DCT scale)."""
-        return self.transform(decode_image(data, self.max_pixels, min_side=self.decode_side))
+        return self.finish(self.open(data))
+
+    def open(self, data: bytes) -> Image.Image:
+        """The image's header only (format and size checked): `finish` does the decoding."""
+        return open_image(data, self.max_pixels)
+
+    def finish(self, img: Image.Image) -> np.ndarray:
+        """An image from `open` -> float32 [3, H, W]: decode, resize, crop, normalise."""
+        return self.transform(load_image(img, self.max_pixels, min_side=self.decode_side))
 
     def transform(self, img: Image.Image) -> np.ndarray:
         """RGB image -> float32 [3, H, W]: resize shorter side, centre crop, normalise."""
@@ -187,4 +207,12 @@ class ImageTransform:
         return np.ascontiguousarray(arr.transpose(2, 0, 1), dtype=np.float32)
 
 
-__all__ = ["ImageTransform", "decode_image", "to_rgb", "SUPPORTED_FORMATS", "ACCEPTED_DESCRIPTION"]
+__all__ = [
+    "ImageTransform",
+    "decode_image",
+    "open_image",
+    "load_image",
+    "to_rgb",
+    "SUPPORTED_FORMATS",
+    "ACCEPTED_DESCRIPTION",
+]

@@ -13,9 +13,10 @@ Triton, Ray Serve and TorchServe share):
   without any delay; under load the queue that builds while a batch runs forms the next batch
   (as Triton does with a zero queue delay), topped up with requests about to arrive.
   `always_wait` restores the classic window: the first request always waits up to the delay;
-- one batch runs at a time per model, in a worker thread (ONNX Runtime releases the GIL and uses
-  its own intra-op threads; the event loop stays free to accept and parse the next requests,
-  which then form the next batch);
+- up to `instances` batches of a model run at once, each in a worker thread (Triton's execution
+  instances; ONNX Runtime releases the GIL, and one session may be run from several threads);
+  a batch is formed when an instance is free, so while all of them run, the queue builds the
+  next batch, and the event loop stays free to accept and parse the next requests;
 - a request past its deadline fails with `DeadlineExceededError`; a cancelled request (client
   gone, deadline hit) is removed from the queue and never reaches `run_batch`;
 - each request gets its own result; if a batch raises, its requests are retried one by one so one
@@ -107,9 +108,12 @@ class DynamicBatcher(Generic[I, O]):
         name: str = "model",
         observer: BatchObserver | None = None,
         always_wait: bool = False,
+        instances: int = 1,
     ) -> None:
-        if max_batch_size < 1 or max_queue_size < 1 or max_queue_delay_s < 0:
-            raise ValueError("max_batch_size and max_queue_size must be >= 1, max_queue_delay_s >= 0")
+        if max_batch_size < 1 or max_queue_size < 1 or max_queue_delay_s < 0 or instances < 1:
+            raise ValueError(
+                "max_batch_size, max_queue_size and instances must be >= 1, max_queue_delay_s >= 0"
+            )
         self.run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
@@ -117,6 +121,7 @@ class DynamicBatcher(Generic[I, O]):
         # True: the first waiting request always waits up to max_queue_delay_s for batch-mates
         # (fuller batches at moderate load, for its latency), not only while some are arriving.
         self.always_wait = always_wait
+        self.instances = instances
         self.name = name
         self.observer: BatchObserver = observer or _NullObserver()
         self._queue: deque[_Pending[I, O]] = deque()
@@ -124,10 +129,11 @@ class DynamicBatcher(Generic[I, O]):
         self._arriving = 0
         self._accepting = False
         self._task: asyncio.Task[None] | None = None
+        self._batches: dict[asyncio.Task[None], list[_Pending[I, O]]] = {}  # running now
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
-        # One thread per model: batches of one model run in order, never concurrently.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batch-{name}")
+        # One thread per instance: a batch never waits for a thread, only for a free instance.
+        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"batch-{name}")
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -163,6 +169,11 @@ class DynamicBatcher(Generic[I, O]):
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        # Batches still running past the timeout: their requests get the closing error now.
+        batches = list(self._batches)
+        for task in batches:
+            task.cancel()
+        await asyncio.gather(*batches, return_exceptions=True)
         while self._queue:
             pending = self._queue.popleft()
             if not pending.future.done():
@@ -178,8 +189,12 @@ class DynamicBatcher(Generic[I, O]):
 
     @property
     def running(self) -> int:
-        """Requests in the batch being run now."""
+        """Requests in the batches being run now."""
         return self._running
+
+    @property
+    def running_batches(self) -> int:
+        return len(self._batches)
 
     @property
     def accepting(self) -> bool:
@@ -231,9 +246,11 @@ class DynamicBatcher(Generic[I, O]):
         self.observer.queue_depth(len(self._queue))
         self._wakeup.set()
         try:
-            # wait_for cancels the future on timeout, which marks it as abandoned for the loop.
-            return await asyncio.wait_for(pending.future, timeout)
-        except asyncio.TimeoutError:
+            # On timeout the scope cancels this task, and with it the awaited future, which
+            # marks the request as abandoned for the loop.
+            async with asyncio.timeout(timeout):
+                return await pending.future
+        except TimeoutError:
             self._withdraw(pending, "deadline")
             assert deadline is not None  # only a deadline times out
             raise DeadlineExceededError(deadline) from None
@@ -258,8 +275,9 @@ class DynamicBatcher(Generic[I, O]):
 
     async def _loop(self) -> None:
         assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
         while True:
-            if not self._queue:
+            if not self._queue or len(self._batches) >= self.instances:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -280,8 +298,24 @@ class DynamicBatcher(Generic[I, O]):
                     break
             batch = self._take_batch()
             if batch:
-                await self._run(batch)
+                self._running += len(batch)
+                task = loop.create_task(self._run(batch), name=f"batch-{self.name}")
+                self._batches[task] = batch
+                task.add_done_callback(self._batch_finished)
             self._set_idle_if_done()
+
+    def _batch_finished(self, task: asyncio.Task[None]) -> None:
+        """An instance is free: the loop may form the next batch.
+
+        Also the last word for the batch's requests: a batch cancelled by `close()` before its
+        task even started never ran its own clean-up, so nothing of it may be left unresolved."""
+        batch = self._batches.pop(task)
+        self._running -= len(batch)
+        for pending in batch:
+            _resolve(pending, exc=BatcherClosedError(f"model {self.name} is shutting down"))
+        if self._wakeup is not None:
+            self._wakeup.set()
+        self._set_idle_if_done()
 
     def _take_batch(self) -> list[_Pending[I, O]]:
         """Pop up to max_batch_size live requests; cancelled ones are skipped, expired ones failed."""
@@ -303,7 +337,6 @@ class DynamicBatcher(Generic[I, O]):
         loop = asyncio.get_running_loop()
         start = time.monotonic()
         waits = [start - p.enqueued for p in batch]
-        self._running = len(batch)
         try:
             outputs = await loop.run_in_executor(self._executor, self._run_checked, [p.item for p in batch])
         except Exception as exc:
@@ -322,7 +355,6 @@ class DynamicBatcher(Generic[I, O]):
             # error now rather than hanging until their deadlines; without one they never would.
             for pending in batch:
                 _resolve(pending, exc=BatcherClosedError(f"model {self.name} is shutting down"))
-            self._running = 0
             self.observer.batch_done(len(batch), waits, time.monotonic() - start)
 
     async def _run_singly(self, batch: list[_Pending[I, O]]) -> None:
@@ -344,7 +376,7 @@ class DynamicBatcher(Generic[I, O]):
         return outputs
 
     def _set_idle_if_done(self) -> None:
-        if not self._queue and not self._running and self._idle is not None:
+        if not self._queue and not self._batches and self._idle is not None:
             self._idle.set()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -129,6 +130,8 @@ class HttpMetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        # (route, method, status) -> its counter and histogram: looked up once, not per request.
+        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -151,8 +154,14 @@ class HttpMetricsMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or "<unmatched>"
             labels = (template, scope["method"], str(status))
-            self.metrics.requests.labels(*labels).inc()
-            self.metrics.latency.labels(*labels).observe(time.perf_counter() - start)
+            series = self._series.get(labels)
+            if series is None:
+                series = self._series[labels] = (
+                    self.metrics.requests.labels(*labels),
+                    self.metrics.latency.labels(*labels),
+                )
+            series[0].inc()
+            series[1].observe(time.perf_counter() - start)
 
 
 __all__ = ["ServiceMetrics", "ModelObserver", "HttpMetricsMiddleware", "power_of_two_buckets"]

@@ -153,7 +153,8 @@ class ModelInfo(BaseModel):
     variant: str
     variants: list[str]
     provider: str = Field(description="ONNX Runtime execution provider running the model")
-    intra_op_threads: int
+    instances: int = Field(description="batches of this model that may run at once (setting instances)")
+    intra_op_threads: int = Field(description="ONNX Runtime intra-op threads of each instance")
     rows_batched: bool = Field(description="false when the variant runs batch rows one at a time")
     ready: bool
     batching: BatchingInfo

@@ -51,8 +51,25 @@ class ServiceSettings(BaseSettings):
     variant: Variant | None = Field(
         None, description="fp32|int8|fp16; default: int8 on CPU, fp16 on CUDA when exported, else fp32"
     )
+    cpus: int | None = Field(
+        None,
+        ge=1,
+        description="CPUs the models may use, shared out among instances and threads; default: the "
+        "affinity mask capped by the cgroup CPU quota (set it from a Kubernetes limits.cpu)",
+    )
+    instances: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="execution instances per model: batches of one model run concurrently on this many "
+        "workers of one session; default: 2 on a CPU with 2 or more cores (unless intra_op_threads "
+        "alone fills them), 1 on CUDA",
+    )
     intra_op_threads: int | None = Field(
-        None, ge=1, description="ONNX Runtime intra-op threads per model; default: CPUs available to us"
+        None,
+        ge=1,
+        description="ONNX Runtime intra-op threads of each instance; default: the CPUs available to us "
+        "divided among the instances",
     )
     max_batch_size: int = Field(16, ge=1, le=1024, description="largest batch the batcher forms")
     max_queue_delay_ms: float = Field(
@@ -101,9 +118,25 @@ class ServiceSettings(BaseSettings):
             return {k: (None if v == "" else v) for k, v in data.items()}
         return data
 
-    def resolved_threads(self) -> int:
-        """The intra-op thread count to use: the explicit setting or the CPUs we may actually use."""
-        return self.intra_op_threads or available_cpus()
+    def resolved_instances(self, device: str) -> int:
+        """How many batches of one model may run at once.
+
+        On a CPU, one session run on two single-threaded workers does more work per core than one
+        run on two threads: a small model's operators are too short to split well, every thread
+        pays for the synchronisation at each operator, and a worker preempted by the event loop
+        stalls its partner (docs/benchmarks.md, "Execution instances"). A GPU runs one stream."""
+        if self.instances is not None:
+            return self.instances
+        if device != "cpu":
+            return 1
+        return max(1, min(2, self.usable_cpus() // (self.intra_op_threads or 1)))
+
+    def resolved_threads(self, instances: int = 1) -> int:
+        """Intra-op threads per instance: the explicit setting, or the usable CPUs shared out."""
+        return self.intra_op_threads or max(1, self.usable_cpus() // instances)
+
+    def usable_cpus(self) -> int:
+        return self.cpus or available_cpus()
 
 
 def available_cpus() -> int:

@@ -16,14 +16,15 @@ from typing import Any
 
 import bentoml
 
-from benchmarks.peers.model import MAX_BATCH, PeerModel
+from benchmarks.peers.model import MAX_BATCH, PeerModel, instances
 
 MAX_LATENCY_MS = 10_000
 
 
-@bentoml.service(workers=1, logging={"access": {"enabled": False}})
+@bentoml.service(workers=instances(), logging={"access": {"enabled": False}})
 class Classifier:
-    """The demo classifier; one worker process like every other peer, no access log like gmlp-serve."""
+    """The demo classifier; its execution instances are worker processes (each with its own
+    batching); no access log, like gmlp-serve."""
 
     def __init__(self) -> None:
         self.model = PeerModel.load()

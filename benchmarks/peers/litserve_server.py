@@ -3,7 +3,8 @@
 LitServe parses a request body as JSON unless it is a form, so the image comes as multipart field
 `file` (as with gmlp-serve's multipart form of /classify). Preprocessing runs in `decode_request`,
 which LitServe calls per request in its inference worker before it forms the batch, like
-gmlp-serve's per-request transform before its batcher. Run in the LitServe venv:
+gmlp-serve's per-request transform before its batcher. Its execution instances are inference
+workers (`workers_per_device`), each a process with its own batching. Run in the LitServe venv:
 
     python -m benchmarks.peers.litserve_server --port 8001 [--fast-queue]
 """
@@ -15,7 +16,7 @@ import litserve as ls
 import numpy as np
 from fastapi import Request
 
-from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, PeerModel
+from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, PeerModel, instances
 
 
 class ClassifierAPI(ls.LitAPI):
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--fast-queue", action="store_true", help="LitServe's ZeroMQ queue")
     args = parser.parse_args()
     api = ClassifierAPI(max_batch_size=MAX_BATCH, batch_timeout=MAX_WAIT_S, api_path="/classify")
-    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, fast_queue=args.fast_queue)
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=instances(), fast_queue=args.fast_queue)
     server.run(
         host="127.0.0.1", port=args.port, num_api_servers=1, generate_client_file=False, log_level="warning"
     )

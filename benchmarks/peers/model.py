@@ -26,12 +26,26 @@ from service.runtime import OnnxModel, RuntimeOptions
 # The batch limits every peer is configured with (gmlp-serve: --max-batch-size, --max-queue-delay-ms).
 MAX_BATCH = 16
 MAX_WAIT_S = 0.002
-INTRA_OP_THREADS = 2
+# The CPUs every server's model runs on, shared out among its execution instances (batches that
+# may run at once: gmlp-serve --instances, LitServe workers, Ray Serve concurrent batches,
+# BentoML workers), GMLP_PEER_INSTANCES of them, set by the runner.
+CPUS = 2
+INSTANCES_ENV = "GMLP_PEER_INSTANCES"
 TOP_K = 5
 # gmlp-serve's default `max_image_pixels` (the decompression-bomb guard).
 MAX_PIXELS = 40_000_000
 MODEL_ENV = "GMLP_PEER_MODEL_DIR"
 VARIANT = "int8"
+
+
+def instances() -> int:
+    """Execution instances of every server in this run (the runner's --instances)."""
+    return int(os.environ.get(INSTANCES_ENV, "1"))
+
+
+def intra_op_threads() -> int:
+    """ORT intra-op threads of each instance: the CPUs shared out."""
+    return max(1, CPUS // instances())
 
 
 @dataclass
@@ -52,7 +66,7 @@ class PeerModel:
         if spec is None:
             raise SystemExit(f"{directory} is not a served-model directory (run gmlp export)")
         # The product's own runtime class builds the session, so the options cannot drift apart.
-        runtime = OnnxModel(spec.variant_path(variant), RuntimeOptions("cpu", INTRA_OP_THREADS, False))
+        runtime = OnnxModel(spec.variant_path(variant), RuntimeOptions("cpu", intra_op_threads(), False))
         session = runtime.session
         transform = ImageTransform.for_model(spec.config, MAX_PIXELS)
         return cls(spec, session, transform, spec.labels(), session.get_inputs()[0].name)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.peers.model import instances, intra_op_threads
+
 REPO = Path(__file__).resolve().parents[2]
 VENVS = REPO / ".bench-venvs"
 # The packages whose versions decide the work every server does, pinned as the product pins them.
@@ -65,8 +67,10 @@ def _gmlp(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
         "",
         "--variant",
         "int8",
+        "--instances",
+        str(instances()),
         "--intra-op-threads",
-        "2",
+        str(intra_op_threads()),
         "--max-batch-size",
         "16",
         "--max-queue-delay-ms",

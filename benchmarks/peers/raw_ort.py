@@ -1,5 +1,8 @@
 """The floor every server is compared with: session.run at batch 16 on preprocessed images, no HTTP.
 
+Run from as many threads at once as the servers have execution instances (GMLP_PEER_INSTANCES),
+each instance's session with its share of the CPUs, as the servers run it.
+
 Run as its own process so that its CPU time (getrusage of the process: ORT's threads included)
 is the model's alone. It also times the preprocessing (decode + transform, one image at a time)
 so that a server's CPU per request can be read as model + preprocessing + the server's own
@@ -13,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.peers.model import MAX_BATCH, PeerModel
+from benchmarks.peers.model import MAX_BATCH, PeerModel, instances
 
 DATA = Path(__file__).resolve().parents[2] / "loadtests" / "data"
 
@@ -29,24 +33,35 @@ def _cpu_s() -> float:
 
 
 def measure(model: PeerModel, images: list[bytes], seconds: float) -> dict[str, float]:
-    """images/s and CPU ms per image of session.run at batch 16; CPU ms of preprocessing per image."""
+    """images/s and CPU ms per image of session.run at batch 16, from as many threads as the
+    servers have execution instances; CPU ms of preprocessing per image."""
     cpu0, t0 = _cpu_s(), time.perf_counter()
     pixels = [model.preprocess(images[i % len(images)]) for i in range(MAX_BATCH * 8)]
     pre_cpu_ms = (_cpu_s() - cpu0) * 1000.0 / len(pixels)
     pre_wall_ms = (time.perf_counter() - t0) * 1000.0 / len(pixels)
     batch = np.stack(pixels[:MAX_BATCH])
     model.logits(batch)  # warm
-    runs, cpu0, t0 = 0, _cpu_s(), time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        model.logits(batch)
-        runs += 1
+    runs = [0] * instances()
+    cpu0, t0 = _cpu_s(), time.perf_counter()
+
+    def worker(index: int) -> None:  # ORT releases the GIL: the instances run in parallel
+        while time.perf_counter() - t0 < seconds:
+            model.logits(batch)
+            runs[index] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(runs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
     return {
-        "images_per_s": runs * MAX_BATCH / wall,
-        "cpu_ms_per_image": cpu * 1000.0 / (runs * MAX_BATCH),
+        "images_per_s": sum(runs) * MAX_BATCH / wall,
+        "cpu_ms_per_image": cpu * 1000.0 / (sum(runs) * MAX_BATCH),
         "preprocess_cpu_ms_per_image": pre_cpu_ms,
         "preprocess_wall_ms_per_image": pre_wall_ms,
-        "batches": runs,
+        "batches": sum(runs),
+        "instances": len(runs),
     }
 
 

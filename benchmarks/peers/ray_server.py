@@ -2,7 +2,8 @@
 
 Each request is preprocessed in the replica's `__call__` (per request, before the batch queue, in a
 worker thread as gmlp-serve does, so that the replica's event loop keeps accepting requests), then
-`@serve.batch` gathers up to 16 of them for one session.run (also off the event loop).
+`@serve.batch` gathers up to 16 of them for one session.run (also off the event loop); its
+execution instances are concurrent batches (`max_concurrent_batches`) of the one replica.
 `max_ongoing_requests` is raised above the largest client count: Ray's default (5) would cap a
 batch at 5 and queue the rest in the router, a configuration choice rather than a property of
 the framework.
@@ -44,7 +45,7 @@ def build_app() -> Any:
     from ray import serve
     from starlette.requests import Request
 
-    from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, PeerModel
+    from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, PeerModel, instances
 
     @serve.deployment(
         num_replicas=1,
@@ -57,7 +58,9 @@ def build_app() -> Any:
             self.model = PeerModel.load()
             self.model.warm_up()
 
-        @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=MAX_WAIT_S)
+        @serve.batch(
+            max_batch_size=MAX_BATCH, batch_wait_timeout_s=MAX_WAIT_S, max_concurrent_batches=instances()
+        )
         async def run_batch(self, pixels: list[np.ndarray]) -> list[dict[str, Any]]:
             return await asyncio.to_thread(self.model.predict, pixels)
 

@@ -15,6 +15,7 @@ import argparse
 import datetime
 import functools
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -25,7 +26,7 @@ from typing import Any
 
 from benchmarks.peers import report
 from benchmarks.peers.bench import LARGE, Plan, run_rounds
-from benchmarks.peers.model import VARIANT
+from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT
 from benchmarks.peers.peers import PEER_KEYS, PEERS, REPO, ensure_venv
 
 MODEL = REPO / "models" / "cifar10-gmlp"
@@ -121,11 +122,21 @@ def section(results: dict[str, Any]) -> str:
     background = report.stat(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
     load = f"a median {background.fmt()} % of both CPUs" if background else "an unmeasured share"
     ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
+    instances = int(meta.get("instances", 1))
+    threads = max(1, CPUS // instances)
+    instances_text = (
+        "one execution instance (one batch at a time)"
+        if instances == 1
+        else f"{instances} execution instances (up to {instances} batches running at once: gmlp-serve's "
+        f"`--instances`, LitServe's `workers_per_device`, Ray Serve's `max_concurrent_batches`, "
+        f"BentoML's `workers`; raw ONNX Runtime runs {instances} threads)"
+    )
     return f"""\
 The demo classifier (`models/cifar10-gmlp/model.{VARIANT}.onnx`, static int8, 32x32 inputs) served
 by gmlp-serve and by three other serving frameworks, each with its own dynamic batching set to the
-same limits (max batch 16, 2 ms wait), one process, ONNX Runtime with the same options (2 intra-op
-threads, 1 inter-op, sequential, all graph optimisations, no spinning) and the same preprocessing
+same limits (max batch 16, 2 ms wait), {instances_text}, ONNX Runtime with the same options
+({threads} intra-op thread(s) per instance, 1 inter-op, sequential, all graph optimisations, no
+spinning) and the same preprocessing
 (`contract.image.ImageTransform`), answering the same JSON as `/classify` (top 5). Load: wrk, one
 thread, {meta["duration_s"]:g} s per row after a warm-up, the same CIFAR-10 test JPEG on every
 request; server CPU is user + system time of the server's whole process tree (from /proc) over
@@ -167,6 +178,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--levels", default="1,8,32,64")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per wrk row")
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=2,
+        help="execution instances of every server (batches that may run at once), each with "
+        f"{CPUS} / N ORT threads; raw ORT runs as many threads (default 2: gmlp-serve's default here)",
+    )
     parser.add_argument("--peers", default=",".join(PEER_KEYS), help=f"subset of {','.join(PEER_KEYS)}")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-docs", action="store_true", help="measure only; leave docs/ alone")
@@ -187,6 +205,8 @@ def measure(args: argparse.Namespace) -> None:
         raise SystemExit("wrk is not installed (Debian/Ubuntu: apt-get install -y wrk)")
     if args.quick:
         args.rounds, args.levels, args.duration = 1, "1,32", 5.0
+    # Read by every server and by raw ORT (child processes inherit it), and by gmlp-serve's flags.
+    os.environ[INSTANCES_ENV] = str(args.instances)
     keys = [k.strip() for k in args.peers.split(",") if k.strip()]
     unknown = set(keys) - set(PEER_KEYS)
     if unknown:
@@ -208,6 +228,7 @@ def measure(args: argparse.Namespace) -> None:
         "machine": machine(),
         "rounds": plan.rounds,
         "levels": plan.levels,
+        "instances": args.instances,
         "duration_s": plan.duration_s,
         "peers": keys,
         "minutes": minutes,

@@ -73,7 +73,7 @@ def test_environment_names_are_service_settings():
 
 def test_threads_follow_the_cpu_limit():
     container = _container()
-    ref = env_of(container, _config_maps())["GMLP_INTRA_OP_THREADS"]["resourceFieldRef"]
+    ref = env_of(container, _config_maps())["GMLP_CPUS"]["resourceFieldRef"]
     assert ref == {"containerName": container["name"], "resource": "limits.cpu", "divisor": "1"}
     resources = container["resources"]
     assert resources["requests"] == resources["limits"], "Guaranteed QoS: requests equal limits"

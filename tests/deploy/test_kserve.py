@@ -93,7 +93,7 @@ def test_container_serves_on_the_predictor_port():
 def test_runtime_settings_threads_and_shutdown():
     container, env = _container(), _env()
     assert not set(env) - setting_env_names()
-    ref = env["GMLP_INTRA_OP_THREADS"]["resourceFieldRef"]
+    ref = env["GMLP_CPUS"]["resourceFieldRef"]
     assert (ref["containerName"], ref["resource"]) == (container["name"], "limits.cpu")
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] and security["runAsNonRoot"]

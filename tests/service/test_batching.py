@@ -288,6 +288,50 @@ def test_close_fails_what_could_not_be_drained() -> None:
     assert "b" not in model.seen
 
 
+async def two_held_instances(model: GatedModel, items: str) -> tuple[Any, Recorder, list[asyncio.Future]]:
+    """A started two-instance batcher (batches of 1) with `items` submitted, once both instances
+    hold one behind the model's closed gate."""
+    model.gate.clear()
+    batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, instances=2)
+    batcher.start()
+    tasks = [asyncio.ensure_future(batcher.submit(item)) for item in items]
+    await until(lambda: len(model.batches) == 2)
+    return batcher, recorder, tasks
+
+
+def test_instances_run_batches_concurrently_and_no_more() -> None:
+    model = GatedModel()
+
+    async def main() -> None:
+        batcher, recorder, tasks = await two_held_instances(model, "abc")
+        # "a" and "b" are both inside the model, held by the gate; "c" waits for an instance.
+        await asyncio.sleep(0.05)
+        assert len(model.batches) == 2 and batcher.queue_depth == 1 and batcher.running_batches == 2
+        model.gate.set()
+        assert await asyncio.gather(*tasks) == ["out-a", "out-b", "out-c"]
+        await batcher.close(5)
+        assert recorder.batches == [1, 1, 1]
+
+    run(main())
+
+
+def test_close_answers_every_running_instance() -> None:
+    model = GatedModel()
+
+    async def main() -> None:
+        batcher, _, held = await two_held_instances(model, "ab")
+        await batcher.close(timeout=0.05)
+        for task in held:
+            with pytest.raises(BatcherClosedError):
+                await asyncio.wait_for(task, 5)
+        assert batcher.running == 0 and batcher.running_batches == 0
+        model.gate.set()
+
+    run(main())
+
+
 def test_invalid_configuration() -> None:
     with pytest.raises(ValueError):
         DynamicBatcher(lambda xs: xs, max_batch_size=0, max_queue_delay_s=0.0, max_queue_size=1)
+    with pytest.raises(ValueError):
+        DynamicBatcher(lambda xs: xs, max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=1, instances=0)

@@ -10,13 +10,15 @@ random batcher settings. Whatever the interleaving:
 - a result always belongs to its own request;
 - no request that had been withdrawn (its client cancelled it, or it timed out) or whose deadline
   had passed when a batch was taken is in it;
-- the queue never holds more than its bound, and `close()` leaves nothing pending.
+- the queue never holds more than its bound, no more batches run at once than the batcher has
+  instances, and `close()` leaves nothing pending.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -51,6 +53,9 @@ class Record:
     withdrawn: dict[int, int] = field(default_factory=dict)  # item -> step the batcher saw it go
     depths: list[int] = field(default_factory=list)
     run: list[list[int]] = field(default_factory=list)
+    concurrent: int = 0  # batches inside the model now (worker threads)
+    most_concurrent: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class RecordingBatcher(DynamicBatcher[Any, Any]):
@@ -72,12 +77,20 @@ class RecordingBatcher(DynamicBatcher[Any, Any]):
         super()._withdraw(pending, reason)
 
     def _model(self, items: list[int]) -> list[Any]:
-        self.record.run.append(list(items))
-        if any(self.kinds[i] == "slow" for i in items):
-            time.sleep(0.002)
-        if any(self.kinds[i] == "poison" for i in items):
-            raise ValueError("poisoned input")
-        return [("out", i) for i in items]
+        record = self.record
+        with record.lock:
+            record.run.append(list(items))
+            record.concurrent += 1
+            record.most_concurrent = max(record.most_concurrent, record.concurrent)
+        try:
+            if any(self.kinds[i] == "slow" for i in items):
+                time.sleep(0.002)
+            if any(self.kinds[i] == "poison" for i in items):
+                raise ValueError("poisoned input")
+            return [("out", i) for i in items]
+        finally:
+            with record.lock:
+                record.concurrent -= 1
 
 
 class DepthObserver:
@@ -114,6 +127,7 @@ SETTINGS = st.fixed_dictionaries(
         "max_queue_size": st.integers(1, 6),
         "max_queue_delay_s": st.sampled_from([0.0, 0.001, 0.003]),
         "always_wait": st.booleans(),
+        "instances": st.integers(1, 3),
     }
 )
 
@@ -175,7 +189,8 @@ def check(
             assert request.deadline is None or request.deadline.at > taken_at, f"{item} ran past its deadline"
     assert all(depth <= options["max_queue_size"] for depth in record.depths)
     assert all(len(batch) <= options["max_batch_size"] for batch in record.run)
-    assert batcher.queue_depth == 0 and batcher.running == 0
+    assert record.most_concurrent <= options["instances"]
+    assert batcher.queue_depth == 0 and batcher.running == 0 and batcher.running_batches == 0
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

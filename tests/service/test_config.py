@@ -73,6 +73,20 @@ def test_available_cpus_respects_the_affinity_mask() -> None:
     assert ServiceSettings(intra_op_threads=3).resolved_threads() == 3
 
 
+def test_instances_share_out_the_cpus() -> None:
+    cpus = available_cpus()
+    auto = ServiceSettings()
+    instances = auto.resolved_instances("cpu")
+    assert instances == (2 if cpus >= 2 else 1)
+    assert auto.resolved_threads(instances) == max(1, cpus // instances)
+    assert auto.resolved_instances("cuda") == 1
+    # Threads set explicitly: instances only where they fit beside them.
+    assert ServiceSettings(intra_op_threads=cpus).resolved_instances("cpu") == 1
+    explicit = ServiceSettings(instances=3, intra_op_threads=1)
+    assert explicit.resolved_instances("cuda") == 3 and explicit.resolved_threads(3) == 1
+    assert ServiceSettings(instances=64).resolved_threads(64) == 1
+
+
 def test_variant_choice() -> None:
     both = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
     assert choose_variant(both, "cpu", None) == "int8"
