@@ -20,6 +20,7 @@ from PIL import Image
 
 from contract.formats import package_version
 from service import hf, routes
+from service.connections import ConnectionCapMiddleware
 from service.errors import REST_ERRORS, ErrorResponder, install_error_handlers
 from service.http_io import BodyLimitMiddleware
 from service.metrics import HttpMetricsMiddleware, ServiceMetrics
@@ -82,6 +83,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         errors=errors,
         max_header_bytes=settings.max_header_bytes,
     )
+    # Requests over the connection cap, marked by the protocol (service.connections), get their 503
+    # before anything else runs.
+    app.add_middleware(ConnectionCapMiddleware, errors=errors)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     return app
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -94,6 +94,9 @@ REST_ERRORS = ErrorTable(
     },
     body=rest_body,
 )
+# Refusals by the HTTP server itself, before any route (the connection cap): the REST shape and
+# statuses, counted as the "http" transport whatever the path.
+CONNECTION_ERRORS = replace(REST_ERRORS, transport="http")
 
 
 def _covers(prefix: str, path: str) -> bool:
@@ -120,7 +123,10 @@ class ErrorResponder:
         return self.default
 
     def response(self, path: str, error: RequestError, *, status: int | None = None) -> JSONResponse:
-        table = self.table(path)
+        return self.answer(self.table(path), error, status=status)
+
+    def answer(self, table: ErrorTable, error: RequestError, *, status: int | None = None) -> JSONResponse:
+        """`error` rendered by `table` and observed under its transport."""
         if self.observe is not None:
             self.observe(table.transport, error.code)
         return table.response(error, status=status)
@@ -179,6 +185,7 @@ __all__ = [
     "ErrorResponder",
     "most_specific",
     "REST_ERRORS",
+    "CONNECTION_ERRORS",
     "rest_body",
     "install_error_handlers",
     "payload_too_large",
