@@ -21,6 +21,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from contract.errors import Unavailable
+from service.asgi import HttpMiddleware
 from service.errors import CONNECTION_ERRORS, ErrorResponder
 
 # Scope extension set on a request that arrived over the cap; its value is the cap.
@@ -96,16 +97,16 @@ def too_many_connections(cap: int) -> Unavailable:
     )
 
 
-class ConnectionCapMiddleware:
+class ConnectionCapMiddleware(HttpMiddleware):
     """Answers requests the protocol marked as over the cap (503, Retry-After, Connection: close),
     counted as refusals of the "http" transport. Outermost, so nothing else runs for them."""
 
     def __init__(self, app: ASGIApp, errors: ErrorResponder) -> None:
-        self.app = app
+        super().__init__(app)
         self.errors = errors
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cap = scope.get("extensions", {}).get(OVER_CAP) if scope["type"] == "http" else None
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cap = scope.get("extensions", {}).get(OVER_CAP)
         if cap is None:
             await self.app(scope, receive, send)
             return

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
@@ -145,9 +146,17 @@ def start_server(make_settings: Callable[..., ServiceSettings]) -> Iterator[Call
     """Factory: start a ready server with setting overrides; all are stopped at the end."""
     servers: list[RunningServer] = []
 
-    def start(*, http: type[asyncio.Protocol] | None = None, **overrides: object) -> RunningServer:
-        server = RunningServer(make_settings(**overrides), http=http).start()
-        servers.append(server)
+    def start(
+        *,
+        http: type[asyncio.Protocol] | None = None,
+        prepare: Callable[[FastAPI], None] | None = None,
+        **overrides: object,
+    ) -> RunningServer:
+        """`prepare(app)` runs before the server starts (a test adding a route of its own)."""
+        server = RunningServer(make_settings(**overrides), http=http)
+        if prepare is not None:
+            prepare(server.app)
+        servers.append(server.start())
         return server.wait_ready()
 
     yield start

@@ -27,7 +27,7 @@ import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -44,6 +44,9 @@ from service.deadline import Deadline
 from service.metrics import ServiceMetrics
 from service.pipelines import FillMaskPipeline, load_pipeline
 from service.settings import ServiceSettings
+
+if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
+    from svc_harness import RunningServer
 
 pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
@@ -107,6 +110,35 @@ def _copy_model(source: Path, repository: Path) -> Path:
     target = repository / source.name
     shutil.copytree(source, target)
     return target
+
+
+def test_an_unexpected_error_is_a_500_logged_once_with_method_and_path(
+    start_server: Callable[..., RunningServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a route: the client gets 500 `internal_error` and nothing internal, the log gets
+    exactly one traceback, naming the request (not a second one from the server without it)."""
+
+    async def broken() -> None:
+        raise RuntimeError("a bug in a route")
+
+    server = start_server(prepare=lambda app: app.add_api_route("/broken", broken, methods=["POST"]))
+    # uvicorn's loggers do not propagate to the root; its logging set-up (uvicorn.Config) is done.
+    server_log = logging.getLogger("uvicorn")
+    server_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING), server.client() as client:
+            response = client.post("/broken")
+            # The same connection serves on (uvicorn drops it after an exception that reaches it).
+            assert client.get("/health/ready").status_code == 200
+        refused = server.metric("gmlp_refusals_total", transport="rest", code="internal_error")
+        server.stop()  # every request task has finished, and logged, once it returns
+    finally:
+        server_log.removeHandler(caplog.handler)
+    assert response.status_code == 500 and response.json()["error"]["code"] == "internal_error"
+    assert "a bug" not in response.text and refused == 1
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert [r.getMessage() for r in tracebacks] == ["unhandled error on POST /broken"], caplog.text
+    assert "a bug in a route" in caplog.text
 
 
 @pytest.fixture()
