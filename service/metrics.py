@@ -74,8 +74,8 @@ class ServiceMetrics:
         )
         self.refusals = Counter(
             "gmlp_refusals",
-            "error answers by transport (rest, v2, hf, grpc) and machine code (e.g. invalid_image, "
-            "payload_too_large, overloaded, timeout)",
+            "error answers by transport (rest, v2, hf, grpc; http: the connection cap) and machine code "
+            "(e.g. invalid_image, payload_too_large, overloaded, timeout)",
             ["transport", "code"],
             registry=r,
         )
