@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 from contract.errors import InvalidInput
 from contract.formats import MASK_TOKEN
 from contract.scores import top_probabilities
+from contract.spec import SpecError
 
 # Batches of texts are padded to a multiple of this many tokens (see `FillMaskCodec.padded_length`).
 LENGTH_MULTIPLE = 8
@@ -49,12 +50,30 @@ class FillMaskCodec:
         self.pad_id = int(model_config.get("pad_token_id", 0))
         self.mask_id = int(model_config.get("mask_token_id", self.tokenizer.token_to_id(MASK_TOKEN)))
         self.vocab_size = int(model_config.get("vocab_size", self.tokenizer.get_vocab_size()))
+        self._check_vocabulary(tokenizer_path)
         self.mask_token = self.tokenizer.id_to_token(self.mask_id) or MASK_TOKEN
         # Special tokens dropped from `sequence`: everything added by the post-processor except [MASK].
         special = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>"}
         self._hidden_ids = {i for t in special if (i := self.tokenizer.token_to_id(t)) is not None}
         self._hidden_ids.add(self.pad_id)
         self._hidden_ids.discard(self.mask_id)
+
+    def _check_vocabulary(self, tokenizer_path: Path) -> None:
+        """SpecError when the tokenizer yields ids the model has no row for.
+
+        Such an id fails only inside the graph, for the requests whose text contains that token
+        (a 500 nobody can correct); a tokenizer that does not belong to the model is a broken
+        served-model directory, refused when it loads. Fewer ids than the model has rows is fine
+        (vocabularies are often padded)."""
+        ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
+        size = max(ids, default=-1) + 1
+        if size > self.vocab_size:
+            model = f"model {self.model_name}" if self.model_name else "the model"
+            raise SpecError(
+                f"{tokenizer_path}: the tokenizer has ids up to {size - 1} ({size} ids), but {model} "
+                f"has a vocabulary of {self.vocab_size} (config.json vocab_size); "
+                "serve the model with the tokenizer it was exported with"
+            )
 
     def encode(self, text: str) -> EncodedText:
         """Tokenise and validate; InvalidInput when the text does not fit the model's window."""

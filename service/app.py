@@ -20,7 +20,8 @@ from PIL import Image
 
 from contract.formats import package_version
 from service import hf, routes
-from service.errors import REST_ERRORS, ErrorResponder, install_error_handlers
+from service.connections import ConnectionCapMiddleware
+from service.errors import REST_ERRORS, ErrorResponder, UnexpectedErrorMiddleware, install_error_handlers
 from service.http_io import BodyLimitMiddleware
 from service.metrics import HttpMetricsMiddleware, ServiceMetrics
 from service.settings import ServiceSettings
@@ -75,14 +76,19 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(routes.router)
     app.include_router(hf.router)
     app.include_router(v2.router)
-    # Outermost first in the stack: metrics see every response, including early 413s.
+    # Each middleware wraps those added before it. From the inside out: body and header limits; the
+    # connection cap, whose 503 comes before anything else of ours runs (the protocol marks those
+    # requests, service.connections); the metrics, which see every answer, including early 413s
+    # and 503s; unexpected errors, answered (and counted as 500s) wherever in ours they arise.
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_upload_bytes,
         errors=errors,
         max_header_bytes=settings.max_header_bytes,
     )
+    app.add_middleware(ConnectionCapMiddleware, errors=errors)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
+    app.add_middleware(UnexpectedErrorMiddleware, errors=errors)
     return app
 
 

@@ -109,12 +109,16 @@ def serve(settings: ServiceSettings) -> None:
 
 def server_options(settings: ServiceSettings) -> dict[str, Any]:
     """uvicorn's options that enforce the service's settings (shared with the test harness)."""
+    from service.connections import http_protocol  # imports uvicorn: not for `gmlp --help`
+
     return {
         # In-flight requests get their full deadline to finish on shutdown, then some slack.
         "timeout_graceful_shutdown": int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
-        # Beyond this many connections or in-flight requests uvicorn answers 503 at once, so idle or
-        # slow clients cannot exhaust file descriptors or memory.
+        # Beyond this many connections or in-flight requests uvicorn refuses a request at once, so idle
+        # or slow clients cannot exhaust file descriptors or memory; its protocol is ours so that
+        # the refusal is a 503 in the REST error shape, with Retry-After, and counted.
         "limit_concurrency": settings.max_connections,
+        "http": http_protocol(),
     }
 
 

@@ -4,9 +4,9 @@ Below the routes nothing chooses a status code: preprocessing, the text codec, t
 pipelines raise transport-free errors with a machine code and a message that says what is
 accepted. An `ErrorTable` is the whole mapping of one transport (its status per error type and
 the shape of its body); `REST_ERRORS` here serves the task routes, `service.v2.rest` has the Open
-Inference Protocol's own. `install_error_handlers` renders FastAPI's validation errors,
-Starlette's 404/405 and unexpected exceptions through the table of the path's transport too, so a
-client sees one shape per API:
+Inference Protocol's own. `install_error_handlers` renders FastAPI's validation errors and
+Starlette's 404/405, and `UnexpectedErrorMiddleware` unexpected exceptions, through the table of the
+path's transport too, so a client sees one shape per API:
 
     REST: {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
     v2:   {"error": "..."}
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import (
     ClientGone,
@@ -35,6 +36,7 @@ from contract.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
+from service.asgi import HttpMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,9 @@ REST_ERRORS = ErrorTable(
     },
     body=rest_body,
 )
+# Refusals by the HTTP server itself, before any route (the connection cap): the REST shape and
+# statuses, counted as the "http" transport whatever the path.
+CONNECTION_ERRORS = replace(REST_ERRORS, transport="http")
 
 
 def _covers(prefix: str, path: str) -> bool:
@@ -120,7 +125,10 @@ class ErrorResponder:
         return self.default
 
     def response(self, path: str, error: RequestError, *, status: int | None = None) -> JSONResponse:
-        table = self.table(path)
+        return self.answer(self.table(path), error, status=status)
+
+    def answer(self, table: ErrorTable, error: RequestError, *, status: int | None = None) -> JSONResponse:
+        """`error` rendered by `table` and observed under its transport."""
         if self.observe is not None:
             self.observe(table.transport, error.code)
         return table.response(error, status=status)
@@ -161,17 +169,42 @@ def install_error_handlers(app: FastAPI, responder: ErrorResponder) -> None:
         """The client left while we read its body: nothing to answer, not a server error."""
         return responder.response(request.url.path, client_gone())
 
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        """A genuine bug: log it with the traceback, tell the client nothing internal."""
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        error = RequestError("internal_error", "internal server error; the error was logged")
-        return responder.response(request.url.path, error, status=INTERNAL_ERROR)
-
     app.add_exception_handler(RequestError, request_error)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(ClientDisconnect, client_disconnect)
-    app.add_exception_handler(Exception, unexpected_error)
+
+
+class UnexpectedErrorMiddleware(HttpMiddleware):
+    """A genuine bug: logged once, with the traceback and the request's method and path; the client
+    gets 500 `internal_error` in its API's shape and nothing internal.
+
+    A middleware rather than an exception handler for `Exception`: Starlette runs that handler in
+    its outermost ServerErrorMiddleware, which re-raises once it has answered, so that the server
+    logs the error again (uvicorn's "Exception in ASGI application", without the request) and
+    closes the connection. Add it last (outermost of ours), so that it also covers the others.
+    """
+
+    def __init__(self, app: ASGIApp, errors: ErrorResponder) -> None:
+        super().__init__(app)
+        self.errors = errors
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            if started:  # too late for an answer: uvicorn closes the connection of an unfinished one
+                return
+            error = RequestError("internal_error", "internal server error; the error was logged")
+            await self.errors.response(scope["path"], error, status=INTERNAL_ERROR)(scope, receive, send)
 
 
 __all__ = [
@@ -179,8 +212,10 @@ __all__ = [
     "ErrorResponder",
     "most_specific",
     "REST_ERRORS",
+    "CONNECTION_ERRORS",
     "rest_body",
     "install_error_handlers",
+    "UnexpectedErrorMiddleware",
     "payload_too_large",
     "client_gone",
     "validation_error",

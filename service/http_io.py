@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import InputTooLarge, InvalidInput, UnsupportedMediaType
 from contract.image import ACCEPTED_DESCRIPTION
+from service.asgi import HttpMiddleware
 from service.errors import ErrorResponder, client_gone, payload_too_large, validation_error
 from service.schemas import ClassifyJSONRequest
 from service.state import ServiceState
@@ -28,7 +29,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(HttpMiddleware):
     """431 for a request line plus headers over `max_header_bytes`; 413 for bodies over `max_bytes`,
     early from Content-Length and by counting what is read.
 
@@ -38,15 +39,12 @@ class BodyLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, errors: ErrorResponder, max_header_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
         self.max_header_bytes = max_header_bytes
         self.errors = errors
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         header_bytes = len(scope.get("raw_path") or b"") + sum(
             len(k) + len(v) + 4 for k, v in scope["headers"]
         )

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.asgi import HttpMiddleware
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -73,8 +75,8 @@ class ServiceMetrics:
         )
         self.refusals = Counter(
             "gmlp_refusals",
-            "error answers by transport (rest, v2, hf, grpc) and machine code (e.g. invalid_image, "
-            "payload_too_large, overloaded, timeout)",
+            "error answers by transport (rest, v2, hf, grpc; http: the connection cap) and machine code "
+            "(e.g. invalid_image, payload_too_large, overloaded, timeout)",
             ["transport", "code"],
             registry=r,
         )
@@ -124,19 +126,16 @@ class ModelObserver:
             self._wait.observe(wait)
 
 
-class HttpMetricsMiddleware:
+class HttpMetricsMiddleware(HttpMiddleware):
     """Counts and times every HTTP request by route template and final status."""
 
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
         # (route, method, status) -> its counter and histogram: looked up once, not per request.
         self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         status = 500  # if the app raises before answering, uvicorn sends a 500
         self.metrics.in_flight.inc()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from contract.errors import InvalidInput, RequestError
+from contract.spec import SpecError
 from contract.text import FillMaskCodec
 from gmlp.paths import BERT_TOKENIZER
 
@@ -95,3 +96,12 @@ def test_targets_restrict_candidates_and_use_the_first_wordpiece(codec: FillMask
 def test_tokenizer_padding_and_truncation_settings_are_ignored(codec: FillMaskCodec) -> None:
     # The shipped tokenizer.json pads/truncates to 128; the codec must see the real length.
     assert len(codec.encode("[MASK]").ids) == 3
+
+
+def test_a_tokenizer_past_the_model_vocabulary_is_refused_with_both_sizes() -> None:
+    with pytest.raises(SpecError) as refused:
+        FillMaskCodec(BERT_TOKENIZER, {**CONFIG, "vocab_size": 30000}, model_name="m")
+    message = str(refused.value)
+    assert str(BERT_TOKENIZER) in message and "30522 ids" in message and "vocabulary of 30000" in message
+    # A model with spare rows (a padded vocabulary) serves the tokenizer's ids as they are.
+    assert FillMaskCodec(BERT_TOKENIZER, {**CONFIG, "vocab_size": 30528}).vocab_size == 30528

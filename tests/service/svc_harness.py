@@ -11,6 +11,7 @@ tests that do `from helpers import ...`.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
@@ -50,7 +52,14 @@ def free_port() -> int:
 class RunningServer:
     """uvicorn.Server running `create_app(settings)` in a thread, on a socket we bound ourselves."""
 
-    def __init__(self, settings: ServiceSettings, *, graceful_timeout: int = 20) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        *,
+        graceful_timeout: int = 20,
+        http: type[asyncio.Protocol] | None = None,
+    ) -> None:
+        """`http`: uvicorn's HTTP protocol class, when not the one the service picks."""
         self.settings = settings
         self.app = create_app(settings)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -59,6 +68,8 @@ class RunningServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         options = {**server_options(settings), "timeout_graceful_shutdown": graceful_timeout}
+        if http is not None:
+            options["http"] = http
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False, **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -135,9 +146,17 @@ def start_server(make_settings: Callable[..., ServiceSettings]) -> Iterator[Call
     """Factory: start a ready server with setting overrides; all are stopped at the end."""
     servers: list[RunningServer] = []
 
-    def start(**overrides: object) -> RunningServer:
-        server = RunningServer(make_settings(**overrides)).start()
-        servers.append(server)
+    def start(
+        *,
+        http: type[asyncio.Protocol] | None = None,
+        prepare: Callable[[FastAPI], None] | None = None,
+        **overrides: object,
+    ) -> RunningServer:
+        """`prepare(app)` runs before the server starts (a test adding a route of its own)."""
+        server = RunningServer(make_settings(**overrides), http=http)
+        if prepare is not None:
+            prepare(server.app)
+        servers.append(server.start())
         return server.wait_ready()
 
     yield start

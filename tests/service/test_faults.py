@@ -2,7 +2,7 @@
 during a burst.
 
 Every fault is real: ONNX Runtime really raises (a token id past the embedding table makes the
-graph's Gather fail), the model files are really truncated or deleted. What is checked is each
+graph's Gather fail), the model files are really truncated, deleted or mismatched. What is checked is each
 request's outcome and the message an operator sees, never a duration.
 
 Chosen behaviours (docs/reliability.md):
@@ -13,7 +13,8 @@ Chosen behaviours (docs/reliability.md):
 - a served-model directory that cannot be loaded fails the whole service with the reason, which
   names the file: `gmlp serve` refuses to start when a listed file is missing; a file that exists
   but does not load leaves the service up with /health/live and /health/ready at 503 and the
-  reason in their body (never ready, so no traffic is routed to a replica serving a subset).
+  reason in their body (never ready, so no traffic is routed to a replica serving a subset). A
+  tokenizer with ids past the model's vocabulary is such a file.
 """
 
 from __future__ import annotations
@@ -111,62 +112,33 @@ def _copy_model(source: Path, repository: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def mismatched_mlm_server(
-    tiny_mlm_served: Path,
-    start_server: Callable[..., RunningServer],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> RunningServer:
-    """The tiny MLM with a tokenizer that maps one word past the graph's vocabulary: a served model
-    that does not fit its own metadata, the kind of bug ORT reports at run time."""
-    model = _copy_model(tiny_mlm_served, tmp_path_factory.mktemp("mismatched"))
-    tokenizer_file = model / "tokenizer.json"
-    tokenizer = json.loads(tokenizer_file.read_text())
-    vocab_size = json.loads((model / "config.json").read_text())["model"]["vocab_size"]
-    tokenizer["model"]["vocab"][POISON_WORD] = vocab_size + 100
-    tokenizer_file.write_text(json.dumps(tokenizer))
-    return start_server(
-        model_repository=model.parent,
-        variant="fp32",
-        max_batch_size=8,
-        max_queue_delay_ms=1000.0,
-        queue_delay_policy="always",
-    )
-
-
-def test_ort_failure_over_http_is_a_logged_500_and_its_batch_mates_succeed(
-    mismatched_mlm_server: RunningServer, caplog: pytest.LogCaptureFixture
+def test_an_unexpected_error_is_a_500_logged_once_with_method_and_path(
+    start_server: Callable[..., RunningServer], caplog: pytest.LogCaptureFixture
 ) -> None:
-    server = mismatched_mlm_server
+    """A bug in a route: the client gets 500 `internal_error` and nothing internal, the log gets
+    exactly one traceback, naming the request (not a second one from the server without it)."""
 
-    async def post(client: httpx.AsyncClient, text: str) -> httpx.Response:
-        return await client.post("/fill-mask", json={"text": text, "top_k": 5})
+    async def broken() -> None:
+        raise RuntimeError("a bug in a route")
 
-    async def main() -> tuple[list[httpx.Response], list[httpx.Response]]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-            alone = [await post(client, text) for text in GOOD_TEXTS]
-            texts = [GOOD_TEXTS[0], f"a {POISON_WORD} [MASK] here.", *GOOD_TEXTS[1:]]
-            together = await asyncio.gather(*(post(client, text) for text in texts))
-            return alone, list(together)
-
-    batches_before = server.metric("gmlp_batch_size_count", model="tiny-mlm")
-    with caplog.at_level(logging.WARNING):
-        alone, together = asyncio.run(asyncio.wait_for(main(), 90))
-
-    failed = together[1]
-    assert failed.status_code == 500, failed.text
-    assert failed.json()["error"]["code"] == "internal_error"
-    assert "Gather" not in failed.text  # nothing internal is sent to the client
-    logged = [r for r in caplog.records if r.getMessage().startswith("unhandled error on POST /fill-mask")]
-    assert logged and logged[0].exc_info is not None, caplog.text
-    for expected, got in zip(alone, [together[0], *together[2:]], strict=True):
-        assert expected.status_code == got.status_code == 200, got.text
-        assert got.json() == expected.json()
-    # The four waited together for the window and failed as one batch, then ran one by one.
-    assert any("batch of 4 failed" in r.getMessage() for r in caplog.records), caplog.text
-    assert server.metric("gmlp_batch_size_count", model="tiny-mlm") - batches_before == len(GOOD_TEXTS) + 1
-    with server.client() as client:  # the service stays healthy
-        assert client.get("/health/ready").status_code == 200
+    server = start_server(prepare=lambda app: app.add_api_route("/broken", broken, methods=["POST"]))
+    # uvicorn's loggers do not propagate to the root; its logging set-up (uvicorn.Config) is done.
+    server_log = logging.getLogger("uvicorn")
+    server_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING), server.client() as client:
+            response = client.post("/broken")
+            # The same connection serves on (uvicorn drops it after an exception that reaches it).
+            assert client.get("/health/ready").status_code == 200
+        refused = server.metric("gmlp_refusals_total", transport="rest", code="internal_error")
+        server.stop()  # every request task has finished, and logged, once it returns
+    finally:
+        server_log.removeHandler(caplog.handler)
+    assert response.status_code == 500 and response.json()["error"]["code"] == "internal_error"
+    assert "a bug" not in response.text and refused == 1
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert [r.getMessage() for r in tracebacks] == ["unhandled error on POST /broken"], caplog.text
+    assert "a bug in a route" in caplog.text
 
 
 @pytest.fixture()
@@ -237,6 +209,23 @@ def test_missing_variant_file_fails_loading_and_serve_start_up(
     status = cli.main(["--model-repository", str(broken_repository), "--checkpoint-dir", "", "--port", "9"])
     err = capsys.readouterr().err
     assert status == 1 and "model.int8.onnx" in err and str(config) in err, err
+
+
+def test_tokenizer_past_the_model_vocabulary_fails_loading_with_both_sizes(
+    broken_repository: Path, make_settings: Callable[..., ServiceSettings]
+) -> None:
+    """A tokenizer that maps a word past the graph's vocabulary would fail in ONNX Runtime only for
+    texts with that word; the model is refused when it loads instead, like a corrupt file."""
+    model = broken_repository / "tiny-mlm"
+    tokenizer_file = model / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    vocab_size = json.loads((model / "config.json").read_text())["model"]["vocab_size"]
+    tokenizer["model"]["vocab"][POISON_WORD] = vocab_size + 100
+    tokenizer_file.write_text(json.dumps(tokenizer))
+    responses = _load_failed(make_settings(model_repository=broken_repository))
+    _assert_failed_naming(responses, str(tokenizer_file))
+    detail = responses["ready"].json()["detail"]
+    assert f"{vocab_size + 101} ids" in detail and f"vocabulary of {vocab_size}" in detail, detail
 
 
 def _queued(url: str) -> float:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from service.connections import PROTOCOLS
+
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
@@ -91,17 +93,28 @@ def test_a_slow_body_hits_the_deadline_and_holds_up_nobody(server: RunningServer
     assert server.metric("gmlp_refusals_total", transport="rest", code="timeout") >= 1
 
 
-def test_idle_connections_are_capped_with_503_and_released(server: RunningServer) -> None:
-    idle = [_connect(server) for _ in range(20)]  # more than max_connections, each sending nothing
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_idle_connections_are_capped_with_503_and_released(start_server: Any, protocol: str) -> None:
+    server = start_server(http=PROTOCOLS[protocol], max_connections=2)
+    idle = [_connect(server) for _ in range(2)]  # the cap, each sending nothing
     try:
         with server.client() as client:
             server.wait_for(lambda: client.get("/health/live").status_code == 503)
+        sock = _connect(server)
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, body = _read_response(sock).partition(b"\r\n\r\n")
+        closed = sock.recv(1) == b""  # the refused connection is released at once
+        sock.close()
     finally:
         for sock in idle:
             sock.close()
+    headers = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    assert _status(head) == 503 and headers[b"retry-after"] == b"1" and headers[b"connection"] == b"close"
+    assert closed and json.loads(body)["error"]["code"] == "too_many_connections"
     with server.client() as client:
         server.wait_for(lambda: client.get("/health/ready").status_code == 200)
         assert client.post("/fill-mask", json={"text": "a [MASK] day"}).status_code == 200
+    assert server.metric("gmlp_refusals_total", transport="http", code="too_many_connections") >= 2
 
 
 def test_oversized_headers_get_431(server: RunningServer) -> None:
