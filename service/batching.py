@@ -128,8 +128,8 @@ class DynamicBatcher(Generic[I, O]):
         self._running = 0
         self._arriving = 0
         self._accepting = False
-        self._task: asyncio.Task[None] | None = None
-        self._batches: dict[asyncio.Task[None], list[_Pending[I, O]]] = {}  # running now
+        self._tasks: list[asyncio.Task[None]] = []  # one loop per instance
+        self._active = 0  # batches being run now
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         # One thread per instance: a batch never waits for a thread, only for a free instance.
@@ -139,12 +139,15 @@ class DynamicBatcher(Generic[I, O]):
 
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
-        if self._task is not None:
+        if self._tasks:
             return
         self._wakeup, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
         self._accepting = True
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._loop(), name=f"batcher-{self.name}-{i}") for i in range(self.instances)
+        ]
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Stop accepting; wait (at most `timeout` s) until queued and running requests finished.
@@ -153,7 +156,7 @@ class DynamicBatcher(Generic[I, O]):
         the batching window, since no batch-mates can arrive any more.
         """
         self._accepting = False
-        if self._task is None or self._idle is None or self._wakeup is None:
+        if not self._tasks or self._idle is None or self._wakeup is None:
             return True
         self._wakeup.set()
         try:
@@ -165,15 +168,11 @@ class DynamicBatcher(Generic[I, O]):
     async def close(self, timeout: float | None = None) -> None:
         """Drain, then stop the loop; requests still waiting after `timeout` fail with BatcherClosedError."""
         await self.drain(timeout)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        # Batches still running past the timeout: their requests get the closing error now.
-        batches = list(self._batches)
-        for task in batches:
+        # A loop cancelled while its batch still runs answers that batch with the closing error.
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*batches, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         while self._queue:
             pending = self._queue.popleft()
             if not pending.future.done():
@@ -194,7 +193,7 @@ class DynamicBatcher(Generic[I, O]):
 
     @property
     def running_batches(self) -> int:
-        return len(self._batches)
+        return self._active
 
     @property
     def accepting(self) -> bool:
@@ -274,10 +273,14 @@ class DynamicBatcher(Generic[I, O]):
     # -- the loop ----------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """One instance: form a batch, run it, and at once form the next.
+
+        Each instance is its own loop so that a finished batch is followed by the next one in
+        the same task, without another trip through the event loop's queue of ready callbacks
+        (under load, each trip waits behind the parsing and decoding of many requests)."""
         assert self._wakeup is not None
-        loop = asyncio.get_running_loop()
         while True:
-            if not self._queue or len(self._batches) >= self.instances:
+            if not self._queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -293,29 +296,14 @@ class DynamicBatcher(Generic[I, O]):
                     break
                 self._wakeup.clear()
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(remaining):
+                        await self._wakeup.wait()
+                except TimeoutError:
                     break
             batch = self._take_batch()
             if batch:
-                self._running += len(batch)
-                task = loop.create_task(self._run(batch), name=f"batch-{self.name}")
-                self._batches[task] = batch
-                task.add_done_callback(self._batch_finished)
+                await self._run(batch)
             self._set_idle_if_done()
-
-    def _batch_finished(self, task: asyncio.Task[None]) -> None:
-        """An instance is free: the loop may form the next batch.
-
-        Also the last word for the batch's requests: a batch cancelled by `close()` before its
-        task even started never ran its own clean-up, so nothing of it may be left unresolved."""
-        batch = self._batches.pop(task)
-        self._running -= len(batch)
-        for pending in batch:
-            _resolve(pending, exc=BatcherClosedError(f"model {self.name} is shutting down"))
-        if self._wakeup is not None:
-            self._wakeup.set()
-        self._set_idle_if_done()
 
     def _take_batch(self) -> list[_Pending[I, O]]:
         """Pop up to max_batch_size live requests; cancelled ones are skipped, expired ones failed."""
@@ -337,6 +325,8 @@ class DynamicBatcher(Generic[I, O]):
         loop = asyncio.get_running_loop()
         start = time.monotonic()
         waits = [start - p.enqueued for p in batch]
+        self._running += len(batch)
+        self._active += 1
         try:
             outputs = await loop.run_in_executor(self._executor, self._run_checked, [p.item for p in batch])
         except Exception as exc:
@@ -355,6 +345,8 @@ class DynamicBatcher(Generic[I, O]):
             # error now rather than hanging until their deadlines; without one they never would.
             for pending in batch:
                 _resolve(pending, exc=BatcherClosedError(f"model {self.name} is shutting down"))
+            self._running -= len(batch)
+            self._active -= 1
             self.observer.batch_done(len(batch), waits, time.monotonic() - start)
 
     async def _run_singly(self, batch: list[_Pending[I, O]]) -> None:
@@ -376,7 +368,7 @@ class DynamicBatcher(Generic[I, O]):
         return outputs
 
     def _set_idle_if_done(self) -> None:
-        if not self._queue and not self._batches and self._idle is not None:
+        if not self._queue and not self._active and self._idle is not None:
             self._idle.set()
 
 

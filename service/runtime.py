@@ -2,7 +2,8 @@
 
 `OnnxModel.run_batch` takes a list of per-request feeds (one dict of arrays *without* the batch axis
 per request), collates them (stacks them, or a task's own padding), runs the session once and
-splits the outputs back per request; it is what the `DynamicBatcher` calls from its worker thread.
+splits the outputs back per request; it is what the `DynamicBatcher` calls from its worker threads
+(one per execution instance; a session may be run from several threads at once).
 """
 
 from __future__ import annotations

@@ -51,9 +51,14 @@ Not like for like, and why:
   bounded by `max_latency_ms` (set to 10 s, so that no request is refused). Its batchable API
   receives the whole batch of inputs, so preprocessing runs one image after another inside the
   batch call; in the other servers it runs per request before batching.
-- **LitServe** runs decode (preprocessing), batching and the model in one inference worker
-  process, fed by the API server process through a queue (a multiprocessing manager queue, or
+- **LitServe** runs decode (preprocessing), batching and the model in its inference worker
+  processes, fed by the API server process through a queue (a multiprocessing manager queue, or
   ZeroMQ with `fast_queue=True`).
+- **Execution instances** are what each framework offers for running batches side by side:
+  threads over one session in gmlp-serve (`--instances`) and Ray Serve (`max_concurrent_batches`
+  of the one replica, each batch run in a thread), worker processes in LitServe
+  (`workers_per_device`) and BentoML (`workers`), each process with its own copy of the model and
+  its own batching, so their batches form from half the requests each.
 - Access logs are off in every server (gmlp-serve's default; set for Ray and BentoML); every other
   setting is the framework's default (Ray's `RAY_SERVE_THROUGHPUT_OPTIMIZED` mode is not set).
 - The large-photo row's answer is checked against raw ONNX Runtime too; the photo is made by the

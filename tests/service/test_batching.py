@@ -127,16 +127,24 @@ def test_a_batch_waits_for_requests_on_their_way() -> None:
     async def main() -> None:
         batcher, _ = make(model, max_queue_delay_s=60.0)
         batcher.start()
-        with batcher.arriving():  # "b" and "c" are being decoded while "a" is queued
-            with batcher.arriving():
-                first = asyncio.ensure_future(batcher.submit("a"))
-                for _ in range(20):  # give the loop every chance to run "a" alone
-                    await asyncio.sleep(0)
-                assert model.batches == [] and batcher.queue_depth == 1 and batcher.arriving_now == 2
-            second = asyncio.ensure_future(batcher.submit("b"))
+        decoded = {"b": asyncio.Event(), "c": asyncio.Event()}
+
+        async def request(item: str) -> Any:
+            with batcher.arriving():  # being decoded
+                await decoded[item].wait()
+            return await batcher.submit(item)  # submitted as its block closes, as the pipelines do
+
+        second, third = asyncio.ensure_future(request("b")), asyncio.ensure_future(request("c"))
+        await asyncio.sleep(0)
+        first = asyncio.ensure_future(batcher.submit("a"))
+        for _ in range(20):  # give the loop every chance to run "a" alone
             await asyncio.sleep(0)
-            assert model.batches == []  # "c" is still on its way
-        third = asyncio.ensure_future(batcher.submit("c"))
+        assert model.batches == [] and batcher.queue_depth == 1 and batcher.arriving_now == 2
+        decoded["b"].set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert model.batches == [] and batcher.queue_depth == 2  # "c" is still on its way
+        decoded["c"].set()
         assert await asyncio.gather(first, second, third) == ["out-a", "out-b", "out-c"]
         await batcher.close(5)
 
