@@ -16,7 +16,8 @@ Triton, Ray Serve and TorchServe share):
 - up to `instances` batches of a model run at once, each in a worker thread (Triton's execution
   instances; ONNX Runtime releases the GIL, and one session may be run from several threads);
   a batch is formed when an instance is free, so while all of them run, the queue builds the
-  next batch, and the event loop stays free to accept and parse the next requests;
+  next batch, and the event loop stays free to accept and parse the next requests; what is
+  queued when several instances are free is shared out among them;
 - a request past its deadline fails with `DeadlineExceededError`; a cancelled request (client
   gone, deadline hit) is removed from the queue and never reaches `run_batch`;
 - each request gets its own result; if a batch raises, its requests are retried one by one so one
@@ -305,11 +306,24 @@ class DynamicBatcher(Generic[I, O]):
                 await self._run(batch)
             self._set_idle_if_done()
 
+    def _batch_limit(self) -> int:
+        """How many requests this instance takes: its share of the queue among the free instances.
+
+        Requests that arrived together (a burst, or the queue that built while every instance
+        was busy) are split over the instances free to take them rather than run on one while
+        another idles: at c = 8 on two single-threaded instances, two batches of 4 side by side
+        instead of one of 8 halve the time to the answers. Under steady load one instance
+        frees at a time and takes up to `max_batch_size`."""
+        free = max(1, self.instances - self._active)
+        return min(self.max_batch_size, -(-len(self._queue) // free))
+
     def _take_batch(self) -> list[_Pending[I, O]]:
-        """Pop up to max_batch_size live requests; cancelled ones are skipped, expired ones failed."""
+        """Pop this instance's share of live requests (`_batch_limit`); cancelled ones are
+        skipped, expired ones failed."""
         batch: list[_Pending[I, O]] = []
         now = time.monotonic()
-        while self._queue and len(batch) < self.max_batch_size:
+        limit = self._batch_limit()
+        while self._queue and len(batch) < limit:
             pending = self._queue.popleft()
             if pending.future.done():
                 continue
