@@ -323,6 +323,32 @@ def test_instances_run_batches_concurrently_and_no_more() -> None:
     run(main())
 
 
+def test_a_burst_is_shared_out_among_the_free_instances() -> None:
+    model = GatedModel()
+
+    async def main() -> list[Any]:
+        batcher, _ = make(model, max_batch_size=16, max_queue_delay_s=0.0, instances=2)
+        batcher.start()
+        # All eight are queued before either instance loop runs: both are free, each takes half.
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        await batcher.close(5)
+        return results
+
+    assert run(main()) == [f"out-{i}" for i in range(8)]
+    assert sorted(len(b) for b in model.batches) == [4, 4]
+    # With one instance the same burst is one batch (the limit is the batch size, not a share).
+    model = GatedModel()
+
+    async def single() -> None:
+        batcher, _ = make(model, max_batch_size=16, max_queue_delay_s=0.0)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        await batcher.close(5)
+
+    run(single())
+    assert [len(b) for b in model.batches] == [8]
+
+
 def test_close_answers_every_running_instance() -> None:
     model = GatedModel()
 
