@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -241,3 +242,14 @@ def test_section_states_conditions_command_and_figures():
     assert "| LitServe 0.2.19 | 6.0 (5.4-7.2) |" in text
     assert "c=32 req/s: 1.33x the best peer's (LitServe 0.2.19)" in text
     assert "- litserve: not measured (RuntimeError: boom)" in text
+
+
+def test_fill_mask_script_sends_every_sentence_as_json():
+    from benchmarks.fill_mask_cpu import lua_script, sentences
+
+    texts = sentences()
+    assert len(texts) == 200 and all("[MASK]" in t for t in texts)
+    script = lua_script(texts[:3])
+    assert script.count("[==[") == 3 and '"/fill-mask"' in script
+    for text in texts[:3]:
+        assert json.dumps({"text": text, "top_k": 5}) in script
