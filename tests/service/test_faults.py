@@ -72,7 +72,8 @@ def test_ort_failure_in_a_batch_fails_only_the_poisoned_request(
 ) -> None:
     """One feed with an id >= vocab_size, batched with good ones: ORT's Gather raises for the batch;
     the batcher retries one by one, the good ones get exactly their results run alone."""
-    settings = make_settings(variant=variant, max_batch_size=8, max_queue_delay_ms=0.0)
+    # One instance: the four submitted together form one batch (two would share them out).
+    settings = make_settings(variant=variant, max_batch_size=8, max_queue_delay_ms=0.0, instances=1)
     pipeline = _fill_mask_pipeline(tiny_mlm_served, settings)
     codec = pipeline.codec
     good = [codec.encode(text).feeds for text in GOOD_TEXTS]
