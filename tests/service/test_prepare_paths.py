@@ -1,0 +1,113 @@
+"""Inputs are prepared on the event loop when small and in a thread when not: the same answers.
+
+Each path's logits are compared with an independent computation: the model's transform applied
+to the bytes directly, run through the same ORT session alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from contract.spec import read_spec
+from service import pipelines
+from service.deadline import Deadline
+from service.metrics import ServiceMetrics
+from service.pipelines import FillMaskPipeline, VisionPipeline, load_pipeline
+from service.settings import ServiceSettings
+
+pytest_plugins = ["svc_harness"]
+pytestmark = pytest.mark.timeout(120)
+
+
+def _load(spec_dir: Path, settings: ServiceSettings) -> Any:
+    spec = read_spec(spec_dir)
+    assert spec is not None
+    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+
+
+def _jpeg(side: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _run(pipeline: Any, work: Callable[[], Any]) -> Any:
+    async def main() -> Any:
+        pipeline.batcher.start()
+        try:
+            return await work()
+        finally:
+            await pipeline.batcher.close(10)
+
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.fixture
+def threads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The functions the pipelines hand to a thread."""
+    calls: list[Any] = []
+    to_thread = asyncio.to_thread
+
+    async def counting(func: Any, *args: Any) -> Any:
+        calls.append(func)
+        return await to_thread(func, *args)
+
+    monkeypatch.setattr(pipelines.asyncio, "to_thread", counting)
+    return calls
+
+
+def test_small_and_large_images_give_the_transform_s_answer(
+    tiny_vision_served: Path, make_settings: Callable[..., ServiceSettings], threads: list[Any]
+) -> None:
+    pipeline = _load(tiny_vision_served, make_settings(variant="fp32"))
+    assert isinstance(pipeline, VisionPipeline)
+    small, large = _jpeg(32, 0), _jpeg(300, 1)  # 32 x 32 on the loop, 300 x 300 in a thread
+    assert 32 * 32 <= pipelines.INLINE_DECODE_PIXELS < 300 * 300
+    got = _run(
+        pipeline,
+        lambda: asyncio.gather(*(pipeline.logits(d, Deadline.after(30)) for d in (small, large))),
+    )
+    assert len(threads) == 1  # only the large image went to a thread
+    for data, logits in zip((small, large), got, strict=True):
+        expected = pipeline.runtime.run({"pixel_values": pipeline.transform(data)[None]})["logits"][0]
+        np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_short_and_long_texts_give_the_codec_s_encoding(
+    tiny_mlm_served: Path,
+    make_settings: Callable[..., ServiceSettings],
+    monkeypatch: pytest.MonkeyPatch,
+    threads: list[Any],
+) -> None:
+    pipeline = _load(tiny_mlm_served, make_settings(variant="fp32"))
+    assert isinstance(pipeline, FillMaskPipeline)
+    short = "the cat sat on the [MASK]."
+    # Over the inline bound in characters, still within the model's window in tokens.
+    long = "[MASK]" + " " * (pipelines.INLINE_ENCODE_CHARS + 10) + "sat."
+    seen: list[Any] = []
+    original = pipeline.infer
+
+    async def recording(feeds: Any, deadline: Deadline) -> Any:
+        seen.append(feeds)
+        return await original(feeds, deadline)
+
+    monkeypatch.setattr(pipeline, "infer", recording)
+    _run(
+        pipeline,
+        lambda: asyncio.gather(*(pipeline.fill_mask(t, 3, None, Deadline.after(30)) for t in (short, long))),
+    )
+    assert threads == [pipeline.codec.encode]  # only the long text went to a thread
+    for text, feeds in zip((short, long), seen, strict=True):
+        expected = pipeline.codec.encode(text).feeds
+        assert set(feeds) == set(expected)
+        for name in expected:
+            assert np.array_equal(feeds[name], expected[name]), name
