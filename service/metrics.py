@@ -53,6 +53,16 @@ class ServiceMetrics:
             registry=r,
         )
         self.in_flight = Gauge("gmlp_http_requests_in_flight", "HTTP requests being handled", registry=r)
+        self.grpc_calls = Counter(
+            "gmlp_grpc_calls", "gRPC calls by method and status code", ["method", "code"], registry=r
+        )
+        self.grpc_latency = Histogram(
+            "gmlp_grpc_call_duration_seconds",
+            "gRPC call latency by method and status code",
+            ["method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "gmlp_queue_depth", "requests waiting in the batch queue", ["model"], registry=r
         )
@@ -93,6 +103,11 @@ class ServiceMetrics:
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
         self.refusals.labels(transport, code).inc()
+
+    def grpc_call(self, method: str, code: str, seconds: float) -> None:
+        """A finished gRPC call (the protocol's method name, the status code's name)."""
+        self.grpc_calls.labels(method, code).inc()
+        self.grpc_latency.labels(method, code).observe(seconds)
 
     def observer(self, model: str) -> ModelObserver:
         return ModelObserver(self, model)

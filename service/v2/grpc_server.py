@@ -11,7 +11,8 @@ messages are the ones REST clients read.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -29,6 +30,7 @@ from contract.errors import (
 )
 from service.deadline import Deadline
 from service.errors import most_specific
+from service.metrics import ServiceMetrics
 from service.settings import ServiceSettings
 from service.state import ServiceState
 from service.v2 import inference
@@ -187,13 +189,51 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, run())
 
 
+class CallMetrics(aio.ServerInterceptor):
+    """Counts and times every unary call by method and final status code (the gRPC side of what
+    the HTTP metrics middleware does), so an operator sees both transports."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        call = handler.unary_unary
+        metrics = self.metrics
+
+        async def timed(request: Any, context: aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return await call(request, context)
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                metrics.grpc_call(method, code.name, time.perf_counter() - start)
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 class GrpcServer:
     """A `grpc.aio` server on the running event loop, started and stopped by the app's lifespan."""
 
     def __init__(self, state: ServiceState, settings: ServiceSettings) -> None:
         limit = settings.max_upload_bytes
         self.server = aio.server(
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)]
+            interceptors=[CallMetrics(state.metrics)],
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), self.server)
         self.address = f"{settings.host}:{settings.grpc_port}"
@@ -211,4 +251,12 @@ class GrpcServer:
         await self.server.stop(grace)
 
 
-__all__ = ["GrpcServer", "InferenceServicer", "GRPC_STATUS", "grpc_status", "decode_request", "encode_result"]
+__all__ = [
+    "GrpcServer",
+    "CallMetrics",
+    "InferenceServicer",
+    "GRPC_STATUS",
+    "grpc_status",
+    "decode_request",
+    "encode_result",
+]
