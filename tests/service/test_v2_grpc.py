@@ -150,6 +150,26 @@ def test_errors_and_message_size(triton: grpcclient.InferenceServerClient) -> No
     assert status_of(lambda: triton.infer("tiny-vision", [big])).status() == "StatusCode.RESOURCE_EXHAUSTED"
 
 
+def test_calls_are_counted_by_method_and_status(
+    server: RunningServer, triton: grpcclient.InferenceServerClient
+) -> None:
+    def count(method: str, code: str) -> float:
+        return server.metric("gmlp_grpc_calls_total", method=method, code=code)
+
+    before = count("ModelInfer", "OK"), count("ModelInfer", "INVALID_ARGUMENT"), count("ServerLive", "OK")
+    text = grpcclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"the cat sat on the [MASK]."], dtype=object))
+    triton.infer("tiny-mlm", [text])
+    wrong = grpcclient.InferInput("pixel_values", [1, 3, 8, 8], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 3, 8, 8), np.float32))
+    status_of(lambda: triton.infer("tiny-vision", [wrong]))
+    assert triton.is_server_live()
+    after = count("ModelInfer", "OK"), count("ModelInfer", "INVALID_ARGUMENT"), count("ServerLive", "OK")
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1]
+    latency = server.metric("gmlp_grpc_call_duration_seconds_count", method="ModelInfer", code="OK")
+    assert latency >= 1
+
+
 def test_deadline_and_overload(start_server: Any) -> None:
     """A request held in the queue: the next one is refused (UNAVAILABLE), the held one runs out of
     its gRPC deadline (DEADLINE_EXCEEDED) before the long batching window ends."""
