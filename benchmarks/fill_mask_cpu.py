@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from benchmarks.peers import wrk
 from benchmarks.peers.proc import tree_cpu_seconds
+from benchmarks.peers.raw_ort import run_concurrently
 from benchmarks.peers.run import machine
 from benchmarks.peers.server import free_port
 from contract.spec import read_spec
@@ -47,37 +46,28 @@ def sentences() -> list[str]:
     return [line.split("\t", 1)[1] for line in lines if line and not line.startswith("#")]
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+class RawModel:
+    """The served file as the server runs it (its default instances and threads), with the
+    sentences encoded and padded by the product's codec into batches of 16, prepared once."""
 
+    def __init__(self, served: Path, texts: list[str]) -> None:
+        spec = read_spec(served)
+        assert spec is not None, f"{served} is not a served-model directory"
+        settings = ServiceSettings()
+        self.instances = settings.resolved_instances("cpu")
+        options = RuntimeOptions("cpu", settings.resolved_threads(self.instances), settings.ort_spinning)
+        self.model = OnnxModel(spec.variant_path(choose_variant(spec.variants, "cpu", None)), options)
+        codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
+        feeds = [codec.encode(text).feeds for text in texts]
+        self.batches = [codec.collate(feeds[i : i + BATCH]) for i in range(0, len(feeds) - BATCH + 1, BATCH)]
+        self.model.run(self.batches[0])  # warm
 
-def raw_cpu_ms_per_sequence(served: Path, texts: list[str], seconds: float) -> float:
-    """CPU ms per sequence of session.run at batch 16 over `texts`, as the server would run it."""
-    spec = read_spec(served)
-    assert spec is not None, f"{served} is not a served-model directory"
-    settings = ServiceSettings()
-    instances = settings.resolved_instances("cpu")
-    options = RuntimeOptions("cpu", settings.resolved_threads(instances), settings.ort_spinning)
-    model = OnnxModel(spec.variant_path(choose_variant(spec.variants, "cpu", None)), options)
-    codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
-    feeds = [codec.encode(text).feeds for text in texts]
-    batches = [codec.collate(feeds[i : i + BATCH]) for i in range(0, len(feeds) - BATCH + 1, BATCH)]
-    model.run(batches[0])  # warm
-    runs = [0] * instances
-    cpu0, t0 = _cpu_s(), time.perf_counter()
-
-    def worker(index: int) -> None:
-        while time.perf_counter() - t0 < seconds:
-            model.run(batches[(runs[index] * instances + index) % len(batches)])
-            runs[index] += 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(instances)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return (_cpu_s() - cpu0) * 1000.0 / (sum(runs) * BATCH)
+    def cpu_ms_per_sequence(self, seconds: float) -> float:
+        """CPU ms per sequence of session.run at batch 16, the batches in turn."""
+        runs = run_concurrently(
+            lambda k: self.model.run(self.batches[k % len(self.batches)]), self.instances, seconds
+        )
+        return runs.cpu_s * 1000.0 / (runs.calls * BATCH)
 
 
 def lua_script(texts: list[str]) -> str:
@@ -131,6 +121,7 @@ def main() -> None:
     texts = sentences()
     info = machine()
     print(f"CPU: {info.get('cpu')}, {info.get('cpus')} vCPUs; SIMD: {info.get('simd')}")
+    raw = RawModel(args.served, texts)
     service_ms: list[float] = []
     raw_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="gmlp-fill-mask-cpu-") as tmp:
@@ -142,7 +133,7 @@ def main() -> None:
             script.write_text(lua_script(texts))
             wrk.run(url + "/fill-mask", script, CONNECTIONS, 2.0)  # warm-up
             for round_ in range(1, args.rounds + 1):
-                raw_ms.append(raw_cpu_ms_per_sequence(args.served, texts, args.seconds))
+                raw_ms.append(raw.cpu_ms_per_sequence(args.seconds))
                 cpu0 = tree_cpu_seconds(proc.pid)
                 result = wrk.run(url + "/fill-mask", script, CONNECTIONS, args.seconds)
                 ms = (tree_cpu_seconds(proc.pid) - cpu0) * 1000.0 / max(1, result.requests)

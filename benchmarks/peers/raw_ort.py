@@ -14,10 +14,13 @@ overhead. Prints one JSON object:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import resource
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +35,35 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+@dataclass(frozen=True)
+class Runs:
+    """What `run_concurrently` did: calls made, wall seconds, CPU seconds of the whole process."""
+
+    calls: int
+    wall_s: float
+    cpu_s: float
+
+
+def run_concurrently(run: Callable[[int], object], threads: int, seconds: float) -> Runs:
+    """Call `run(k)` (k: the call's number, 0, 1, ... across all threads) from `threads` threads
+    for `seconds`. ORT releases the GIL, so the threads run their sessions in parallel, as a
+    server's execution instances do."""
+    calls = itertools.count()
+    cpu0, t0 = _cpu_s(), time.perf_counter()
+
+    def worker() -> None:
+        while time.perf_counter() - t0 < seconds:
+            run(next(calls))
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    # `calls` has handed out one number per call made; the next one is their count.
+    return Runs(next(calls), time.perf_counter() - t0, _cpu_s() - cpu0)
+
+
 def measure(model: PeerModel, images: list[bytes], seconds: float) -> dict[str, float]:
     """images/s and CPU ms per image of session.run at batch 16, from as many threads as the
     servers have execution instances; CPU ms of preprocessing per image."""
@@ -41,27 +73,14 @@ def measure(model: PeerModel, images: list[bytes], seconds: float) -> dict[str, 
     pre_wall_ms = (time.perf_counter() - t0) * 1000.0 / len(pixels)
     batch = np.stack(pixels[:MAX_BATCH])
     model.logits(batch)  # warm
-    runs = [0] * instances()
-    cpu0, t0 = _cpu_s(), time.perf_counter()
-
-    def worker(index: int) -> None:  # ORT releases the GIL: the instances run in parallel
-        while time.perf_counter() - t0 < seconds:
-            model.logits(batch)
-            runs[index] += 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(runs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    runs = run_concurrently(lambda _: model.logits(batch), instances(), seconds)
     return {
-        "images_per_s": sum(runs) * MAX_BATCH / wall,
-        "cpu_ms_per_image": cpu * 1000.0 / (sum(runs) * MAX_BATCH),
+        "images_per_s": runs.calls * MAX_BATCH / runs.wall_s,
+        "cpu_ms_per_image": runs.cpu_s * 1000.0 / (runs.calls * MAX_BATCH),
         "preprocess_cpu_ms_per_image": pre_cpu_ms,
         "preprocess_wall_ms_per_image": pre_wall_ms,
-        "batches": sum(runs),
-        "instances": len(runs),
+        "batches": runs.calls,
+        "instances": instances(),
     }
 
 
