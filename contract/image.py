@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from contract.errors import InputTooLarge, InvalidInput
+from contract.jpeg import PlainJpeg
 
 # (Multi-picture camera JPEGs open through the JPEG plugin as format "MPO"; no entry needed.)
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
@@ -180,31 +181,47 @@ class ImageTransform:
         """Encoded image bytes -> float32 [3, H, W] (JPEGs decoded at a reduced DCT scale)."""
         return self.finish(self.open(data))
 
-    def open(self, data: bytes) -> Image.Image:
-        """The image's header only (format and size checked): `finish` does the decoding."""
-        return open_image(data, self.max_pixels)
+    def open(self, data: bytes) -> PlainJpeg | Image.Image:
+        """The image's header only (format and size checked): `finish` does the decoding.
 
-    def finish(self, img: Image.Image) -> np.ndarray:
+        A plain JPEG (`contract.jpeg`) is kept for libjpeg-turbo; anything else opens in Pillow."""
+        jpeg = PlainJpeg.read(data)
+        if jpeg is None:
+            return open_image(data, self.max_pixels)
+        if jpeg.width * jpeg.height > self.max_pixels:
+            raise image_too_large(jpeg.width * jpeg.height, self.max_pixels)
+        return jpeg
+
+    def finish(self, img: PlainJpeg | Image.Image) -> np.ndarray:
         """An image from `open` -> float32 [3, H, W]: decode, resize, crop, normalise."""
+        if isinstance(img, PlainJpeg):
+            return self.transform(img.decode(min_side=self.decode_side))
         return self.transform(load_image(img, self.max_pixels, min_side=self.decode_side))
 
-    def transform(self, img: Image.Image) -> np.ndarray:
-        """RGB image -> float32 [3, H, W]: resize shorter side, centre crop, normalise."""
-        width, height = img.size
+    def transform(self, img: Image.Image | np.ndarray) -> np.ndarray:
+        """RGB image (or uint8 [H, W, 3]) -> float32 [3, H, W]: resize shorter side, centre crop,
+        normalise. An image already at the model's input size is neither resized nor copied."""
+        height, width = img.shape[:2] if isinstance(img, np.ndarray) else (img.height, img.width)
         # torchvision Resize(int): shorter side -> size, longer side truncated proportionally.
         if width <= height:
             new_w, new_h = self.resize_size, int(self.resize_size * height / width)
         else:
             new_w, new_h = int(self.resize_size * width / height), self.resize_size
         if (new_w, new_h) != (width, height):
-            img = img.resize((new_w, new_h), self.resample)
+            pil = Image.fromarray(img) if isinstance(img, np.ndarray) else img
+            img = pil.resize((new_w, new_h), self.resample)
+        pixels = np.asarray(img)
+        # Resize keeps both sides >= the crop (resize_size >= crop), so the crop is a plain slice.
         crop_h, crop_w = self.crop_size
         top = int(round((new_h - crop_h) / 2.0))
         left = int(round((new_w - crop_w) / 2.0))
-        img = img.crop((left, top, left + crop_w, top + crop_h))
-        arr = np.asarray(img, dtype=np.float32) / 255.0
+        return self.normalise(pixels[top : top + crop_h, left : left + crop_w])
+
+    def normalise(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 RGB [H, W, 3] -> float32 [3, H, W], scaled to [0, 1] and normalised."""
+        arr = pixels.astype(np.float32) / 255.0
         arr = (arr - self.mean) / self.std
-        return np.ascontiguousarray(arr.transpose(2, 0, 1), dtype=np.float32)
+        return np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
 __all__ = [
