@@ -8,16 +8,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from contract.image import ACCEPTED_DESCRIPTION
 from service.deadline import Deadline, before
-from service.http_io import get_state, read_image, read_json, unless_disconnected
+from service.http_io import (
+    DirectRoute,
+    get_state,
+    query_parameters,
+    read_image,
+    read_json,
+    read_query,
+    unless_disconnected,
+)
 from service.pipelines import FillMaskPipeline, VisionPipeline
 from service.schemas import (
     ERROR_RESPONSES,
     ClassifyJSONRequest,
+    ClassifyQuery,
     ClassifyResponse,
     FillMaskRequest,
     FillMaskResponse,
@@ -27,9 +36,11 @@ from service.schemas import (
 )
 from service.state import FAILED
 
-router = APIRouter()
+# Every endpoint here reads its own request and builds its own response (DirectRoute).
+router = APIRouter(route_class=DirectRoute)
 
 _CLASSIFY_BODY: dict[str, Any] = {
+    "parameters": query_parameters(ClassifyQuery),
     "requestBody": {
         "required": True,
         "description": f"the image ({ACCEPTED_DESCRIPTION}) as multipart field `file`, as the raw body "
@@ -47,7 +58,7 @@ _CLASSIFY_BODY: dict[str, Any] = {
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
             "application/json": {"schema": ClassifyJSONRequest.model_json_schema()},
         },
-    }
+    },
 }
 _FILL_MASK_BODY: dict[str, Any] = {
     "requestBody": {
@@ -65,16 +76,13 @@ _FILL_MASK_BODY: dict[str, Any] = {
     summary="Classify an image",
     tags=["tasks"],
 )
-async def classify(
-    request: Request,
-    top_k: int = Query(5, ge=1, description="number of labels to return (at most the number of labels)"),
-    model: str | None = Query(None, description="served model name; default: the service's classifier"),
-) -> JSONResponse:
+async def classify(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
-    served = state.resolve(model, VisionPipeline)
+    query = read_query(request, ClassifyQuery)
+    served = state.resolve(query.model, VisionPipeline)
     image = await before(read_image(request), deadline)
-    predictions = await unless_disconnected(request, served.classify(image, top_k, deadline))
+    predictions = await unless_disconnected(request, served.classify(image, query.top_k, deadline))
     return _json({"model": served.name, "predictions": predictions})
 
 
@@ -146,10 +154,10 @@ async def ready(request: Request) -> JSONResponse:
 @router.get(
     "/models", response_model=ModelsResponse, tags=["models"], summary="Served models and their settings"
 )
-async def list_models(request: Request) -> ModelsResponse:
+async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
     models = [ModelInfo.model_validate(m.describe()) for m in state.models.values()]
-    return ModelsResponse(models=models, defaults=state.defaults)
+    return JSONResponse(ModelsResponse(models=models, defaults=state.defaults).model_dump(mode="json"))
 
 
 @router.get("/metrics", include_in_schema=False)

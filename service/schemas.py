@@ -43,6 +43,13 @@ class ClassifyResponse(BaseModel):
     predictions: list[LabelScore] = Field(description="top_k labels, highest score first")
 
 
+class ClassifyQuery(BaseModel):
+    """The query string of /classify."""
+
+    top_k: int = Field(5, ge=1, description="number of labels to return (at most the number of labels)")
+    model: str | None = Field(None, description="served model name; default: the service's classifier")
+
+
 class ClassifyJSONRequest(BaseModel):
     """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
 

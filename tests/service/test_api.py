@@ -212,6 +212,18 @@ def test_bad_requests_get_a_4xx_with_a_json_error(
     assert error["code"] == code and len(error["message"]) > 10
 
 
+def test_bad_query_names_the_parameter_and_the_rule(server: RunningServer, cifar_images: list[bytes]) -> None:
+    with server.client() as client:
+        zero = client.post("/classify?top_k=0", **jpeg(cifar_images[0]))
+        word = client.post("/classify?top_k=many&model=tiny-vision", **jpeg(cifar_images[0]))
+        extra = client.post("/classify?top_k=2&unknown=1", **jpeg(cifar_images[0]))
+    (detail,) = zero.json()["error"]["details"]
+    assert detail["loc"] == ["query", "top_k"] and detail["type"] == "greater_than_equal"
+    assert "query.top_k" in zero.json()["error"]["message"]
+    assert word.json()["error"]["details"][0]["type"] == "int_parsing"
+    assert extra.status_code == 200 and len(extra.json()["predictions"]) == 2  # unknown ones ignored
+
+
 def test_unknown_routes_and_methods_use_the_same_error_shape(server: RunningServer) -> None:
     with server.client() as client:
         missing, wrong_method = client.get("/nowhere"), client.get("/classify")
