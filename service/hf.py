@@ -17,6 +17,7 @@ import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contract.errors import InvalidInput, RequestError
@@ -26,6 +27,7 @@ from service.deadline import Deadline, before
 from service.errors import REST_ERRORS, ErrorTable, validation_error
 from service.http_io import (
     RAW_TYPES,
+    DirectRoute,
     decode_base64,
     get_state,
     media_type,
@@ -45,7 +47,7 @@ from service.schemas import (
 )
 
 PREFIX = "/models/"
-router = APIRouter(tags=["Hugging Face inference API"])
+router = APIRouter(tags=["Hugging Face inference API"], route_class=DirectRoute)
 
 
 def hf_body(error: RequestError) -> dict[str, Any]:
@@ -155,12 +157,12 @@ async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline:
     openapi_extra=_BODY,
     summary="Hugging Face inference API (fill-mask, image classification)",
 )
-async def hf_inference(request: Request, name: str) -> Any:
+async def hf_inference(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
     served = state.model(name)
     body, image = await before(_read(request, served), deadline)
-    return await unless_disconnected(request, _run(served, body, image, deadline))
+    return JSONResponse(await unless_disconnected(request, _run(served, body, image, deadline)))
 
 
 __all__ = ["router", "HF_ERRORS", "PREFIX", "HFRequest"]

@@ -16,12 +16,19 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from contract.errors import InvalidInput, RequestError
 from service.deadline import Deadline, before
 from service.errors import REST_ERRORS, ErrorTable, validation_error
-from service.http_io import RAW_TYPES, get_state, media_type, unless_disconnected, unsupported_media_type
+from service.http_io import (
+    RAW_TYPES,
+    DirectRoute,
+    get_state,
+    media_type,
+    unless_disconnected,
+    unsupported_media_type,
+)
 from service.schemas import inline_schema
 from service.v2 import inference
 from service.v2.inference import InferRequest, InferResult
@@ -50,7 +57,7 @@ def v2_body(error: RequestError) -> dict[str, Any]:
 # unfitting request with 400.
 V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body, transport="v2")
 
-router = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol v2"])
+router = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol v2"], route_class=DirectRoute)
 
 _NOT_FOUND = {404: ERROR_RESPONSES[404]}
 
@@ -99,8 +106,8 @@ def _false(body: type, description: str) -> dict[int | str, dict[str, Any]]:
 
 
 @router.get("", response_model=ServerMetadata, summary="Server metadata")
-async def server_metadata() -> ServerMetadata:
-    return ServerMetadata.model_validate(inference.server_metadata())
+async def server_metadata(request: Request) -> JSONResponse:
+    return _document(ServerMetadata.model_validate(inference.server_metadata()))
 
 
 @router.get("/health/live", response_model=Live, responses=_false(Live, "not live"), summary="Server live")
@@ -117,8 +124,14 @@ async def ready(request: Request) -> JSONResponse:
     return _flag(ok, {"ready": ok})
 
 
-def _metadata(request: Request, name: str, version: str) -> ModelMetadata:
-    return ModelMetadata.model_validate(inference.model_metadata(get_state(request), name, version))
+def _document(body: BaseModel) -> JSONResponse:
+    """A metadata document, validated against its response model and serialised as FastAPI would."""
+    return JSONResponse(body.model_dump(mode="json"))
+
+
+def _metadata(request: Request, name: str, version: str) -> JSONResponse:
+    document = inference.model_metadata(get_state(request), name, version)
+    return _document(ModelMetadata.model_validate(document))
 
 
 def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
@@ -130,7 +143,7 @@ _READY_RESPONSES = {**_false(ModelReadyBody, "not ready"), **_NOT_FOUND}
 
 
 @router.get("/models/{name}", response_model=ModelMetadata, responses=_NOT_FOUND, summary="Model metadata")
-async def model_metadata(request: Request, name: str) -> ModelMetadata:
+async def model_metadata(request: Request, name: str) -> JSONResponse:
     return _metadata(request, name, "")
 
 
@@ -140,7 +153,7 @@ async def model_metadata(request: Request, name: str) -> ModelMetadata:
     responses=_NOT_FOUND,
     summary="Model metadata (a version)",
 )
-async def model_version_metadata(request: Request, name: str, version: str) -> ModelMetadata:
+async def model_version_metadata(request: Request, name: str, version: str) -> JSONResponse:
     return _metadata(request, name, version)
 
 
