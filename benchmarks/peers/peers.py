@@ -2,7 +2,7 @@
 
 Every peer framework goes into its own virtual environment under `.bench-venvs/<venv>/` (never
 the product's `.venv`): the framework at a pinned version, plus the product's own pins of the
-packages that decide the measured work (onnxruntime, numpy, Pillow, tokenizers, from
+packages that decide the measured work (onnxruntime, numpy, Pillow, simplejpeg, tokenizers, from
 constraints.txt) and this repository installed editable without extras for `contract`. gmlp-serve
 itself runs from the product's `.venv`, as a user would run it.
 """
@@ -21,7 +21,7 @@ from benchmarks.peers.model import instances, intra_op_threads
 REPO = Path(__file__).resolve().parents[2]
 VENVS = REPO / ".bench-venvs"
 # The packages whose versions decide the work every server does, pinned as the product pins them.
-SHARED_PINS = ("onnxruntime", "numpy", "pillow", "tokenizers")
+SHARED_PINS = ("onnxruntime", "numpy", "pillow", "simplejpeg", "tokenizers")
 
 LITSERVE = "litserve==0.2.19"
 RAY = "ray[serve]==2.60.0"
