@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by the routes: body limits, payload parsing, deadlines, disconnects.
+"""HTTP plumbing shared by the routes: body limits, payload and query parsing, direct routes, deadlines,
+disconnects.
 
 Bodies are parsed here rather than by FastAPI's `File`/`Body` parameters because FastAPI turns any
 error raised while reading a body into a bare 400; we want 413 for too large, 415 for a wrong
