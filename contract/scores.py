@@ -32,9 +32,13 @@ def top_probabilities(
     log_z = log_normaliser(row)
     scores = row if candidates is None else row[candidates]
     k = min(k, scores.shape[0])
-    if k < scores.shape[0]:
-        threshold = scores[np.argpartition(-scores, k - 1)[:k]].min()
-        above = np.flatnonzero(scores > threshold)
+    n = scores.shape[0]
+    if k < n:
+        # The k largest in any order; whatever is above their minimum is among them, and ties at
+        # the minimum are then taken from the whole row in index order.
+        largest = np.argpartition(scores, n - k)[n - k :]
+        threshold = scores[largest].min()
+        above = largest[scores[largest] > threshold]
         picked = np.concatenate([above, np.flatnonzero(scores == threshold)[: k - above.shape[0]]])
     else:
         picked = np.arange(scores.shape[0])
