@@ -1,10 +1,10 @@
 """Large JPEGs: decoding at a reduced DCT scale vs decoding every pixel, for accuracy and cost.
 
-    python scripts/bench_jpeg_draft.py --served models/cifar10-gmlp [--images 300] [--threads 2]
+    python scripts/bench_jpeg_draft.py --served models/cifar10-gmlp [--images 300] [--variant int8]
 
 CIFAR-10 test images are upscaled (bicubic) to random sizes of 1 to 12 megapixels and saved as
 JPEG (quality 90), as a phone photo of the same scene would arrive. Each is classified by the
-served model (its int8 file, as the service runs it on CPU) twice: preprocessed from a full decode,
+served model (its int8 file by default, as the service runs it on CPU) twice: preprocessed from a full decode,
 and from the reduced decode the service uses (`contract.image`: sides of at least
 twice the resize target).
 Prints the top-1 agreement of the two and the median preprocessing time per image of each on a
@@ -72,10 +72,11 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--variant", choices=("int8", "fp32"), default="int8")
     args = parser.parse_args()
     config = json.loads((args.served / "config.json").read_text())
     transform = ImageTransform.for_model(config, max_pixels=50_000_000)
-    sess = session(args.served / VARIANT_FILES["int8"], threads=args.threads)
+    sess = session(args.served / VARIANT_FILES[args.variant], threads=args.threads)
 
     def full(data: bytes) -> np.ndarray:
         return transform.transform(decode_image(data, transform.max_pixels))
@@ -89,7 +90,7 @@ def main() -> None:
     flags = sorted(cpu_flags() & set(FLAGS)) or ["none of " + ", ".join(FLAGS)]
     print(f"CPU: {cpu_model()}; flags: {', '.join(flags)}")
     print(
-        f"top-1 agreement, reduced vs full decode, {args.images} photos of 1-12 MP: "
+        f"top-1 agreement ({args.variant}), reduced vs full decode, {args.images} photos of 1-12 MP: "
         f"{100 * agree / args.images:.1f} %"
     )
     print(
