@@ -121,7 +121,7 @@ class VisionPipeline(Pipeline):
     ) -> None:
         super().__init__(spec, settings, device, metrics)
         self.labels = spec.labels()
-        self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels)
+        self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels, settings.jpeg_draft)
 
     def warmup_feeds(self) -> list[Feeds]:
         h, w = self.transform.crop_size

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from contract.image import decode_image
 from contract.spec import read_spec
 from service import pipelines
 from service.deadline import Deadline
@@ -111,3 +112,24 @@ def test_short_and_long_texts_give_the_codec_s_encoding(
         assert set(feeds) == set(expected)
         for name in expected:
             assert np.array_equal(feeds[name], expected[name]), name
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_jpeg_draft_setting_chooses_the_decode(
+    tiny_vision_served: Path, make_settings: Callable[..., ServiceSettings], draft: bool
+) -> None:
+    """`jpeg_draft` on: a large JPEG is decoded at a reduced DCT scale; off: every pixel (Pillow's
+    own full and `draft` decodes are the references)."""
+    pipeline = _load(tiny_vision_served, make_settings(variant="fp32", jpeg_draft=draft))
+    assert isinstance(pipeline, VisionPipeline)
+    data, transform = _jpeg(512, 2), pipeline.transform
+    reduced = transform.transform(decode_image(data, 10**8, min_side=2 * transform.resize_size))
+    full = transform.transform(decode_image(data, 10**8))
+    assert not np.array_equal(reduced, full)
+    got = _run(pipeline, lambda: pipeline.logits(data, Deadline.after(30)))
+    expected, other = (
+        pipeline.runtime.run({"pixel_values": pixels[None]})["logits"][0]
+        for pixels in ((reduced, full) if draft else (full, reduced))
+    )
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got, other, rtol=1e-5, atol=1e-5)  # the two decodes are told apart
