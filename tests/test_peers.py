@@ -244,6 +244,21 @@ def test_section_states_conditions_command_and_figures():
     assert "- litserve: not measured (RuntimeError: boom)" in text
 
 
+def test_large_photo_line_compares_the_reduced_and_the_full_decode():
+    from benchmarks.peers.bench import LARGE
+    from benchmarks.peers.peers import FULL_DECODE
+    from benchmarks.peers.run import large_photo_line
+
+    def row(peer: str, rps: float, cpu: float) -> dict:
+        return {"peer": peer, "image": LARGE, "concurrency": 8, "rps": rps, "cpu_ms_per_request": cpu}
+
+    rows = [row("gmlp-serve", 100.0, 18.0), row(FULL_DECODE, 16.0, 120.0), row(FULL_DECODE, 14.0, 130.0)]
+    text = large_photo_line({"rows": rows})
+    assert "gmlp-serve **100.0 req/s**" in text and "15.0 (14.0-16.0) req/s" in text
+    assert "**6.7x** the requests/s at 0.14x the CPU each" in text
+    assert "Decoding every pixel" not in large_photo_line({"rows": rows[:1]})
+
+
 def test_fill_mask_script_sends_every_sentence_as_json():
     from benchmarks.fill_mask_cpu import lua_script, sentences
 

@@ -172,7 +172,7 @@ def run_peer(
         check_answers(server, images, results.reference)
         script = write_script(work, peer.key, first, peer.body)
         wrk.run(server.url, script, 8, plan.warmup_s)  # warm-up, not recorded
-        for c in plan.levels:
+        for c in () if peer.large_only else plan.levels:
             row = measure_row(server, script, (rnd, CIFAR), c, plan.duration_s)
             results.rows.append(row)
             log(
@@ -180,7 +180,7 @@ def run_peer(
                 f"  CPU {row.cpu_ms_per_request:6.2f} ms/req  errors {row.errors}"
                 f"  others {row.others_cpu_pct:3.0f}%"
             )
-        if peer.key == "gmlp-serve":
+        if peer.large_photo:
             photo = (work / f"{LARGE}.jpg").read_bytes()
             expected = results.reference[LARGE]
             if (got := classify(server.url, photo, peer.body, timeout_s=60.0)) != expected:

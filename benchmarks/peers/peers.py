@@ -52,6 +52,8 @@ class Peer:
     extra_ports: int = 0
     env: dict[str, str] = field(default_factory=dict)
     note: str = ""
+    large_photo: bool = False  # also measured on the 12-megapixel photo
+    large_only: bool = False  # measured on the 12-megapixel photo only (not in the table)
 
     def bin_dir(self) -> Path:
         return (VENVS / self.venv if self.venv else REPO / ".venv") / "bin"
@@ -123,8 +125,22 @@ def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
     ]
 
 
+FULL_DECODE = "gmlp-serve-full-decode"
+
 PEERS: tuple[Peer, ...] = (
-    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw"),
+    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw", large_photo=True),
+    Peer(
+        FULL_DECODE,
+        "gmlp-serve (every JPEG pixel decoded)",
+        None,
+        (),
+        _gmlp,
+        "raw",
+        env={"GMLP_JPEG_DRAFT": "false"},
+        note="the same server with `GMLP_JPEG_DRAFT=false`, on the 12-megapixel photo only",
+        large_photo=True,
+        large_only=True,
+    ),
     Peer(
         "gmlp-serve-multipart",
         "gmlp-serve (multipart)",
