@@ -45,6 +45,12 @@ def image_too_large(pixels: int, limit: int) -> InputTooLarge:
     )
 
 
+def check_pixels(width: int, height: int, limit: int) -> None:
+    """Refuse an image whose header says it has more than `limit` pixels, before any decoding."""
+    if width * height > limit:
+        raise image_too_large(width * height, limit)
+
+
 def decode_image(data: bytes, max_pixels: int, min_side: int | None = None) -> Image.Image:
     """Decode `data` to a fully loaded, upright, 8-bit RGB image (first frame of animations).
 
@@ -69,9 +75,7 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
         raise InvalidInput(
             "invalid_image", f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}"
         ) from exc
-    width, height = img.size
-    if width * height > max_pixels:
-        raise image_too_large(width * height, max_pixels)
+    check_pixels(img.width, img.height, max_pixels)
     return img
 
 
@@ -196,8 +200,7 @@ class ImageTransform:
         jpeg = PlainJpeg.read(data)
         if jpeg is None:
             return open_image(data, self.max_pixels)
-        if jpeg.width * jpeg.height > self.max_pixels:
-            raise image_too_large(jpeg.width * jpeg.height, self.max_pixels)
+        check_pixels(jpeg.width, jpeg.height, self.max_pixels)
         return jpeg
 
     def finish(self, img: PlainJpeg | Image.Image) -> np.ndarray:
