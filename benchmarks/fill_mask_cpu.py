@@ -98,8 +98,8 @@ def start_server(served: Path, work: Path) -> tuple[subprocess.Popen[bytes], str
     port = free_port()
     cmd = [str(REPO / ".venv" / "bin" / "gmlp"), "serve", "--model-repository", str(work / "repository")]
     cmd += ["--checkpoint-dir", "", "--grpc-port", "0", "--port", str(port), "--log-level", "warning"]
-    log = (work / "server.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    with (work / "server.log").open("wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -109,6 +109,7 @@ def start_server(served: Path, work: Path) -> tuple[subprocess.Popen[bytes], str
         except OSError:
             time.sleep(0.5)
     proc.kill()
+    proc.wait(10)
     raise SystemExit(f"the server did not become ready; see {work / 'server.log'}")
 
 
