@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -140,6 +141,11 @@ def query_parameters(schema: type[BaseModel]) -> list[dict[str, Any]]:
     ]
 
 
+def model_response(body: BaseModel) -> JSONResponse:
+    """A direct route's document, built as its response model and serialised as FastAPI would."""
+    return JSONResponse(body.model_dump(mode="json"))
+
+
 def get_state(request: Request) -> ServiceState:
     return request.app.state.service
 
@@ -255,6 +261,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 __all__ = [
     "BodyLimitMiddleware",
     "DirectRoute",
+    "model_response",
     "read_query",
     "query_parameters",
     "get_state",

@@ -16,6 +16,7 @@ from service.deadline import Deadline, before
 from service.http_io import (
     DirectRoute,
     get_state,
+    model_response,
     query_parameters,
     read_image,
     read_json,
@@ -157,7 +158,7 @@ async def ready(request: Request) -> JSONResponse:
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
     models = [ModelInfo.model_validate(m.describe()) for m in state.models.values()]
-    return JSONResponse(ModelsResponse(models=models, defaults=state.defaults).model_dump(mode="json"))
+    return model_response(ModelsResponse(models=models, defaults=state.defaults))
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from contract.errors import InvalidInput, RequestError
 from service.deadline import Deadline, before
@@ -26,6 +26,7 @@ from service.http_io import (
     DirectRoute,
     get_state,
     media_type,
+    model_response,
     unless_disconnected,
     unsupported_media_type,
 )
@@ -107,7 +108,7 @@ def _false(body: type, description: str) -> dict[int | str, dict[str, Any]]:
 
 @router.get("", response_model=ServerMetadata, summary="Server metadata")
 async def server_metadata(request: Request) -> JSONResponse:
-    return _document(ServerMetadata.model_validate(inference.server_metadata()))
+    return model_response(ServerMetadata.model_validate(inference.server_metadata()))
 
 
 @router.get("/health/live", response_model=Live, responses=_false(Live, "not live"), summary="Server live")
@@ -124,14 +125,9 @@ async def ready(request: Request) -> JSONResponse:
     return _flag(ok, {"ready": ok})
 
 
-def _document(body: BaseModel) -> JSONResponse:
-    """A metadata document, validated against its response model and serialised as FastAPI would."""
-    return JSONResponse(body.model_dump(mode="json"))
-
-
 def _metadata(request: Request, name: str, version: str) -> JSONResponse:
     document = inference.model_metadata(get_state(request), name, version)
-    return _document(ModelMetadata.model_validate(document))
+    return model_response(ModelMetadata.model_validate(document))
 
 
 def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
