@@ -21,13 +21,23 @@ from PIL import Image
 from contract.formats import package_version
 from service import hf, routes
 from service.connections import ConnectionCapMiddleware
-from service.errors import REST_ERRORS, ErrorResponder, UnexpectedErrorMiddleware, install_error_handlers
+from service.dispatch import DirectDispatchMiddleware
+from service.errors import (
+    REST_ERRORS,
+    ErrorResponder,
+    UnexpectedErrorMiddleware,
+    error_handlers,
+    install_error_handlers,
+)
 from service.http_io import BodyLimitMiddleware
 from service.metrics import HttpMetricsMiddleware, ServiceMetrics
 from service.settings import ServiceSettings
 from service.state import ServiceState
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
+
+# The HTTP APIs, in the order their routes take precedence.
+ROUTERS = (routes.router, hf.router, v2.router)
 
 
 @asynccontextmanager
@@ -72,14 +82,20 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         by_prefix={v2.PREFIX: v2.V2_ERRORS, hf.PREFIX: hf.HF_ERRORS},
         observe=metrics.refused,
     )
-    install_error_handlers(app, errors)
-    app.include_router(routes.router)
-    app.include_router(hf.router)
-    app.include_router(v2.router)
-    # Each middleware wraps those added before it. From the inside out: body and header limits; the
+    handlers = error_handlers(errors)
+    install_error_handlers(app, handlers)
+    for router in ROUTERS:
+        app.include_router(router)
+    # Each middleware wraps those added before it. From the inside out: the direct dispatch, which
+    # answers the routers' direct routes before FastAPI's router would; body and header limits; the
     # connection cap, whose 503 comes before anything else of ours runs (the protocol marks those
     # requests, service.connections); the metrics, which see every answer, including early 413s
     # and 503s; unexpected errors, answered (and counted as 500s) wherever in ours they arise.
+    app.add_middleware(
+        DirectDispatchMiddleware,
+        routes=[route for router in ROUTERS for route in router.routes],
+        handlers=handlers,
+    )
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_upload_bytes,

@@ -4,9 +4,10 @@ Below the routes nothing chooses a status code: preprocessing, the text codec, t
 pipelines raise transport-free errors with a machine code and a message that says what is
 accepted. An `ErrorTable` is the whole mapping of one transport (its status per error type and
 the shape of its body); `REST_ERRORS` here serves the task routes, `service.v2.rest` has the Open
-Inference Protocol's own. `install_error_handlers` renders FastAPI's validation errors and
-Starlette's 404/405, and `UnexpectedErrorMiddleware` unexpected exceptions, through the table of the
-path's transport too, so a client sees one shape per API:
+Inference Protocol's own. `error_handlers` render core errors, FastAPI's validation errors and
+Starlette's 404/405 (for FastAPI's router and the direct dispatch alike), and
+`UnexpectedErrorMiddleware` unexpected exceptions, through the table of the path's transport too,
+so a client sees one shape per API:
 
     REST: {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
     v2:   {"error": "..."}
@@ -15,11 +16,11 @@ path's transport too, so a client sees one shape per API:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -50,9 +51,9 @@ Body = Callable[[RequestError], dict[str, Any]]
 S = TypeVar("S")
 
 
-def most_specific(table: Mapping[type[RequestError], S], error: RequestError, default: S) -> S:
+def most_specific(table: Mapping[type[BaseException], S], error: BaseException, default: S) -> S:
     """The entry of the closest class of `error` in `table`: how every transport's table is read
-    (the gRPC transport's maps to status codes of its own, not HTTP ones)."""
+    (the gRPC transport's maps to status codes of its own, not HTTP ones), and the handlers."""
     for cls in type(error).__mro__:
         if cls in table:
             return table[cls]  # type: ignore[index]
@@ -149,7 +150,13 @@ def validation_error(errors: list[Any], where: str) -> InvalidInput:
     return InvalidInput("invalid_request", f"{where} is invalid: {summary}", details=details)
 
 
-def install_error_handlers(app: FastAPI, responder: ErrorResponder) -> None:
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+def error_handlers(responder: ErrorResponder) -> dict[type[Exception], Handler]:
+    """The exceptions a route may raise, each with the handler that renders it through `responder`:
+    installed in the app for FastAPI's routes, and used by the direct dispatch for its own."""
+
     async def request_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestError)
         return responder.response(request.url.path, exc)
@@ -169,10 +176,17 @@ def install_error_handlers(app: FastAPI, responder: ErrorResponder) -> None:
         """The client left while we read its body: nothing to answer, not a server error."""
         return responder.response(request.url.path, client_gone())
 
-    app.add_exception_handler(RequestError, request_error)
-    app.add_exception_handler(RequestValidationError, invalid_request)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(ClientDisconnect, client_disconnect)
+    return {
+        RequestError: request_error,
+        RequestValidationError: invalid_request,
+        StarletteHTTPException: http_error,
+        ClientDisconnect: client_disconnect,
+    }
+
+
+def install_error_handlers(app: FastAPI, handlers: Mapping[type[Exception], Handler]) -> None:
+    for cls, handler in handlers.items():
+        app.add_exception_handler(cls, handler)
 
 
 class UnexpectedErrorMiddleware(HttpMiddleware):
@@ -215,6 +229,7 @@ __all__ = [
     "CONNECTION_ERRORS",
     "rest_body",
     "install_error_handlers",
+    "error_handlers",
     "UnexpectedErrorMiddleware",
     "payload_too_large",
     "client_gone",

@@ -1,12 +1,21 @@
-"""Direct routes: endpoints that read their own request, declared and documented like any other."""
+"""Direct routes: endpoints that read their own request, declared and documented like any other,
+and dispatched by method and path before FastAPI's router."""
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import pytest
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
+from contract.errors import InvalidInput
 from service.app import create_app
+from service.dispatch import DirectDispatchMiddleware, route_path
+from service.errors import ErrorResponder, error_handlers
 from service.http_io import DirectRoute
 from service.settings import ServiceSettings
 
@@ -42,3 +51,88 @@ def test_classify_documents_its_query_as_before(tmp_path: object) -> None:
     assert params["top_k"]["schema"]["type"] == "integer" and params["top_k"]["schema"]["minimum"] == 1
     assert params["top_k"]["schema"]["default"] == 5
     assert {s.get("type") for s in params["model"]["schema"]["anyOf"]} == {"string", "null"}
+
+
+def _dispatching() -> tuple[DirectDispatchMiddleware, list[str]]:
+    """Direct routes (one templated, a static one it shadows, two that raise) and an ordinary one,
+    dispatched in front of a stand-in for FastAPI's router that records what reaches it."""
+    router = APIRouter(route_class=DirectRoute)
+
+    async def item(request: Request, name: str) -> JSONResponse:
+        return JSONResponse({"name": name, "route": request.scope["route"].path})
+
+    async def special(request: Request) -> JSONResponse:
+        return JSONResponse({"name": "never: the template above matches first"})
+
+    async def refused(request: Request) -> JSONResponse:
+        raise InvalidInput("bad_thing", "the thing is bad; send a good one")
+
+    async def broken(request: Request) -> JSONResponse:
+        raise RuntimeError("a bug")
+
+    router.add_api_route("/items/{name}", item, methods=["GET"])
+    router.add_api_route("/items/special", special, methods=["GET"])
+    router.add_api_route("/refused", refused, methods=["POST"])
+    router.add_api_route("/broken", broken, methods=["POST"])
+    router.routes.append(APIRoute("/plain", lambda: {"plain": True}, methods=["GET"]))
+    reached: list[str] = []
+
+    async def fastapi_router(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(f"{scope['method']} {scope['path']}")
+        await JSONResponse({"by": "router"}, status_code=404)(scope, receive, send)
+
+    handlers = error_handlers(ErrorResponder())
+    return DirectDispatchMiddleware(fastapi_router, router.routes, handlers), reached
+
+
+def test_direct_routes_are_answered_without_fastapis_router() -> None:
+    app, reached = _dispatching()
+
+    async def exchange() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+            return [
+                await client.get("/items/a%20b"),
+                await client.get("/items/special"),
+                await client.post("/refused"),
+            ]
+
+    item, shadowed, refused = asyncio.run(exchange())
+    assert item.json() == {"name": "a b", "route": "/items/{name}"}
+    assert shadowed.json() == {"name": "special", "route": "/items/{name}"}
+    assert refused.status_code == 422
+    assert refused.json() == {"error": {"code": "bad_thing", "message": "the thing is bad; send a good one"}}
+    assert reached == []
+
+
+def test_what_dispatch_does_not_match_goes_to_fastapis_router() -> None:
+    app, reached = _dispatching()
+
+    async def exchange() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+            assert (await client.get("/plain")).json() == {"by": "router"}  # not a direct route
+            assert (await client.post("/items/a")).json() == {"by": "router"}  # wrong method
+            assert (await client.get("/no/such/path")).json() == {"by": "router"}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+            with pytest.raises(RuntimeError, match="a bug"):  # left to the unexpected-error middleware
+                await client.post("/broken")
+
+    asyncio.run(exchange())
+    assert reached == ["GET /plain", "POST /items/a", "GET /no/such/path"]
+
+
+def test_dispatch_matches_below_the_root_path_as_the_router_does() -> None:
+    """Behind a proxy that strips a prefix, uvicorn's --root-path is prefixed to each path."""
+    app, reached = _dispatching()
+
+    async def exchange() -> list[httpx.Response]:
+        mounted = httpx.ASGITransport(app, root_path="/api")
+        async with httpx.AsyncClient(transport=mounted, base_url="http://test") as client:
+            return [await client.get(path) for path in ("/api/items/a", "/api", "/apiitems/a")]
+
+    item, root, other = asyncio.run(exchange())
+    assert item.json() == {"name": "a", "route": "/items/{name}"}
+    assert root.json() == other.json() == {"by": "router"}
+    assert reached == ["GET /api", "GET /apiitems/a"]
+    assert route_path({"path": "/api/items/a", "root_path": "/api"}) == "/items/a"
+    assert route_path({"path": "/items/a", "root_path": "/api"}) == "/items/a"  # not below it: as sent
+    assert route_path({"path": "/api", "root_path": "/api"}) == ""
