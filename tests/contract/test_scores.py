@@ -1,11 +1,15 @@
-"""Top-k probabilities by partial selection against a full float64 softmax and a stable sort."""
+"""Top-k probabilities by partial selection against a full float64 softmax and a stable sort, and
+the selection of the k largest against a full sort."""
 
 from __future__ import annotations
 
+import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from contract.scores import top_probabilities
+from contract.scores import k_largest, top_probabilities
 
 
 def _reference(logits: np.ndarray, k: int, candidates: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -38,3 +42,33 @@ def test_scores_stay_full_row_probabilities_with_candidates() -> None:
     ids, probs = top_probabilities(logits, 2, np.array([7, 1]))
     assert ids.tolist() == [7, 1]  # a tie: the earlier candidate first
     np.testing.assert_allclose(probs, [1 / (9 + np.exp(5.0))] * 2, rtol=1e-6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    row=hnp.arrays(
+        np.float32,
+        st.integers(1, 400),
+        # Few distinct values: ties within and across blocks, and at the k-th largest.
+        elements=st.sampled_from([-np.inf, -3.0, 0.0, 0.5, 2.0, 7.0]) | st.floats(-10, 10, width=32),
+    ),
+    k=st.integers(1, 12),
+    block=st.integers(1, 40),
+    layout=st.sampled_from(["as drawn", "sorted", "reversed"]),
+)
+def test_k_largest_leaves_out_nothing_larger(row: np.ndarray, k: int, block: int, layout: str) -> None:
+    """Against a full sort: the chosen entries are k distinct indices whose smallest value is the
+    row's k-th largest, so nothing left out exceeds them, wherever the large values lie (one
+    block, the tail that fills no block, spread out). Small blocks put short rows on the path a
+    vocabulary row takes."""
+    if layout != "as drawn":
+        row = np.sort(row) if layout == "sorted" else np.sort(row)[::-1].copy()
+    k = min(k, row.shape[0] - 1) if row.shape[0] > 1 else 0
+    if k == 0:
+        return
+    chosen = k_largest(row, k, block)
+    assert len(set(chosen.tolist())) == k
+    kth = np.sort(row)[::-1][k - 1]
+    assert row[chosen].min() == kth
+    left_out = np.setdiff1d(np.arange(row.shape[0]), chosen)
+    assert (row[left_out] <= kth).all()
