@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models demo-eval export serve bench bench-peers docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test lint format demo-models demo-eval export serve bench bench-peers profile docker loadtest constraints grpc-stubs audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench: install
 # script) and raw ONNX Runtime; needs wrk. Rewrites "Against other servers" in docs/benchmarks.md.
 bench-peers: install
 	$(BIN)/python -m benchmarks.peers.run $(PEERS_ARGS)
+
+# Where a served /classify request's CPU goes, at 32 clients (py-spy and per-thread CPU); needs wrk.
+profile: install
+	$(BIN)/python -m benchmarks.profile $(PROFILE_ARGS)
 
 docker:
 	docker compose build

@@ -89,10 +89,12 @@ class DirectRoute(APIRoute):
 
     FastAPI's per-request machinery (dependency solving, parameter validation, response
     serialisation) is skipped: measured with py-spy under load it was about a tenth of the event
-    loop's CPU per /classify request. The route is still an APIRoute, so OpenAPI documents its
-    body, parameters (`query_parameters`) and response model as before. The endpoint takes the
-    Request and the route's path parameters (as strings); anything FastAPI would have to inject
-    is refused when the route is declared.
+    loop's CPU per /classify request. In the app, `service.dispatch` calls the endpoint before
+    FastAPI's router is reached at all; `get_route_handler` serves wherever the router runs it.
+    The route is still an APIRoute, so OpenAPI documents its body, parameters
+    (`query_parameters`) and response model as before. The endpoint takes the Request and the
+    route's path parameters (as strings); anything FastAPI would have to inject is refused when
+    the route is declared.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any
 from benchmarks.peers import wrk
 from benchmarks.peers.model import PeerModel
 from benchmarks.peers.peers import REPO, Peer
-from benchmarks.peers.proc import machine_busy_seconds, tree_cpu_seconds
+from benchmarks.peers.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
 from benchmarks.peers.server import Running, classify, request_body, running, wait_ready
 
 DATA = REPO / "loadtests" / "data"
@@ -107,22 +106,17 @@ def check_answers(server: Running, images: dict[str, bytes], reference: dict[str
         raise AssertionError(f"{server.peer.key} answers differ from raw ORT (got, expected): {wrong}")
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def measure_row(server: Running, script: Path, peer_round: tuple[int, str], c: int, seconds: float) -> Row:
     before, busy0, wrk0, t0 = (
         tree_cpu_seconds(server.pid),
         machine_busy_seconds(),
-        _children_cpu_s(),
+        reaped_children_cpu_seconds(),
         time.monotonic(),
     )
     result = wrk.run(server.url, script, c, seconds)
     cpu_s = tree_cpu_seconds(server.pid) - before
     # wrk is the only child that finishes (and is reaped) during the row.
-    others = machine_busy_seconds() - busy0 - cpu_s - (_children_cpu_s() - wrk0)
+    others = machine_busy_seconds() - busy0 - cpu_s - (reaped_children_cpu_seconds() - wrk0)
     capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
     return Row(
         peer=server.peer.key,

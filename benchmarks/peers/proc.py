@@ -10,6 +10,7 @@ it. Processes that exit between the two reads take their time with them (none do
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -71,7 +72,27 @@ def machine_busy_seconds(proc: Path = PROC) -> float:
     return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
 
 
+def reaped_children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that have ended and been waited for (the load
+    generator's, read around one run of it)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def tree_pids(root: int, proc: Path = PROC) -> set[int]:
     """The living processes of the tree (to stop every one of them after a peer's rows)."""
     stats = _all_stats(proc)
     return descendants(root, {pid: s[0] for pid, s in stats.items()}) & set(stats)
+
+
+def thread_cpu_seconds(pid: int, proc: Path = PROC) -> dict[int, float]:
+    """CPU seconds (user + system) spent so far by each living thread of process `pid`, by thread
+    id; the main thread's id is `pid` itself."""
+    seconds = {}
+    for task in (proc / str(pid) / "task").iterdir():
+        try:
+            _, utime, stime = parse_stat((task / "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            continue  # ended while we were reading
+        seconds[int(task.name)] = (utime + stime) / CLOCK_TICKS
+    return seconds

@@ -1,0 +1,260 @@
+"""Where a served /classify request's CPU goes: per-thread CPU from /proc and a py-spy profile.
+
+gmlp-serve is started as the peer benchmark starts it (benchmarks/peers: the same flags, demo
+classifier and CIFAR-10 JPEG) and loaded by wrk at one client count while py-spy samples it. The
+report gives requests/s, the CPU per request of the event loop (the main thread: HTTP, routing,
+preprocessing, responses) and of the other threads (batches in ONNX Runtime), and the event loop's
+samples by layer and by function, each as a share and as CPU per request. Set against raw
+`session.run`'s CPU per image (the peer benchmark's last row), it says what serving adds and who
+adds it. Needs wrk and py-spy (the dev install); py-spy needs ptrace rights over the server.
+
+    python -m benchmarks.profile --clients 32 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.peers import wrk
+from benchmarks.peers.bench import test_images, write_script
+from benchmarks.peers.model import INSTANCES_ENV
+from benchmarks.peers.peers import PEERS
+from benchmarks.peers.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
+from benchmarks.peers.run import MODEL, ensure_model, machine
+from benchmarks.peers.server import running, wait_ready
+
+# The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).
+# A sample whose innermost Python frame is the loop's `run` is in uvloop's C code (polling,
+# socket reads and writes, scheduling callbacks): py-spy shows native code as its Python caller.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("event loop (uvloop's C code, asyncio)", ("asyncio/", "runners.py", "uvloop")),
+    ("uvicorn (HTTP parsing, writes)", ("uvicorn/",)),
+    ("Starlette, FastAPI", ("starlette/", "fastapi/")),
+    ("service (middleware, routes, batching)", ("service/",)),
+    ("preprocessing and scores (contract, numpy)", ("contract/", "numpy/", "PIL/", "simplejpeg")),
+    ("metrics (prometheus-client)", ("prometheus_client/",)),
+)
+OTHER = "other (json, contextlib, pydantic, threading...)"
+
+
+def py_spy() -> str | None:
+    """py-spy of this environment (its scripts directory need not be on PATH), else PATH's."""
+    local = Path(sys.executable).with_name("py-spy")
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int
+
+
+def parse_frame(text: str) -> Frame:
+    """One frame of py-spy's raw output: `function (file:line)` (a function name has no spaces)."""
+    function, _, where = text.partition(" (")
+    file, _, line = where.rstrip(")").rpartition(":")
+    return Frame(function or text, file, int(line) if line.isdigit() else 0)
+
+
+def thread_stacks(raw: str, tid: int) -> collections.Counter[tuple[Frame, ...]]:
+    """Sample counts per stack (outermost frame first) of thread `tid` (a process's main thread
+    has the process id), from `py-spy record --format raw --threads`, whose lines read
+    `thread (tid)[: name];frame;frame... count`."""
+    stacks: collections.Counter[tuple[Frame, ...]] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        head, *frames = stack.split(";")
+        if head.partition(")")[0] != f"thread ({tid}" or not frames:
+            continue
+        stacks[tuple(parse_frame(f) for f in frames)] += int(count)
+    return stacks
+
+
+def layer(frame: Frame) -> str:
+    for name, markers in LAYERS:
+        if any(marker in frame.file for marker in markers):
+            return name
+    return OTHER
+
+
+def by_layer(stacks: collections.Counter[tuple[Frame, ...]]) -> collections.Counter[str]:
+    totals: collections.Counter[str] = collections.Counter()
+    for stack, count in stacks.items():
+        totals[layer(stack[-1])] += count
+    return totals
+
+
+def by_function(stacks: collections.Counter[tuple[Frame, ...]]) -> collections.Counter[str]:
+    """Samples per innermost function (its own time, not its callees')."""
+    totals: collections.Counter[str] = collections.Counter()
+    for stack, count in stacks.items():
+        frame = stack[-1]
+        totals[f"{frame.function} ({frame.file})"] += count
+    return totals
+
+
+def table(counts: collections.Counter[str], ms_per_request: float, top: int | None = None) -> list[str]:
+    """Markdown rows: share of the samples and the CPU per request it stands for."""
+    total = sum(counts.values()) or 1
+    rows = ["| | share of samples | CPU ms/request |", "|---|---:|---:|"]
+    for name, count in counts.most_common(top):
+        rows.append(f"| {name} | {100 * count / total:.1f} % | {ms_per_request * count / total:.3f} |")
+    return rows
+
+
+def batch_totals(base_url: str) -> tuple[float, float, float]:
+    """(batches, items in them, seconds spent running them) so far, all models, from /metrics."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals = {"gmlp_batch_size_count": 0.0, "gmlp_batch_size_sum": 0.0, "gmlp_inference_seconds_sum": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return (
+        totals["gmlp_batch_size_count"],
+        totals["gmlp_batch_size_sum"],
+        totals["gmlp_inference_seconds_sum"],
+    )
+
+
+@dataclass(frozen=True)
+class Profile:
+    requests: int
+    rps: float
+    main_cpu_s: float
+    other_cpu_s: float
+    wrk_cpu_s: float  # the load generator's, on the same machine
+    busy_s: float  # the whole machine's, steal included
+    wall_s: float
+    batches: float
+    batched: float  # requests in those batches
+    batch_s: float  # seconds the batches ran, summed over the instances
+    raw: str
+    pid: int
+
+
+def profile(clients: int, seconds: float, rate: int, warmup_s: float, work: Path) -> Profile:
+    """Serve, warm up, then load for `seconds` while py-spy samples the server `rate` times a second."""
+    peer = next(p for p in PEERS if p.key == "gmlp-serve")
+    image = next(iter(test_images().values()))
+    (work / "repository").mkdir()
+    (work / "repository" / MODEL.name).symlink_to(MODEL)
+    script = write_script(work, peer.key, image, peer.body)
+    with running(peer, work, MODEL) as server:
+        wait_ready(server, image)
+        wrk.run(server.url, script, clients, warmup_s)
+        out = work / "profile.txt"
+        spy = [py_spy() or "py-spy", "record", "--pid", str(server.pid), "--threads"]
+        spy += ["--nonblocking", "--format", "raw", "--rate", str(rate), "--duration", str(int(seconds) + 2)]
+        spy += ["--output", str(out)]
+        sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(1.0)  # py-spy attaches before the timed load starts
+        base = server.url.removesuffix(peer.path)
+        before, wrk0, busy0, batches0, t0 = (
+            thread_cpu_seconds(server.pid),
+            reaped_children_cpu_seconds(),
+            machine_busy_seconds(),
+            batch_totals(base),
+            time.monotonic(),
+        )
+        result = wrk.run(server.url, script, clients, seconds)
+        wall_s = time.monotonic() - t0
+        after, wrk_s = thread_cpu_seconds(server.pid), reaped_children_cpu_seconds() - wrk0
+        busy_s = machine_busy_seconds() - busy0
+        batches = [b - a for a, b in zip(batches0, batch_totals(base), strict=True)]
+        _, err = sampler.communicate(timeout=seconds + 60)
+        if sampler.returncode != 0 or not out.exists():
+            raise RuntimeError(f"py-spy failed ({sampler.returncode}): {err.decode(errors='replace')}")
+        main = after.get(server.pid, 0.0) - before.get(server.pid, 0.0)
+        total = sum(after.values()) - sum(before[t] for t in after if t in before)
+    return Profile(
+        requests=result.requests,
+        rps=result.rps,
+        main_cpu_s=main,
+        other_cpu_s=total - main,
+        wrk_cpu_s=wrk_s,
+        busy_s=busy_s,
+        wall_s=wall_s,
+        batches=batches[0],
+        batched=batches[1],
+        batch_s=batches[2],
+        raw=out.read_text(),
+        pid=server.pid,
+    )
+
+
+def report(
+    prof: Profile, clients: int, seconds: float, instances: int, top: int, info: dict[str, str]
+) -> Iterable[str]:
+    per_request = 1000.0 / max(prof.requests, 1)
+    main_ms, other_ms = prof.main_cpu_s * per_request, prof.other_cpu_s * per_request
+    stacks = thread_stacks(prof.raw, prof.pid)
+    yield f"Measured {datetime.date.today()} on {info.get('cpu', '?')}, {info.get('cpus', '?')} CPUs"
+    yield f"(SIMD: {info.get('simd', '?')}), Python {info['python']}: wrk, {clients} connections,"
+    yield f"{seconds:.0f} s, py-spy sampling the server."
+    yield ""
+    yield "| | |"
+    yield "|---|---:|"
+    yield f"| requests/s | {prof.rps:.0f} |"
+    yield f"| server CPU ms/request | {main_ms + other_ms:.2f} |"
+    yield f"| of which the event loop (main thread) | {main_ms:.2f} |"
+    yield f"| of which other threads (batches in ONNX Runtime) | {other_ms:.2f} |"
+    wrk_ms = prof.wrk_cpu_s * per_request
+    yield f"| wrk's CPU ms/request (the load generator, on the same CPUs) | {wrk_ms:.2f} |"
+    in_use = (prof.main_cpu_s + prof.other_cpu_s) / prof.wall_s
+    yield f"| server CPUs in use (of {info.get('cpus', '?')}) | {in_use:.2f} |"
+    yield f"| machine CPUs busy (every process, and time the host took) | {prof.busy_s / prof.wall_s:.2f} |"
+    yield f"| batches: mean size | {prof.batched / max(prof.batches, 1):.1f} |"
+    busy = prof.batch_s / (prof.wall_s * instances)
+    yield f"| batches: share of the time the {instances} execution instances ran one | {100 * busy:.0f} % |"
+    yield f"| event-loop samples | {sum(stacks.values())} |"
+    yield ""
+    yield "The event loop's CPU by layer (innermost frame):"
+    yield ""
+    yield from table(by_layer(stacks), main_ms)
+    yield ""
+    yield f"Its {top} busiest functions (own time):"
+    yield ""
+    yield from table(by_function(stacks), main_ms, top)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the profile")
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--instances", type=int, default=2, help="execution instances, as in the peer run")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian/Ubuntu: apt-get install -y wrk)")
+    if py_spy() is None:
+        raise SystemExit("py-spy is not installed (it is part of the dev install: pip install py-spy)")
+    os.environ[INSTANCES_ENV] = str(args.instances)
+    ensure_model()
+    with tempfile.TemporaryDirectory(prefix="gmlp-profile-") as tmp:
+        prof = profile(args.clients, args.seconds, args.rate, args.warmup, Path(tmp))
+    print("\n".join(report(prof, args.clients, args.seconds, args.instances, args.top, machine())))
+
+
+if __name__ == "__main__":
+    main()
