@@ -36,6 +36,7 @@ from service.settings import ServiceSettings
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = REPO / "loadtests" / "data" / "sentences.tsv"
+DEFAULT_SERVED = REPO / "models" / "gutenberg-gmlp-mlm"
 BATCH = 16
 TOP_K = 5
 CONNECTIONS = 32
@@ -92,6 +93,12 @@ def _post(url: str, text: str) -> dict:
         return json.loads(response.read())
 
 
+def check_answer(url: str, text: str) -> None:
+    """A real answer of top_k predictions before anything is timed."""
+    answer = _post(url, text)
+    assert len(answer["predictions"][0]) == TOP_K, answer
+
+
 def start_server(served: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
     (work / "repository").mkdir()
     (work / "repository" / served.name).symlink_to(served.resolve())
@@ -115,7 +122,7 @@ def start_server(served: Path, work: Path) -> tuple[subprocess.Popen[bytes], str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--served", type=Path, default=REPO / "models" / "gutenberg-gmlp-mlm")
+    parser.add_argument("--served", type=Path, default=DEFAULT_SERVED)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
@@ -128,8 +135,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gmlp-fill-mask-cpu-") as tmp:
         proc, url = start_server(args.served, Path(tmp))
         try:
-            answer = _post(url + "/fill-mask", texts[0])  # the answer is checked before timing
-            assert len(answer["predictions"][0]) == TOP_K, answer
+            check_answer(url + "/fill-mask", texts[0])
             script = Path(tmp) / "fill_mask.lua"
             script.write_text(lua_script(texts))
             wrk.run(url + "/fill-mask", script, CONNECTIONS, 2.0)  # warm-up

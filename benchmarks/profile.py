@@ -1,21 +1,25 @@
-"""Where a served /classify request's CPU goes: per-thread CPU from /proc and a py-spy profile.
+"""Where a served request's CPU goes: per-thread CPU from /proc and a py-spy profile.
 
-gmlp-serve is started as the peer benchmark starts it (benchmarks/peers: the same flags, demo
-classifier and CIFAR-10 JPEG) and loaded by wrk at one client count while py-spy samples it. The
-report gives requests/s, the CPU per request of the event loop (the main thread: HTTP, routing,
-preprocessing, responses) and of the other threads (batches in ONNX Runtime), and the event loop's
-samples by layer and by function, each as a share and as CPU per request. Set against raw
-`session.run`'s CPU per image (the peer benchmark's last row), it says what serving adds and who
-adds it. Needs wrk and py-spy (the dev install); py-spy needs ptrace rights over the server.
+`--task classify` starts gmlp-serve as the peer benchmark does (benchmarks/peers: the same flags,
+demo classifier and CIFAR-10 JPEG); `--task fill-mask` as the fill-mask CPU benchmark does (the
+demo masked LM, its 200 sentences in turn). wrk loads it at one client count while py-spy samples
+it. The report gives requests/s, the CPU per request of the event loop (the main thread: HTTP,
+routing, preprocessing, responses) and of the other threads (batches in ONNX Runtime), the
+batches' mean size and how busy the execution instances were, and the event loop's samples by
+layer and by function, each as a share and as CPU per request. Set against raw `session.run`'s
+CPU per item (the two benchmarks' own figures), it says what serving adds and who adds it. Needs
+wrk and py-spy (the dev install); py-spy needs ptrace rights over the server.
 
-    python -m benchmarks.profile --clients 32 --seconds 10
+    python -m benchmarks.profile --task classify --clients 32 --seconds 10
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
+import json
 import os
 import shutil
 import subprocess
@@ -23,12 +27,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import fill_mask_cpu
 from benchmarks.peers import wrk
 from benchmarks.peers.bench import test_images, write_script
 from benchmarks.peers.model import INSTANCES_ENV
@@ -135,6 +140,13 @@ def batch_totals(base_url: str) -> tuple[float, float, float]:
     )
 
 
+def instances_of(base_url: str) -> int:
+    """Execution instances of the one model the server serves, from GET /models."""
+    with urllib.request.urlopen(f"{base_url}/models", timeout=10) as response:
+        (model,) = json.loads(response.read())["models"]
+    return int(model["instances"])
+
+
 @dataclass(frozen=True)
 class Profile:
     requests: int
@@ -151,8 +163,19 @@ class Profile:
     pid: int
 
 
-def profile(clients: int, seconds: float, rate: int, warmup_s: float, work: Path) -> Profile:
-    """Serve, warm up, then load for `seconds` while py-spy samples the server `rate` times a second."""
+@dataclass(frozen=True)
+class Target:
+    """A started server to load: its process, the /metrics base URL, the URL and the wrk script."""
+
+    pid: int
+    base_url: str
+    url: str
+    script: Path
+
+
+@contextlib.contextmanager
+def classify_target(work: Path) -> Iterator[Target]:
+    """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
     peer = next(p for p in PEERS if p.key == "gmlp-serve")
     image = next(iter(test_images().values()))
     (work / "repository").mkdir()
@@ -160,31 +183,53 @@ def profile(clients: int, seconds: float, rate: int, warmup_s: float, work: Path
     script = write_script(work, peer.key, image, peer.body)
     with running(peer, work, MODEL) as server:
         wait_ready(server, image)
-        wrk.run(server.url, script, clients, warmup_s)
-        out = work / "profile.txt"
-        spy = [py_spy() or "py-spy", "record", "--pid", str(server.pid), "--threads"]
-        spy += ["--nonblocking", "--format", "raw", "--rate", str(rate), "--duration", str(int(seconds) + 2)]
-        spy += ["--output", str(out)]
-        sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(1.0)  # py-spy attaches before the timed load starts
-        base = server.url.removesuffix(peer.path)
-        before, wrk0, busy0, batches0, t0 = (
-            thread_cpu_seconds(server.pid),
-            reaped_children_cpu_seconds(),
-            machine_busy_seconds(),
-            batch_totals(base),
-            time.monotonic(),
-        )
-        result = wrk.run(server.url, script, clients, seconds)
-        wall_s = time.monotonic() - t0
-        after, wrk_s = thread_cpu_seconds(server.pid), reaped_children_cpu_seconds() - wrk0
-        busy_s = machine_busy_seconds() - busy0
-        batches = [b - a for a, b in zip(batches0, batch_totals(base), strict=True)]
-        _, err = sampler.communicate(timeout=seconds + 60)
-        if sampler.returncode != 0 or not out.exists():
-            raise RuntimeError(f"py-spy failed ({sampler.returncode}): {err.decode(errors='replace')}")
-        main = after.get(server.pid, 0.0) - before.get(server.pid, 0.0)
-        total = sum(after.values()) - sum(before[t] for t in after if t in before)
+        yield Target(server.pid, server.url.removesuffix(peer.path), server.url, script)
+
+
+@contextlib.contextmanager
+def fill_mask_target(work: Path) -> Iterator[Target]:
+    """gmlp-serve as the fill-mask CPU benchmark runs it, sent its 200 masked sentences in turn."""
+    texts = fill_mask_cpu.sentences()
+    process, base = fill_mask_cpu.start_server(fill_mask_cpu.DEFAULT_SERVED, work)
+    try:
+        fill_mask_cpu.check_answer(base + "/fill-mask", texts[0])
+        script = work / "fill_mask.lua"
+        script.write_text(fill_mask_cpu.lua_script(texts))
+        yield Target(process.pid, base, base + "/fill-mask", script)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+TARGETS = {"classify": classify_target, "fill-mask": fill_mask_target}
+
+
+def profile(target: Target, clients: int, seconds: float, rate: int, warmup_s: float, work: Path) -> Profile:
+    """Warm up, then load for `seconds` while py-spy samples the server `rate` times a second."""
+    wrk.run(target.url, target.script, clients, warmup_s)
+    out = work / "profile.txt"
+    spy = [py_spy() or "py-spy", "record", "--pid", str(target.pid), "--threads"]
+    spy += ["--nonblocking", "--format", "raw", "--rate", str(rate), "--duration", str(int(seconds) + 2)]
+    spy += ["--output", str(out)]
+    sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches before the timed load starts
+    before, wrk0, busy0, batches0, t0 = (
+        thread_cpu_seconds(target.pid),
+        reaped_children_cpu_seconds(),
+        machine_busy_seconds(),
+        batch_totals(target.base_url),
+        time.monotonic(),
+    )
+    result = wrk.run(target.url, target.script, clients, seconds)
+    wall_s = time.monotonic() - t0
+    after, wrk_s = thread_cpu_seconds(target.pid), reaped_children_cpu_seconds() - wrk0
+    busy_s = machine_busy_seconds() - busy0
+    batches = [b - a for a, b in zip(batches0, batch_totals(target.base_url), strict=True)]
+    _, err = sampler.communicate(timeout=seconds + 60)
+    if sampler.returncode != 0 or not out.exists():
+        raise RuntimeError(f"py-spy failed ({sampler.returncode}): {err.decode(errors='replace')}")
+    main = after.get(target.pid, 0.0) - before.get(target.pid, 0.0)
+    total = sum(after.values()) - sum(before[t] for t in after if t in before)
     return Profile(
         requests=result.requests,
         rps=result.rps,
@@ -197,7 +242,7 @@ def profile(clients: int, seconds: float, rate: int, warmup_s: float, work: Path
         batched=batches[1],
         batch_s=batches[2],
         raw=out.read_text(),
-        pid=server.pid,
+        pid=target.pid,
     )
 
 
@@ -238,12 +283,15 @@ def report(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(TARGETS), default="classify")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the profile")
     parser.add_argument("--top", type=int, default=15)
-    parser.add_argument("--instances", type=int, default=2, help="execution instances, as in the peer run")
+    parser.add_argument(
+        "--instances", type=int, default=2, help="classify: execution instances, as in the peer run"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian/Ubuntu: apt-get install -y wrk)")
@@ -251,9 +299,10 @@ def main() -> None:
         raise SystemExit("py-spy is not installed (it is part of the dev install: pip install py-spy)")
     os.environ[INSTANCES_ENV] = str(args.instances)
     ensure_model()
-    with tempfile.TemporaryDirectory(prefix="gmlp-profile-") as tmp:
-        prof = profile(args.clients, args.seconds, args.rate, args.warmup, Path(tmp))
-    print("\n".join(report(prof, args.clients, args.seconds, args.instances, args.top, machine())))
+    with tempfile.TemporaryDirectory(prefix="gmlp-profile-") as tmp, TARGETS[args.task](Path(tmp)) as target:
+        prof = profile(target, args.clients, args.seconds, args.rate, args.warmup, Path(tmp))
+        instances = instances_of(target.base_url)
+    print("\n".join(report(prof, args.clients, args.seconds, instances, args.top, machine())))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,9 @@ class FillMaskCodec:
         self._hidden_ids = {i for t in special if (i := self.tokenizer.token_to_id(t)) is not None}
         self._hidden_ids.add(self.pad_id)
         self._hidden_ids.discard(self.mask_id)
+        # Each token's own string, decoded once: a response names top_k of them per [MASK], mostly
+        # the same few thousand frequent words, and each decode is a call into the tokenizer.
+        self._token_strs: dict[int, str] = {}
 
     def _check_vocabulary(self, tokenizer_path: Path) -> None:
         """SpecError when the tokenizer yields ids the model has no row for.
@@ -163,10 +166,14 @@ class FillMaskCodec:
         filled = list(encoded.ids)
         filled[position] = token_id
         visible = [t for t in filled if t not in self._hidden_ids]
+        token_str = self._token_strs.get(token_id)
+        if token_str is None:
+            token_str = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_strs[token_id] = token_str
         return {
             "score": score,
             "token": token_id,
-            "token_str": self.tokenizer.decode([token_id], skip_special_tokens=False),
+            "token_str": token_str,
             "sequence": self.tokenizer.decode(visible, skip_special_tokens=False),
         }
 

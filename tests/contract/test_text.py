@@ -75,6 +75,24 @@ def test_decode_is_a_softmax_ranking_per_mask(codec: FillMaskCodec) -> None:
     assert first[0]["score"] == pytest.approx(expected, rel=1e-6)  # float32 logits
 
 
+def test_token_strings_stay_those_of_a_fresh_decode() -> None:
+    """Token strings are decoded once per id and then reused: word pieces, punctuation and
+    special tokens keep what the tokenizer's own decode of that id gives, request after request."""
+    codec = FillMaskCodec(BERT_TOKENIZER, CONFIG, model_name="m")
+    enc = codec.encode("a [MASK] day")
+    rng = np.random.default_rng(0)
+    seen: dict[int, str] = {}
+    for _ in range(3):  # later rounds predict ids already decoded
+        logits = rng.normal(0, 1, (1, 30522)).astype(np.float32)
+        picks = [codec.tokenizer.token_to_id(w) for w in ("##ing", ",", "[SEP]", "day")]
+        logits[0, picks] = 20.0
+        for p in codec.decode(enc, logits, top_k=6)[0]:
+            assert p["token_str"] == codec.tokenizer.decode([p["token"]], skip_special_tokens=False)
+            assert seen.setdefault(p["token"], p["token_str"]) == p["token_str"]
+    assert {codec.tokenizer.token_to_id(w) for w in ("##ing", ",", "[SEP]", "day")} <= seen.keys()
+    assert seen[codec.tokenizer.token_to_id("##ing")] == "##ing"
+
+
 def test_targets_restrict_candidates_and_use_the_first_wordpiece(codec: FillMaskCodec) -> None:
     enc = codec.encode("a [MASK] day")
     logits = np.zeros((2, 30522), np.float32)
