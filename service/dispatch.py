@@ -9,8 +9,8 @@ machinery was about a fifth of the event loop's CPU per /classify request.
 `DirectDispatchMiddleware`, the innermost of the service's middlewares, finds the direct route by
 method and path, calls its endpoint, and renders what it raises with the handlers the app has
 installed for the same exceptions, so an answer does not depend on which of the two served it.
-Whatever it does not match (other routes, unknown paths, wrong methods) goes
-on to FastAPI's router unchanged.
+Whatever it does not match (other routes, unknown paths, wrong methods) goes on to FastAPI's
+router unchanged.
 """
 
 from __future__ import annotations
@@ -19,21 +19,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import Request
+from starlette._utils import get_route_path  # the router's own rule, as FastAPI's router uses it
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.asgi import HttpMiddleware
 from service.errors import Handler, most_specific
 from service.http_io import DirectRoute
-
-
-def route_path(scope: Scope) -> str:
-    """The path the routes are matched against: without the root path an ASGI server was given
-    (`--root-path`, for a service behind a prefix-stripping proxy), as Starlette's router does."""
-    path, root = scope["path"], scope.get("root_path", "")
-    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
-        return path[len(root) :]
-    return path
 
 
 def _matches(route: DirectRoute, method: str, path: str) -> dict[str, Any] | None:
@@ -79,7 +71,8 @@ class DirectDispatchMiddleware(HttpMiddleware):
         return None
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = self.match(scope["method"], route_path(scope))
+        # The path as the router matches it: without a root path the ASGI server was given.
+        found = self.match(scope["method"], get_route_path(scope))
         if found is None:
             await self.app(scope, receive, send)
             return
@@ -99,4 +92,4 @@ class DirectDispatchMiddleware(HttpMiddleware):
         await response(scope, receive, send)
 
 
-__all__ = ["DirectDispatchMiddleware", "route_path"]
+__all__ = ["DirectDispatchMiddleware"]
