@@ -52,7 +52,8 @@ bench: install
 bench-peers: install
 	$(BIN)/python -m benchmarks.peers.run $(PEERS_ARGS)
 
-# Where a served /classify request's CPU goes, at 32 clients (py-spy and per-thread CPU); needs wrk.
+# Where a served request's CPU goes, at 32 clients (py-spy and per-thread CPU); needs wrk.
+# /classify by default; PROFILE_ARGS='--task fill-mask' for /fill-mask.
 profile: install
 	$(BIN)/python -m benchmarks.profile $(PROFILE_ARGS)
 

@@ -28,7 +28,7 @@ from benchmarks.peers import wrk
 from benchmarks.peers.proc import tree_cpu_seconds
 from benchmarks.peers.raw_ort import run_concurrently
 from benchmarks.peers.run import machine
-from benchmarks.peers.server import free_port
+from benchmarks.peers.server import free_port, link_repository
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
 from service.runtime import OnnxModel, RuntimeOptions, choose_variant
@@ -100,10 +100,9 @@ def check_answer(url: str, text: str) -> None:
 
 
 def start_server(served: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    (work / "repository").mkdir()
-    (work / "repository" / served.name).symlink_to(served.resolve())
+    repository = link_repository(work, served)
     port = free_port()
-    cmd = [str(REPO / ".venv" / "bin" / "gmlp"), "serve", "--model-repository", str(work / "repository")]
+    cmd = [str(REPO / ".venv" / "bin" / "gmlp"), "serve", "--model-repository", str(repository)]
     cmd += ["--checkpoint-dir", "", "--grpc-port", "0", "--port", str(port), "--log-level", "warning"]
     with (work / "server.log").open("wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -40,7 +40,7 @@ from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS
 from benchmarks.peers.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 from benchmarks.peers.run import MODEL, ensure_model, machine
-from benchmarks.peers.server import running, wait_ready
+from benchmarks.peers.server import link_repository, running, wait_ready
 
 # The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).
 # A sample whose innermost Python frame is the loop's `run` is in uvloop's C code (polling,
@@ -178,8 +178,7 @@ def classify_target(work: Path) -> Iterator[Target]:
     """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
     peer = next(p for p in PEERS if p.key == "gmlp-serve")
     image = next(iter(test_images().values()))
-    (work / "repository").mkdir()
-    (work / "repository" / MODEL.name).symlink_to(MODEL)
+    link_repository(work, MODEL)
     script = write_script(work, peer.key, image, peer.body)
     with running(peer, work, MODEL) as server:
         wait_ready(server, image)

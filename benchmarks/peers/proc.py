@@ -28,9 +28,11 @@ def parse_stat(text: str) -> tuple[int, int, int]:
     return int(rest[1]), int(rest[11]), int(rest[12])
 
 
-def _all_stats(proc: Path = PROC) -> dict[int, tuple[int, int, int]]:
+def _all_stats(directory: Path = PROC) -> dict[int, tuple[int, int, int]]:
+    """(ppid, utime, stime) of every process in `directory` (/proc), or every thread in a
+    process's task/ directory, by id."""
     stats = {}
-    for entry in proc.iterdir():
+    for entry in directory.iterdir():
         if not entry.name.isdigit():
             continue
         try:
@@ -88,11 +90,5 @@ def tree_pids(root: int, proc: Path = PROC) -> set[int]:
 def thread_cpu_seconds(pid: int, proc: Path = PROC) -> dict[int, float]:
     """CPU seconds (user + system) spent so far by each living thread of process `pid`, by thread
     id; the main thread's id is `pid` itself."""
-    seconds = {}
-    for task in (proc / str(pid) / "task").iterdir():
-        try:
-            _, utime, stime = parse_stat((task / "stat").read_text())
-        except (OSError, ValueError, IndexError):
-            continue  # ended while we were reading
-        seconds[int(task.name)] = (utime + stime) / CLOCK_TICKS
-    return seconds
+    stats = _all_stats(proc / str(pid) / "task")
+    return {tid: (utime + stime) / CLOCK_TICKS for tid, (_, utime, stime) in stats.items()}

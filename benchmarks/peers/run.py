@@ -28,6 +28,7 @@ from benchmarks.peers import report
 from benchmarks.peers.bench import LARGE, Plan, run_rounds
 from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT
 from benchmarks.peers.peers import FULL_DECODE, PEER_KEYS, PEERS, REPO, ensure_venv
+from benchmarks.peers.server import link_repository
 
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -237,8 +238,7 @@ def measure(args: argparse.Namespace) -> None:
     started = datetime.datetime.now(datetime.timezone.utc)
     with tempfile.TemporaryDirectory(prefix="gmlp-peers-") as tmp:
         work = Path(tmp)
-        (work / "repository").mkdir()
-        (work / "repository" / MODEL.name).symlink_to(MODEL)
+        link_repository(work, MODEL)
         results = run_rounds(plan, work, MODEL, log=functools.partial(print, flush=True))
     minutes = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60.0
     meta = {

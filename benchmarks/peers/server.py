@@ -35,6 +35,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def link_repository(work: Path, model_dir: Path) -> Path:
+    """`work/repository`, the model repository servers are started on, holding `model_dir` as a
+    link (the peers' command lines name that path)."""
+    repository = work / "repository"
+    repository.mkdir()
+    (repository / model_dir.name).symlink_to(model_dir.resolve())
+    return repository
+
+
 def request_body(image: bytes, kind: str) -> tuple[bytes, str]:
     """(body, content type) of one /classify request: the raw image, or multipart field `file`."""
     if kind == "raw":
