@@ -48,7 +48,12 @@ class FillMaskCodec:
         self.n = int(model_config["n"])
         self.max_predictions = int(model_config["max_predictions"])
         self.pad_id = int(model_config.get("pad_token_id", 0))
-        self.mask_id = int(model_config.get("mask_token_id", self.tokenizer.token_to_id(MASK_TOKEN)))
+        mask_id = model_config.get("mask_token_id", self.tokenizer.token_to_id(MASK_TOKEN))
+        if mask_id is None:
+            raise SpecError(
+                f"{tokenizer_path} has no {MASK_TOKEN} token and the model config no mask_token_id"
+            )
+        self.mask_id = int(mask_id)
         self.vocab_size = int(model_config.get("vocab_size", self.tokenizer.get_vocab_size()))
         self._check_vocabulary(tokenizer_path)
         self.mask_token = self.tokenizer.id_to_token(self.mask_id) or MASK_TOKEN

@@ -68,7 +68,7 @@ def export_served_model(
         if "int8" in variants:
             source, feeds = calibration_feeds(calibration, served, checkpoint_dir, calibration_samples)
             served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
-            if feeds:
+            if source is not None and feeds:
                 served["int8_calibration"] = {"source": source.name, "samples": len(feeds)}
             _add_metadata(
                 staging / VARIANT_FILES["int8"], {**metadata, "gmlp.int8": served["int8_quantization"]}

@@ -13,13 +13,15 @@ import json
 import logging
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import onnx_ir as ir
 import torch
 from torch import nn
 
-from model.configs import GMLPConfig, GMLPMaskedLMConfig
-from model.layers import SpatialGatingUnit
+from model.checkpoint import GMLPModel
+from model.configs import GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig
+from model.layers import GMLPBlock, SpatialGatingUnit
 
 from .sgu_function import DOMAIN, FUNCTION_VERSION, OP_TYPE, build_sgu_function
 
@@ -84,14 +86,13 @@ class _Float16Compute(nn.Module):
         return self.inner(*(x.half() if x.is_floating_point() else x for x in inputs)).float()
 
 
-def graph_module(model: nn.Module, fused: bool = True, float16: bool = False) -> nn.Module:
+def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False) -> nn.Module:
     """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), MLM wrapped."""
-    graph = copy.deepcopy(model).float().eval()
+    copied = copy.deepcopy(model).float().eval()
     if fused:
-        for block in graph.blocks:
-            block.sgu = _SymbolicSGU(block.sgu)
-    if isinstance(graph.config, GMLPMaskedLMConfig):
-        graph = _MaskedLMGraph(graph)
+        for block in cast("list[GMLPBlock]", copied.blocks):
+            block.register_module("sgu", _SymbolicSGU(block.sgu))
+    graph: nn.Module = _MaskedLMGraph(copied) if isinstance(copied.config, GMLPMaskedLMConfig) else copied
     return _Float16Compute(graph) if float16 else graph
 
 
@@ -117,6 +118,7 @@ def example_inputs(
         ids[torch.arange(length)[None, :] >= lengths[:, None]] = config.pad_token_id
         positions = (torch.rand(batch, predictions, generator=gen) * lengths[:, None]).long()
         return {"input_ids": ids, "mask_positions": positions}
+    assert isinstance(config, GMLPVisionConfig)
     pixels = torch.randn(batch, config.in_chans, config.img_size, config.img_size, generator=gen)
     return {"pixel_values": pixels}
 
@@ -129,6 +131,8 @@ def io_spec(config: GMLPConfig) -> tuple[list[dict], list[dict]]:
     """Input and output descriptions for config.json (docs/formats.md): a string names a dynamic
     axis, an int is fixed. A masked LM's `seq` runs from 1 to n and `predictions` from 1 to
     max_predictions; a classifier's patch grid, and so its image size, is fixed."""
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
     if isinstance(config, GMLPMaskedLMConfig):
         inputs = [
             {"name": "input_ids", "dtype": "int64", "shape": [BATCH_AXIS, SEQ_AXIS]},
@@ -142,6 +146,7 @@ def io_spec(config: GMLPConfig) -> tuple[list[dict], list[dict]]:
             }
         ]
     else:
+        assert isinstance(config, GMLPVisionConfig)
         size = config.img_size
         inputs = [
             {"name": "pixel_values", "dtype": "float32", "shape": [BATCH_AXIS, config.in_chans, size, size]}
@@ -161,7 +166,7 @@ def _dynamic_shapes(config: GMLPConfig) -> tuple[dict[int, torch.export.Dim], ..
 
 
 def export_onnx(
-    model: nn.Module,
+    model: GMLPModel,
     path: str | Path,
     *,
     fused: bool = True,
@@ -175,7 +180,7 @@ def export_onnx(
     exported as ordinary ops (the "plain export" the benchmark compares against). With
     `float16`, weights and compute are fp16 and the inputs/outputs stay float32.
     """
-    config: GMLPConfig = model.config
+    config = model.config
     graph = graph_module(model, fused=fused, float16=float16)
     inputs = example_inputs(config, batch=2)
     with warnings.catch_warnings():
@@ -191,6 +196,8 @@ def export_onnx(
             optimize=True,
             verbose=False,
         )
+    if program is None:  # only the TorchScript exporter returns nothing; dynamo=True always returns one
+        raise RuntimeError("torch.onnx.export returned no program")
     onnx_model: ir.Model = program.model
     if fused:
         _attach_sgu_function(onnx_model, config, opset)

@@ -19,6 +19,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from torch import nn
 
 from contract.errors import UserError
+from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
 from .onnx_export import PREDICTIONS_AXIS, SEQ_AXIS, example_inputs
@@ -81,7 +82,7 @@ def parity_cases(config: GMLPConfig) -> list[dict[str, int]]:
     return cases
 
 
-def check_parity(model: nn.Module, path: str | Path, variant: str) -> ParityReport:
+def check_parity(model: GMLPModel, path: str | Path, variant: str) -> ParityReport:
     """Max abs logit difference and top-1 agreement between ORT (CPU) and PyTorch fp32 (at the
     fixed window), over `parity_cases`."""
     sess = session(path)

@@ -2,6 +2,7 @@
 
 from .checkpoint import (
     CheckpointError,
+    GMLPModel,
     build_model,
     load_checkpoint,
     read_checkpoint_info,
@@ -28,6 +29,7 @@ __all__ = [
     "GMLPConfig",
     "GMLPForMaskedLM",
     "GMLPMaskedLMConfig",
+    "GMLPModel",
     "GMLPVisionClassifier",
     "GMLPVisionConfig",
     "MLM_TASK",

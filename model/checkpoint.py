@@ -30,11 +30,15 @@ LABELS_FILE = "labels.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 
+# Either of the two model families; both carry `config` and `checkpoint_info`.
+GMLPModel = GMLPVisionClassifier | GMLPForMaskedLM
+
+
 class CheckpointError(UserError):
     """A checkpoint that cannot be used as it is; the message says what is wrong and where."""
 
 
-def build_model(config: GMLPConfig) -> nn.Module:
+def build_model(config: GMLPConfig) -> GMLPModel:
     """A freshly initialised model for `config` (vision classifier or masked LM)."""
     if isinstance(config, GMLPVisionConfig):
         return GMLPVisionClassifier(config)
@@ -71,7 +75,7 @@ def file_sha256(path: str | Path) -> str:
 
 
 def save_checkpoint(
-    model: nn.Module,
+    model: GMLPModel,
     path: str | Path,
     *,
     labels: list[str] | None = None,
@@ -85,7 +89,7 @@ def save_checkpoint(
     A classifier needs `labels` (one per class); a masked LM needs `tokenizer`, the path of a
     `tokenizers` JSON file whose vocabulary size matches the model's.
     """
-    config: GMLPConfig = model.config
+    config = model.config
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {
@@ -98,7 +102,7 @@ def save_checkpoint(
         "preprocessing": preprocessing or default_preprocessing(config),
         **(extra or {}),
     }
-    if config.task == VISION_TASK:
+    if isinstance(config, GMLPVisionConfig):
         if labels is None or len(labels) != config.num_classes:
             raise CheckpointError(
                 f"a classifier needs {config.num_classes} labels, got {labels and len(labels)}"
@@ -155,7 +159,7 @@ def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], sou
     model.load_state_dict(state, strict=True)
 
 
-def load_checkpoint(path: str | Path) -> nn.Module:
+def load_checkpoint(path: str | Path) -> GMLPModel:
     """The model stored in checkpoint directory `path`, in eval mode.
 
     Its `forward` takes `pixel_values` [batch, 3, H, W] (vision) or `input_ids` [batch, L] with

@@ -80,7 +80,8 @@ class SpatialGatingUnit(nn.Module):
         at L = n), so the exported graph serves every length.
         """
         length = z2.shape[1]
-        weight, bias = self.spatial_proj.weight, self.spatial_proj.bias
+        weight: torch.Tensor = self.spatial_proj.weight
+        bias: torch.Tensor = self.spatial_proj.bias
         if not statically_known_true(length == self.seq_len):
             weight, bias = weight[:length, :length], bias[:length]
         return torch.baddbmm(bias[:, None], weight.expand(z2.shape[0], -1, -1), z2)

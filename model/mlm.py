@@ -10,17 +10,34 @@ length it is run at, padded to n or not (docs/model.md, "Variable length").
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
 from .configs import GMLPMaskedLMConfig
-from .layers import build_blocks
+from .layers import GMLPBlock, build_blocks
 
 
 class GMLPForMaskedLM(nn.Module):
+    """The paper's masked language model (section 4): BERT's pre-training task without attention.
+
+    Token embeddings pass through `depth` gMLP blocks (with aMLP's tiny attention when
+    `config.attn_dim` is set), a final LayerNorm and a vocabulary projection tied to the embedding
+    matrix. Padding is masked out of every spatial mixing, so answers do not depend on how far a
+    batch was padded. The head can decode only the requested positions, which is what fill-mask
+    and the exported graph use.
+
+    `checkpoint_info` holds the parsed config.json when the model came from a checkpoint.
+    """
+
+    config: GMLPMaskedLMConfig
+    checkpoint_info: dict[str, Any]
+
     def __init__(self, config: GMLPMaskedLMConfig) -> None:
         super().__init__()
         self.config = config
+        self.checkpoint_info = {}
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = build_blocks(config)
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
@@ -31,7 +48,7 @@ class GMLPForMaskedLM(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         nn.init.normal_(self.embed.weight, std=0.02)
-        for block in self.blocks:
+        for block in cast("list[GMLPBlock]", self.blocks):
             block.init_weights()
         nn.init.zeros_(self.decoder_bias)
 

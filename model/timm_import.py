@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -52,6 +53,7 @@ def read_timm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
+    state: Any
     try:
         if path.suffix == ".safetensors":
             state = load_file(path)

@@ -6,11 +6,13 @@ Split as timm splits its models: `forward_features` returns the normalised token
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
 from .configs import GMLPVisionConfig
-from .layers import build_blocks
+from .layers import GMLPBlock, build_blocks
 
 
 class PatchEmbed(nn.Module):
@@ -31,9 +33,23 @@ class PatchEmbed(nn.Module):
 
 
 class GMLPVisionClassifier(nn.Module):
+    """The paper's image classifier (section 3.1, table 1): the timm layout, so timm weights load.
+
+    Images are cut into non-overlapping patches, each projected to `d_model`; `depth` gMLP blocks
+    mix channels and, through the Spatial Gating Unit, tokens; a LayerNorm, the mean over tokens
+    and a linear head give class logits. The token count n = (img_size / patch_size)^2 is fixed by
+    the SGU's n x n projection, so the input size is too.
+
+    `checkpoint_info` holds the parsed config.json when the model came from a checkpoint.
+    """
+
+    config: GMLPVisionConfig
+    checkpoint_info: dict[str, Any]
+
     def __init__(self, config: GMLPVisionConfig) -> None:
         super().__init__()
         self.config = config
+        self.checkpoint_info = {}
         self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, config.d_model)
         self.blocks = build_blocks(config)
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
@@ -45,8 +61,8 @@ class GMLPVisionClassifier(nn.Module):
         # LeCun-normal patch projection and a zero head, as timm's MLP-Mixer family does.
         fan_in = self.patch_embed.proj.in_channels * self.config.patch_size**2
         nn.init.trunc_normal_(self.patch_embed.proj.weight, std=fan_in**-0.5)
-        nn.init.zeros_(self.patch_embed.proj.bias)
-        for block in self.blocks:
+        nn.init.zeros_(cast(torch.Tensor, self.patch_embed.proj.bias))
+        for block in cast("list[GMLPBlock]", self.blocks):
             block.init_weights()
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from contract.errors import UserError
+
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
@@ -71,9 +73,9 @@ def augment_crop_flip(images: np.ndarray, rng: np.random.Generator, pad: int = 4
     """Random crop from a zero-padded image and random horizontal flip (the usual CIFAR recipe)."""
     batch, height, width, _ = images.shape
     padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-    dy = rng.integers(0, 2 * pad + 1, size=batch)
-    dx = rng.integers(0, 2 * pad + 1, size=batch)
-    flip = rng.random(batch) < 0.5
+    dy = rng.integers(0, 2 * pad + 1, size=(batch,))
+    dx = rng.integers(0, 2 * pad + 1, size=(batch,))
+    flip = rng.random((batch,)) < 0.5
     out = np.empty_like(images)
     for i in range(batch):
         crop = padded[i, dy[i] : dy[i] + height, dx[i] : dx[i] + width]
@@ -103,7 +105,7 @@ def random_erase(
 
 def to_pixel_values(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """uint8 NHWC -> normalised float32 NCHW, as the service's preprocessing produces."""
-    x = images.astype(np.float32) * (1.0 / 255.0)
+    x: np.ndarray = images.astype(np.float32) * (1.0 / 255.0)
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
@@ -215,7 +217,15 @@ class SpecialIds:
 
         tok = Tokenizer.from_file(str(tokenizer_path))
         ids = {name: tok.token_to_id(f"[{name.upper()}]") for name in ("pad", "cls", "sep", "mask")}
-        return cls(**ids, vocab_size=tok.get_vocab_size())
+        missing = [f"[{name.upper()}]" for name, token_id in ids.items() if token_id is None]
+        if missing:
+            raise UserError(
+                f"{tokenizer_path} has no {', '.join(missing)} token; a BERT-style vocabulary is needed"
+            )
+        return cls(
+            **{name: int(token_id) for name, token_id in ids.items() if token_id is not None},
+            vocab_size=tok.get_vocab_size(),
+        )
 
 
 def full_window(corpus: TokenCorpus, sentence: int, n: int, special: SpecialIds) -> np.ndarray:

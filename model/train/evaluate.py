@@ -47,6 +47,18 @@ class Predictor:
     def preprocessing(self) -> dict[str, Any]:
         return self.info.get("preprocessing") or {}
 
+    def classifier(self) -> Callable[[np.ndarray], np.ndarray]:
+        """`vision`, or a clear error when this model is not an image classifier."""
+        if self.vision is None:
+            raise UserError(f"{self.root} is a {self.task} model, not an image classifier")
+        return self.vision
+
+    def masked_lm(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """`mlm`, or a clear error when this model is not a masked LM."""
+        if self.mlm is None:
+            raise UserError(f"{self.root} is a {self.task} model, not a masked LM")
+        return self.mlm
+
 
 def _torch_predictor(root: Path) -> Predictor:
     import torch
@@ -134,7 +146,7 @@ def evaluate_classifier(
     correct = 0
     for start in range(0, len(labels), batch):
         x = to_pixel_values(images[start : start + batch], tuple(pre["mean"]), tuple(pre["std"]))
-        correct += int((pred.vision(x).argmax(-1) == labels[start : start + batch]).sum())
+        correct += int((pred.classifier()(x).argmax(-1) == labels[start : start + batch]).sum())
     return {"top1": round(correct / len(labels), 4), "images": len(labels)}
 
 
@@ -190,11 +202,12 @@ def evaluate_mlm(pred: Predictor, corpus: TokenCorpus, windows: int, short: int)
     max_pred = int(model_cfg.get("max_predictions", 16))
     full_budget = max(max_pred, int(round(0.15 * (n - 2))))
     out: dict[str, Any] = {}
+    mlm = pred.masked_lm()
     full = eval_windows(corpus, n, special, windows, short=False)
-    out["full"] = mlm_accuracy(pred.mlm, full, special, full_budget)
-    out["full_bert_masking"] = mlm_accuracy(pred.mlm, full, special, full_budget, bert_mix=True)
+    out["full"] = mlm_accuracy(mlm, full, special, full_budget)
+    out["full_bert_masking"] = mlm_accuracy(mlm, full, special, full_budget, bert_mix=True)
     if short:
         out["short"] = mlm_accuracy(
-            pred.mlm, eval_windows(corpus, n, special, short, short=True), special, full_budget
+            mlm, eval_windows(corpus, n, special, short, short=True), special, full_budget
         )
     return out

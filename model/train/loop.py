@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -86,7 +86,8 @@ def build_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
     where torch's CPU default loops over them; the arithmetic is the same and the step cheaper
     (`scripts/bench_train_options.py`, docs/benchmarks.md).
     """
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for _, param in model.named_parameters():
         if param.requires_grad:
             (decay if param.ndim >= 2 else no_decay).append(param)
@@ -152,7 +153,8 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     planner = StepPlanner(cfg.max_steps, cfg.time_budget_s, elapsed_s=elapsed, provisional_steps=provisional)
     model.train()
     # Compiled forward (and backward); the parameters and the saved state stay `model`'s own.
-    forward_model = torch.compile(model) if cfg.compile else model
+    # torch.compile returns an OptimizedModule, a Module that wraps `model`.
+    forward_model = cast(nn.Module, torch.compile(model)) if cfg.compile else model
     meter = _Meter()
     interactive = sys.stderr.isatty()
     bar = tqdm(total=planner.total, initial=step, desc=cfg.desc, mininterval=1.0 if interactive else 30.0)
