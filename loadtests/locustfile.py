@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 # locust puts this file's folder on sys.path, not the repository root that holds the package.
@@ -30,7 +30,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from locust import FastHttpUser, constant, events  # noqa: E402
+from locust import FastHttpUser, TaskSet, constant, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 from contract.formats import MLM_TASK, VISION_TASK  # noqa: E402
@@ -175,7 +175,8 @@ def classify(user: GmlpUser) -> None:
         body, content_type = image, "image/jpeg"
     with user.client.post(
         f"/classify?{_query(CONFIG.classify_model)}",
-        data=body,
+        # locust annotates `data` as str or dict; geventhttpclient sends bytes as they are.
+        data=cast(Any, body),
         headers={"Content-Type": content_type},
         name="/classify",
         catch_response=True,
@@ -197,7 +198,8 @@ class GmlpUser(FastHttpUser):
     """One closed-loop client: sends the next request as soon as (think time after) the last answered."""
 
     wait_time = constant(CONFIG.think_time_s)
-    # Integer weights; a task with weight 0 is never picked.
-    tasks = {classify: CONFIG.classify_weight, fill_mask: CONFIG.fill_mask_weight}
+    # Integer weights as repetitions (locust's own reading of a weight dict); weight 0: never picked.
+    tasks: list[TaskSet | Callable[..., Any]] = [classify] * CONFIG.classify_weight
+    tasks += [fill_mask] * CONFIG.fill_mask_weight
     network_timeout = 60.0
     connection_timeout = 10.0
