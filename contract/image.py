@@ -181,12 +181,10 @@ class ImageTransform:
     def decode_side(self) -> int | None:
         """The smallest side a JPEG is decoded at: twice the resize target (None: every pixel).
 
-        Measured with the CIFAR-10 demo classifier on photos of 1-12 MP (scripts/bench_jpeg_draft.py):
-        top-1 agreement with a full decode is 99.3 % (300 photos) and 99.2 % (1,000) for its fp32
-        file, 98.0 % and 97.6 % for its int8 one, also at 256 or 512 px. Re-encoding the photos at
-        JPEG quality 85 gives the int8 file 98.3 %: its quantised activations turn the few-level
-        differences of any resampling into another answer on near-ties, whatever the decode.
-        `draft=False` (the service's `jpeg_draft` setting) decodes every pixel."""
+        At twice the target the resize still reads from more pixels than it writes, so the answers
+        stay those of a full decode on all but near-ties (agreement measured on real photos:
+        docs/benchmarks.md, "Large JPEGs"). `draft=False` (the service's `jpeg_draft` setting)
+        decodes every pixel, for deployments whose answers must match a full decode exactly."""
         return 2 * self.resize_size if self.draft else None
 
     def __call__(self, data: bytes) -> np.ndarray:

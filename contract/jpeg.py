@@ -1,7 +1,7 @@
 """Plain JPEGs decoded by libjpeg-turbo directly (simplejpeg), skipping Pillow's Python layer.
 
-Why: a served request is usually a small photo, and for a 32x32 JPEG Pillow spends about 150 us
-in Python (marker parsing, tile setup, `ImageFile.load`) around a decode that takes under 20 us.
+Why: a served request is usually a small photo, and for a small JPEG Pillow's Python layer
+(marker parsing, tile setup, `ImageFile.load`) costs several times the decode itself.
 simplejpeg calls the same libjpeg-turbo routines (default DCT and fancy upsampling), so the pixels
 are the ones Pillow gives, at full size and at the DCT scales of `Image.draft` alike; the tests
 compare the two paths byte for byte.

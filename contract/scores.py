@@ -32,7 +32,7 @@ def k_largest(scores: np.ndarray, k: int, block: int = _BLOCK) -> np.ndarray:
     no block, hold k entries at least as large as any other. (Were an entry above the k-th largest
     value in a block left out, each of the k blocks taken would hold a larger maximum, and the
     row would have k + 1 entries above its k-th largest.) Selecting among those ~k * 256 entries
-    costs a fraction of a selection over 30,522: 35 against 75 us per row, timed with timeit.
+    is cheaper than a selection over a whole 30,522-token vocabulary row.
     """
     n = scores.shape[0]
     blocks = n // block

@@ -61,9 +61,8 @@ def quantize_int8(
 
     Weights use 7 bits (`reduce_range`). On x86 CPUs without VNNI (AVX2, plain AVX-512) ONNX Runtime
     multiplies u8 activations by s8 weights with VPMADDUBSW, which adds pairs of products in int16
-    and saturates; with 8-bit weights that cost the CIFAR-10 demo 1.4 points of top-1 on an AVX2
-    machine (79.50 vs 80.92 % fp32). With 7 bits (|w| <= 64) no pair can overflow, since
-    2 x 255 x 64 < 2**15, and it scored 80.89 %.
+    and saturates, which costs 8-bit weights measurable top-1 on such machines. With 7 bits
+    (|w| <= 64) no pair can overflow, since 2 x 255 x 64 < 2**15.
     VNNI CPUs accumulate in int32 either way, so one exported file computes the same integer
     products on every x86 CPU it is served on (figures and command: docs/benchmarks.md, "int8 on
     CPUs without VNNI").

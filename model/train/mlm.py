@@ -5,8 +5,7 @@ The service sends one short sentence, `[CLS] ... [SEP]` padded to n; the padding
 the spatial mixing, but W's rows for late positions and the model's sense of "sentence ends here"
 are only learnt if such inputs are seen in training, hence `short_frac` of every batch. A short
 row costs as much as a full window but carries a sixth of its masked tokens, so the share is kept
-small: the demo model's 10% scores better on short sentences as well as on full windows than a
-20% run of the same model with fewer steps in the hour did (model card).
+small (the recipes compared are in the model card).
 """
 
 from __future__ import annotations
