@@ -181,11 +181,8 @@ class ImageTransform:
     def decode_side(self) -> int | None:
         """The smallest side a JPEG is decoded at: twice the resize target (None: every pixel).
 
-        Measured with the CIFAR-10 demo classifier on photos of 1-12 MP (scripts/bench_jpeg_draft.py):
-        top-1 agreement with a full decode is 99.3 % (300 photos) and 99.2 % (1,000) for its fp32
-        file, 98.0 % and 97.6 % for its int8 one, also at 256 or 512 px. Re-encoding the photos at
-        JPEG quality 85 gives the int8 file 98.3 %: its quantised activations turn the few-level
-        differences of any resampling into another answer on near-ties, whatever the decode.
+        At twice the target the answers stay those of a full decode on nearly every photo, at a
+        fraction of the cost (docs/benchmarks.md, "Large JPEGs": `python -m benchmarks.jpeg_draft`).
         `draft=False` (the service's `jpeg_draft` setting) decodes every pixel."""
         return 2 * self.resize_size if self.draft else None
 
