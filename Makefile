@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models demo-eval export serve bench bench-peers profile docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test lint format demo-models demo-eval export serve bench bench-compare bench-peers profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,11 +44,21 @@ demo-eval: demo-models
 serve: install
 	$(BIN)/gmlp serve
 
+# Benchmarks are programs of the checkout's benchmarks/ package (not in the wheel), run as
+# `python -m benchmarks.NAME` from the repository root; docs/benchmarks.md lists them all.
+# Model level: PyTorch eager/bf16 vs ONNX Runtime plain, fused and int8 (BENCH_ARGS to override).
+BENCH_ARGS ?= gmlp_s16_224 --batches 1,8,32
 bench: install
-	$(BIN)/gmlp bench gmlp_s16_224 --batches 1,8,32
+	$(BIN)/python -m benchmarks.export_speed $(BENCH_ARGS)
+
+# HTTP /classify vs a raw ORT session, and dynamic batching on vs off, on the demo classifier in
+# ./models (make demo-models); it starts its own servers on 127.0.0.1.
+COMPARE_ARGS ?= --model cifar10-gmlp --variant int8 --duration 15s
+bench-compare: install
+	$(BIN)/python -m benchmarks.loadtest_compare --model-repository models $(COMPARE_ARGS)
 
 # gmlp-serve against LitServe, Ray Serve and BentoML (each installed into .bench-venvs/ by the
-# script) and raw ONNX Runtime; needs wrk. Rewrites "Against other servers" in docs/benchmarks.md.
+# benchmark) and raw ONNX Runtime; needs wrk. Rewrites "Against other servers" in docs/benchmarks.md.
 bench-peers: install
 	$(BIN)/python -m benchmarks.peers.run $(PEERS_ARGS)
 
@@ -56,6 +66,12 @@ bench-peers: install
 # /classify by default; PROFILE_ARGS='--task fill-mask' for /fill-mask.
 profile: install
 	$(BIN)/python -m benchmarks.profile $(PROFILE_ARGS)
+
+# Minutes of mixed load at twice the sustainable rate on ./models (make demo-models): RSS, open
+# fds, p99 and errors per minute (docs/reliability.md).
+SOAK_ARGS ?= --minutes 10 --out soak.json --server-cpus 0
+soak: install
+	$(BIN)/python -m benchmarks.soak --repository models $(SOAK_ARGS)
 
 docker:
 	docker compose build

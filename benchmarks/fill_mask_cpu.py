@@ -15,27 +15,22 @@ ratio is the figure to read. A benchmark, not a test; prints the machine's CPU f
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.peers import wrk
-from benchmarks.peers.proc import tree_cpu_seconds
+from benchmarks import wrk
+from benchmarks.harness import REPO, ServerProcess, command_line, cpu_line, gmlp_serve, link_repository
 from benchmarks.peers.raw_ort import run_concurrently
-from benchmarks.peers.run import machine
-from benchmarks.peers.server import free_port, link_repository
+from benchmarks.proc import tree_cpu_seconds
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
+from loadtests.workload import BUNDLED_SENTENCES
 from service.runtime import OnnxModel, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 
-REPO = Path(__file__).resolve().parents[1]
-SENTENCES = REPO / "loadtests" / "data" / "sentences.tsv"
 DEFAULT_SERVED = REPO / "models" / "gutenberg-gmlp-mlm"
 BATCH = 16
 TOP_K = 5
@@ -43,7 +38,7 @@ CONNECTIONS = 32
 
 
 def sentences() -> list[str]:
-    lines = SENTENCES.read_text().splitlines()
+    lines = BUNDLED_SENTENCES.read_text().splitlines()
     return [line.split("\t", 1)[1] for line in lines if line and not line.startswith("#")]
 
 
@@ -99,58 +94,44 @@ def check_answer(url: str, text: str) -> None:
     assert len(answer["predictions"][0]) == TOP_K, answer
 
 
-def start_server(served: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+def server(served: Path, work: Path) -> ServerProcess:
+    """`gmlp serve` of `served` alone with its default settings (not started yet)."""
     repository = link_repository(work, served)
-    port = free_port()
-    cmd = [str(REPO / ".venv" / "bin" / "gmlp"), "serve", "--model-repository", str(repository)]
-    cmd += ["--checkpoint-dir", "", "--grpc-port", "0", "--port", str(port), "--log-level", "warning"]
-    with (work / "server.log").open("wb") as log:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health/ready", timeout=2):
-                return proc, url
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    proc.wait(10)
-    raise SystemExit(f"the server did not become ready; see {work / 'server.log'}")
+    return gmlp_serve(
+        repository, log_path=work / "server.log", serve_args=["--log-level", "warning"], ready_timeout_s=180
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--served", type=Path, default=DEFAULT_SERVED)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     texts = sentences()
-    info = machine()
-    print(f"CPU: {info.get('cpu')}, {info.get('cpus')} vCPUs; SIMD: {info.get('simd')}")
+    print(cpu_line())
     raw = RawModel(args.served, texts)
     service_ms: list[float] = []
     raw_ms: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="gmlp-fill-mask-cpu-") as tmp:
-        proc, url = start_server(args.served, Path(tmp))
-        try:
-            check_answer(url + "/fill-mask", texts[0])
-            script = Path(tmp) / "fill_mask.lua"
-            script.write_text(lua_script(texts))
-            wrk.run(url + "/fill-mask", script, CONNECTIONS, 2.0)  # warm-up
-            for round_ in range(1, args.rounds + 1):
-                raw_ms.append(raw.cpu_ms_per_sequence(args.seconds))
-                cpu0 = tree_cpu_seconds(proc.pid)
-                result = wrk.run(url + "/fill-mask", script, CONNECTIONS, args.seconds)
-                ms = (tree_cpu_seconds(proc.pid) - cpu0) * 1000.0 / max(1, result.requests)
-                service_ms.append(ms)
-                print(
-                    f"round {round_}: service {result.rps:.0f} req/s, {ms:.2f} CPU ms/request "
-                    f"({result.errors} errors); raw {raw_ms[-1]:.2f} CPU ms/sequence"
-                )
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with (
+        tempfile.TemporaryDirectory(prefix="gmlp-fill-mask-cpu-") as tmp,
+        server(args.served, Path(tmp)) as proc,
+    ):
+        url = proc.url
+        check_answer(url + "/fill-mask", texts[0])
+        script = Path(tmp) / "fill_mask.lua"
+        script.write_text(lua_script(texts))
+        wrk.run(url + "/fill-mask", script, CONNECTIONS, 2.0)  # warm-up
+        for round_ in range(1, args.rounds + 1):
+            raw_ms.append(raw.cpu_ms_per_sequence(args.seconds))
+            cpu0 = tree_cpu_seconds(proc.pid)
+            result = wrk.run(url + "/fill-mask", script, CONNECTIONS, args.seconds)
+            ms = (tree_cpu_seconds(proc.pid) - cpu0) * 1000.0 / max(1, result.requests)
+            service_ms.append(ms)
+            print(
+                f"round {round_}: service {result.rps:.0f} req/s, {ms:.2f} CPU ms/request "
+                f"({result.errors} errors); raw {raw_ms[-1]:.2f} CPU ms/sequence"
+            )
     ratios = [s / r for s, r in zip(service_ms, raw_ms, strict=True)]
     print(
         f"median: service {statistics.median(service_ms):.2f} CPU ms/request, model "

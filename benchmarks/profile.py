@@ -15,7 +15,6 @@ wrk and py-spy (the dev install); py-spy needs ptrace rights over the server.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import datetime
@@ -33,14 +32,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks import fill_mask_cpu
-from benchmarks.peers import wrk
+from benchmarks import fill_mask_cpu, wrk
+from benchmarks.harness import command_line, cpu_facts, link_repository
 from benchmarks.peers.bench import test_images, write_script
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS
-from benchmarks.peers.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
-from benchmarks.peers.run import MODEL, ensure_model, machine
-from benchmarks.peers.server import link_repository, running, wait_ready
+from benchmarks.peers.run import MODEL, ensure_model
+from benchmarks.peers.server import running, wait_ready
+from benchmarks.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 
 # The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).
 # A sample whose innermost Python frame is the loop's `run` is in uvloop's C code (polling,
@@ -189,15 +188,11 @@ def classify_target(work: Path) -> Iterator[Target]:
 def fill_mask_target(work: Path) -> Iterator[Target]:
     """gmlp-serve as the fill-mask CPU benchmark runs it, sent its 200 masked sentences in turn."""
     texts = fill_mask_cpu.sentences()
-    process, base = fill_mask_cpu.start_server(fill_mask_cpu.DEFAULT_SERVED, work)
-    try:
-        fill_mask_cpu.check_answer(base + "/fill-mask", texts[0])
+    with fill_mask_cpu.server(fill_mask_cpu.DEFAULT_SERVED, work) as server:
+        fill_mask_cpu.check_answer(server.url + "/fill-mask", texts[0])
         script = work / "fill_mask.lua"
         script.write_text(fill_mask_cpu.lua_script(texts))
-        yield Target(process.pid, base, base + "/fill-mask", script)
-    finally:
-        process.terminate()
-        process.wait(30)
+        yield Target(server.pid, server.url, server.url + "/fill-mask", script)
 
 
 TARGETS = {"classify": classify_target, "fill-mask": fill_mask_target}
@@ -281,7 +276,7 @@ def report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--task", choices=sorted(TARGETS), default="classify")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -301,7 +296,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gmlp-profile-") as tmp, TARGETS[args.task](Path(tmp)) as target:
         prof = profile(target, args.clients, args.seconds, args.rate, args.warmup, Path(tmp))
         instances = instances_of(target.base_url)
-    print("\n".join(report(prof, args.clients, args.seconds, instances, args.top, machine())))
+    print("\n".join(report(prof, args.clients, args.seconds, instances, args.top, cpu_facts())))
 
 
 if __name__ == "__main__":

@@ -181,10 +181,9 @@ class ImageTransform:
     def decode_side(self) -> int | None:
         """The smallest side a JPEG is decoded at: twice the resize target (None: every pixel).
 
-        At twice the target the resize still reads from more pixels than it writes, so the answers
-        stay those of a full decode on all but near-ties (agreement measured on real photos:
-        docs/benchmarks.md, "Large JPEGs"). `draft=False` (the service's `jpeg_draft` setting)
-        decodes every pixel, for deployments whose answers must match a full decode exactly."""
+        At twice the target the answers stay those of a full decode on nearly every photo, at a
+        fraction of the cost (docs/benchmarks.md, "Large JPEGs": `python -m benchmarks.jpeg_draft`).
+        `draft=False` (the service's `jpeg_draft` setting) decodes every pixel."""
         return 2 * self.resize_size if self.draft else None
 
     def __call__(self, data: bytes) -> np.ndarray:

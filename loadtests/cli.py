@@ -1,7 +1,7 @@
-"""`gmlp loadtest` (concurrency sweep with a report) and `gmlp loadtest-compare` (benchmark record).
+"""`gmlp loadtest`: a concurrency sweep against a running service, with a report.
 
-Only argparse at import time: `gmlp --help` imports this module in every image. locust,
-matplotlib and onnxruntime are imported by the handlers. Every flag of `gmlp loadtest` also has
+Only argparse at import time: `gmlp --help` imports this module in every image. locust and
+matplotlib are imported by the handler. Every flag of `gmlp loadtest` also has
 a `GMLP_LOADTEST_*` environment default, so a compose service can be configured without a
 command line.
 """
@@ -20,7 +20,7 @@ def _env(name: str, default: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `loadtest` and `loadtest-compare` to the `gmlp` console script (gmlp/cli.py)."""
+    """Add `loadtest` to the `gmlp` console script (gmlp/cli.py)."""
     p = sub.add_parser(
         "loadtest",
         help="load-test a running service with locust at several concurrency levels; write a report",
@@ -68,18 +68,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--ready-timeout", type=float, default=60.0, help="seconds to wait for /health/ready (default 60)"
     )
     p.set_defaults(handler=run_loadtest)
-
-    p = sub.add_parser(
-        "loadtest-compare",
-        help="benchmark record: HTTP vs raw ONNX Runtime throughput, dynamic batching on vs off",
-        description="Start the service itself (twice, on 127.0.0.1) and measure (a) saturation throughput "
-        "over HTTP vs a raw ORT session at the same batch size and (b) batching on vs off at fixed "
-        "concurrency. Prints markdown. Timing figures: never run it as a test.",
-    )
-    from loadtests.compare import add_arguments
-
-    add_arguments(p)
-    p.set_defaults(handler=run_compare)
 
 
 def _workload_env(args: argparse.Namespace) -> dict[str, str]:
@@ -168,14 +156,3 @@ def run_loadtest(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
-
-
-def run_compare(args: argparse.Namespace) -> int:
-    """Handler of `gmlp loadtest-compare`."""
-    from loadtests.compare import run
-
-    try:
-        return run(args)
-    except (RuntimeError, TimeoutError) as exc:  # the server did not start or not in time
-        print(f"gmlp loadtest-compare: error: {exc}", file=sys.stderr)
-        return 1

@@ -2,7 +2,7 @@
 # One prepared GPU check (< 8 minutes) for an NVIDIA machine with only Python 3.10+ and the driver:
 #  1. export the demo checkpoints with the fp16 variant (CPU torch, in its own venv),
 #  2. CUDA-EP parity against CPU and throughput of CPU vs CUDA fp32 vs CUDA fp16 (IO binding) at
-#     batch 1/8/64 (scripts/gpu_bench.py, in a venv with onnxruntime-gpu),
+#     batch 1/8/64 (python -m benchmarks.gpu, in a venv with onnxruntime-gpu),
 #  3. the service with GMLP_DEVICE=cuda and a 20 s load test against it.
 # Everything is written under OUT (default ./gpu-check-out). Usage: scripts/gpu-check.sh [OUT]
 set -uo pipefail
@@ -32,7 +32,7 @@ $PY -m venv /tmp/gmlp-gpu && /tmp/gmlp-gpu/bin/pip install -q ".[gpu,loadtest]" 
 /tmp/gmlp-gpu/bin/python -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())"
 
 step "CUDA-EP parity and throughput"
-timeout 240 /tmp/gmlp-gpu/bin/python scripts/gpu_bench.py --models "$OUT/models" --out "$OUT" \
+timeout 240 /tmp/gmlp-gpu/bin/python -m benchmarks.gpu --models "$OUT/models" --out "$OUT" \
   --batches 1,8,64 --seconds 2
 
 step "service on CUDA and a 20 s load test"

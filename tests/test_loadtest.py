@@ -8,6 +8,7 @@ timings: throughput on a shared CI machine means nothing.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -20,11 +21,11 @@ from subprocess import CompletedProcess
 
 import pytest
 
+from benchmarks.harness import ServerProcess, gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
 from loadtests.metrics_scrape import BatchStats, batch_delta, overall, parse_metrics, rejections_delta
 from loadtests.report import render_markdown, write_report
 from loadtests.runner import StepResult, parse_duration, parse_users, read_failures_csv, read_stats_csv
-from loadtests.server import ServerProcess
 from loadtests.workload import (
     BUNDLED_DIR,
     BUNDLED_SENTENCES,
@@ -261,12 +262,15 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def test_gmlp_cli_has_the_loadtest_commands() -> None:
+def test_gmlp_cli_has_the_loadtest_command_and_no_benchmarks() -> None:
     from gmlp.cli import build_parser
 
-    args = build_parser().parse_args(["loadtest", "--users", "2,4", "--duration", "8s"])
+    parser = build_parser()
+    args = parser.parse_args(["loadtest", "--users", "2,4", "--duration", "8s"])
     assert args.users == "2,4" and callable(args.handler)
-    assert callable(build_parser().parse_args(["loadtest-compare", "--model-repository", "x"]).handler)
+    # Benchmarks are programs of the checkout (python -m benchmarks.NAME), not commands of the wheel.
+    (commands,) = (a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert "loadtest" in commands and not {"bench", "loadtest-compare"} & set(commands)
 
 
 # -- end to end against the real service -----------------------------------------------------------
@@ -276,7 +280,7 @@ def test_gmlp_cli_has_the_loadtest_commands() -> None:
 def live_server(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """`python -m gmlp serve` on 127.0.0.1, a free port, the tiny models; stopped at teardown."""
     log_path = tmp_path_factory.mktemp("loadtest-server") / "server.log"
-    server = ServerProcess(
+    server = gmlp_serve(
         model_repository,
         log_path=log_path,
         serve_args=["--intra-op-threads", "1", "--max-batch-size", "8"],

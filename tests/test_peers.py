@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.peers import proc, report, wrk
+from benchmarks import proc, wrk
+from benchmarks.peers import report
 from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins
 from benchmarks.peers.server import request_body, top_label
 

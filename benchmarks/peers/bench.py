@@ -18,13 +18,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers import wrk
+from benchmarks import wrk
+from benchmarks.harness import REPO
 from benchmarks.peers.model import PeerModel
-from benchmarks.peers.peers import REPO, Peer
-from benchmarks.peers.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
+from benchmarks.peers.peers import Peer
 from benchmarks.peers.server import Running, classify, request_body, running, wait_ready
+from benchmarks.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
+from loadtests.workload import BUNDLED_DIR
 
-DATA = REPO / "loadtests" / "data"
 CIFAR = "cifar"
 LARGE = "12mp"
 
@@ -73,7 +74,7 @@ class Results:
 
 
 def test_images() -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(DATA.glob("cifar10-test-*.jpg"))}
+    return {p.name: p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))}
 
 
 def large_photo(source: bytes, out: Path, size: tuple[int, int] = (4000, 3000)) -> bytes:

@@ -4,7 +4,7 @@ Every peer framework goes into its own virtual environment under `.bench-venvs/<
 the product's `.venv`): the framework at a pinned version, plus the product's own pins of the
 packages that decide the measured work (onnxruntime, numpy, Pillow, simplejpeg, tokenizers, from
 constraints.txt) and this repository installed editable without extras for `contract`. gmlp-serve
-itself runs from the product's `.venv`, as a user would run it.
+itself runs from the environment the benchmark runs in (the product's `.venv` under `make`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.harness import REPO, serve_argv
 from benchmarks.peers.model import instances, intra_op_threads
 
-REPO = Path(__file__).resolve().parents[2]
 VENVS = REPO / ".bench-venvs"
 # The packages whose versions decide the work every server does, pinned as the product pins them.
 SHARED_PINS = ("onnxruntime", "numpy", "pillow", "simplejpeg", "tokenizers")
@@ -56,34 +56,17 @@ class Peer:
     large_only: bool = False  # measured on the 12-megapixel photo only (not in the table)
 
     def bin_dir(self) -> Path:
-        return (VENVS / self.venv if self.venv else REPO / ".venv") / "bin"
+        return VENVS / self.venv / "bin" if self.venv else Path(sys.executable).parent
 
 
 def _gmlp(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-    return [
-        str(bin_dir / "gmlp"),
-        "serve",
-        "--model-repository",
-        str(work / "repository"),
-        "--checkpoint-dir",
-        "",
-        "--variant",
-        "int8",
-        "--instances",
-        str(instances()),
-        "--intra-op-threads",
-        str(intra_op_threads()),
-        "--max-batch-size",
-        "16",
-        "--max-queue-delay-ms",
-        "2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(ports.http),
-        "--log-level",
-        "warning",
-    ]
+    return serve_argv(
+        work / "repository",
+        ports.http,
+        *("--variant", "int8", "--instances", str(instances())),
+        *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", "16"),
+        *("--max-queue-delay-ms", "2", "--log-level", "warning"),
+    )
 
 
 def _module(name: str, *flags: str) -> Callable[[Path, Ports, Path], list[str]]:

@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.peers.model import MAX_BATCH, PeerModel, instances
-
-DATA = Path(__file__).resolve().parents[2] / "loadtests" / "data"
+from loadtests.workload import BUNDLED_DIR
 
 
 def _cpu_s() -> float:
@@ -91,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     model = PeerModel.load(args.model_dir)
     model.warm_up()
-    images = [p.read_bytes() for p in sorted(DATA.glob("cifar10-test-*.jpg"))]
+    images = [p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))]
     print(json.dumps(measure(model, images, args.seconds)))
 
 

@@ -16,19 +16,19 @@ import datetime
 import functools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import REPO, command_line, cpu_facts, link_repository
 from benchmarks.peers import report
 from benchmarks.peers.bench import LARGE, Plan, run_rounds
 from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT
-from benchmarks.peers.peers import FULL_DECODE, PEER_KEYS, PEERS, REPO, ensure_venv
-from benchmarks.peers.server import link_repository
+from benchmarks.peers.peers import FULL_DECODE, PEER_KEYS, PEERS, ensure_venv
 
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -69,33 +69,12 @@ Not like for like, and why:
   upscale of a CIFAR-10 test JPEG), not shipped."""
 
 
-def machine() -> dict[str, str]:
-    """CPU model, core count and the SIMD flags that decide int8 speed (from lscpu)."""
-    info = {"python": platform.python_version()}
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return info
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = fields.get("Flags", "").split()
-    simd = [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "vnni")) or f in ("sse4_2",)]
-    info.update(
-        cpu=fields.get("Model name", "?"),
-        cpus=fields.get("CPU(s)", "?"),
-        hypervisor=fields.get("Hypervisor vendor", "none"),
-        simd=" ".join(simd),
-        flags=" ".join(flags),
-    )
-    return info
-
-
 def ensure_model() -> None:
     if (MODEL / "model.int8.onnx").exists():
         return
     print(f"exporting the demo classifier into {MODEL}")
-    cmd = [str(REPO / ".venv" / "bin" / "gmlp"), "export", "checkpoints/cifar10-gmlp"]
-    subprocess.run([*cmd, "--out", str(MODEL), "--variants", "fp32,int8"], cwd=REPO, check=True)
+    cmd = [sys.executable, "-m", "gmlp", "export", str(REPO / "checkpoints" / "cifar10-gmlp")]
+    subprocess.run([*cmd, "--out", str(MODEL), "--variants", "fp32,int8"], check=True)
 
 
 def labels(keys: list[str]) -> dict[str, str]:
@@ -192,7 +171,7 @@ server's own (HTTP, queueing, serialisation).
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--quick", action="store_true", help="1 round, c = 1 and 32, 5 s rows")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--levels", default="1,8,32,64")
@@ -243,7 +222,7 @@ def measure(args: argparse.Namespace) -> None:
     minutes = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60.0
     meta = {
         "date": started.strftime("%Y-%m-%d"),
-        "machine": machine(),
+        "machine": cpu_facts(),
         "rounds": plan.rounds,
         "levels": plan.levels,
         "instances": args.instances,

@@ -24,6 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness import free_port as free_port  # for the v2 tests' gRPC port
 from service.app import create_app
 from service.cli import server_options
 from service.settings import ServiceSettings
@@ -40,13 +41,6 @@ def wait_until(condition: Callable[[], bool], *, timeout: float = 20.0, interval
             break
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (for the gRPC server, which binds its own socket)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RunningServer:

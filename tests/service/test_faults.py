@@ -34,10 +34,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness import gmlp_serve
 from contract.spec import read_spec
 from loadtests.checks import check_classify, check_fill_mask
 from loadtests.metrics_scrape import http_get
-from loadtests.server import ServerProcess
 from service import cli
 from service.app import create_app
 from service.deadline import Deadline
@@ -254,7 +254,7 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     """A real `gmlp serve` process: a burst of requests is queued (a long batching window holds
     them), SIGTERM arrives; the server stops accepting connections, answers every queued request
     with its result, drains the batchers and exits."""
-    server = ServerProcess(
+    server = gmlp_serve(
         repository,
         log_path=tmp_path / "server.log",
         serve_args=["--intra-op-threads", "1", "--max-batch-size", "64", "--max-queue-delay-ms", "8000"]

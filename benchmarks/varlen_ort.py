@@ -2,7 +2,7 @@
 
     gmlp export checkpoints/gutenberg-gmlp-mlm --out /tmp/varlen-models/gutenberg-gmlp-mlm \\
         --variants fp32,int8
-    python scripts/bench_varlen.py --served /tmp/varlen-models/gutenberg-gmlp-mlm [--threads 2]
+    .venv/bin/python -m benchmarks.varlen_ort --served /tmp/varlen-models/gutenberg-gmlp-mlm [--threads 2]
 
 Times the static int8 file (what the service runs on CPU) at batch 16: texts of L = 16/32/64/128
 tokens with one [MASK] each, run at their own length, against the fixed window every request ran
@@ -12,42 +12,26 @@ over `--repeats` rounds, and each is given as a ratio to the window measured in 
 Then it checks that the speed costs nothing: each held-out sentence of loadtests/data/sentences.tsv
 is run at its own length and padded to n, with the fp32 and the int8 file, and the largest
 |logit difference| at its masked positions is printed, with how many top-5 lists differ.
-A benchmark, not a test; the CPU's model name and flags are printed with the table.
+The CPU's model name and flags are printed with the table.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-from bench_train_step import _interleaved_ms, bench_args  # noqa: E402
-
-from contract.formats import VARIANT_FILES  # noqa: E402
-from contract.text import FillMaskCodec  # noqa: E402
-from export.verify import session  # noqa: E402
-from loadtests.workload import BUNDLED_SENTENCES, read_sentences_tsv  # noqa: E402
-from model.precision import cpu_flags  # noqa: E402
+from benchmarks.harness import add_timing_arguments, command_line, cpu_line, interleaved_ms
+from contract.formats import VARIANT_FILES
+from contract.text import FillMaskCodec
+from export.verify import session
+from loadtests.workload import BUNDLED_SENTENCES, read_sentences_tsv
 
 BATCH = 16
 LENGTHS = (16, 32, 64, 128)
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 Feeds = dict[str, np.ndarray]
-
-
-def cpu_model() -> str:
-    """`lscpu`'s model name (the table says which machine it came from)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU"
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
 
 
 def texts(model: dict, length: int, predictions: int, rng: np.random.Generator) -> Feeds:
@@ -65,7 +49,7 @@ def speed_table(served: Path, model: dict, threads: int, repeats: int) -> list[s
     window = f"fixed window (L = {n}, {slots} slots)"
     cases = {window: texts(model, n, slots, rng)}
     cases.update({f"L = {length}, 1 mask": texts(model, length, 1, rng) for length in LENGTHS})
-    ms = _interleaved_ms({name: lambda f=f: sess.run(["logits"], f) for name, f in cases.items()}, repeats)
+    ms = interleaved_ms({name: lambda f=f: sess.run(["logits"], f) for name, f in cases.items()}, repeats)
     lines = [
         "| input shape (batch 16) | ms per batch | sequences/s | x fixed window |",
         "|---|---:|---:|---:|",
@@ -97,17 +81,14 @@ def exactness(served: Path, config: dict, variant: str) -> str:
 
 
 def main() -> None:
-    args = bench_args(
-        __doc__,
-        repeats=15,
-        precision=False,
-        configure=lambda p: p.add_argument("--served", type=Path, required=True, help="served-model dir"),
-    )
+    parser = command_line(__doc__)
+    parser.add_argument("--served", type=Path, required=True, help="served-model directory of a masked LM")
+    add_timing_arguments(parser, repeats=15)
+    args = parser.parse_args()
     config = json.loads((args.served / "config.json").read_text())
     if config.get("int8_quantization") != "static":
         sys.exit(f"{args.served} has no static int8 file; export it with --variants fp32,int8")
-    flags = " ".join(f for f in FLAGS if f in cpu_flags()) or "none of " + " ".join(FLAGS)
-    print(f"CPU: {cpu_model()}; flags: {flags}")
+    print(cpu_line())
     print(f"{config['name']} int8 (static), {args.threads} threads, median of {args.repeats} rounds\n")
     print("\n".join(speed_table(args.served, config["model"], args.threads, args.repeats)))
     print("\nOwn length vs padded to n, same file:\n")

@@ -2,7 +2,7 @@
 
 wrk (C, one event loop per thread) is used rather than locust because on a 2-core machine a Python
 load generator takes much of the CPU it is trying to measure. The body of every request is the
-same file, prepared beforehand in the format the peer needs (raw image bytes or multipart), so
+same file, prepared beforehand in the format the server needs (raw image bytes or multipart), so
 the Lua side only reads it once and sets method, body and content type.
 """
 

@@ -1,28 +1,32 @@
 """CUDA checks for the served models: CUDA-EP parity against CPU, and throughput of CPU vs CUDA fp32
-vs CUDA fp16 with IO binding. Part of scripts/gpu-check.sh; needs only onnxruntime(-gpu) and numpy.
+vs CUDA fp16 with IO binding. Part of scripts/gpu-check.sh; needs only the serving install with
+onnxruntime-gpu (numpy, onnxruntime, contract), run from the checkout:
 
-Usage: python scripts/gpu_bench.py --models models --out OUT [--batches 1,8,64] [--seconds 2]
-Without a CUDA provider it still runs the CPU rows and says that CUDA was not available.
+    python -m benchmarks.gpu --models models --out OUT [--batches 1,8,64] [--seconds 2]
+
+Writes OUT/gpu-bench.json and OUT/gpu-bench.md (with the machine's CPU line). Without a CUDA
+provider it still runs the CPU rows and says that CUDA was not available.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+from benchmarks.harness import command_line, cpu_line, median_rate
 from contract.formats import VISION_TASK
 
 
 def make_inputs(cfg: dict, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random inputs of `batch` rows; a masked LM's named axes at their largest (the full window
+    of `seq_len` tokens, every prediction slot), the costliest shape a request can have."""
+    sizes = {"batch": batch, "seq": cfg.get("seq_len"), "predictions": cfg.get("max_predictions")}
     feeds = {}
     for spec in cfg["inputs"]:
-        shape = [batch, *spec["shape"][1:]]
+        shape = [batch, *(d if isinstance(d, int) else sizes[d] for d in spec["shape"][1:])]
         if spec["dtype"] == "float32":
             feeds[spec["name"]] = rng.standard_normal(shape, dtype=np.float32)
         elif spec["name"] == "input_ids":
@@ -62,17 +66,9 @@ class Runner:
 
 
 def throughput(runner: Runner, feeds: dict[str, np.ndarray], batch: int, seconds: float) -> float:
+    """Median items/s over 5 timed runs of `seconds` / 5 each, after 3 untimed calls."""
     prepared = runner.prepare(feeds)
-    for _ in range(3):
-        runner.run(prepared)
-    rates = []
-    for _ in range(5):
-        calls, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds / 5 or calls == 0:
-            runner.run(prepared)
-            calls += 1
-        rates.append(calls * batch / elapsed)
-    return statistics.median(rates)
+    return median_rate(lambda: runner.run(prepared), batch, repeats=5, min_seconds=seconds / 5, warmups=3)
 
 
 def bench_model(model_dir: Path, batches: list[int], seconds: float) -> dict:
@@ -109,8 +105,8 @@ def bench_model(model_dir: Path, batches: list[int], seconds: float) -> dict:
     return result
 
 
-def to_markdown(results: list[dict], batches: list[int]) -> str:
-    lines = []
+def to_markdown(results: list[dict], batches: list[int], machine: str) -> str:
+    lines = [machine, ""]
     for res in results:
         unit = "images/s" if res["task"] == VISION_TASK else "sequences/s"
         lines += [
@@ -134,7 +130,7 @@ def to_markdown(results: list[dict], batches: list[int]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = command_line(__doc__)
     parser.add_argument("--models", type=Path, default=Path("models"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batches", default="1,8,64")
@@ -145,7 +141,7 @@ def main() -> None:
     results = [bench_model(d, batches, args.seconds) for d in dirs]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu-bench.json").write_text(json.dumps(results, indent=2))
-    text = to_markdown(results, batches)
+    text = to_markdown(results, batches, cpu_line())
     (args.out / "gpu-bench.md").write_text(text)
     print(text)
 

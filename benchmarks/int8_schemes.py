@@ -1,41 +1,34 @@
 """Which static int8 scheme the CPU serves well: accuracy and speed of the committed CIFAR-10 demo.
 
-    python scripts/bench_int8_schemes.py [--threads 2] [--repeats 7] [--limit 10000]
+    .venv/bin/python -m benchmarks.int8_schemes [--threads 2] [--repeats 7] [--limit 10000]
 
 ONNX Runtime's x86 int8 GEMM multiplies u8 activations by s8 weights. With AVX512-VNNI it
 accumulates in int32; without it (AVX2, plain AVX-512) it uses VPMADDUBSW, which adds pairs of
 products in int16 and saturates. This exports `checkpoints/cifar10-gmlp` once, quantises it four
 ways (u8 x s8 with 8-bit weights, u8 x s8 with 7-bit weights as `gmlp export` writes, u8 x u8, s8 x s8),
 all with the same 256 calibration images, and reports CIFAR-10 test top-1 and the median time of
-a batch of 32 for each beside fp32, the files timed in turn. A benchmark, not a test; the
-machine's flags are printed so the table says which kind of CPU it came from.
+a batch of 32 for each beside fp32, the files timed in turn, with the machine's flags, which
+decide the result: the measurement behind the 7-bit weights of `gmlp export` (export/variants.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 from onnxruntime.quantization import QuantType, quantize_static
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-from bench_train_step import _interleaved_ms  # noqa: E402
-
-from contract.formats import VARIANT_FILES  # noqa: E402
-from export.directory import calibration_feeds, export_served_model  # noqa: E402
-from export.variants import STATIC_INT8_OPTIONS, FeedsReader  # noqa: E402
-from export.verify import session  # noqa: E402
-from gmlp.paths import CIFAR10_NPZ  # noqa: E402
-from gmlp.train_commands import CACHE_DIR  # noqa: E402
-from model.precision import cpu_flags  # noqa: E402
-from model.train.evaluate import evaluate_classifier, open_predictor  # noqa: E402
+from benchmarks.harness import REPO, add_timing_arguments, command_line, cpu_line, interleaved_ms
+from contract.formats import VARIANT_FILES
+from export.directory import calibration_feeds, export_served_model
+from export.variants import STATIC_INT8_OPTIONS, FeedsReader
+from export.verify import session
+from gmlp.paths import CIFAR10_NPZ
+from gmlp.train_commands import CACHE_DIR
+from model.train.evaluate import evaluate_classifier, open_predictor
 
 # Changes to the export's static settings (STATIC_INT8_OPTIONS with 8-bit weights).
 SCHEMES = {
@@ -47,14 +40,13 @@ SCHEMES = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = command_line(__doc__)
+    add_timing_arguments(parser, repeats=7)
     parser.add_argument("--limit", type=int, default=None, help="test images (default all 10,000)")
     args = parser.parse_args()
-    checkpoint = ROOT / "checkpoints" / "cifar10-gmlp"
-    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx_vnni", "avx2", "amx_int8")))
-    print(f"CPU flags: {' '.join(flags) or 'unknown'}; threads {args.threads}; median of {args.repeats}\n")
+    checkpoint = REPO / "checkpoints" / "cifar10-gmlp"
+    print(cpu_line())
+    print(f"threads {args.threads}; median of {args.repeats}\n")
     print("| int8 scheme | CIFAR-10 test top-1 | ms per batch of 32 (x fp32) |")
     print("|---|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,7 +72,7 @@ def main() -> None:
             top1[name] = evaluate_classifier(predictor, CIFAR10_NPZ, args.limit, CACHE_DIR / "data")["top1"]
         # Timed in turn (fp32, scheme 1, ..., fp32, ...), so drift in the machine's speed hits all alike.
         sessions = {name: session(path, threads=args.threads) for name, path in candidates.items()}
-        ms = _interleaved_ms(
+        ms = interleaved_ms(
             {name: lambda sess=sess: sess.run(None, batch) for name, sess in sessions.items()}, args.repeats
         )
         base = ms["fp32 (no quantisation)"]

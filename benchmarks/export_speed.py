@@ -1,51 +1,39 @@
 """Model-level throughput: PyTorch eager fp32 and bf16 autocast vs ONNX Runtime (plain, fused, int8).
 
+    .venv/bin/python -m benchmarks.export_speed gmlp_s16_224 --batches 1,8,32      # or: make bench
+    .venv/bin/python -m benchmarks.export_speed checkpoints/cifar10-gmlp --batches 1,8,64 --min-seconds 0.5
+
+The model is a checkpoint directory or a named config (random weights: fine for speed); it is
+exported plain and fused, and quantised to dynamic and static int8, in a temporary directory.
 Every figure is a median over several timed runs, and every row is also given as a ratio to
 PyTorch eager fp32 measured in the same process moments before, which is what stays comparable
-on a shared, noisy machine. This is a command, never a test: tests do not time anything.
-The bf16 autocast row is measured only on CPUs with native bf16: elsewhere it is emulated, an
-order of magnitude slower than fp32, and no baseline anyone would deploy (model/precision.py).
+on a shared, noisy machine. The bf16 autocast row is measured only on CPUs with native bf16:
+elsewhere it is emulated and no baseline anyone would deploy (model/precision.py).
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from benchmarks.harness import command_line, cpu_line, median_rate
+from contract.errors import UserError
 from contract.formats import VISION_TASK
+from export.onnx_export import example_inputs, export_onnx
+from export.variants import quantize_int8
+from export.verify import session
 from model import build_model, get_config, load_checkpoint
 from model.precision import native_bf16
-
-from .onnx_export import example_inputs, export_onnx
-from .variants import quantize_int8
-from .verify import session
 
 NO_BF16_NOTE = (
     "PyTorch bf16 autocast: not measured, this CPU has no native bf16 (AVX512-BF16/AMX), "
     "so autocast would be emulated (model/precision.py)"
 )
-
-
-def _images_per_second(fn: Callable[[], object], batch: int, repeats: int, min_seconds: float) -> float:
-    fn()  # warm-up: first-run allocations, ORT's lazy initialisation
-    rates = []
-    for _ in range(repeats):
-        calls, start = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-        rates.append(calls * batch / elapsed)
-    return statistics.median(rates)
 
 
 def _load(path_or_name: str) -> nn.Module:
@@ -110,7 +98,9 @@ def run_bench(
             for name, sess in sessions.items():
                 candidates[name] = lambda sess=sess, feeds=feeds: sess.run(["logits"], feeds)
             for name, fn in candidates.items():
-                rows.setdefault(name, {})[batch] = _images_per_second(fn, batch, repeats, min_seconds)
+                rows.setdefault(name, {})[batch] = median_rate(
+                    fn, batch, repeats=repeats, min_seconds=min_seconds
+                )
     notes = [] if with_bf16 else [NO_BF16_NOTE]
     return _table(rows, batches, unit, path_or_name, threads, notes)
 
@@ -132,6 +122,7 @@ def _table(
     base = rows["PyTorch eager fp32"]
     header = "| runtime | " + " | ".join(f"batch {b} ({unit})" for b in batches) + " |"
     lines = [
+        cpu_line(),
         f"{what}, {threads} threads; median throughput, (x) = ratio to PyTorch eager fp32",
         "",
         header,
@@ -141,3 +132,34 @@ def _table(
         cells = [f"{by_batch[b]:.1f} ({by_batch[b] / base[b]:.2f}x)" for b in batches]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines + [""] * bool(notes) + notes)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = command_line(__doc__)
+    p.add_argument(
+        "path", help="checkpoint directory, served-model directory, or a named config (gmlp_s16_224)"
+    )
+    p.add_argument("--batches", type=_ints, default=[1, 8, 32], help="comma list (default 1,8,32)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median reported)")
+    p.add_argument("--threads", type=int, default=0, help="threads for torch and ORT (0: all CPUs)")
+    p.add_argument("--min-seconds", type=float, default=1.0, help="minimum time per timed run")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the table as markdown here")
+    args = p.parse_args(argv)
+    try:
+        table = run_bench(
+            args.path, args.batches, repeats=args.repeats, threads=args.threads, min_seconds=args.min_seconds
+        )
+    except (UserError, FileNotFoundError) as exc:  # no such checkpoint or config: say which
+        p.error(str(exc))
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

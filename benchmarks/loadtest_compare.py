@@ -1,7 +1,7 @@
 """Benchmark record: what HTTP serving costs against a raw ORT session, and what dynamic batching buys.
 
-    .venv/bin/python -m loadtests.compare --model-repository models [--out compare.md]
-    gmlp loadtest-compare --model-repository models
+    .venv/bin/python -m benchmarks.loadtest_compare --model-repository models [--out compare.md]
+    make bench-compare                    # the same on the demo models (make demo-models)
 
 (a) Saturation throughput of POST /classify (many closed-loop users, batching on) against a raw
     `onnxruntime.InferenceSession` on the same variant, thread count and already preprocessed
@@ -10,10 +10,10 @@
 (b) The same server at a fixed concurrency with dynamic batching on (max_batch_size=B) and off
     (max_batch_size=1): throughput ratio and p95.
 
-The script starts the server itself (`gmlp serve` on 127.0.0.1, a free port) once per setting and
-stops it; every phase is bounded in time. Locust runs on the same machine as the server, so the
-HTTP figures include the load generator's share of the CPUs: compare ratios, not absolute numbers,
-across machines. Module import is light (argparse only); `gmlp --help` imports it.
+The program starts the server itself (`gmlp serve` on 127.0.0.1, a free port) once per setting
+and stops it; every phase is bounded in time. Locust runs on the same machine as the server, so
+the HTTP figures include the load generator's share of the CPUs: compare ratios, not absolute
+numbers, across machines.
 """
 
 from __future__ import annotations
@@ -26,8 +26,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from benchmarks.harness import command_line, cpu_line, gmlp_serve
 from contract.errors import UserError
 from contract.formats import VARIANTS, VISION_TASK
+from contract.image import ImageTransform
+from contract.spec import discover
+from loadtests.metrics_scrape import get_json
+from loadtests.runner import SweepConfig, parse_duration, run_step
+from loadtests.workload import load_images
+from service.runtime import OnnxModel, RuntimeOptions
 
 DEFAULT_WORK_DIR = Path("loadtest-report-compare")
 
@@ -50,11 +59,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _preprocessed_images(spec: Any, count: int) -> Any:
     """The CIFAR-10 test JPEGs through the served model's own transform: float32 [count, 3, H, W]."""
-    import numpy as np
-
-    from contract.image import ImageTransform
-    from loadtests.workload import load_images
-
     transform = ImageTransform.for_model(spec.config, 40_000_000)
     images, _ = load_images()
     return np.stack([transform(data) for data in images[:count]])
@@ -63,18 +67,8 @@ def _preprocessed_images(spec: Any, count: int) -> Any:
 def raw_ort_throughput(
     model_path: Path, pixels: Any, batch_sizes: list[int], threads: int, min_seconds: float
 ) -> dict[int, float]:
-    """Images/s of a bare ORT session, set up as service/runtime.py does, at each batch size."""
-    import numpy as np
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.log_severity_level = 3
-    session = ort.InferenceSession(str(model_path), sess_options=so, providers=["CPUExecutionProvider"])
+    """Images/s of a bare ORT session, built by the service's own runtime class, at each batch size."""
+    session = OnnxModel(model_path, RuntimeOptions("cpu", threads, spinning=False)).session
     name = session.get_inputs()[0].name
     rates = {}
     for batch in batch_sizes:
@@ -93,8 +87,6 @@ def raw_ort_throughput(
 
 
 def _locust_step(url: str, users: int, args: argparse.Namespace, work: Path, model: str) -> Any:
-    from loadtests.runner import SweepConfig, run_step
-
     env = {
         "GMLP_LOADTEST_CLASSIFY_WEIGHT": "1",
         "GMLP_LOADTEST_FILL_MASK_WEIGHT": "0",
@@ -105,8 +97,6 @@ def _locust_step(url: str, users: int, args: argparse.Namespace, work: Path, mod
 
 
 def _server_info(url: str, model: str | None) -> dict[str, Any]:
-    from loadtests.metrics_scrape import get_json
-
     listing = get_json(f"{url}/models")
     name = model or listing["defaults"].get(VISION_TASK)
     for info in listing["models"]:
@@ -123,10 +113,6 @@ def _ms(value: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run both comparisons, print (and optionally write) the markdown; 1 if any request failed."""
-    from contract.spec import discover
-    from loadtests.runner import parse_duration
-    from loadtests.server import ServerProcess
-
     parse_duration(args.duration)
     if args.batch_size < 2:
         raise UserError("--batch-size must be >= 2 to compare batching on and off")
@@ -135,13 +121,13 @@ def run(args: argparse.Namespace) -> int:
     serve_on = ["--variant", args.variant, "--max-batch-size", str(args.batch_size)]
     serve_off = ["--variant", args.variant, "--max-batch-size", "1"]
 
-    with ServerProcess(
+    with gmlp_serve(
         args.model_repository, log_path=work / "server-batching-on.log", serve_args=serve_on
     ) as srv:
         info = _server_info(srv.url, args.model)
         saturation = _locust_step(srv.url, args.saturation_users, args, work / "saturation", info["name"])
         on = _locust_step(srv.url, args.users, args, work / "batching-on", info["name"])
-    with ServerProcess(
+    with gmlp_serve(
         args.model_repository, log_path=work / "server-batching-off.log", serve_args=serve_off
     ) as srv:
         off = _locust_step(srv.url, args.users, args, work / "batching-off", info["name"])
@@ -165,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         "",
         f"- {datetime.now(timezone.utc).isoformat(timespec='seconds')}, {os.cpu_count()} CPUs visible, "
         f"locust on the same machine; {args.duration} per locust run; CIFAR-10 test JPEGs (32x32)",
+        f"- {cpu_line()}",
         f"- repository: `{args.model_repository}`; failed requests in all runs: {failures}",
         "",
         "## (a) HTTP saturation throughput vs raw ONNX Runtime",
@@ -208,12 +195,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = add_arguments(argparse.ArgumentParser(prog="python -m loadtests.compare", description=__doc__))
+    parser = add_arguments(command_line(__doc__))
     args = parser.parse_args(argv)
     try:
         return run(args)
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
-        print(f"loadtests.compare: error: {exc}", file=sys.stderr)
+        print(f"benchmarks.loadtest_compare: error: {exc}", file=sys.stderr)
         return 1
 
 

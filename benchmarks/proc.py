@@ -1,10 +1,11 @@
 """Server CPU time from /proc: utime + stime summed over a process and all its descendants.
 
-Peers differ in how many processes they start (LitServe's inference worker, Ray's raylet, GCS,
+Servers differ in how many processes they start (LitServe's inference worker, Ray's raylet, GCS,
 controller, proxy and replica, BentoML's arbiter and worker), so CPU is taken over the whole tree
-rooted at the process the runner started. Each row reads the tree before and after the load; the
-difference over the requests served is the server's CPU cost per request, whichever process spent
-it. Processes that exit between the two reads take their time with them (none do during a row).
+rooted at the process the benchmark started. A measurement reads the tree before and after the
+load; the difference over the requests served is the server's CPU cost per request, whichever
+process spent it. Processes that exit between the two reads take their time with them. The same
+tree tells `benchmarks.harness.ServerProcess` what to stop.
 """
 
 from __future__ import annotations
@@ -18,14 +19,21 @@ PROC = Path("/proc")
 
 
 def parse_stat(text: str) -> tuple[int, int, int]:
-    """(ppid, utime, stime) in clock ticks from the text of /proc/<pid>/stat.
-
-    The command name (field 2) is in parentheses and may contain spaces or parentheses itself,
-    so fields are counted from the *last* closing parenthesis.
-    """
-    rest = text[text.rindex(")") + 2 :].split()
+    """(ppid, utime, stime) in clock ticks from the text of /proc/<pid>/stat."""
+    rest = _after_name(text)
     # rest[0] is field 3 (state): ppid is field 4, utime 14, stime 15.
     return int(rest[1]), int(rest[11]), int(rest[12])
+
+
+def parse_state(text: str) -> str:
+    """The state letter (R, S, D, Z...) from the text of /proc/<pid>/stat."""
+    return _after_name(text)[0]
+
+
+def _after_name(text: str) -> list[str]:
+    """The fields after the command name, which is in parentheses and may hold spaces or
+    parentheses itself: counted from the *last* closing parenthesis."""
+    return text[text.rindex(")") + 2 :].split()
 
 
 def _all_stats(directory: Path = PROC) -> dict[int, tuple[int, int, int]]:
@@ -85,6 +93,15 @@ def tree_pids(root: int, proc: Path = PROC) -> set[int]:
     """The living processes of the tree (to stop every one of them after a peer's rows)."""
     stats = _all_stats(proc)
     return descendants(root, {pid: s[0] for pid, s in stats.items()}) & set(stats)
+
+
+def alive(pid: int, proc: Path = PROC) -> bool:
+    """Whether `pid` is a living process (a zombie, ended but not yet reaped, is not)."""
+    try:
+        state = parse_state((proc / str(pid) / "stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return False
+    return state != "Z"
 
 
 def thread_cpu_seconds(pid: int, proc: Path = PROC) -> dict[int, float]:

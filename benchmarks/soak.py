@@ -18,8 +18,8 @@ Goals (printed with the figures): RSS growth after the first minute < 5 %, the p
 accepted requests within 20 % of its median, zero non-503 errors. Everything is bounded: the
 duration, the number of requests (`--max-requests`) and each request (`--timeout`).
 
-    .venv/bin/python scripts/soak.py --repository models --minutes 10 --out soak.json --server-cpus 0
-    .venv/bin/python scripts/soak.py --url http://127.0.0.1:8000 --pid PID   # a running server
+    .venv/bin/python -m benchmarks.soak --repository models --minutes 10 --out soak.json --server-cpus 0
+    .venv/bin/python -m benchmarks.soak --url http://127.0.0.1:8000 --pid PID   # a running server
 
 Without `--url`, it starts `gmlp serve --model-repository REPOSITORY` on a free port itself.
 """
@@ -41,11 +41,11 @@ from typing import Any
 import aiohttp
 import uvloop
 
+from benchmarks.harness import command_line, cpu_facts, cpu_line, gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.server import ServerProcess
+from loadtests.workload import BUNDLED_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
-IMAGE = ROOT / "loadtests" / "data" / "cifar10-test-03000-cat.jpg"
+IMAGE = BUNDLED_DIR / "cifar10-test-03000-cat.jpg"
 TEXTS = ["the cat sat on the [MASK].", "she opened the [MASK] and looked out.", "it was a [MASK] day."]
 TOP_K = 3
 RAMP_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
@@ -144,11 +144,10 @@ class Traffic:
 
 
 def _client(url: str, connections: int) -> aiohttp.ClientSession:
-    """aiohttp on uvloop: on a 2-core machine the client shares the CPU with the server, and a
-    request costs it several times less CPU than with httpx, so it can offer twice the rate the
-    server sustains. Idle connections are dropped well before uvicorn's keep-alive timeout (5 s):
-    reusing one the server is closing at that moment would fail a request for the client's reason,
-    not the server's."""
+    """aiohttp on uvloop: the client shares the CPUs with the server, so it must be light enough per
+    request to offer twice the rate the server sustains. Idle connections are dropped well before
+    uvicorn's keep-alive timeout (5 s): reusing one the server is closing at that moment would fail
+    a request for the client's reason, not the server's."""
     connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=2.0)
     return aiohttp.ClientSession(base_url=url, connector=connector)
 
@@ -294,10 +293,10 @@ def _cpus(text: str) -> set[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = command_line(__doc__)
     parser.add_argument("--url", help="a running server (default: start gmlp serve on --repository)")
     parser.add_argument("--pid", type=int, help="that server's process id, for RSS and open fds")
-    parser.add_argument("--repository", type=Path, default=ROOT / "models")
+    parser.add_argument("--repository", type=Path, default=Path("models"))
     parser.add_argument("--serve-arg", action="append", default=[], help="extra gmlp serve flag (repeat)")
     parser.add_argument("--minutes", type=int, default=10)
     parser.add_argument("--ramp-seconds", type=float, default=10.0, help="seconds per ramp step")
@@ -316,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = None
     if args.url is None:
-        server = ServerProcess(
+        server = gmlp_serve(
             args.repository,
             log_path=args.out.with_suffix(".server.log"),
             serve_args=args.serve_arg,
@@ -328,14 +327,17 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         if args.server_cpus:
             os.sched_setaffinity(0, (everything - args.server_cpus) or everything)
-        assert server.proc is not None
-        args.url, args.pid = server.url, server.proc.pid
+        args.url, args.pid = server.url, server.pid
+    facts = cpu_facts()
+    print(cpu_line(facts), flush=True)
     try:
+        if server is not None:
+            server.wait_ready(server.health)
         result = uvloop.run(main_async(args, args.pid))
     finally:
         if server is not None:
             server.stop()
-    args.out.write_text(json.dumps(result, indent=2))
+    args.out.write_text(json.dumps({"machine": facts, **result}, indent=2))
     for i, m in enumerate(result["minutes"]):
         print(f"minute {i}: {json.dumps(m)}")
     print(

@@ -1,7 +1,7 @@
 """/fill-mask through the service: each request at its own length vs every request at n tokens.
 
     make demo-models            # or: gmlp export checkpoints/gutenberg-gmlp-mlm --out models/...
-    python scripts/bench_fill_mask_length.py --model-repository models [--users 1,8,32] \\
+    .venv/bin/python -m benchmarks.varlen_service --model-repository models [--users 1,8,32] \\
         [--duration 15s] [--rounds 3] [--out report.md]
 
 Starts two `gmlp serve` processes on 127.0.0.1 over the same repository, one with the default
@@ -10,31 +10,25 @@ all prediction slots), then runs locust's /fill-mask workload against them in tu
 alternating per round, at each user count: the held-out short sentences of
 loadtests/data/sentences.tsv, and texts of n - 2 words that fill the whole window. An idle server
 uses no CPU (its ORT threads do not spin), so the one being measured has the machine to itself,
-less locust. Medians over the rounds; ratios are variable / fixed from the same rounds.
-A benchmark, not a test; the CPU's model name and flags are printed with the table.
+less locust. Medians over the rounds; ratios are variable / fixed from the same rounds. The CPU's
+model name and flags are printed with the table.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-from bench_varlen import FLAGS, cpu_model  # noqa: E402
-
-from contract.formats import MASK_TOKEN  # noqa: E402
-from contract.spec import discover  # noqa: E402
-from contract.text import FillMaskCodec  # noqa: E402
-from loadtests.runner import SweepConfig, parse_users, run_step  # noqa: E402
-from loadtests.server import ServerProcess  # noqa: E402
-from loadtests.workload import BUNDLED_SENTENCES, read_sentences_tsv  # noqa: E402
-from model.precision import cpu_flags  # noqa: E402
+from benchmarks.harness import command_line, cpu_line, gmlp_serve
+from contract.formats import MASK_TOKEN
+from contract.spec import discover
+from contract.text import FillMaskCodec
+from loadtests.runner import SweepConfig, parse_users, run_step
+from loadtests.workload import BUNDLED_SENTENCES, read_sentences_tsv
 
 SETTINGS = {"variable": [], "fixed": ["--fixed-length"]}
 
@@ -68,10 +62,8 @@ def step(url: str, users: int, texts: Path, duration: str, work: Path) -> tuple[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model-repository", type=Path, default=ROOT / "models")
+    parser = command_line(__doc__)
+    parser.add_argument("--model-repository", type=Path, default=Path("models"))
     parser.add_argument("--model", default="gutenberg-gmlp-mlm")
     parser.add_argument("--users", type=parse_users, default=[1, 8, 32])
     parser.add_argument(
@@ -88,13 +80,13 @@ def main() -> None:
     }
     plan = [("short", u) for u in args.users] + [("full window", u) for u in args.long_users]
     results: dict[tuple[str, int, str], list[tuple[float, float, int]]] = {}
-    servers = {
-        name: ServerProcess(args.model_repository, log_path=work / f"server-{name}.log", serve_args=extra)
-        for name, extra in SETTINGS.items()
-    }
-    for server in servers.values():
-        server.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:  # every server started is stopped, even if another fails
+        servers = {
+            name: stack.enter_context(
+                gmlp_serve(args.model_repository, log_path=work / f"server-{name}.log", serve_args=extra)
+            )
+            for name, extra in SETTINGS.items()
+        }
         for rnd in range(args.rounds):
             for workload, users in plan:
                 order = list(servers) if rnd % 2 == 0 else list(reversed(servers))
@@ -103,9 +95,6 @@ def main() -> None:
                     measured = step(servers[name].url, users, workloads[workload], args.duration, out)
                     results.setdefault((workload, users, name), []).append(measured)
                     print(f"round {rnd} {workload} users={users} {name}: {measured}", file=sys.stderr)
-    finally:
-        for server in servers.values():
-            server.__exit__(None, None, None)
     table = report(results, plan, args)
     print(table)
     if args.out:
@@ -113,9 +102,8 @@ def main() -> None:
 
 
 def report(results: dict[tuple[str, int, str], list[Any]], plan: list[tuple[str, int]], args: Any) -> str:
-    flags = sorted(cpu_flags() & set(FLAGS)) or ["none of " + ", ".join(FLAGS)]
     lines = [
-        f"CPU: {cpu_model()}; flags: {', '.join(flags)}; {args.rounds} rounds of {args.duration}, medians",
+        f"{cpu_line()}; {args.rounds} rounds of {args.duration}, medians",
         "",
         "| texts | users | variable req/s | fixed req/s | req/s ratio | variable p50 ms | fixed p50 ms "
         "| p50 ratio | failures |",

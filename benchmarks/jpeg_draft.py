@@ -1,39 +1,30 @@
 """Large JPEGs: decoding at a reduced DCT scale vs decoding every pixel, for accuracy and cost.
 
-    python scripts/bench_jpeg_draft.py --served models/cifar10-gmlp [--images 300] [--variant int8]
+    .venv/bin/python -m benchmarks.jpeg_draft --served models/cifar10-gmlp [--images 300] [--variant int8]
 
 CIFAR-10 test images are upscaled (bicubic) to random sizes of 1 to 12 megapixels and saved as
 JPEG (quality 90), as a phone photo of the same scene would arrive. Each is classified by the
-served model (its int8 file by default, as the service runs it on CPU) twice: preprocessed from a full decode,
-and from the reduced decode the service uses (`contract.image`: sides of at least
-twice the resize target).
-Prints the top-1 agreement of the two and the median preprocessing time per image of each on a
-12-megapixel photo. A benchmark, not a test; the CPU's model name and flags are printed with it.
+served model (its int8 file by default, as the service runs it on CPU) twice: preprocessed from a
+full decode, and from the reduced decode the service uses (`contract.image`: sides of at least
+twice the resize target). Prints the top-1 agreement of the two and the median preprocessing
+time of each on a 12-megapixel photo (the two timed in turn), with the CPU's model name and flags:
+the measurement behind `GMLP_JPEG_DRAFT` (contract/image.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
-import statistics
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-
-from bench_varlen import FLAGS, cpu_model  # noqa: E402
-
-from contract.formats import VARIANT_FILES  # noqa: E402
-from contract.image import ImageTransform, decode_image  # noqa: E402
-from export.verify import session  # noqa: E402
-from gmlp.paths import CIFAR10_NPZ  # noqa: E402
-from model.precision import cpu_flags  # noqa: E402
+from benchmarks.harness import add_timing_arguments, command_line, cpu_line, interleaved_ms
+from contract.formats import VARIANT_FILES
+from contract.image import ImageTransform, decode_image
+from export.verify import session
+from gmlp.paths import CIFAR10_NPZ
 
 MEGAPIXELS = (1, 12)
 
@@ -55,23 +46,11 @@ def photos(count: int, seed: int = 0, megapixels: tuple[float, float] = MEGAPIXE
     return out
 
 
-def median_ms(fn, data: bytes, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(data)
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_line(__doc__)
     parser.add_argument("--served", type=Path, required=True, help="a served vision model directory")
-    parser.add_argument("--images", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--images", type=int, default=300, help="photos to classify (default 300)")
+    add_timing_arguments(parser, repeats=7)
     parser.add_argument("--variant", choices=("int8", "fp32"), default="int8")
     args = parser.parse_args()
     config = json.loads((args.served / "config.json").read_text())
@@ -86,9 +65,9 @@ def main() -> None:
         logits = sess.run(["logits"], {"pixel_values": np.stack([full(data), transform(data)])})[0]
         agree += int(logits[0].argmax() == logits[1].argmax())
     (twelve,) = photos(1, seed=1, megapixels=(12, 12))
-    full_ms, reduced_ms = median_ms(full, twelve, args.repeats), median_ms(transform, twelve, args.repeats)
-    flags = sorted(cpu_flags() & set(FLAGS)) or ["none of " + ", ".join(FLAGS)]
-    print(f"CPU: {cpu_model()}; flags: {', '.join(flags)}")
+    ms = interleaved_ms({"full": lambda: full(twelve), "reduced": lambda: transform(twelve)}, args.repeats)
+    full_ms, reduced_ms = ms["full"], ms["reduced"]
+    print(cpu_line())
     print(
         f"top-1 agreement ({args.variant}), reduced vs full decode, {args.images} photos of 1-12 MP: "
         f"{100 * agree / args.images:.1f} %"
