@@ -28,8 +28,8 @@ from benchmarks.proc import tree_cpu_seconds
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
 from loadtests.workload import BUNDLED_SENTENCES
-from service.runtime import OnnxModel, RuntimeOptions, choose_variant
-from service.settings import ServiceSettings
+from service.core.runtime import OnnxModel, RuntimeOptions, choose_variant
+from service.core.settings import ServiceSettings
 
 DEFAULT_SERVED = REPO / "models" / "gutenberg-gmlp-mlm"
 BATCH = 16

@@ -1,8 +1,9 @@
 """Transport-free errors: what went wrong, as a stable machine code and a message that says what is
 accepted. Each transport maps these *types* to its own status codes in one table (REST task
-routes: `service.errors`; Open Inference Protocol v2: `service.v2.rest`; gRPC:
-`service.v2.grpc_server`), as Hugging Face text-embeddings-inference maps its core errors in its
-router; nothing below the transports chooses a status code.
+routes: `service.http.errors`; Hugging Face API: `service.http.hf`; Open Inference Protocol v2:
+`service.v2.rest`; gRPC: `service.v2.grpc_server`), read with `most_specific`, as Hugging Face
+text-embeddings-inference maps its core errors in its router; nothing below the transports chooses
+a status code.
 
 `UserError` is different: a problem with what an operator handed a command (a checkpoint, a model
 repository, a setting). The CLI prints its message and exits non-zero.
@@ -10,7 +11,10 @@ repository, a setting). The CLI prints its message and exits non-zero.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+S = TypeVar("S")
 
 
 class UserError(ValueError):
@@ -75,7 +79,17 @@ class ClientGone(RequestError):
     """The client disconnected before the answer was ready (nothing is sent; metrics count it)."""
 
 
+def most_specific(table: Mapping[Any, S], error: BaseException, default: S) -> S:
+    """The entry of `table` for the closest class of `error` (its own, else the nearest base):
+    how every transport reads its table of error types, and how exception handlers are chosen."""
+    for cls in type(error).__mro__:
+        if cls in table:
+            return table[cls]
+    return default
+
+
 __all__ = [
+    "most_specific",
     "UserError",
     "RequestError",
     "InvalidInput",

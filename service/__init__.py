@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return create_app
     if name == "ServiceSettings":
-        from service.settings import ServiceSettings
+        from service.core.settings import ServiceSettings
 
         return ServiceSettings
     raise AttributeError(f"module 'service' has no attribute {name!r}")

@@ -1,9 +1,10 @@
-"""The FastAPI application: `create_app(settings)` and its lifespan (load, warm up, drain).
+"""The composition root: `create_app(settings)` wires the core to the transports.
 
-The lifecycle itself (phases, loading, draining) is `service.state.ServiceState`; this module wires
-it to the transports: the HTTP routers (task routes, Hugging Face API, Open Inference Protocol v2),
-their error tables and middlewares, and the v2 gRPC server, which the lifespan runs on the same
-event loop so that it shares the models and batchers.
+The lifecycle itself (phases, loading, draining) is `service.core.state.ServiceState`; this module
+wires it to the transports: the HTTP routers (task routes, Hugging Face API, Open Inference
+Protocol v2), their error tables and middlewares (`service.http`), and the v2 gRPC server
+(`service.v2.grpc_server`), which the lifespan runs on the same event loop so that it shares the
+models and batchers. Only this module, `service.cli` and the package itself import both transports.
 
 Run with `gmlp serve` (service.cli) or `uvicorn --factory service.app:create_app`.
 """
@@ -19,20 +20,22 @@ from fastapi import FastAPI
 from PIL import Image
 
 from contract.formats import package_version
-from service import hf, routes
-from service.connections import ConnectionCapMiddleware
-from service.dispatch import DirectDispatchMiddleware
-from service.errors import (
+from service.core.metrics import ServiceMetrics
+from service.core.settings import ServiceSettings
+from service.core.state import ServiceState
+from service.http import hf, routes
+from service.http.connections import ConnectionCapMiddleware
+from service.http.direct import error_namespaces
+from service.http.dispatch import DirectDispatchMiddleware
+from service.http.errors import (
     REST_ERRORS,
     ErrorResponder,
     UnexpectedErrorMiddleware,
     error_handlers,
     install_error_handlers,
 )
-from service.http_io import BodyLimitMiddleware
-from service.metrics import HttpMetricsMiddleware, ServiceMetrics
-from service.settings import ServiceSettings
-from service.state import ServiceState
+from service.http.limits import BodyLimitMiddleware
+from service.http.metrics import HttpMetricsMiddleware
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
 
@@ -77,9 +80,13 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = ServiceState(settings, metrics)
+    direct_routes = [route for router in ROUTERS for route in router.routes]
+    # Each route renders its refusals with its own API's table; so do the paths below a router's
+    # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
     errors = ErrorResponder(
         default=REST_ERRORS,
-        by_prefix={v2.PREFIX: v2.V2_ERRORS, hf.PREFIX: hf.HF_ERRORS},
+        routes=direct_routes,
+        namespaces=error_namespaces(ROUTERS),
         observe=metrics.refused,
     )
     handlers = error_handlers(errors)
@@ -89,13 +96,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     # Each middleware wraps those added before it. From the inside out: the direct dispatch, which
     # answers the routers' direct routes before FastAPI's router would; body and header limits; the
     # connection cap, whose 503 comes before anything else of ours runs (the protocol marks those
-    # requests, service.connections); the metrics, which see every answer, including early 413s
+    # requests, service.http.connections); the metrics, which see every answer, including early 413s
     # and 503s; unexpected errors, answered (and counted as 500s) wherever in ours they arise.
-    app.add_middleware(
-        DirectDispatchMiddleware,
-        routes=[route for router in ROUTERS for route in router.routes],
-        handlers=handlers,
-    )
+    app.add_middleware(DirectDispatchMiddleware, routes=direct_routes, handlers=handlers)
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=settings.max_upload_bytes,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from contract.errors import UserError
-from service.settings import ServiceSettings
+from service.core.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def serve(settings: ServiceSettings) -> None:
 
 def server_options(settings: ServiceSettings) -> dict[str, Any]:
     """uvicorn's options that enforce the service's settings (shared with the test harness)."""
-    from service.connections import http_protocol  # imports uvicorn: not for `gmlp --help`
+    from service.http.connections import http_protocol  # imports uvicorn: not for `gmlp --help`
 
     return {
         # In-flight requests get their full deadline to finish on shutdown, then some slack.

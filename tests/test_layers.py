@@ -1,10 +1,12 @@
 """The layering rule (docs/development.md), checked on the source: which package may import which,
-and no import cycle between modules. Every import counts, including those inside functions, since a
+which layer inside `service/` may import which (and which transport libraries), and no import
+cycle between modules. Every import counts, including those inside functions, since a
 function-local import is still a dependency (it only hides the cycle from the interpreter)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,42 @@ ALLOWED = {
     "benchmarks": {"contract", "model", "export", "service", "loadtests", "gmlp"},
 }
 
+# Inside `service/` the same rule, by layer. A module's layer is the first entry its name falls
+# under (the name itself or below it); the composition root is named module by module, so that a
+# new module at the top of `service/` has to be placed in a layer.
+SERVICE_ROOT = ("service", "service.app", "service.cli", "service.healthcheck")
+SERVICE_LAYER_OF = (
+    ("core", "service.core"),
+    ("http", "service.http"),
+    ("v2 rest", "service.v2.rest"),
+    ("v2 rest", "service.v2.schemas"),
+    ("v2 grpc", "service.v2.grpc_server"),
+    ("v2 grpc", "service.v2.proto"),
+    ("v2 semantics", "service.v2"),  # inference, tensors: anything else of v2
+)
+# The layers of `service` each layer may import (besides itself): the core no transport, the HTTP
+# transport and the gRPC server not each other, the v2 semantics only the core, and nothing below
+# the composition root the root.
+SERVICE_ALLOWED = {
+    "core": set(),
+    "http": {"core"},
+    "v2 semantics": {"core"},
+    "v2 rest": {"core", "http", "v2 semantics"},
+    "v2 grpc": {"core", "v2 semantics"},
+    "root": {"core", "http", "v2 semantics", "v2 rest", "v2 grpc"},
+}
+HTTP_LIBRARIES = {"fastapi", "starlette", "uvicorn"}
+GRPC_LIBRARIES = {"grpc", "google"}  # grpcio, protobuf
+# The transport libraries a layer must not import, whatever it imports them through.
+SERVICE_FORBIDDEN = {
+    "core": HTTP_LIBRARIES | GRPC_LIBRARIES,
+    "v2 semantics": HTTP_LIBRARIES | GRPC_LIBRARIES,
+    "http": GRPC_LIBRARIES,
+    "v2 rest": GRPC_LIBRARIES,
+    "v2 grpc": HTTP_LIBRARIES,
+    "root": set(),
+}
+
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -33,16 +71,21 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _import_nodes(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
+
+
 def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
     """Every module of ours that `path` imports, anywhere in the file, as absolute names.
 
     `from pkg import name` depends on the module `pkg.name` when there is one, else on `pkg`."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _import_nodes(path):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             if node.level:
                 parts = package.split(".")
                 base = parts[: len(parts) - (node.level - 1)]
@@ -54,18 +97,74 @@ def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
     return {name for name in found if name in modules and name != module}
 
 
-def _graph() -> dict[str, set[str]]:
-    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
-    return {name: _imports(path, name, set(files)) for name, path in files.items()}
+def _libraries(path: Path) -> set[str]:
+    """The top-level names of everything `path` imports absolutely (ours and third-party)."""
+    found: set[str] = set()
+    for node in _import_nodes(path):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
 
 
-GRAPH = _graph()
+FILES = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+GRAPH = {name: _imports(path, name, set(FILES)) for name, path in FILES.items()}
 
 
 def test_the_graph_was_read() -> None:
     # Guards the checks below against passing on an empty graph.
-    assert "service.app" in GRAPH and "contract.spec" in GRAPH["service.pipelines"] | GRAPH["service.state"]
+    assert (
+        "service.app" in GRAPH
+        and "contract.spec" in GRAPH["service.core.pipelines"] | GRAPH["service.core.state"]
+    )
     assert "model.checkpoint" in GRAPH["export.directory"]
+    assert "service.core.state" in GRAPH["service.v2.grpc_server"]
+    assert {"fastapi", "starlette"} <= _libraries(FILES["service.http.errors"])
+    assert "grpc" in _libraries(FILES["service.v2.grpc_server"])
+
+
+def _service_layer(module: str) -> str | None:
+    if module in SERVICE_ROOT:
+        return "root"
+    for layer, name in SERVICE_LAYER_OF:
+        if module == name or module.startswith(name + "."):
+            return layer
+    return None
+
+
+SERVICE_MODULES = {module: _service_layer(module) for module in GRAPH if module.split(".")[0] == "service"}
+
+
+def test_every_service_module_has_a_layer() -> None:
+    unplaced = sorted(module for module, layer in SERVICE_MODULES.items() if layer is None)
+    assert not unplaced, f"place these in a layer of SERVICE_LAYER_OF (or SERVICE_ROOT): {unplaced}"
+    assert set(SERVICE_MODULES.values()) == set(SERVICE_ALLOWED), "every layer has modules"
+
+
+def _wrong_imports(layer: str, wrong: Callable[[str], Iterable[str]]) -> list[str]:
+    """`module -> name` for every module of the service `layer` and each name `wrong(module)` gives."""
+    return sorted(
+        f"{module} -> {name}"
+        for module, own in SERVICE_MODULES.items()
+        if own == layer
+        for name in wrong(module)
+    )
+
+
+@pytest.mark.parametrize("layer", sorted(SERVICE_ALLOWED))
+def test_service_layers_import_only_the_layers_below(layer: str) -> None:
+    allowed = SERVICE_ALLOWED[layer] | {layer}
+    wrong = _wrong_imports(
+        layer, lambda module: (t for t in GRAPH[module] if SERVICE_MODULES.get(t, layer) not in allowed)
+    )
+    assert not wrong, f"service {layer} may import only {sorted(SERVICE_ALLOWED[layer])}: {wrong}"
+
+
+@pytest.mark.parametrize("layer", sorted(SERVICE_FORBIDDEN))
+def test_service_layers_import_no_other_transports_libraries(layer: str) -> None:
+    wrong = _wrong_imports(layer, lambda module: _libraries(FILES[module]) & SERVICE_FORBIDDEN[layer])
+    assert not wrong, f"service {layer} must not import {sorted(SERVICE_FORBIDDEN[layer])}: {wrong}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -27,12 +27,12 @@ from contract.errors import (
     RequestError,
     Unavailable,
     UnsupportedMediaType,
+    most_specific,
 )
-from service.deadline import Deadline
-from service.errors import most_specific
-from service.metrics import ServiceMetrics
-from service.settings import ServiceSettings
-from service.state import ServiceState
+from service.core.deadline import Deadline
+from service.core.metrics import ServiceMetrics
+from service.core.settings import ServiceSettings
+from service.core.state import ServiceState
 from service.v2 import inference
 from service.v2.inference import InferRequest
 from service.v2.proto import grpc_predict_v2_pb2 as pb

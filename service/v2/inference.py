@@ -28,9 +28,9 @@ import numpy as np
 
 from contract.errors import InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
-from service.deadline import Deadline
-from service.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
-from service.state import FAILED, ServiceState
+from service.core.deadline import Deadline
+from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
+from service.core.state import FAILED, ServiceState
 from service.v2.tensors import BYTES, Tensor, bytes_tensor, datatype_of
 
 T = TypeVar("T")

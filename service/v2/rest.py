@@ -19,18 +19,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from contract.errors import InvalidInput, RequestError
-from service.deadline import Deadline, before
-from service.errors import REST_ERRORS, ErrorTable, validation_error
-from service.http_io import (
-    RAW_TYPES,
-    DirectRoute,
-    get_state,
-    media_type,
-    model_response,
-    unless_disconnected,
-    unsupported_media_type,
-)
-from service.schemas import inline_schema
+from service.core.deadline import Deadline, before
+from service.http.direct import DirectRoute, get_state, model_response
+from service.http.disconnect import unless_disconnected
+from service.http.errors import REST_ERRORS, ErrorTable, validation_error
+from service.http.parsing import RAW_TYPES, media_type, unsupported_media_type
+from service.http.schemas import inline_schema
 from service.v2 import inference
 from service.v2.inference import InferRequest, InferResult
 from service.v2.schemas import (
@@ -58,7 +52,10 @@ def v2_body(error: RequestError) -> dict[str, Any]:
 # unfitting request with 400.
 V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body, transport="v2")
 
-router = APIRouter(prefix=PREFIX, tags=["Open Inference Protocol v2"], route_class=DirectRoute)
+# Every path below /v2, whether a route takes it or not, answers in the protocol's error shape.
+router = APIRouter(
+    prefix=PREFIX, tags=["Open Inference Protocol v2"], route_class=DirectRoute.answering(V2_ERRORS)
+)
 
 _NOT_FOUND = {404: ERROR_RESPONSES[404]}
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.formats import MAX_FILL_MASK_TOP_K
-from service.schemas import MessageError, error_responses
+from service.http.schemas import MessageError, error_responses
 from service.v2.tensors import DATATYPES
 
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]

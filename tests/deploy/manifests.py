@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service.settings import REPO_ROOT, ServiceSettings
+from service.core.settings import REPO_ROOT, ServiceSettings
 
 DEPLOY = REPO_ROOT / "deploy"
 K8S = DEPLOY / "k8s"

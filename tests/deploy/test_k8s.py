@@ -17,7 +17,7 @@ from manifests import (
     shutdown_budget_s,
 )
 
-from service.metrics import ServiceMetrics
+from service.core.metrics import ServiceMetrics
 
 CORE_KINDS = {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
 

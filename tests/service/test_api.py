@@ -16,7 +16,7 @@ from PIL import Image
 
 from contract.image import ImageTransform
 from contract.spec import read_spec
-from service.schemas import ClassifyResponse, FillMaskResponse
+from service.http.schemas import ClassifyResponse, FillMaskResponse
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from service.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
-from service.deadline import Deadline
+from service.core.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
+from service.core.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
-from service.deadline import Deadline
+from service.core.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
+from service.core.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(240)
 

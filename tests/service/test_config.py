@@ -19,8 +19,8 @@ from contract.formats import REPO_ROOT
 from contract.spec import SpecError, discover, read_spec, require_models
 from gmlp.serve_command import export_missing
 from service.cli import add_serve_arguments, run_serve, settings_from_args, settings_from_cli
-from service.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
-from service.settings import ServiceSettings, available_cpus
+from service.core.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
+from service.core.settings import ServiceSettings, available_cpus
 
 pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
@@ -98,7 +98,7 @@ def test_variant_choice() -> None:
 
 @pytest.mark.skipif(cuda_available(), reason="checks the CPU fallback")
 def test_cuda_request_falls_back_to_cpu_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.runtime"):
+    with caplog.at_level(logging.WARNING, logger="service.core.runtime"):
         assert resolve_device("cuda") == "cpu"
     assert "running on CPU" in caplog.text
     assert resolve_device("auto") == "cpu"
@@ -171,9 +171,9 @@ def test_runtime_batches_rows_independently(tiny_vision_served: Path) -> None:
 def test_the_service_does_not_import_torch() -> None:
     """The serving image has no torch: nothing on the request path may import it."""
     code = (
-        "import sys, service.app, service.routes, service.hf, service.cli; "
+        "import sys, service.app, service.http.routes, service.http.hf, service.cli; "
         "import service.v2.rest, service.v2.grpc_server; "
-        "from service.settings import ServiceSettings; service.app.create_app(ServiceSettings()); "
+        "from service.core.settings import ServiceSettings; service.app.create_app(ServiceSettings()); "
         "assert 'torch' not in sys.modules, 'torch imported'; "
         "assert 'export' not in sys.modules and 'model' not in sys.modules"
     )
@@ -187,7 +187,7 @@ def test_row_independence_without_the_onnx_package(tiny_vision_served: Path) -> 
     # The serving image has no `onnx`: the served-model contract decides (int8 = dynamic quantisation).
     code = (
         "import sys; sys.modules['onnx'] = None; from pathlib import Path; "
-        "import onnxruntime as ort; from service.runtime import rows_are_independent as r; "
+        "import onnxruntime as ort; from service.core.runtime import rows_are_independent as r; "
         f"d = Path({str(tiny_vision_served)!r}); "
         "s = lambda name: ort.InferenceSession(str(d / name), providers=['CPUExecutionProvider']); "
         "assert r(s('model.onnx'), d / 'model.onnx') and not r(s('model.int8.onnx'), d / 'model.int8.onnx')"

@@ -14,10 +14,10 @@ from starlette.types import Receive, Scope, Send
 
 from contract.errors import InvalidInput
 from service.app import create_app
-from service.dispatch import DirectDispatchMiddleware
-from service.errors import ErrorResponder, error_handlers
-from service.http_io import DirectRoute
-from service.settings import ServiceSettings
+from service.core.settings import ServiceSettings
+from service.http.direct import DirectRoute, error_namespaces
+from service.http.dispatch import DirectDispatchMiddleware
+from service.http.errors import REST_ERRORS, ErrorResponder, ErrorTable, error_handlers
 
 
 def test_a_direct_route_refuses_parameters_fastapi_would_inject() -> None:
@@ -134,3 +134,43 @@ def test_dispatch_matches_below_the_root_path_as_the_router_does() -> None:
     assert root.json() == other.json() == {"by": "router"}
     assert reached == ["GET /api", "GET /apiitems/a"]
     assert as_sent.json() == {"name": "a", "route": "/items/{name}"}  # not below the root path: as sent
+
+
+def test_the_error_shape_follows_the_route_not_the_path() -> None:
+    """A REST route below another API's prefix keeps the REST shape; that API's routes, and paths
+    below its prefix that no route takes, get its own, before routing (the size limits) too."""
+    other_api = ErrorTable(REST_ERRORS.statuses, body=lambda error: {"error": error.message}, transport="x")
+    rest, other = (
+        APIRouter(route_class=DirectRoute),
+        APIRouter(prefix="/models", route_class=DirectRoute.answering(other_api)),
+    )
+
+    async def refused(request: Request, name: str) -> JSONResponse:
+        raise InvalidInput("bad_thing", "the thing is bad; send a good one")
+
+    rest.add_api_route("/models/{name}/card", refused, methods=["GET"])
+    other.add_api_route("/{name}", refused, methods=["POST"])
+    routes = [*rest.routes, *other.routes]
+    responder = ErrorResponder(routes=routes, namespaces=error_namespaces([rest, other]))
+
+    async def no_router(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("every request here is for a direct route")
+
+    app = DirectDispatchMiddleware(no_router, routes, error_handlers(responder))
+
+    async def exchange() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
+            return [await client.get("/models/a/card"), await client.post("/models/a")]
+
+    card, model = asyncio.run(exchange())
+    assert card.status_code == model.status_code == 422
+    assert card.json() == {"error": {"code": "bad_thing", "message": "the thing is bad; send a good one"}}
+    assert model.json() == {"error": "the thing is bad; send a good one"}
+
+    def before_routing(method: str, path: str) -> ErrorTable:
+        return responder.table({"type": "http", "method": method, "path": path, "root_path": ""})
+
+    assert before_routing("GET", "/models/a/card") is REST_ERRORS
+    assert before_routing("POST", "/models/a") is before_routing("GET", "/models/a") is other_api
+    assert before_routing("GET", "/models/a/b/c") is other_api  # below the prefix, no route
+    assert before_routing("GET", "/modelsx") is before_routing("GET", "/elsewhere") is REST_ERRORS

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from service.connections import PROTOCOLS
+from service.http.connections import PROTOCOLS
 
 if TYPE_CHECKING:
     from svc_harness import RunningServer

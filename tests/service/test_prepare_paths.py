@@ -18,11 +18,11 @@ from PIL import Image
 
 from contract.image import decode_image
 from contract.spec import read_spec
-from service import pipelines
-from service.deadline import Deadline
-from service.metrics import ServiceMetrics
-from service.pipelines import FillMaskPipeline, VisionPipeline, load_pipeline
-from service.settings import ServiceSettings
+from service.core import pipelines
+from service.core.deadline import Deadline
+from service.core.metrics import ServiceMetrics
+from service.core.pipelines import FillMaskPipeline, VisionPipeline, load_pipeline
+from service.core.settings import ServiceSettings
 
 pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)

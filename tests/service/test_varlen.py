@@ -23,9 +23,9 @@ import torch
 from contract.spec import read_spec
 from export import export_served_model
 from model import load_checkpoint
-from service.metrics import ServiceMetrics
-from service.pipelines import FillMaskPipeline, load_pipeline
-from service.settings import ServiceSettings
+from service.core.metrics import ServiceMetrics
+from service.core.pipelines import FillMaskPipeline, load_pipeline
+from service.core.settings import ServiceSettings
 
 if TYPE_CHECKING:
     from svc_harness import RunningServer

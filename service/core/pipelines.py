@@ -2,8 +2,8 @@
 
 `VisionPipeline.classify` and `FillMaskPipeline.fill_mask` are the whole task logic the transports
 call: preprocess (in a thread, off the event loop, unless the input is small enough that the
-hand-over would cost more), submit to the batcher, postprocess. Everything
-refused on the way is a `contract.errors` error; the transports choose the status codes.
+hand-over would cost more), submit to the batcher, postprocess. Everything refused on the way is a
+`contract.errors` error; the transports choose the status codes.
 """
 
 from __future__ import annotations
@@ -21,24 +21,32 @@ from contract.image import ImageTransform
 from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
 from contract.spec import ModelSpec
 from contract.text import LENGTH_MULTIPLE, FillMaskCodec
-from service.batching import DynamicBatcher
-from service.deadline import Deadline, before
-from service.metrics import ServiceMetrics
-from service.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
-from service.settings import ServiceSettings
+from service.core.batching import DynamicBatcher
+from service.core.deadline import Deadline, before
+from service.core.metrics import ServiceMetrics
+from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
+from service.core.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
 # Inputs this small are prepared on the event loop: handing them to a thread costs more (thread
-# wake-ups, a GIL hand-over each way) than the work itself, which these bounds keep under about a
-# millisecond on a 2-core AMD EPYC (a 128 x 128 PNG: 0.9 ms; JPEG: 0.35 ms; 1,000 characters
-# tokenised: 0.8 ms). Anything larger is prepared in a thread, off the event loop.
+# wake-ups, a GIL hand-over each way) than decoding or tokenising them, which stays short enough
+# not to hold up the other requests. Anything larger is prepared in a thread, off the event loop.
 INLINE_DECODE_PIXELS = 128 * 128
 INLINE_ENCODE_CHARS = 1000
 
 
 class Pipeline:
-    """Common part: session, batcher, warm-up, the settings shown by GET /models."""
+    """One served model, ready to answer its task: the ONNX Runtime session of the chosen variant,
+    the dynamic batcher in front of it, and the warm-up that runs every input shape once.
+
+    A pipeline is built (and warmed up) in a thread at start-up, from the model's spec and the
+    service's settings, which decide its variant, execution instances, threads and batching; the
+    transports then only call its task method (`VisionPipeline.classify`,
+    `FillMaskPipeline.fill_mask`) or `infer` (a request's raw graph inputs). Every request goes
+    through the batcher, so concurrent requests of every API share its batches. `describe` is what
+    GET /models shows of it.
+    """
 
     task = ""
 
@@ -114,6 +122,9 @@ class Pipeline:
 
 
 class VisionPipeline(Pipeline):
+    """An image classifier: an encoded image through the model's own transform (`contract.image`),
+    the batcher, and scores over its labels (softmax, unless the API asks for another function)."""
+
     task = VISION_TASK
 
     def __init__(
@@ -157,6 +168,10 @@ class VisionPipeline(Pipeline):
 
 
 class FillMaskPipeline(Pipeline):
+    """A masked LM: a text with [MASK] tokens through the model's tokenizer (`contract.text`), the
+    batcher, and the ranked predictions per mask. A batch runs at its longest text (rounded up to
+    a multiple of 8 tokens) unless `fixed_length` or a graph with static shapes asks for n."""
+
     task = MLM_TASK
 
     def __init__(

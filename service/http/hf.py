@@ -23,19 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from contract.errors import InvalidInput, RequestError
 from contract.formats import MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION
-from service.deadline import Deadline, before
-from service.errors import REST_ERRORS, ErrorTable, validation_error
-from service.http_io import (
-    RAW_TYPES,
-    DirectRoute,
-    decode_base64,
-    get_state,
-    media_type,
-    unless_disconnected,
-    unsupported_media_type,
-)
-from service.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
-from service.schemas import (
+from service.core.deadline import Deadline, before
+from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
+from service.http.direct import DirectRoute, get_state
+from service.http.disconnect import unless_disconnected
+from service.http.errors import REST_ERRORS, ErrorTable, validation_error
+from service.http.parsing import RAW_TYPES, decode_base64, media_type, unsupported_media_type
+from service.http.schemas import (
     MAX_TARGETS,
     MAX_TEXT_LENGTH,
     LabelScore,
@@ -46,15 +40,18 @@ from service.schemas import (
     inline_schema,
 )
 
-PREFIX = "/models/"
-router = APIRouter(tags=["Hugging Face inference API"], route_class=DirectRoute)
-
 
 def hf_body(error: RequestError) -> dict[str, Any]:
     return {"error": error.message}
 
 
 HF_ERRORS = ErrorTable(statuses=REST_ERRORS.statuses, body=hf_body, transport="hf")
+# The API's routes and any other path below its prefix answer in its error shape; GET /models (the
+# task API's listing) is a route of its own and keeps the REST shape.
+PREFIX = "/models"
+router = APIRouter(
+    prefix=PREFIX, tags=["Hugging Face inference API"], route_class=DirectRoute.answering(HF_ERRORS)
+)
 
 
 class HFParameters(BaseModel):
@@ -151,7 +148,7 @@ async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline:
 
 
 @router.post(
-    "/models/{name}",
+    "/{name}",
     response_model=HFResponse,
     responses=error_responses(MessageError),
     openapi_extra=_BODY,

@@ -102,8 +102,8 @@ class ServiceSettings(BaseSettings):
     jpeg_draft: bool = Field(
         True,
         description="decode a large JPEG at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides "
-        "at least twice the resize target (a tenth of the CPU for a 12 MP photo); off: every pixel is "
-        "decoded, for models whose answers must match a full decode exactly",
+        "at least twice the resize target (a large photo costs a fraction of its full decode); off: every "
+        "pixel is decoded, for models whose answers must match a full decode exactly",
     )
     default_classifier: str | None = Field(None, description="model used by /classify when none is named")
     default_fill_mask: str | None = Field(None, description="model used by /fill-mask when none is named")

@@ -1,30 +1,34 @@
-"""HTTP error responses: core errors (`contract.errors`) -> status codes, one table per transport.
+"""HTTP error responses: core errors (`contract.errors`) -> status codes, one table per API.
 
-Below the routes nothing chooses a status code: preprocessing, the text codec, the batcher and the
-pipelines raise transport-free errors with a machine code and a message that says what is
-accepted. An `ErrorTable` is the whole mapping of one transport (its status per error type and
-the shape of its body); `REST_ERRORS` here serves the task routes, `service.v2.rest` has the Open
-Inference Protocol's own. `error_handlers` render core errors, FastAPI's validation errors and
-Starlette's 404/405 (for FastAPI's router and the direct dispatch alike), and
-`UnexpectedErrorMiddleware` unexpected exceptions, through the table of the path's transport too,
-so a client sees one shape per API:
+Below the transports nothing chooses a status code: preprocessing, the text codec, the batcher and
+the pipelines raise transport-free errors with a machine code and a message that says what is
+accepted. An `ErrorTable` is the whole mapping of one API (its status per error type and the shape
+of its body); `REST_ERRORS` here serves the task routes, `service.http.hf` and `service.v2.rest`
+have their own. Each route carries its API's table (`service.http.direct.DirectRoute`), and the
+`ErrorResponder` renders a refusal with the table of the route the request is for, so a client
+sees one shape per API:
 
     REST: {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
     v2:   {"error": "..."}
+
+`error_handlers` render core errors, FastAPI's validation errors and Starlette's 404/405 (for
+FastAPI's router and the direct dispatch alike), `UnexpectedErrorMiddleware` unexpected exceptions.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette._utils import get_route_path  # the router's own rule, as FastAPI's router uses it
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import (
@@ -36,8 +40,9 @@ from contract.errors import (
     RequestError,
     Unavailable,
     UnsupportedMediaType,
+    most_specific,
 )
-from service.asgi import HttpMiddleware
+from service.http.asgi import HttpMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +53,6 @@ INTERNAL_ERROR = 500
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "payload_too_large"}
 
 Body = Callable[[RequestError], dict[str, Any]]
-S = TypeVar("S")
-
-
-def most_specific(table: Mapping[type[BaseException], S], error: BaseException, default: S) -> S:
-    """The entry of the closest class of `error` in `table`: how every transport's table is read
-    (the gRPC transport's maps to status codes of its own, not HTTP ones), and the handlers."""
-    for cls in type(error).__mro__:
-        if cls in table:
-            return table[cls]  # type: ignore[index]
-    return default
 
 
 def rest_body(error: RequestError) -> dict[str, Any]:
@@ -69,7 +64,13 @@ def rest_body(error: RequestError) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ErrorTable:
-    """One transport's mapping: status per core error type (most specific wins) and body shape."""
+    """How one API answers a refusal: the HTTP status of each core error type and its body shape.
+
+    The statuses are looked up by the error's class, the most specific entry winning (so an API
+    can single out `Overloaded` among `Unavailable`s); a type without an entry is a bug, 500. The
+    lower layers raise the same `contract.errors` types whatever the API, so a new API is a new
+    table, never new error types. `transport` labels the refusals in `gmlp_refusals_total`.
+    """
 
     statuses: Mapping[type[RequestError], int]
     body: Body
@@ -103,30 +104,50 @@ CONNECTION_ERRORS = replace(REST_ERRORS, transport="http")
 
 
 def _covers(prefix: str, path: str) -> bool:
-    if prefix.endswith("/"):
-        return path.startswith(prefix)
     return path == prefix or path.startswith(prefix + "/")
+
+
+def route_for(scope: Scope, routes: Sequence[BaseRoute]) -> BaseRoute | None:
+    """The route the router would take for `scope`: the first that matches it, else the first whose
+    path matches with another method (the one that answers 405)."""
+    partial = None
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return route
+        if match == Match.PARTIAL and partial is None:
+            partial = route
+    return partial
 
 
 @dataclass(frozen=True)
 class ErrorResponder:
-    """Picks the table of the transport a path belongs to (by prefix; default: the REST table)."""
+    """Renders a refusal with the error table of the route a request is for, and counts it.
+
+    The route is the one the router recorded (`scope["route"]`), or, for a refusal before routing
+    (the size limits), the one among `routes` the router will take; a route without a table of its
+    own, and a path no route takes, get the table of the router prefix it falls under
+    (`namespaces`), else `default`."""
 
     default: ErrorTable = REST_ERRORS
-    by_prefix: Mapping[str, ErrorTable] | None = None
+    routes: Sequence[BaseRoute] = ()
+    namespaces: Mapping[str, ErrorTable] = field(default_factory=dict)
     # Called with (transport, machine code) for every error answered: what an operator sees shed.
     observe: Callable[[str, str], None] | None = None
 
-    def table(self, path: str) -> ErrorTable:
-        """A prefix covers itself and what lies below it; one ending in "/" only what lies below
-        (so "/models/" takes POST /models/{name} but not GET /models)."""
-        for prefix, table in (self.by_prefix or {}).items():
+    def table(self, scope: Scope) -> ErrorTable:
+        route = scope.get("route") or route_for(scope, self.routes)
+        table = getattr(route, "errors", None)
+        if isinstance(table, ErrorTable):
+            return table
+        path = get_route_path(scope)
+        for prefix, table in self.namespaces.items():
             if _covers(prefix, path):
                 return table
         return self.default
 
-    def response(self, path: str, error: RequestError, *, status: int | None = None) -> JSONResponse:
-        return self.answer(self.table(path), error, status=status)
+    def response(self, scope: Scope, error: RequestError, *, status: int | None = None) -> JSONResponse:
+        return self.answer(self.table(scope), error, status=status)
 
     def answer(self, table: ErrorTable, error: RequestError, *, status: int | None = None) -> JSONResponse:
         """`error` rendered by `table` and observed under its transport."""
@@ -159,22 +180,22 @@ def error_handlers(responder: ErrorResponder) -> dict[type[Exception], Handler]:
 
     async def request_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestError)
-        return responder.response(request.url.path, exc)
+        return responder.response(request.scope, exc)
 
     async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return responder.response(request.url.path, validation_error(list(exc.errors()), "the request"))
+        return responder.response(request.scope, validation_error(list(exc.errors()), "the request"))
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         error = RequestError(_HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail))
-        response = responder.response(request.url.path, error, status=exc.status_code)
+        response = responder.response(request.scope, error, status=exc.status_code)
         response.headers.update(exc.headers or {})
         return response
 
     async def client_disconnect(request: Request, exc: Exception) -> JSONResponse:
         """The client left while we read its body: nothing to answer, not a server error."""
-        return responder.response(request.url.path, client_gone())
+        return responder.response(request.scope, client_gone())
 
     return {
         RequestError: request_error,
@@ -218,13 +239,13 @@ class UnexpectedErrorMiddleware(HttpMiddleware):
             if started:  # too late for an answer: uvicorn closes the connection of an unfinished one
                 return
             error = RequestError("internal_error", "internal server error; the error was logged")
-            await self.errors.response(scope["path"], error, status=INTERNAL_ERROR)(scope, receive, send)
+            await self.errors.response(scope, error, status=INTERNAL_ERROR)(scope, receive, send)
 
 
 __all__ = [
     "ErrorTable",
     "ErrorResponder",
-    "most_specific",
+    "route_for",
     "REST_ERRORS",
     "CONNECTION_ERRORS",
     "rest_body",

@@ -12,19 +12,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from contract.image import ACCEPTED_DESCRIPTION
-from service.deadline import Deadline, before
-from service.http_io import (
-    DirectRoute,
-    get_state,
-    model_response,
-    query_parameters,
-    read_image,
-    read_json,
-    read_query,
-    unless_disconnected,
-)
-from service.pipelines import FillMaskPipeline, VisionPipeline
-from service.schemas import (
+from service.core.deadline import Deadline, before
+from service.core.pipelines import FillMaskPipeline, VisionPipeline
+from service.core.state import FAILED
+from service.http.direct import DirectRoute, get_state, model_response
+from service.http.disconnect import unless_disconnected
+from service.http.parsing import query_parameters, read_image, read_json, read_query
+from service.http.schemas import (
     ERROR_RESPONSES,
     ClassifyJSONRequest,
     ClassifyQuery,
@@ -35,9 +29,9 @@ from service.schemas import (
     ModelInfo,
     ModelsResponse,
 )
-from service.state import FAILED
 
-# Every endpoint here reads its own request and builds its own response (DirectRoute).
+# Every endpoint here reads its own request and builds its own response (DirectRoute); refusals
+# take the REST error shape (REST_ERRORS, DirectRoute's own table).
 router = APIRouter(route_class=DirectRoute)
 
 _CLASSIFY_BODY: dict[str, Any] = {

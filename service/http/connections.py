@@ -21,8 +21,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from contract.errors import Unavailable
-from service.asgi import HttpMiddleware
-from service.errors import CONNECTION_ERRORS, ErrorResponder
+from service.http.asgi import HttpMiddleware
+from service.http.errors import CONNECTION_ERRORS, ErrorResponder
 
 # Scope extension set on a request that arrived over the cap; its value is the cap.
 OVER_CAP = "gmlp.connection_cap"

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from contract.errors import Closed, DeadlineExceeded, Overloaded
-from service.deadline import Deadline
+from service.core.deadline import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class DeadlineExceededError(DeadlineExceeded):
 
 
 class BatchObserver(Protocol):
-    """What the batcher reports, for metrics; implemented in `service.metrics`."""
+    """What the batcher reports, for metrics; implemented in `service.core.metrics`."""
 
     def queue_depth(self, depth: int) -> None: ...
 
@@ -97,7 +97,13 @@ class _Pending(Generic[I, O]):
 
 
 class DynamicBatcher(Generic[I, O]):
-    """Collects `submit`ted items into batches for `run_batch`; see the module docstring."""
+    """Collects concurrently `submit`ted items into batches for `run_batch`, one model's queue.
+
+    Batching turns many small model runs into few large ones, which ONNX Runtime runs at a lower
+    cost per item; the bounded queue sheds load at once instead of letting latency grow, and each
+    request keeps its own deadline and its own result. The policy is the module docstring's;
+    `start` runs the loops on the event loop, `drain`/`close` stop it on shutdown.
+    """
 
     def __init__(
         self,

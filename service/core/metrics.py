@@ -1,22 +1,17 @@
 """Prometheus metrics, on a registry owned by the app (several apps in one process must not clash).
 
-HTTP metrics come from a pure ASGI middleware (BaseHTTPMiddleware would buffer responses and break
-disconnect detection) and are labelled by the *route template*, never the raw path, so that a
-scanner hitting random URLs cannot blow up the label cardinality. Batcher metrics come through the
-`BatchObserver` interface, so the batcher itself stays free of Prometheus.
+`ServiceMetrics` holds every series; the transports record into it (HTTP: the metrics middleware
+of `service.http.metrics`, labelled by route template; gRPC: the server's interceptor), and the
+batcher reports through the `BatchObserver` interface (`ModelObserver` here), so that the batcher
+itself stays free of Prometheus. Nothing here knows a transport.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from service.asgi import HttpMiddleware
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -141,41 +136,4 @@ class ModelObserver:
             self._wait.observe(wait)
 
 
-class HttpMetricsMiddleware(HttpMiddleware):
-    """Counts and times every HTTP request by route template and final status."""
-
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
-        super().__init__(app)
-        self.metrics = metrics
-        # (route, method, status) -> its counter and histogram: looked up once, not per request.
-        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        start = time.perf_counter()
-        status = 500  # if the app raises before answering, uvicorn sends a 500
-        self.metrics.in_flight.inc()
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            self.metrics.in_flight.dec()
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "<unmatched>"
-            labels = (template, scope["method"], str(status))
-            series = self._series.get(labels)
-            if series is None:
-                series = self._series[labels] = (
-                    self.metrics.requests.labels(*labels),
-                    self.metrics.latency.labels(*labels),
-                )
-            series[0].inc()
-            series[1].observe(time.perf_counter() - start)
-
-
-__all__ = ["ServiceMetrics", "ModelObserver", "HttpMetricsMiddleware", "power_of_two_buckets"]
+__all__ = ["ServiceMetrics", "ModelObserver", "power_of_two_buckets", "LATENCY_BUCKETS"]

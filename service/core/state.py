@@ -18,10 +18,10 @@ from typing import TypeVar
 from contract.errors import InvalidInput, ModelNotFound, NotReady
 from contract.formats import MLM_TASK, TASKS, VISION_TASK
 from contract.spec import ModelSpec, require_models
-from service.metrics import ServiceMetrics
-from service.pipelines import Pipeline, load_pipeline
-from service.runtime import resolve_device
-from service.settings import ServiceSettings
+from service.core.metrics import ServiceMetrics
+from service.core.pipelines import Pipeline, load_pipeline
+from service.core.runtime import resolve_device
+from service.core.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,14 @@ P = TypeVar("P", bound=Pipeline)
 
 
 class ServiceState:
-    """Everything the transports need: settings, metrics, loaded pipelines and the lifecycle phase."""
+    """The running service as every transport sees it: settings, metrics, the loaded pipelines by
+    name, the default model per task, and the lifecycle phase (loading, ready, failed, draining).
+
+    One instance per app, shared by the HTTP routes and the gRPC server, so that both resolve the
+    same models, feed the same batchers and turn ready and drain together. `resolve` and `model`
+    are the only ways a request reaches a pipeline: they refuse while the service is not ready
+    and say which models the request could have named.
+    """
 
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
         self.settings = settings

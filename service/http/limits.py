@@ -1,0 +1,60 @@
+"""The request size limits: request line plus headers, and body, refused before a route reads them."""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contract.errors import InputTooLarge
+from service.http.asgi import HttpMiddleware
+from service.http.errors import ErrorResponder, payload_too_large
+
+HEADERS_TOO_LARGE = 431
+
+
+class BodyLimitMiddleware(HttpMiddleware):
+    """431 for a request line plus headers over `max_header_bytes`; 413 for bodies over `max_bytes`,
+    early from Content-Length and by counting what is read.
+
+    The Content-Length check rejects honest clients before they upload; the count catches chunked
+    uploads and lying headers, so no request can make us buffer more than the limit. (uvicorn's
+    HTTP parser has read the headers by then: a reverse proxy's limit bounds that, if needed.)
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, errors: ErrorResponder, max_header_bytes: int) -> None:
+        super().__init__(app)
+        self.max_bytes = max_bytes
+        self.max_header_bytes = max_header_bytes
+        self.errors = errors
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        header_bytes = len(scope.get("raw_path") or b"") + sum(
+            len(k) + len(v) + 4 for k, v in scope["headers"]
+        )
+        if header_bytes > self.max_header_bytes:
+            error = InputTooLarge(
+                "headers_too_large",
+                f"the request line and headers are {header_bytes} bytes; at most {self.max_header_bytes} "
+                "are accepted",
+            )
+            await self.errors.response(scope, error, status=HEADERS_TOO_LARGE)(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            response = self.errors.response(scope, payload_too_large(self.max_bytes))
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise payload_too_large(self.max_bytes)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+__all__ = ["BodyLimitMiddleware", "HEADERS_TOO_LARGE"]

@@ -1,0 +1,134 @@
+"""Reading a request: its content type, query, JSON body and image.
+
+Bodies are parsed here rather than by FastAPI's `File`/`Body` parameters because FastAPI turns any
+error raised while reading a body into a bare 400; we want 413 for too large, 415 for a wrong
+content type and 422 for bad JSON, each with a message that says what is accepted.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from contract.errors import InvalidInput, UnsupportedMediaType
+from contract.image import ACCEPTED_DESCRIPTION
+from service.http.errors import validation_error
+from service.http.schemas import ClassifyJSONRequest
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# Content types that say nothing about a raw body: none, generic bytes, and curl's default for
+# `--data-binary` (which is not a form here). Such bodies are read for what they are (an image is
+# recognised from its bytes, v2 JSON parsed), as Triton does.
+RAW_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
+
+
+def read_query(request: Request, schema: type[M]) -> M:
+    """Validate the query string against `schema` (422 `invalid_request`, as for a bad body)."""
+    try:
+        return schema.model_validate(dict(request.query_params))
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]
+        raise validation_error(errors, "the request") from None
+
+
+def query_parameters(schema: type[BaseModel]) -> list[dict[str, Any]]:
+    """The OpenAPI parameter objects of a query `schema` read by `read_query`."""
+    json_schema = schema.model_json_schema()
+    required = set(json_schema.get("required", ()))
+    return [
+        {
+            "name": name,
+            "in": "query",
+            "required": name in required,
+            "description": prop.pop("description", ""),
+            "schema": prop,
+        }
+        for name, prop in json_schema["properties"].items()
+    ]
+
+
+def unsupported_media_type(got: str | None, accepted: str) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
+        "unsupported_media_type", f"content type {got or '(none)'!r} is not accepted; {accepted}"
+    )
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+async def read_image(request: Request) -> bytes:
+    """The image of a /classify request: multipart field `file`, the raw body (image/*, octet-stream or
+    no content type), or JSON `{"image": "<base64>"}` (for clients that only speak JSON)."""
+    mime = media_type(request)
+    if mime == "multipart/form-data":
+        # max_part_size bounds the non-file fields; the body limit bounds the file.
+        async with request.form(max_files=1, max_fields=16) as form:
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise InvalidInput(
+                    "missing_file", "the multipart upload needs the image in a file field named 'file'"
+                )
+            data = await upload.read()
+    elif mime.startswith("image/") or mime in RAW_TYPES:
+        # No (or a generic) content type: the decoder recognises the format from the bytes.
+        data = await request.body()
+    elif mime == "application/json":
+        data = decode_base64((await read_json(request, ClassifyJSONRequest)).image, "image")
+    else:
+        raise unsupported_media_type(
+            mime,
+            f"send the image ({ACCEPTED_DESCRIPTION}) as multipart/form-data field 'file', as the raw body "
+            '(image/*, application/octet-stream or no content type), or base64 in JSON {"image": ...}',
+        )
+    if not data:
+        raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+    return data
+
+
+def decode_base64(text: str, field: str) -> bytes:
+    """An image sent base64-encoded in the JSON field `field`, plain or as a data: URL."""
+    if text.startswith("data:"):
+        header, _, text = text.partition(",")
+        if not header.endswith(";base64"):
+            raise InvalidInput(
+                "invalid_base64", "a data: URL image must be base64-encoded (data:image/...;base64,...)"
+            )
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(
+            "invalid_base64", "'image' is not valid base64; send the image file's bytes base64-encoded"
+        ) from None
+
+
+async def read_json(request: Request, schema: type[M]) -> M:
+    """Validate a JSON body against `schema`; 415 for another content type, 422 for bad JSON."""
+    mime = media_type(request)
+    if mime != "application/json" and not mime.endswith("+json"):
+        raise unsupported_media_type(mime, "send a JSON body with content type application/json")
+    body = await request.body()
+    if not body:
+        raise InvalidInput("empty_body", "the body is empty; send a JSON object")
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as exc:
+        raise validation_error(list(exc.errors()), "the JSON body") from None
+
+
+__all__ = [
+    "read_query",
+    "query_parameters",
+    "read_image",
+    "read_json",
+    "media_type",
+    "decode_base64",
+    "RAW_TYPES",
+    "unsupported_media_type",
+]
