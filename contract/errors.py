@@ -1,9 +1,13 @@
-"""Transport-free errors: what went wrong, as a stable machine code and a message that says what is
-accepted. Each transport maps these *types* to its own status codes in one table (REST task
-routes: `service.http.errors`; Hugging Face API: `service.http.hf`; Open Inference Protocol v2:
-`service.v2.rest`; gRPC: `service.v2.grpc_server`), read with `most_specific`, as Hugging Face
-text-embeddings-inference maps its core errors in its router; nothing below the transports chooses
-a status code.
+"""Transport-free errors: what went wrong, as a machine code of one closed list (`ErrorCode`) and a
+message that says what is accepted. Each transport maps the error *types* to its own status codes
+in one table (REST task routes: `service.http.errors`; Hugging Face API: `service.http.hf`; Open
+Inference Protocol v2: `service.v2.rest`; gRPC: `service.v2.grpc_server`), read with
+`most_specific`, as Hugging Face text-embeddings-inference maps its core errors in its router;
+nothing below the transports chooses a status code.
+
+Every code belongs to exactly one type, so a code's status on each transport follows from the
+type: docs/service.md lists them all, and tests/service/test_error_codes.py keeps that table, the
+raise sites and this list in step.
 
 `UserError` is different: a problem with what an operator handed a command (a checkpoint, a model
 repository, a setting). The CLI prints its message and exits non-zero.
@@ -12,6 +16,7 @@ repository, a setting). The CLI prints its message and exits non-zero.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum, unique
 from typing import Any, TypeVar
 
 S = TypeVar("S")
@@ -24,9 +29,13 @@ class UserError(ValueError):
 
 
 class RequestError(Exception):
-    """Base of everything a request can be refused for."""
+    """Base of everything a request can be refused for: a code of `ErrorCode`, the type's own (a
+    TypeError otherwise, since the transports' statuses and the documented table follow from it),
+    a message that says what was wrong and what is accepted, and optional structured details."""
 
-    def __init__(self, code: str, message: str, *, details: list[Any] | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, details: list[Any] | None = None) -> None:
+        if not isinstance(code, ErrorCode) or code.error is not type(self):
+            raise TypeError(f"{type(self).__name__} with code {code!r}: not a code of that type in ErrorCode")
         super().__init__(message)
         self.code = code
         self.message = message
@@ -37,8 +46,16 @@ class InvalidInput(RequestError):
     """The request is malformed or does not fit the model (not an image, no [MASK], bad top_k...)."""
 
 
+class MalformedRequest(InvalidInput):
+    """The HTTP framework could not parse the request (a malformed multipart body)."""
+
+
 class InputTooLarge(RequestError):
     """The input is over a size limit (bytes, pixels)."""
+
+
+class HeadersTooLarge(InputTooLarge):
+    """The request line and headers are over their limit."""
 
 
 class UnsupportedMediaType(RequestError):
@@ -47,6 +64,14 @@ class UnsupportedMediaType(RequestError):
 
 class ModelNotFound(RequestError):
     """No served model has that name (or no model of that task is served)."""
+
+
+class RouteNotFound(RequestError):
+    """No endpoint has that path."""
+
+
+class MethodNotAllowed(RequestError):
+    """The endpoint at that path does not take that method."""
 
 
 class Unavailable(RequestError):
@@ -62,7 +87,7 @@ class Overloaded(Unavailable):
 class NotReady(Unavailable):
     """The models are loading, failed to load, or the service is shutting down."""
 
-    def __init__(self, code: str, message: str, *, retry_after_s: int | None = 1) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, retry_after_s: int | None = 1) -> None:
         super().__init__(code, message)
         self.retry_after_s = retry_after_s
 
@@ -79,27 +104,197 @@ class ClientGone(RequestError):
     """The client disconnected before the answer was ready (nothing is sent; metrics count it)."""
 
 
-def most_specific(table: Mapping[Any, S], error: BaseException, default: S) -> S:
-    """The entry of `table` for the closest class of `error` (its own, else the nearest base):
-    how every transport reads its table of error types, and how exception handlers are chosen."""
-    for cls in type(error).__mro__:
+class InternalError(RequestError):
+    """A bug: the request should have been answered (logged with its traceback)."""
+
+
+@unique
+class ErrorCode(StrEnum):
+    """Every machine code a request can be refused with, once each: the code, its error type (whose
+    transports' tables give its status) and what it means. The wire format is the code itself."""
+
+    error: type[RequestError]
+    meaning: str
+
+    def __new__(cls, code: str, error: type[RequestError], meaning: str) -> ErrorCode:
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.error = error
+        member.meaning = meaning
+        return member
+
+    # The request as a whole
+    INVALID_REQUEST = (
+        "invalid_request",
+        InvalidInput,
+        "the body or query does not fit its schema (bad JSON, a wrong or unknown field); see `details`",
+    )
+    BAD_REQUEST = (
+        "bad_request",
+        MalformedRequest,
+        "the HTTP framework could not parse the request (a malformed multipart body)",
+    )
+    EMPTY_BODY = "empty_body", InvalidInput, "the body is empty"
+    UNSUPPORTED_MEDIA_TYPE = (
+        "unsupported_media_type",
+        UnsupportedMediaType,
+        "the content type is not one the endpoint reads; the message lists those it does",
+    )
+    PAYLOAD_TOO_LARGE = "payload_too_large", InputTooLarge, "the body is larger than `GMLP_MAX_UPLOAD_BYTES`"
+    HEADERS_TOO_LARGE = (
+        "headers_too_large",
+        HeadersTooLarge,
+        "the request line and headers are larger than `GMLP_MAX_HEADER_BYTES`",
+    )
+    NOT_FOUND = "not_found", RouteNotFound, "no endpoint has this path"
+    METHOD_NOT_ALLOWED = "method_not_allowed", MethodNotAllowed, "the endpoint does not take this method"
+    HTTP_ERROR = (
+        "http_error",
+        RequestError,
+        "any other refusal by the HTTP framework itself, with its own status",
+    )
+    # Images
+    INVALID_IMAGE = (
+        "invalid_image",
+        InvalidInput,
+        "not a readable image of an accepted format, truncated or corrupt, or not convertible to RGB",
+    )
+    EMPTY_IMAGE = "empty_image", InvalidInput, "the image has no bytes"
+    IMAGE_TOO_LARGE = (
+        "image_too_large",
+        InputTooLarge,
+        "the image has more pixels than `GMLP_MAX_IMAGE_PIXELS` (decompression bombs)",
+    )
+    MISSING_FILE = (
+        "missing_file",
+        InvalidInput,
+        "/classify: a multipart upload without a file field named `file`",
+    )
+    INVALID_BASE64 = (
+        "invalid_base64",
+        InvalidInput,
+        "a base64 image (/classify JSON, Hugging Face `inputs`) or its data: URL is not valid base64",
+    )
+    # Texts
+    NO_MASK = "no_mask", InvalidInput, "the text has no [MASK] token once tokenised"
+    TOO_MANY_MASKS = "too_many_masks", InvalidInput, "more [MASK] tokens than the model predicts per text"
+    TEXT_TOO_LONG = "text_too_long", InvalidInput, "more tokens than the model's window n"
+    INVALID_TARGET = "invalid_target", InvalidInput, "a fill-mask target that tokenizes to nothing"
+    INVALID_TEXT = (
+        "invalid_text",
+        InvalidInput,
+        "a text that is not UTF-8 (a Hugging Face raw body, a v2 `text` element)",
+    )
+    # Task parameters
+    INVALID_TOP_K = (
+        "invalid_top_k",
+        InvalidInput,
+        "top_k outside 1..the labels (classifiers) or 1..100 (masked LMs)",
+    )
+    INVALID_PARAMETER = (
+        "invalid_parameter",
+        InvalidInput,
+        "Hugging Face API: a parameter of the other task (`targets`, `function_to_apply`)",
+    )
+    # Models
+    MODEL_NOT_FOUND = (
+        "model_not_found",
+        ModelNotFound,
+        "no served model has this name; the message lists those served",
+    )
+    NO_MODEL = "no_model", ModelNotFound, "the request names no model and no model of its task is served"
+    WRONG_TASK = "wrong_task", InvalidInput, "the named model serves another task"
+    VERSION_NOT_FOUND = (
+        "version_not_found",
+        ModelNotFound,
+        "v2: the model has no such version (each has one, 1)",
+    )
+    # Open Inference Protocol tensors
+    INVALID_INPUTS = (
+        "invalid_inputs",
+        InvalidInput,
+        "v2: the inputs do not fit the model (names, datatypes, shapes, rows, values), or one has no data",
+    )
+    INVALID_OUTPUTS = (
+        "invalid_outputs",
+        InvalidInput,
+        "v2: a requested output is not produced for these inputs",
+    )
+    INVALID_BATCH = "invalid_batch", InvalidInput, "v2: fewer than 1 or more than `GMLP_MAX_BATCH_SIZE` rows"
+    INVALID_DATATYPE = "invalid_datatype", InvalidInput, "v2: a datatype that is not one of the protocol's"
+    INVALID_SHAPE = "invalid_shape", InvalidInput, "v2: a shape with a negative dimension"
+    INVALID_TENSOR_DATA = (
+        "invalid_tensor_data",
+        InvalidInput,
+        "v2: a tensor's data do not match its datatype or shape",
+    )
+    INVALID_HEADER = (
+        "invalid_header",
+        InvalidInput,
+        "v2 REST: `Inference-Header-Content-Length` is not the length of the JSON",
+    )
+    INVALID_BINARY = (
+        "invalid_binary",
+        InvalidInput,
+        "v2 REST: fewer or more bytes of binary tensor data than the inputs announce",
+    )
+    # Load and lifecycle
+    OVERLOADED = (
+        "overloaded",
+        Overloaded,
+        "the model's queue is full (`GMLP_MAX_QUEUE_SIZE`); retry after `Retry-After`",
+    )
+    CLOSED = "closed", Closed, "the model stopped taking requests: the service is shutting down"
+    NOT_READY = (
+        "not_ready",
+        NotReady,
+        "the models are loading (`Retry-After`), failed to load, or the service is draining",
+    )
+    TOO_MANY_CONNECTIONS = (
+        "too_many_connections",
+        Unavailable,
+        "the server holds `GMLP_MAX_CONNECTIONS` connections; REST shape on every path, connection closed",
+    )
+    TIMEOUT = "timeout", DeadlineExceeded, "the request did not complete within `GMLP_REQUEST_TIMEOUT_S`"
+    CLIENT_CLOSED_REQUEST = (
+        "client_closed_request",
+        ClientGone,
+        "the client left before the answer (only in metrics and logs)",
+    )
+    INTERNAL_ERROR = (
+        "internal_error",
+        InternalError,
+        "a bug, logged once with the traceback and the request's method and path",
+    )
+
+
+def most_specific(table: Mapping[Any, S], kind: type, default: S) -> S:
+    """The entry of `table` for `kind` or its nearest base class: how every transport reads its
+    table of error types, and how exception handlers are chosen."""
+    for cls in kind.__mro__:
         if cls in table:
             return table[cls]
     return default
 
 
 __all__ = [
+    "ErrorCode",
     "most_specific",
     "UserError",
     "RequestError",
     "InvalidInput",
+    "MalformedRequest",
     "InputTooLarge",
+    "HeadersTooLarge",
     "UnsupportedMediaType",
     "ModelNotFound",
+    "RouteNotFound",
+    "MethodNotAllowed",
     "Unavailable",
     "Overloaded",
     "NotReady",
     "Closed",
     "DeadlineExceeded",
     "ClientGone",
+    "InternalError",
 ]

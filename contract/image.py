@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from contract.errors import InputTooLarge, InvalidInput
+from contract.errors import ErrorCode, InputTooLarge, InvalidInput
 from contract.jpeg import PlainJpeg
 
 # (Multi-picture camera JPEGs open through the JPEG plugin as format "MPO"; no entry needed.)
@@ -41,7 +41,8 @@ _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
 def image_too_large(pixels: int, limit: int) -> InputTooLarge:
     return InputTooLarge(
-        "image_too_large", f"the image has {pixels} pixels; at most {limit} (width x height) are accepted"
+        ErrorCode.IMAGE_TOO_LARGE,
+        f"the image has {pixels} pixels; at most {limit} (width x height) are accepted",
     )
 
 
@@ -66,14 +67,15 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
 
     Cheap whatever the image, so a caller can choose where to spend the decode (`load_image`)."""
     if not data:
-        raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+        raise InvalidInput(ErrorCode.EMPTY_IMAGE, f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     try:
         img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except Image.DecompressionBombError as exc:
         raise image_too_large(_header_pixels(exc), max_pixels) from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InvalidInput(
-            "invalid_image", f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}"
+            ErrorCode.INVALID_IMAGE,
+            f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}",
         ) from exc
     check_pixels(img.width, img.height, max_pixels)
     return img
@@ -89,7 +91,7 @@ def load_image(img: Image.Image, max_pixels: int, min_side: int | None = None) -
         raise image_too_large(img.width * img.height, max_pixels) from exc
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise InvalidInput(
-            "invalid_image", f"the {img.format} image is truncated or corrupt ({exc})"
+            ErrorCode.INVALID_IMAGE, f"the {img.format} image is truncated or corrupt ({exc})"
         ) from exc
     # A malformed EXIF block must not lose the picture: keep it as stored.
     with contextlib.suppress(Exception):
@@ -121,7 +123,9 @@ def to_rgb(img: Image.Image) -> Image.Image:
             return background.convert("RGB")
         return img if img.mode == "RGB" else img.convert("RGB")
     except (ValueError, OSError) as exc:
-        raise InvalidInput("invalid_image", f"image mode {img.mode} cannot be converted to RGB") from exc
+        raise InvalidInput(
+            ErrorCode.INVALID_IMAGE, f"image mode {img.mode} cannot be converted to RGB"
+        ) from exc
 
 
 def _pair(value: Any) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import simplejpeg
 
-from contract.errors import InvalidInput
+from contract.errors import ErrorCode, InvalidInput
 
 _SOI = b"\xff\xd8"
 # The identifier of an EXIF APP1 segment. Searching the whole file may find it by chance in the
@@ -60,7 +60,9 @@ class PlainJpeg:
                 min_width=-(-self.width // factor),
             )
         except ValueError as exc:  # strict: a truncated or corrupt file is an error, not grey
-            raise InvalidInput("invalid_image", f"the JPEG image is truncated or corrupt ({exc})") from exc
+            raise InvalidInput(
+                ErrorCode.INVALID_IMAGE, f"the JPEG image is truncated or corrupt ({exc})"
+            ) from exc
 
 
 def _draft_factor(width: int, height: int, min_side: int | None) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from contract.errors import InvalidInput
+from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MASK_TOKEN
 from contract.scores import top_probabilities
 from contract.spec import SpecError
@@ -88,18 +88,19 @@ class FillMaskCodec:
         ids = self.tokenizer.encode(text).ids
         if len(ids) > self.n:
             raise InvalidInput(
-                "text_too_long",
+                ErrorCode.TEXT_TOO_LONG,
                 f"the text is {len(ids)} tokens including [CLS] and [SEP]; model {self.model_name} "
                 f"accepts at most {self.n} tokens",
             )
         positions = [i for i, token in enumerate(ids) if token == self.mask_id]
         if not positions:
             raise InvalidInput(
-                "no_mask", f"the text contains no {self.mask_token} token; put one where a word is missing"
+                ErrorCode.NO_MASK,
+                f"the text contains no {self.mask_token} token; put one where a word is missing",
             )
         if len(positions) > self.max_predictions:
             raise InvalidInput(
-                "too_many_masks",
+                ErrorCode.TOO_MANY_MASKS,
                 f"the text has {len(positions)} {self.mask_token} tokens; model {self.model_name} "
                 f"predicts at most {self.max_predictions} per request",
             )
@@ -145,7 +146,9 @@ class FillMaskCodec:
             if token_id is None:
                 pieces = self.tokenizer.encode(target, add_special_tokens=False).ids
                 if not pieces:
-                    raise InvalidInput("invalid_target", f"target {target!r} does not tokenize to any token")
+                    raise InvalidInput(
+                        ErrorCode.INVALID_TARGET, f"target {target!r} does not tokenize to any token"
+                    )
                 token_id = pieces[0]
             if token_id not in ids:
                 ids.append(token_id)

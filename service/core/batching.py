@@ -4,7 +4,7 @@ The batcher is generic over `run_batch(list_of_inputs) -> list_of_outputs` and k
 HTTP or ONNX, so it can be tested with a plain function and reused for any model. Policy (the one
 Triton, Ray Serve and TorchServe share):
 
-- requests wait in a bounded FIFO queue; a full queue rejects at once (`QueueFullError`, shed load
+- requests wait in a bounded FIFO queue; a full queue rejects at once (`Overloaded`, shed load
   early instead of letting latency grow without bound);
 - a batch runs at once with what is queued unless more requests are on their way: callers mark
   the time a request spends before it can be queued (decoding, tokenising) with `arriving()`,
@@ -18,8 +18,8 @@ Triton, Ray Serve and TorchServe share):
   a batch is formed when an instance is free, so while all of them run, the queue builds the
   next batch, and the event loop stays free to accept and parse the next requests; what is
   queued when several instances are free is shared out among them;
-- a request past its deadline fails with `DeadlineExceededError`; a cancelled request (client
-  gone, deadline hit) is removed from the queue and never reaches `run_batch`;
+- a request past its deadline fails with `DeadlineExceeded`; a cancelled request (client gone,
+  deadline hit) is removed from the queue and never reaches `run_batch`;
 - each request gets its own result; if a batch raises, its requests are retried one by one so one
   poisoned input cannot fail its batch-mates.
 """
@@ -36,35 +36,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from contract.errors import Closed, DeadlineExceeded, Overloaded
+from contract.errors import Closed, ErrorCode, Overloaded
 from service.core.deadline import Deadline
 
 log = logging.getLogger(__name__)
 
 I = TypeVar("I")  # noqa: E741 - the conventional name for an input type
 O = TypeVar("O")  # noqa: E741
-
-
-class QueueFullError(Overloaded):
-    """The bounded queue is full: refused at once (each transport's error table maps it)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("overloaded", message)
-
-
-class BatcherClosedError(Closed):
-    """The batcher is not accepting (not started yet, draining or closed)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("overloaded", message)
-
-
-class DeadlineExceededError(DeadlineExceeded):
-    """The request's deadline passed before it was queued, while queued or while its batch ran."""
-
-    def __init__(self, deadline: Deadline) -> None:
-        error = deadline.exceeded()
-        super().__init__(error.code, error.message)
 
 
 class BatchObserver(Protocol):
@@ -173,7 +151,7 @@ class DynamicBatcher(Generic[I, O]):
             return False
 
     async def close(self, timeout: float | None = None) -> None:
-        """Drain, then stop the loop; requests still waiting after `timeout` fail with BatcherClosedError."""
+        """Drain, then stop the loop; requests still waiting after `timeout` fail with Closed."""
         await self.drain(timeout)
         # A loop cancelled while its batch still runs answers that batch with the closing error.
         for task in self._tasks:
@@ -183,7 +161,7 @@ class DynamicBatcher(Generic[I, O]):
         while self._queue:
             pending = self._queue.popleft()
             if not pending.future.done():
-                pending.future.set_exception(BatcherClosedError(f"model {self.name} is shutting down"))
+                pending.future.set_exception(self._closed())
         self.observer.queue_depth(0)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -229,21 +207,24 @@ class DynamicBatcher(Generic[I, O]):
     async def submit(self, item: I, deadline: Deadline | None = None) -> O:
         """Queue `item` and wait for its result until `deadline`.
 
-        Raises QueueFullError, DeadlineExceededError or BatcherClosedError; if the caller is
-        cancelled (client disconnected) the item is withdrawn and never run.
+        Raises Overloaded (queue full), DeadlineExceeded or Closed (not accepting); if the caller
+        is cancelled (client disconnected) the item is withdrawn and never run.
         """
         if not self._accepting or self._wakeup is None or self._idle is None:
             self.observer.rejected("shutting_down")
-            raise BatcherClosedError(
-                f"model {self.name} is not accepting requests (starting or shutting down)"
+            raise Closed(
+                ErrorCode.CLOSED, f"model {self.name} is not accepting requests (starting or shutting down)"
             )
         if len(self._queue) >= self.max_queue_size:
             self.observer.rejected("queue_full")
-            raise QueueFullError(f"the queue of model {self.name} is full ({self.max_queue_size} waiting)")
+            raise Overloaded(
+                ErrorCode.OVERLOADED,
+                f"the queue of model {self.name} is full ({self.max_queue_size} waiting)",
+            )
         timeout = None if deadline is None else deadline.remaining()
         if deadline is not None and timeout is not None and timeout <= 0:
             self.observer.rejected("deadline")
-            raise DeadlineExceededError(deadline)
+            raise deadline.exceeded()
         pending: _Pending[I, O] = _Pending(
             item, asyncio.get_running_loop().create_future(), deadline=deadline
         )
@@ -259,7 +240,7 @@ class DynamicBatcher(Generic[I, O]):
         except TimeoutError:
             self._withdraw(pending, "deadline")
             assert deadline is not None  # only a deadline times out
-            raise DeadlineExceededError(deadline) from None
+            raise deadline.exceeded() from None
         except asyncio.CancelledError:
             self._withdraw(pending, "cancelled")
             raise
@@ -334,7 +315,7 @@ class DynamicBatcher(Generic[I, O]):
             if pending.future.done():
                 continue
             if pending.deadline is not None and pending.deadline.passed(now):
-                pending.future.set_exception(DeadlineExceededError(pending.deadline))
+                pending.future.set_exception(pending.deadline.exceeded())
                 self.observer.rejected("deadline")
                 continue
             batch.append(pending)
@@ -364,7 +345,7 @@ class DynamicBatcher(Generic[I, O]):
             # Closed while the batch ran (close() past its timeout): its requests get the closing
             # error now rather than hanging until their deadlines; without one they never would.
             for pending in batch:
-                _resolve(pending, exc=BatcherClosedError(f"model {self.name} is shutting down"))
+                _resolve(pending, exc=self._closed())
             self._running -= len(batch)
             self._active -= 1
             self.observer.batch_done(len(batch), waits, time.monotonic() - start)
@@ -387,6 +368,9 @@ class DynamicBatcher(Generic[I, O]):
             raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(items)} inputs")
         return outputs
 
+    def _closed(self) -> Closed:
+        return Closed(ErrorCode.CLOSED, f"model {self.name} is shutting down")
+
     def _set_idle_if_done(self) -> None:
         if not self._queue and not self._active and self._idle is not None:
             self._idle.set()
@@ -402,10 +386,4 @@ def _resolve(pending: _Pending[I, O], *, result: O | None = None, exc: BaseExcep
         pending.future.set_result(result)  # type: ignore[arg-type]
 
 
-__all__ = [
-    "DynamicBatcher",
-    "BatchObserver",
-    "QueueFullError",
-    "DeadlineExceededError",
-    "BatcherClosedError",
-]
+__all__ = ["DynamicBatcher", "BatchObserver"]

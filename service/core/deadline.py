@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from contract.errors import DeadlineExceeded
+from contract.errors import DeadlineExceeded, ErrorCode
 
 T = TypeVar("T")
 
@@ -34,7 +34,7 @@ class Deadline:
 
     def exceeded(self) -> DeadlineExceeded:
         return DeadlineExceeded(
-            "timeout", f"the request did not complete within its deadline of {self.timeout_s:g} s"
+            ErrorCode.TIMEOUT, f"the request did not complete within its deadline of {self.timeout_s:g} s"
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from contract.errors import InvalidInput
+from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
 from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
@@ -161,7 +161,8 @@ class VisionPipeline(Pipeline):
         Hugging Face API lets a client ask for sigmoid scores or the raw logits)."""
         if not 1 <= top_k <= len(self.labels):
             raise InvalidInput(
-                "invalid_top_k", f"top_k must be between 1 and {len(self.labels)} (the number of labels)"
+                ErrorCode.INVALID_TOP_K,
+                f"top_k must be between 1 and {len(self.labels)} (the number of labels)",
             )
         scores = SCORE_FUNCTIONS[function](await self.logits(image, deadline))
         return [{"label": self.labels[i], "score": float(scores[i])} for i in ranked(scores, top_k)]
@@ -212,7 +213,7 @@ class FillMaskPipeline(Pipeline):
         self, text: str, top_k: int, targets: list[str] | None, deadline: Deadline
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
-            raise InvalidInput("invalid_top_k", f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
+            raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
         with self.batcher.arriving():
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)

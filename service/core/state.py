@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import TypeVar
 
-from contract.errors import InvalidInput, ModelNotFound, NotReady
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
 from contract.formats import MLM_TASK, TASKS, VISION_TASK
 from contract.spec import ModelSpec, require_models
 from service.core.metrics import ServiceMetrics
@@ -102,7 +102,8 @@ class ServiceState:
         model = self.models.get(name)
         if model is None:
             raise ModelNotFound(
-                "model_not_found", f"model {name!r} is not served; served models: {sorted(self.models)}"
+                ErrorCode.MODEL_NOT_FOUND,
+                f"model {name!r} is not served; served models: {sorted(self.models)}",
             )
         return model
 
@@ -114,7 +115,7 @@ class ServiceState:
         if name is None:
             name = self.defaults.get(task)
             if name is None:
-                raise ModelNotFound("no_model", f"no {task} model is served")
+                raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
         model = self.models.get(name)
         if isinstance(model, kind):
             return model
@@ -122,21 +123,23 @@ class ServiceState:
         same_task = sorted(m.name for m in self.models.values() if m.task == task)
         if model is None:
             raise ModelNotFound(
-                "model_not_found", f"model {name!r} is not served; {task} models: {same_task}"
+                ErrorCode.MODEL_NOT_FOUND, f"model {name!r} is not served; {task} models: {same_task}"
             )
         raise InvalidInput(
-            "wrong_task", f"model {name!r} is a {model.task} model; {task} models: {same_task}"
+            ErrorCode.WRONG_TASK, f"model {name!r} is a {model.task} model; {task} models: {same_task}"
         )
 
     def not_ready_error(self) -> NotReady:
         if self.phase == FAILED:
             return NotReady(
-                "not_ready", f"the service failed to load its models: {self.error}", retry_after_s=None
+                ErrorCode.NOT_READY,
+                f"the service failed to load its models: {self.error}",
+                retry_after_s=None,
             )
         message = {LOADING: "the models are still loading", DRAINING: "the service is shutting down"}[
             self.phase
         ]
-        return NotReady("not_ready", message)
+        return NotReady(ErrorCode.NOT_READY, message)
 
     async def shutdown(self) -> None:
         """Stop accepting, finish queued and running requests, release the sessions."""

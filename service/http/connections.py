@@ -20,7 +20,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from contract.errors import Unavailable
+from contract.errors import ErrorCode, Unavailable
 from service.http.asgi import HttpMiddleware
 from service.http.errors import CONNECTION_ERRORS, ErrorResponder
 
@@ -91,7 +91,7 @@ def http_protocol() -> type[asyncio.Protocol]:
 
 def too_many_connections(cap: int) -> Unavailable:
     return Unavailable(
-        "too_many_connections",
+        ErrorCode.TOO_MANY_CONNECTIONS,
         f"the server holds its limit of {cap} open connections (max_connections); close idle "
         "connections or retry after the Retry-After delay",
     )

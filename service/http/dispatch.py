@@ -86,7 +86,7 @@ class DirectDispatchMiddleware(HttpMiddleware):
         try:
             response = await route.endpoint(request, **params)
         except Exception as exc:
-            handler = most_specific(self.handlers, exc, None)
+            handler = most_specific(self.handlers, type(exc), None)
             if handler is None:
                 raise  # a bug: the unexpected-error middleware answers and logs it
             response = await handler(request, exc)

@@ -34,10 +34,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from contract.errors import (
     ClientGone,
     DeadlineExceeded,
+    ErrorCode,
+    HeadersTooLarge,
     InputTooLarge,
+    InternalError,
     InvalidInput,
+    MalformedRequest,
+    MethodNotAllowed,
     ModelNotFound,
     RequestError,
+    RouteNotFound,
     Unavailable,
     UnsupportedMediaType,
     most_specific,
@@ -49,8 +55,6 @@ log = logging.getLogger(__name__)
 # nginx's "client closed request": never reaches the client, but keeps metrics honest.
 CLIENT_CLOSED_REQUEST = 499
 INTERNAL_ERROR = 500
-# Starlette's own refusals (unknown path, wrong method), by status: their machine codes.
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 413: "payload_too_large"}
 
 Body = Callable[[RequestError], dict[str, Any]]
 
@@ -67,31 +71,37 @@ class ErrorTable:
     """How one API answers a refusal: the HTTP status of each core error type and its body shape.
 
     The statuses are looked up by the error's class, the most specific entry winning (so an API
-    can single out `Overloaded` among `Unavailable`s); a type without an entry is a bug, 500. The
-    lower layers raise the same `contract.errors` types whatever the API, so a new API is a new
-    table, never new error types. `transport` labels the refusals in `gmlp_refusals_total`.
+    can single out `Overloaded` among `Unavailable`s); a type without an entry (`InternalError`)
+    is answered 500. The lower layers raise the same `contract.errors` types whatever the API, so a
+    new API is a new table, never new error types. `transport` labels the refusals in
+    `gmlp_refusals_total`.
     """
 
     statuses: Mapping[type[RequestError], int]
     body: Body
     transport: str = "rest"  # the label of its refusals in gmlp_refusals_total
 
-    def status(self, error: RequestError) -> int:
-        return most_specific(self.statuses, error, INTERNAL_ERROR)
+    def status(self, kind: type[RequestError]) -> int:
+        """The status of an error of type `kind`."""
+        return most_specific(self.statuses, kind, INTERNAL_ERROR)
 
     def response(self, error: RequestError, *, status: int | None = None) -> JSONResponse:
         headers = {}
         if isinstance(error, Unavailable) and error.retry_after_s is not None:
             headers["Retry-After"] = str(error.retry_after_s)
-        return JSONResponse(self.body(error), status_code=status or self.status(error), headers=headers)
+        return JSONResponse(self.body(error), status_code=status or self.status(type(error)), headers=headers)
 
 
 REST_ERRORS = ErrorTable(
     statuses={
         InvalidInput: 422,
+        MalformedRequest: 400,
         InputTooLarge: 413,
+        HeadersTooLarge: 431,
         UnsupportedMediaType: 415,
         ModelNotFound: 404,
+        RouteNotFound: 404,
+        MethodNotAllowed: 405,
         Unavailable: 503,
         DeadlineExceeded: 504,
         ClientGone: CLIENT_CLOSED_REQUEST,
@@ -157,18 +167,32 @@ class ErrorResponder:
 
 
 def payload_too_large(limit: int, what: str = "request body") -> InputTooLarge:
-    return InputTooLarge("payload_too_large", f"{what} is larger than the limit of {limit} bytes")
+    return InputTooLarge(ErrorCode.PAYLOAD_TOO_LARGE, f"{what} is larger than the limit of {limit} bytes")
 
 
 def client_gone() -> ClientGone:
-    return ClientGone("client_closed_request", "the client disconnected")
+    return ClientGone(ErrorCode.CLIENT_CLOSED_REQUEST, "the client disconnected")
 
 
 def validation_error(errors: list[Any], where: str) -> InvalidInput:
     """FastAPI's or pydantic's error list as one InvalidInput (without echoing the input back)."""
     details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
     summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or 'body'}: {d['msg']}" for d in details)
-    return InvalidInput("invalid_request", f"{where} is invalid: {summary}", details=details)
+    return InvalidInput(ErrorCode.INVALID_REQUEST, f"{where} is invalid: {summary}", details=details)
+
+
+def framework_error(exc: StarletteHTTPException) -> RequestError:
+    """A refusal by Starlette itself (unknown path, wrong method, unparsable multipart) as ours."""
+    message = str(exc.detail)
+    if exc.status_code == 404:
+        return RouteNotFound(ErrorCode.NOT_FOUND, message)
+    if exc.status_code == 405:
+        return MethodNotAllowed(ErrorCode.METHOD_NOT_ALLOWED, message)
+    if exc.status_code == 400:
+        return MalformedRequest(ErrorCode.BAD_REQUEST, message)
+    if exc.status_code == 413:
+        return InputTooLarge(ErrorCode.PAYLOAD_TOO_LARGE, message)
+    return RequestError(ErrorCode.HTTP_ERROR, message)
 
 
 Handler = Callable[[Request, Exception], Awaitable[Response]]
@@ -188,8 +212,10 @@ def error_handlers(responder: ErrorResponder) -> dict[type[Exception], Handler]:
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        error = RequestError(_HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail))
-        response = responder.response(request.scope, error, status=exc.status_code)
+        error = framework_error(exc)
+        # A status of the framework's own that no type stands for is answered as it is.
+        status = exc.status_code if error.code == ErrorCode.HTTP_ERROR else None
+        response = responder.response(request.scope, error, status=status)
         response.headers.update(exc.headers or {})
         return response
 
@@ -238,8 +264,8 @@ class UnexpectedErrorMiddleware(HttpMiddleware):
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
             if started:  # too late for an answer: uvicorn closes the connection of an unfinished one
                 return
-            error = RequestError("internal_error", "internal server error; the error was logged")
-            await self.errors.response(scope, error, status=INTERNAL_ERROR)(scope, receive, send)
+            error = InternalError(ErrorCode.INTERNAL_ERROR, "internal server error; the error was logged")
+            await self.errors.response(scope, error)(scope, receive, send)
 
 
 __all__ = [

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract.errors import InvalidInput, RequestError
+from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.formats import MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION
 from service.core.deadline import Deadline, before
@@ -113,12 +113,12 @@ async def _read(request: Request, served: Pipeline) -> tuple[HFRequest | None, b
         raise unsupported_media_type(mime, 'send JSON {"inputs": ..., "parameters": {...}} or the raw input')
     data = await request.body()
     if not data:
-        raise InvalidInput("empty_body", "the body is empty; send the image or the text")
+        raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send the image or the text")
     if isinstance(served, FillMaskPipeline):
         try:
             return _validated(json.dumps({"inputs": data.decode("utf-8")}).encode()), b""
         except UnicodeDecodeError:
-            raise InvalidInput("invalid_text", "a raw text body must be UTF-8") from None
+            raise InvalidInput(ErrorCode.INVALID_TEXT, "a raw text body must be UTF-8") from None
     return None, data
 
 
@@ -134,13 +134,15 @@ async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline:
     if isinstance(served, FillMaskPipeline):
         assert body is not None
         if params.function_to_apply is not None:
-            raise InvalidInput("invalid_parameter", "function_to_apply applies to image classification only")
+            raise InvalidInput(
+                ErrorCode.INVALID_PARAMETER, "function_to_apply applies to image classification only"
+            )
         predictions = await served.fill_mask(body.inputs, params.top_k or 5, params.targets, deadline)
         return predictions[0] if len(predictions) == 1 else predictions
     if not isinstance(served, VisionPipeline):  # pragma: no cover - every task is one of the two
-        raise InvalidInput("wrong_task", f"model {served.name} serves no task of this API")
+        raise InvalidInput(ErrorCode.WRONG_TASK, f"model {served.name} serves no task of this API")
     if params.targets is not None:
-        raise InvalidInput("invalid_parameter", "targets apply to fill-mask only")
+        raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
     if body is not None:
         image = decode_base64(body.inputs, "inputs")
     top_k = min(params.top_k or 5, len(served.labels))  # as HF's pipeline does: at most every label

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contract.errors import InputTooLarge
+from contract.errors import ErrorCode, HeadersTooLarge
 from service.http.asgi import HttpMiddleware
 from service.http.errors import ErrorResponder, payload_too_large
-
-HEADERS_TOO_LARGE = 431
 
 
 class BodyLimitMiddleware(HttpMiddleware):
@@ -31,12 +29,12 @@ class BodyLimitMiddleware(HttpMiddleware):
             len(k) + len(v) + 4 for k, v in scope["headers"]
         )
         if header_bytes > self.max_header_bytes:
-            error = InputTooLarge(
-                "headers_too_large",
+            error = HeadersTooLarge(
+                ErrorCode.HEADERS_TOO_LARGE,
                 f"the request line and headers are {header_bytes} bytes; at most {self.max_header_bytes} "
                 "are accepted",
             )
-            await self.errors.response(scope, error, status=HEADERS_TOO_LARGE)(scope, receive, send)
+            await self.errors.response(scope, error)(scope, receive, send)
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
@@ -57,4 +55,4 @@ class BodyLimitMiddleware(HttpMiddleware):
         await self.app(scope, limited_receive, send)
 
 
-__all__ = ["BodyLimitMiddleware", "HEADERS_TOO_LARGE"]
+__all__ = ["BodyLimitMiddleware"]

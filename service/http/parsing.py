@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from contract.errors import InvalidInput, UnsupportedMediaType
+from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType
 from contract.image import ACCEPTED_DESCRIPTION
 from service.http.errors import validation_error
 from service.http.schemas import ClassifyJSONRequest
@@ -55,7 +55,7 @@ def query_parameters(schema: type[BaseModel]) -> list[dict[str, Any]]:
 
 def unsupported_media_type(got: str | None, accepted: str) -> UnsupportedMediaType:
     return UnsupportedMediaType(
-        "unsupported_media_type", f"content type {got or '(none)'!r} is not accepted; {accepted}"
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"content type {got or '(none)'!r} is not accepted; {accepted}"
     )
 
 
@@ -73,7 +73,8 @@ async def read_image(request: Request) -> bytes:
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
                 raise InvalidInput(
-                    "missing_file", "the multipart upload needs the image in a file field named 'file'"
+                    ErrorCode.MISSING_FILE,
+                    "the multipart upload needs the image in a file field named 'file'",
                 )
             data = await upload.read()
     elif mime.startswith("image/") or mime in RAW_TYPES:
@@ -88,7 +89,7 @@ async def read_image(request: Request) -> bytes:
             '(image/*, application/octet-stream or no content type), or base64 in JSON {"image": ...}',
         )
     if not data:
-        raise InvalidInput("empty_image", f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
+        raise InvalidInput(ErrorCode.EMPTY_IMAGE, f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     return data
 
 
@@ -98,13 +99,15 @@ def decode_base64(text: str, field: str) -> bytes:
         header, _, text = text.partition(",")
         if not header.endswith(";base64"):
             raise InvalidInput(
-                "invalid_base64", "a data: URL image must be base64-encoded (data:image/...;base64,...)"
+                ErrorCode.INVALID_BASE64,
+                "a data: URL image must be base64-encoded (data:image/...;base64,...)",
             )
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidInput(
-            "invalid_base64", "'image' is not valid base64; send the image file's bytes base64-encoded"
+            ErrorCode.INVALID_BASE64,
+            "'image' is not valid base64; send the image file's bytes base64-encoded",
         ) from None
 
 
@@ -115,7 +118,7 @@ async def read_json(request: Request, schema: type[M]) -> M:
         raise unsupported_media_type(mime, "send a JSON body with content type application/json")
     body = await request.body()
     if not body:
-        raise InvalidInput("empty_body", "the body is empty; send a JSON object")
+        raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send a JSON object")
     try:
         return schema.model_validate_json(body)
     except ValidationError as exc:

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from contract.errors import ErrorCode
 from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
 
 # Request limits, each checked where it is declared (the schemas below), so OpenAPI states them.
@@ -132,7 +133,12 @@ class ErrorResponse(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
-                {"error": {"code": "invalid_image", "message": "the data is not a readable image; ..."}}
+                {
+                    "error": {
+                        "code": ErrorCode.INVALID_IMAGE.value,
+                        "message": "the data is not a readable image; ...",
+                    }
+                }
             ]
         }
     )

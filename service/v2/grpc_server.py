@@ -21,6 +21,7 @@ from grpc import aio
 from contract.errors import (
     ClientGone,
     DeadlineExceeded,
+    ErrorCode,
     InputTooLarge,
     InvalidInput,
     ModelNotFound,
@@ -69,8 +70,9 @@ _CONTENTS = {
 }
 
 
-def grpc_status(error: RequestError) -> grpc.StatusCode:
-    return most_specific(GRPC_STATUS, error, grpc.StatusCode.INTERNAL)
+def grpc_status(kind: type[RequestError]) -> grpc.StatusCode:
+    """The status code of an error of type `kind`."""
+    return most_specific(GRPC_STATUS, kind, grpc.StatusCode.INTERNAL)
 
 
 def _parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def _input(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> 
     field = _CONTENTS.get(tensor.datatype)
     if field is None:
         raise InvalidInput(
-            "invalid_inputs",
+            ErrorCode.INVALID_INPUTS,
             f"input {tensor.name}: {tensor.datatype!r} data must be sent in raw_input_contents",
         )
     values = list(getattr(tensor.contents, field))
@@ -102,7 +104,7 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
     raws = list(request.raw_input_contents)
     if raws and len(raws) != len(request.inputs):
         raise InvalidInput(
-            "invalid_inputs",
+            ErrorCode.INVALID_INPUTS,
             f"{len(raws)} raw_input_contents for {len(request.inputs)} inputs; send one per input",
         )
     inputs = [_input(t, raws[i] if raws else None) for i, t in enumerate(request.inputs)]
@@ -139,7 +141,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return await work
         except RequestError as exc:
             self.state.metrics.refused("grpc", exc.code)
-            await context.abort(grpc_status(exc), exc.message)
+            await context.abort(grpc_status(type(exc)), exc.message)
         except Exception:
             log.exception("unhandled error in a gRPC call")
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error; the error was logged")

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from contract.errors import InvalidInput, ModelNotFound
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
 from service.core.deadline import Deadline
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
@@ -76,7 +76,7 @@ def model(state: ServiceState, name: str, version: str = "", *, loaded_only: boo
     served = state.model(name, loaded_only=loaded_only)
     if version not in ("", VERSION):
         raise ModelNotFound(
-            "version_not_found", f"model {name!r} has no version {version!r}; versions: [{VERSION!r}]"
+            ErrorCode.VERSION_NOT_FOUND, f"model {name!r} has no version {version!r}; versions: [{VERSION!r}]"
         )
     return served
 
@@ -132,7 +132,8 @@ async def gather_or_cancel(work: Sequence[Awaitable[T]]) -> list[T]:
 def _rows(served: Pipeline, count: int) -> int:
     if not 1 <= count <= served.batcher.max_batch_size:
         raise InvalidInput(
-            "invalid_batch", f"a request has between 1 and {served.batcher.max_batch_size} rows, got {count}"
+            ErrorCode.INVALID_BATCH,
+            f"a request has between 1 and {served.batcher.max_batch_size} rows, got {count}",
         )
     return count
 
@@ -143,7 +144,7 @@ def _encoded_items(tensor: Tensor, served: Pipeline) -> list[bytes]:
         len(tensor.shape) == 1 or (len(tensor.shape) == 2 and tensor.shape[1] == 1)
     ):
         raise InvalidInput(
-            "invalid_inputs",
+            ErrorCode.INVALID_INPUTS,
             f"input {tensor.name} must be BYTES with shape [rows] or [rows, 1], one element per row; "
             f"got {tensor.datatype} {tensor.shape}",
         )
@@ -154,7 +155,9 @@ def _encoded_items(tensor: Tensor, served: Pipeline) -> list[bytes]:
 def _top_k(parameters: dict[str, Any]) -> int:
     top_k = parameters.get("top_k", 5)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
-        raise InvalidInput("invalid_top_k", f"parameter top_k must be an integer in 1..{MAX_FILL_MASK_TOP_K}")
+        raise InvalidInput(
+            ErrorCode.INVALID_TOP_K, f"parameter top_k must be an integer in 1..{MAX_FILL_MASK_TOP_K}"
+        )
     return top_k
 
 
@@ -166,19 +169,20 @@ def _graph_rows(served: Pipeline, inputs: list[Tensor]) -> list[dict[str, np.nda
         meta = expected[name]
         if tensor.datatype != meta["datatype"]:
             raise InvalidInput(
-                "invalid_inputs", f"input {name} must have datatype {meta['datatype']}, got {tensor.datatype}"
+                ErrorCode.INVALID_INPUTS,
+                f"input {name} must have datatype {meta['datatype']}, got {tensor.datatype}",
             )
         dims = meta["shape"]
         if len(tensor.shape) != len(dims) or any(
             d not in (-1, t) or t < 1 for t, d in zip(tensor.shape[1:], dims[1:], strict=True)
         ):
             raise InvalidInput(
-                "invalid_inputs",
+                ErrorCode.INVALID_INPUTS,
                 f"input {name} must have shape {meta['shape']} (-1: any size), got {tensor.shape}",
             )
     batch = {t.shape[0] for t in inputs}
     if len(batch) != 1:
-        raise InvalidInput("invalid_inputs", "all inputs need the same number of rows")
+        raise InvalidInput(ErrorCode.INVALID_INPUTS, "all inputs need the same number of rows")
     rows = _rows(served, batch.pop())
     if isinstance(served, FillMaskPipeline):
         _check_text_tensors(served, given["input_ids"].array, given["mask_positions"].array)
@@ -192,13 +196,13 @@ def _check_text_tensors(served: FillMaskPipeline, ids: np.ndarray, positions: np
     length, slots = ids.shape[1], positions.shape[1]
     if length > codec.n or slots > codec.max_predictions:
         raise InvalidInput(
-            "invalid_inputs",
+            ErrorCode.INVALID_INPUTS,
             f"input_ids may have at most {codec.n} tokens and mask_positions at most "
             f"{codec.max_predictions} entries, got {length} and {slots}",
         )
     for name, values, upper in (("input_ids", ids, codec.vocab_size), ("mask_positions", positions, length)):
         if values.min() < 0 or values.max() >= upper:
-            raise InvalidInput("invalid_inputs", f"values of {name} must be in [0, {upper})")
+            raise InvalidInput(ErrorCode.INVALID_INPUTS, f"values of {name} must be in [0, {upper})")
 
 
 def _check_outputs(requested: list[str], available: list[str]) -> None:
@@ -206,7 +210,8 @@ def _check_outputs(requested: list[str], available: list[str]) -> None:
     missing = [n for n in requested if n not in available]
     if missing:
         raise InvalidInput(
-            "invalid_outputs", f"outputs {missing} are not produced for these inputs; available: {available}"
+            ErrorCode.INVALID_OUTPUTS,
+            f"outputs {missing} are not produced for these inputs; available: {available}",
         )
 
 
@@ -214,7 +219,7 @@ async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> d
     names = sorted(t.name for t in request.inputs)
     graph_inputs = sorted(served.runtime.input_names)
     if len(set(names)) != len(names):
-        raise InvalidInput("invalid_inputs", f"an input is given twice: {names}")
+        raise InvalidInput(ErrorCode.INVALID_INPUTS, f"an input is given twice: {names}")
     if names == graph_inputs:
         _check_outputs(request.outputs, served.runtime.output_names)
         rows = _graph_rows(served, request.inputs)
@@ -235,7 +240,8 @@ async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> d
         return {PREDICTIONS_OUTPUT: bytes_tensor(PREDICTIONS_OUTPUT, encoded)}
     accepted = [graph_inputs, [IMAGE_INPUT] if isinstance(served, VisionPipeline) else [TEXT_INPUT]]
     raise InvalidInput(
-        "invalid_inputs", f"model {served.name} takes the inputs {accepted[0]} or {accepted[1]}, got {names}"
+        ErrorCode.INVALID_INPUTS,
+        f"model {served.name} takes the inputs {accepted[0]} or {accepted[1]}, got {names}",
     )
 
 
@@ -243,7 +249,7 @@ def _utf8(item: bytes) -> str:
     try:
         return item.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidInput("invalid_text", "input text must be UTF-8 encoded") from None
+        raise InvalidInput(ErrorCode.INVALID_TEXT, "input text must be UTF-8 encoded") from None
 
 
 async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) -> InferResult:

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from contract.errors import InvalidInput, RequestError
+from contract.errors import ErrorCode, InvalidInput, RequestError
 from service.core.deadline import Deadline, before
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
@@ -173,7 +173,8 @@ def _binary_length(request: Request, size: int) -> int | None:
         return None
     if not value.isdigit() or int(value) > size:
         raise InvalidInput(
-            "invalid_header", f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {value!r}"
+            ErrorCode.INVALID_HEADER,
+            f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {value!r}",
         )
     return int(value)
 
@@ -187,7 +188,7 @@ async def read_infer_request(request: Request, name: str, version: str) -> tuple
     length = _binary_length(request, len(raw))
     head, tail = (raw, b"") if length is None else (raw[:length], raw[length:])
     if not head:
-        raise InvalidInput("empty_body", "the body is empty; send a JSON inference request")
+        raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send a JSON inference request")
     try:
         body = InferRequestBody.model_validate_json(head)
     except ValidationError as exc:
@@ -198,16 +199,20 @@ async def read_infer_request(request: Request, name: str, version: str) -> tuple
         if size is not None:
             if offset + size > len(tail):
                 raise InvalidInput(
-                    "invalid_binary", f"input {tensor.name}: {size} bytes announced, fewer sent"
+                    ErrorCode.INVALID_BINARY, f"input {tensor.name}: {size} bytes announced, fewer sent"
                 )
             inputs.append(from_raw(tensor.name, tensor.datatype, tensor.shape, tail[offset : offset + size]))
             offset += size
         elif tensor.data is None:
-            raise InvalidInput("invalid_inputs", f"input {tensor.name} has neither data nor binary_data_size")
+            raise InvalidInput(
+                ErrorCode.INVALID_INPUTS, f"input {tensor.name} has neither data nor binary_data_size"
+            )
         else:
             inputs.append(from_json(tensor.name, tensor.datatype, tensor.shape, tensor.data))
     if offset != len(tail):
-        raise InvalidInput("invalid_binary", f"{len(tail) - offset} bytes of binary data belong to no input")
+        raise InvalidInput(
+            ErrorCode.INVALID_BINARY, f"{len(tail) - offset} bytes of binary data belong to no input"
+        )
     parameters = body.parameters.model_dump(exclude_none=True) if body.parameters else {}
     default_binary = bool(parameters.get("binary_data_output", False))
     binary: set[str] = set()

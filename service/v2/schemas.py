@@ -1,11 +1,12 @@
 """The Open Inference Protocol's REST bodies (pydantic), with every constraint the server checks
-before it looks at a model: datatypes, non-negative shapes, the parameters it reads."""
+before it looks at a model: datatypes, non-negative shapes, the parameters it reads. Boolean
+parameters are strict: JSON true or false, as the schema says (no 0/1, no "true")."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from contract.formats import MAX_FILL_MASK_TOP_K
 from service.http.schemas import MessageError, error_responses
@@ -34,7 +35,7 @@ class InputTensor(BaseModel):
 
 class OutputParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
-    binary_data: bool | None = Field(None, description="return this output as raw bytes after the JSON")
+    binary_data: StrictBool | None = Field(None, description="return this output as raw bytes after the JSON")
 
 
 class RequestedOutput(BaseModel):
@@ -44,7 +45,7 @@ class RequestedOutput(BaseModel):
 
 class RequestParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
-    binary_data_output: bool | None = Field(None, description="default of every output's binary_data")
+    binary_data_output: StrictBool | None = Field(None, description="default of every output's binary_data")
     top_k: int | None = Field(
         None, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK] for a `text` input"
     )

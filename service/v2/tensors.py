@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from contract.errors import InvalidInput
+from contract.errors import ErrorCode, InvalidInput
 
 # The protocol's datatypes that numpy represents exactly (BF16 has no numpy type: refused).
 NUMPY_TYPES: dict[str, np.dtype] = {
@@ -78,15 +78,20 @@ def _check_header(name: str, datatype: str, shape: Sequence[int]) -> int:
     """Validate datatype and shape; the element count."""
     if datatype not in DATATYPES:
         raise InvalidInput(
-            "invalid_datatype", f"input {name}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}"
+            ErrorCode.INVALID_DATATYPE,
+            f"input {name}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}",
         )
     if any(d < 0 for d in shape):
-        raise InvalidInput("invalid_shape", f"input {name}: shape {list(shape)} has a negative dimension")
+        raise InvalidInput(
+            ErrorCode.INVALID_SHAPE, f"input {name}: shape {list(shape)} has a negative dimension"
+        )
     return math.prod(shape)  # Python integers: a client's absurd shape must not overflow int64
 
 
 def _mismatch(name: str, shape: Sequence[int], got: str) -> InvalidInput:
-    return InvalidInput("invalid_tensor_data", f"input {name}: shape {list(shape)} does not match {got}")
+    return InvalidInput(
+        ErrorCode.INVALID_TENSOR_DATA, f"input {name}: shape {list(shape)} does not match {got}"
+    )
 
 
 def from_json(name: str, datatype: str, shape: Sequence[int], data: Any) -> Tensor:
@@ -95,15 +100,15 @@ def from_json(name: str, datatype: str, shape: Sequence[int], data: Any) -> Tens
     if datatype == BYTES:
         flat = _flatten(data)
         if not all(isinstance(item, str) for item in flat):
-            raise InvalidInput("invalid_tensor_data", f"input {name}: BYTES data must be strings")
+            raise InvalidInput(ErrorCode.INVALID_TENSOR_DATA, f"input {name}: BYTES data must be strings")
         return from_items(name, shape, [item.encode("utf-8") for item in flat])
     if datatype == "BOOL" and not all(isinstance(x, bool) for x in _flatten(data)):
-        raise InvalidInput("invalid_tensor_data", f"input {name}: BOOL data must be true or false")
+        raise InvalidInput(ErrorCode.INVALID_TENSOR_DATA, f"input {name}: BOOL data must be true or false")
     try:
         array = np.asarray(data, dtype=NUMPY_TYPES[datatype])
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(
-            "invalid_tensor_data", f"input {name}: data are not {datatype} values ({exc})"
+            ErrorCode.INVALID_TENSOR_DATA, f"input {name}: data are not {datatype} values ({exc})"
         ) from None
     if array.size != count:
         raise _mismatch(name, shape, f"{array.size} elements")
@@ -143,11 +148,13 @@ def split_bytes(name: str, raw: bytes) -> list[bytes]:
     items, offset = [], 0
     while offset < len(raw):
         if offset + _LENGTH.size > len(raw):
-            raise InvalidInput("invalid_tensor_data", f"input {name}: truncated BYTES element length")
+            raise InvalidInput(ErrorCode.INVALID_TENSOR_DATA, f"input {name}: truncated BYTES element length")
         (length,) = _LENGTH.unpack_from(raw, offset)
         offset += _LENGTH.size
         if offset + length > len(raw):
-            raise InvalidInput("invalid_tensor_data", f"input {name}: BYTES element runs past the data")
+            raise InvalidInput(
+                ErrorCode.INVALID_TENSOR_DATA, f"input {name}: BYTES element runs past the data"
+            )
         items.append(raw[offset : offset + length])
         offset += length
     return items

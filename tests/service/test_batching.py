@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from service.core.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
+from contract.errors import Closed, DeadlineExceeded, Overloaded
+from service.core.batching import DynamicBatcher
 from service.core.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(60)
@@ -174,7 +175,7 @@ def test_full_queue_is_refused_immediately() -> None:
         batcher, recorder, first = await held_batcher(model, max_queue_size=2)
         queued = [asyncio.ensure_future(batcher.submit(x)) for x in ("b", "c")]
         await until(lambda: batcher.queue_depth == 2)
-        with pytest.raises(QueueFullError):
+        with pytest.raises(Overloaded):
             await batcher.submit("d")
         assert recorder.rejections == {"queue_full": 1}
         model.gate.set()
@@ -190,11 +191,11 @@ def test_request_past_its_deadline_fails_and_is_not_run() -> None:
 
     async def main() -> None:
         batcher, recorder, first = await held_batcher(model)
-        with pytest.raises(DeadlineExceededError, match="deadline of 0.05 s"):
+        with pytest.raises(DeadlineExceeded, match="deadline of 0.05 s"):
             await batcher.submit("late", deadline=Deadline.after(0.05))
         assert recorder.rejections["deadline"] == 1
         assert batcher.queue_depth == 0
-        with pytest.raises(DeadlineExceededError):  # already expired on arrival
+        with pytest.raises(DeadlineExceeded):  # already expired on arrival
             await batcher.submit("expired", deadline=Deadline(time.monotonic() - 1, 1.0))
         model.gate.set()
         assert await first == "out-a"
@@ -268,7 +269,7 @@ def test_drain_flushes_the_queue_without_waiting_for_the_window_then_refuses() -
             await until(lambda: batcher.queue_depth == 3)
             assert await batcher.drain(timeout=20) is True
         assert [p.result() for p in pending] == ["out-0", "out-1", "out-2"]
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(Closed):
             await batcher.submit(99)
         assert recorder.rejections == {"shutting_down": 1}
         await batcher.close(1)
@@ -285,10 +286,10 @@ def test_close_fails_what_could_not_be_drained() -> None:
         stuck = asyncio.ensure_future(batcher.submit("b"))
         await until(lambda: batcher.queue_depth == 1)
         await batcher.close(timeout=0.05)  # "a" is still held: the drain times out
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(Closed):
             await stuck
         # The request whose batch was still running is answered too, not left to its deadline.
-        with pytest.raises(BatcherClosedError):
+        with pytest.raises(Closed):
             await asyncio.wait_for(first, 5)
         model.gate.set()
 
@@ -356,7 +357,7 @@ def test_close_answers_every_running_instance() -> None:
         batcher, _, held = await two_held_instances(model, "ab")
         await batcher.close(timeout=0.05)
         for task in held:
-            with pytest.raises(BatcherClosedError):
+            with pytest.raises(Closed):
                 await asyncio.wait_for(task, 5)
         assert batcher.running == 0 and batcher.running_batches == 0
         model.gate.set()

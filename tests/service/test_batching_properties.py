@@ -29,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.core.batching import BatcherClosedError, DeadlineExceededError, DynamicBatcher, QueueFullError
+from contract.errors import Closed, DeadlineExceeded, Overloaded
+from service.core.batching import DynamicBatcher
 from service.core.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(240)
@@ -168,7 +169,7 @@ async def play(options: dict[str, Any], script: list[tuple[Any, ...]], close_tim
 def check(
     options: dict[str, Any], record: Record, requests: list[Request], outcomes: list[Any], batcher: Any
 ) -> None:
-    refusals = (QueueFullError, BatcherClosedError, DeadlineExceededError)
+    refusals = (Overloaded, Closed, DeadlineExceeded)
     for request, outcome in zip(requests, outcomes, strict=True):
         if isinstance(outcome, asyncio.CancelledError):
             assert request.cancelled_at is not None, f"request {request.index} cancelled by nobody"

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
-from contract.errors import InvalidInput
+from contract.errors import ErrorCode, InvalidInput
 from service.app import create_app
 from service.core.settings import ServiceSettings
 from service.http.direct import DirectRoute, error_namespaces
@@ -65,7 +65,7 @@ def _dispatching() -> tuple[DirectDispatchMiddleware, list[str]]:
         return JSONResponse({"name": "never: the template above matches first"})
 
     async def refused(request: Request) -> JSONResponse:
-        raise InvalidInput("bad_thing", "the thing is bad; send a good one")
+        raise InvalidInput(ErrorCode.INVALID_PARAMETER, "the thing is bad; send a good one")
 
     async def broken(request: Request) -> JSONResponse:
         raise RuntimeError("a bug")
@@ -100,7 +100,9 @@ def test_direct_routes_are_answered_without_fastapis_router() -> None:
     assert item.json() == {"name": "a b", "route": "/items/{name}"}
     assert shadowed.json() == {"name": "special", "route": "/items/{name}"}
     assert refused.status_code == 422
-    assert refused.json() == {"error": {"code": "bad_thing", "message": "the thing is bad; send a good one"}}
+    assert refused.json() == {
+        "error": {"code": "invalid_parameter", "message": "the thing is bad; send a good one"}
+    }
     assert reached == []
 
 
@@ -146,7 +148,7 @@ def test_the_error_shape_follows_the_route_not_the_path() -> None:
     )
 
     async def refused(request: Request, name: str) -> JSONResponse:
-        raise InvalidInput("bad_thing", "the thing is bad; send a good one")
+        raise InvalidInput(ErrorCode.INVALID_PARAMETER, "the thing is bad; send a good one")
 
     rest.add_api_route("/models/{name}/card", refused, methods=["GET"])
     other.add_api_route("/{name}", refused, methods=["POST"])
@@ -164,13 +166,18 @@ def test_the_error_shape_follows_the_route_not_the_path() -> None:
 
     card, model = asyncio.run(exchange())
     assert card.status_code == model.status_code == 422
-    assert card.json() == {"error": {"code": "bad_thing", "message": "the thing is bad; send a good one"}}
+    assert card.json() == {
+        "error": {"code": "invalid_parameter", "message": "the thing is bad; send a good one"}
+    }
     assert model.json() == {"error": "the thing is bad; send a good one"}
 
-    def before_routing(method: str, path: str) -> ErrorTable:
-        return responder.table({"type": "http", "method": method, "path": path, "root_path": ""})
+    def before_routing(method: str, path: str, root_path: str = "") -> ErrorTable:
+        return responder.table({"type": "http", "method": method, "path": path, "root_path": root_path})
 
     assert before_routing("GET", "/models/a/card") is REST_ERRORS
     assert before_routing("POST", "/models/a") is before_routing("GET", "/models/a") is other_api
     assert before_routing("GET", "/models/a/b/c") is other_api  # below the prefix, no route
     assert before_routing("GET", "/modelsx") is before_routing("GET", "/elsewhere") is REST_ERRORS
+    # Behind a proxy's root path, as the router matches: the route below it.
+    assert before_routing("POST", "/api/models/a", root_path="/api") is other_api
+    assert before_routing("GET", "/api/models/a/card", root_path="/api") is REST_ERRORS

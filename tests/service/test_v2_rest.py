@@ -258,3 +258,30 @@ def test_masked_lm_raw_tensors_at_their_own_length(
     with pytest.raises(InferenceServerException) as outside:
         logits(ids, np.array([[5]], dtype=np.int64))  # position 5 of a 5-token text
     assert outside.value.status() == "400" and "mask_positions must be in [0, 5)" in outside.value.message()
+
+
+def test_boolean_parameters_take_only_json_booleans(server: RunningServer) -> None:
+    """`binary_data_output` and `binary_data` are booleans in the schema: 0, 1 or "true" is refused
+    with a 400 that names the parameter, where true (what tritonclient sends) is taken."""
+    text = {"name": "text", "shape": [1], "datatype": "BYTES", "data": ["the [MASK] sat."]}
+
+    def infer(parameters: dict[str, Any] | None, output: dict[str, Any] | None) -> httpx.Response:
+        body: dict[str, Any] = {"inputs": [text]}
+        if parameters is not None:
+            body["parameters"] = parameters
+        if output is not None:
+            body["outputs"] = [{"name": "predictions", "parameters": output}]
+        return httpx.post(f"{server.url}/v2/models/tiny-mlm/infer", json=body, timeout=30)
+
+    for parameters, output, name in (
+        ({"binary_data_output": 0}, None, "parameters.binary_data_output"),
+        ({"binary_data_output": "true"}, None, "parameters.binary_data_output"),
+        (None, {"binary_data": 1}, "outputs.0.parameters.binary_data"),
+    ):
+        refused = infer(parameters, output)
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]
+        assert f"{name}: Input should be a valid boolean" in message, message
+    for parameters, output in (({"binary_data_output": True}, None), (None, {"binary_data": True})):
+        taken = infer(parameters, output)
+        assert taken.status_code == 200 and taken.headers["content-type"] == "application/octet-stream"
