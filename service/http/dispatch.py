@@ -32,7 +32,7 @@ from service.http.errors import Handler
 def _matches(route: DirectRoute, method: str, path: str) -> dict[str, Any] | None:
     """The converted path parameters when `route` takes this method and path, else None."""
     found = route.path_regex.match(path)
-    if found is None or method not in route.methods:
+    if found is None or method not in (route.methods or ()):
         return None
     return {name: route.param_convertors[name].convert(value) for name, value in found.groupdict().items()}
 
@@ -57,7 +57,7 @@ class DirectDispatchMiddleware(HttpMiddleware):
             if route.param_convertors:
                 self.templated.append(route)
                 continue
-            for method in route.methods:
+            for method in route.methods or ():
                 if not any(_matches(earlier, method, route.path) is not None for earlier in self.templated):
                     self.static.setdefault((method, route.path), route)
 

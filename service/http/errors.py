@@ -151,9 +151,9 @@ class ErrorResponder:
         if isinstance(table, ErrorTable):
             return table
         path = get_route_path(scope)
-        for prefix, table in self.namespaces.items():
+        for prefix, owned in self.namespaces.items():
             if _covers(prefix, path):
-                return table
+                return owned
         return self.default
 
     def response(self, scope: Scope, error: RequestError, *, status: int | None = None) -> JSONResponse:

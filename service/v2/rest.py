@@ -57,7 +57,7 @@ router = APIRouter(
     prefix=PREFIX, tags=["Open Inference Protocol v2"], route_class=DirectRoute.answering(V2_ERRORS)
 )
 
-_NOT_FOUND = {404: ERROR_RESPONSES[404]}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: ERROR_RESPONSES[404]}
 
 
 def _json_form() -> dict[str, Any]:

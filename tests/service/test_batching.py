@@ -303,7 +303,7 @@ async def two_held_instances(model: GatedModel, items: str) -> tuple[Any, Record
     model.gate.clear()
     batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, instances=2)
     batcher.start()
-    tasks = [asyncio.ensure_future(batcher.submit(item)) for item in items]
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(batcher.submit(item)) for item in items]
     await until(lambda: len(model.batches) == 2)
     return batcher, recorder, tasks
 

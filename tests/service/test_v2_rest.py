@@ -273,15 +273,20 @@ def test_boolean_parameters_take_only_json_booleans(server: RunningServer) -> No
             body["outputs"] = [{"name": "predictions", "parameters": output}]
         return httpx.post(f"{server.url}/v2/models/tiny-mlm/infer", json=body, timeout=30)
 
-    for parameters, output, name in (
+    refusals: list[tuple[dict[str, Any] | None, dict[str, Any] | None, str]] = [
         ({"binary_data_output": 0}, None, "parameters.binary_data_output"),
         ({"binary_data_output": "true"}, None, "parameters.binary_data_output"),
         (None, {"binary_data": 1}, "outputs.0.parameters.binary_data"),
-    ):
+    ]
+    for parameters, output, name in refusals:
         refused = infer(parameters, output)
         assert refused.status_code == 400, refused.text
         message = refused.json()["error"]
         assert f"{name}: Input should be a valid boolean" in message, message
-    for parameters, output in (({"binary_data_output": True}, None), (None, {"binary_data": True})):
+    accepted: list[tuple[dict[str, Any] | None, dict[str, Any] | None]] = [
+        ({"binary_data_output": True}, None),
+        (None, {"binary_data": True}),
+    ]
+    for parameters, output in accepted:
         taken = infer(parameters, output)
         assert taken.status_code == 200 and taken.headers["content-type"] == "application/octet-stream"
