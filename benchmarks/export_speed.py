@@ -13,6 +13,7 @@ elsewhere it is emulated and no baseline anyone would deploy (model/precision.py
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from contract.formats import VISION_TASK
 from export.onnx_export import example_inputs, export_onnx
 from export.variants import quantize_int8
 from export.verify import session
-from model import build_model, get_config, load_checkpoint
+from model import GMLPModel, build_model, get_config, load_checkpoint
 from model.precision import native_bf16
 
 NO_BF16_NOTE = (
@@ -36,7 +37,7 @@ NO_BF16_NOTE = (
 )
 
 
-def _load(path_or_name: str) -> nn.Module:
+def _load(path_or_name: str) -> GMLPModel:
     path = Path(path_or_name)
     if path.is_dir():
         return load_checkpoint(path)
@@ -96,7 +97,7 @@ def run_bench(
             if with_bf16:
                 candidates["PyTorch bf16 autocast"] = bf16
             for name, sess in sessions.items():
-                candidates[name] = lambda sess=sess, feeds=feeds: sess.run(["logits"], feeds)
+                candidates[name] = functools.partial(sess.run, ["logits"], feeds)
             for name, fn in candidates.items():
                 rows.setdefault(name, {})[batch] = median_rate(
                     fn, batch, repeats=repeats, min_seconds=min_seconds

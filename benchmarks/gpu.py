@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -23,10 +24,14 @@ from contract.formats import VISION_TASK
 def make_inputs(cfg: dict, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random inputs of `batch` rows; a masked LM's named axes at their largest (the full window
     of `seq_len` tokens, every prediction slot), the costliest shape a request can have."""
-    sizes = {"batch": batch, "seq": cfg.get("seq_len"), "predictions": cfg.get("max_predictions")}
-    feeds = {}
+    sizes: dict[str, Any] = {
+        "batch": batch,
+        "seq": cfg.get("seq_len"),
+        "predictions": cfg.get("max_predictions"),
+    }
+    feeds: dict[str, np.ndarray] = {}
     for spec in cfg["inputs"]:
-        shape = [batch, *(d if isinstance(d, int) else sizes[d] for d in spec["shape"][1:])]
+        shape = (batch, *(int(d if isinstance(d, int) else sizes[d]) for d in spec["shape"][1:]))
         if spec["dtype"] == "float32":
             feeds[spec["name"]] = rng.standard_normal(shape, dtype=np.float32)
         elif spec["name"] == "input_ids":

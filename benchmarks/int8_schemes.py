@@ -13,6 +13,7 @@ decide the result: the measurement behind the 7-bit weights of `gmlp export` (ex
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -57,6 +58,8 @@ def main() -> None:
         config["variants"]["int8"] = VARIANT_FILES["int8"]  # each scheme is scored as the int8 variant
         config_path.write_text(json.dumps(config))
         _, calibration = calibration_feeds(None, config, checkpoint, 256)
+        if not calibration:
+            raise SystemExit(f"{checkpoint} has no calibration set to quantise with")
         batch = {k: np.concatenate([f[k] for f in calibration[:32]]) for k in calibration[0]}
         fp32 = served / VARIANT_FILES["fp32"]
         candidates = {"fp32 (no quantisation)": fp32}
@@ -73,7 +76,7 @@ def main() -> None:
         # Timed in turn (fp32, scheme 1, ..., fp32, ...), so drift in the machine's speed hits all alike.
         sessions = {name: session(path, threads=args.threads) for name, path in candidates.items()}
         ms = interleaved_ms(
-            {name: lambda sess=sess: sess.run(None, batch) for name, sess in sessions.items()}, args.repeats
+            {name: functools.partial(sess.run, None, batch) for name, sess in sessions.items()}, args.repeats
         )
         base = ms["fp32 (no quantisation)"]
         for name in candidates:

@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         f"# Serving benchmark: {info['name']} "
         f"({info['variant']}, {info['intra_op_threads']} intra-op threads)",
         "",
-        f"- {datetime.now(timezone.utc).isoformat(timespec='seconds')}, {os.cpu_count()} CPUs visible, "
+        f"- {datetime.now(UTC).isoformat(timespec='seconds')}, {os.cpu_count()} CPUs visible, "
         f"locust on the same machine; {args.duration} per locust run; CIFAR-10 test JPEGs (32x32)",
         f"- {cpu_line()}",
         f"- repository: `{args.model_repository}`; failed requests in all runs: {failures}",

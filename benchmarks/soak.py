@@ -134,7 +134,7 @@ class Traffic:
             if problem is not None:
                 return self._error(f"wrong answer: {problem}")
             return "ok", seconds
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             return self._error(f"{type(exc).__name__}: {exc}")
 
     def _error(self, message: str) -> tuple[str, float]:

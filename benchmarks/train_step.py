@@ -14,13 +14,14 @@ model's `baddbmm` form (model/layers.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
 from benchmarks import training
 from benchmarks.harness import interleaved_ms
-from model import GMLPMaskedLMConfig, build_model, get_config
-from model.layers import SpatialGatingUnit
+from model import GMLPMaskedLMConfig, GMLPModel, build_model, get_config
+from model.layers import GMLPBlock, SpatialGatingUnit
 
 
 class MatmulSGU(SpatialGatingUnit):
@@ -42,8 +43,8 @@ def _sgu_step(sgu: SpatialGatingUnit, batch: int, n: int, d_ffn: int, bf16: bool
     return run
 
 
-def _swap_sgus(model: torch.nn.Module, cls: type[SpatialGatingUnit]) -> None:
-    for block in model.blocks:
+def _swap_sgus(model: GMLPModel, cls: type[SpatialGatingUnit]) -> None:
+    for block in cast("list[GMLPBlock]", model.blocks):
         block.sgu.__class__ = cls
 
 

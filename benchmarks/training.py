@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import REPO, add_timing_arguments, command_line, cpu_line
-from model import GMLPConfig, config_from_dict
+from model import GMLPConfig, GMLPModel, GMLPVisionConfig, config_from_dict
 from model.precision import PRECISIONS, precision_label, resolve_precision
 
 DEMOS = {"cifar10-gmlp": 128, "gutenberg-gmlp-mlm": 48}  # checkpoint -> training batch size
@@ -31,7 +31,7 @@ def demo_configs() -> list[tuple[str, GMLPConfig, int]]:
 
 
 def model_step(
-    model: torch.nn.Module,
+    model: GMLPModel,
     batch: int,
     bf16: bool,
     opt: torch.optim.Optimizer | None = None,
@@ -40,12 +40,13 @@ def model_step(
     """One optimiser step of `model` on random inputs of the training shapes; `opt` defaults to a
     plain AdamW and `forward` (e.g. a compiled module) to the model itself."""
     config = model.config
+    inputs: tuple[torch.Tensor, ...]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if opt is None else opt
     forward = model if forward is None else forward
-    if hasattr(config, "img_size"):
+    if isinstance(config, GMLPVisionConfig):
         inputs = (torch.randn(batch, config.in_chans, config.img_size, config.img_size),)
         y = torch.randint(0, config.num_classes, (batch,))
-    else:  # decoded at 15% of the positions, as `gmlp train-mlm` does
+    else:  # a GMLPMaskedLMConfig, decoded at 15% of the positions, as `gmlp train-mlm` does
         picks = max(1, round(0.15 * config.n))
         inputs = (
             torch.randint(1, config.vocab_size, (batch, config.n)),

@@ -17,6 +17,7 @@ The CPU's model name and flags are printed with the table.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -49,7 +50,9 @@ def speed_table(served: Path, model: dict, threads: int, repeats: int) -> list[s
     window = f"fixed window (L = {n}, {slots} slots)"
     cases = {window: texts(model, n, slots, rng)}
     cases.update({f"L = {length}, 1 mask": texts(model, length, 1, rng) for length in LENGTHS})
-    ms = interleaved_ms({name: lambda f=f: sess.run(["logits"], f) for name, f in cases.items()}, repeats)
+    ms = interleaved_ms(
+        {name: functools.partial(sess.run, ["logits"], f) for name, f in cases.items()}, repeats
+    )
     lines = [
         "| input shape (batch 16) | ms per batch | sequences/s | x fixed window |",
         "|---|---:|---:|---:|",
@@ -72,7 +75,7 @@ def exactness(served: Path, config: dict, variant: str) -> str:
         short = sess.run(["logits"], {k: v[None] for k, v in encoded.feeds.items()})[0][0]
         worst = max(worst, float(np.abs(short - padded).max()))
         top5 = [np.argsort(-x, axis=-1)[:, :5] for x in (short, padded)]
-        top5_differ += int(not np.array_equal(*top5))
+        top5_differ += int(not np.array_equal(top5[0], top5[1]))
         lengths.append(len(encoded.ids))
     return (
         f"| {variant} | {len(sentences)} | {min(lengths)}-{max(lengths)} (median "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -109,7 +109,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         print(f"gmlp loadtest: {exc}", file=sys.stderr)
         return 1
     models = describe_server(args.url)
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started = datetime.now(UTC).isoformat(timespec="seconds")
     sweep = SweepConfig(
         url=args.url,
         users=users,
@@ -133,7 +133,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         models=models,
         workload=workload,
         started=started,
-        finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     paths = write_report(args.out, results)
     print(f"{'users':>6} {'req/s':>9} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'failures':>9} {'batch':>6}")

@@ -29,7 +29,7 @@ class ClassifierAPI(ls.LitAPI):
     def decode_request(self, request: Request) -> np.ndarray:
         # LitServe reads this annotation (as an object: hence no postponed annotations in this
         # module) to choose its body parsing: for `Request` it parses the form and passes it here.
-        upload = request["file"]  # type: ignore[index]
+        upload = request["file"]
         upload.file.seek(0)
         return self.model.preprocess(upload.file.read())
 

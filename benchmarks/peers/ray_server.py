@@ -47,12 +47,6 @@ def build_app() -> Any:
 
     from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, PeerModel, instances
 
-    @serve.deployment(
-        num_replicas=1,
-        max_ongoing_requests=256,
-        ray_actor_options={"num_cpus": 0},
-        logging_config={"enable_access_log": False},
-    )
     class Classifier:
         def __init__(self) -> None:
             self.model = PeerModel.load()
@@ -68,7 +62,13 @@ def build_app() -> Any:
             pixels = await asyncio.to_thread(self.model.preprocess, await request.body())
             return await self.run_batch(pixels)
 
-    return Classifier.bind()
+    deployment = serve.deployment(
+        num_replicas=1,
+        max_ongoing_requests=256,
+        ray_actor_options={"num_cpus": 0},
+        logging_config={"enable_access_log": False},
+    )(Classifier)
+    return deployment.bind()
 
 
 def main() -> None:

@@ -76,8 +76,8 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
         ips = stat(r["images_per_s"] for r in raw)
         cpu = stat(r["cpu_ms_per_image"] for r in raw)
         empty = " |" * (len(TABLE_LEVELS) - 2)
-        cells = f"|{empty} {_cell(ips)} images/s | | {_cell(cpu, 2)} per image | |"
-        lines.append(f"| raw `session.run`, batch 16 (no HTTP) | {cells}")
+        raw_cells = f"|{empty} {_cell(ips)} images/s | | {_cell(cpu, 2)} per image | |"
+        lines.append(f"| raw `session.run`, batch 16 (no HTTP) | {raw_cells}")
     return head + "\n".join(lines) + "\n"
 
 
@@ -141,10 +141,10 @@ def plot(results: dict[str, Any], labels: dict[str, str], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for key, label in labels.items():
         levels = sorted({r["concurrency"] for r in rows if r["peer"] == key and r["image"] == "cifar"})
-        pts = [
+        stats = [
             (figure(rows, key, "cifar", c, "rps"), figure(rows, key, "cifar", c, "p50_ms"), c) for c in levels
         ]
-        pts = [(x.median, y.median, c) for x, y, c in pts if x and y]
+        pts = [(x.median, y.median, c) for x, y, c in stats if x and y]
         if not pts:
             continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)

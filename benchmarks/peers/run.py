@@ -214,12 +214,12 @@ def measure(args: argparse.Namespace) -> None:
     for peer in peers:
         ensure_venv(peer)
     plan = Plan(peers, [int(c) for c in args.levels.split(",")], args.rounds, args.duration, args.duration)
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="gmlp-peers-") as tmp:
         work = Path(tmp)
         link_repository(work, MODEL)
         results = run_rounds(plan, work, MODEL, log=functools.partial(print, flush=True))
-    minutes = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60.0
+    minutes = (datetime.datetime.now(datetime.UTC) - started).total_seconds() / 60.0
     meta = {
         "date": started.strftime("%Y-%m-%d"),
         "machine": cpu_facts(),

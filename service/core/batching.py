@@ -147,7 +147,7 @@ class DynamicBatcher(Generic[I, O]):
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def close(self, timeout: float | None = None) -> None:

@@ -147,13 +147,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error; the error was logged")
         raise AssertionError("abort returns only by raising")  # pragma: no cover
 
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=inference.server_live(self.state))
 
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: aio.ServicerContext) -> Any:
         return pb.ServerReadyResponse(ready=self.state.ready)
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:
         async def ready() -> pb.ModelReadyResponse:
             return pb.ModelReadyResponse(
                 ready=inference.model_ready(self.state, request.name, request.version)
@@ -161,10 +161,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await self._answer(context, ready())
 
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext) -> Any:
         return pb.ServerMetadataResponse(**inference.server_metadata())
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
         async def metadata() -> pb.ModelMetadataResponse:
             meta = inference.model_metadata(self.state, request.name, request.version)
             response = pb.ModelMetadataResponse(
@@ -176,7 +176,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await self._answer(context, metadata())
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:  # noqa: N802
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:
         settings = self.state.settings
         remaining = context.time_remaining()
         timeout = (

@@ -26,7 +26,7 @@ class TensorParameters(BaseModel):
 class InputTensor(BaseModel):
     name: str = Field(min_length=1)
     shape: list[Annotated[int, Field(ge=0)]] = Field(description="dimensions")
-    datatype: Datatype  # type: ignore[valid-type]
+    datatype: Datatype
     parameters: TensorParameters | None = None
     data: list[Any] | None = Field(
         None, description="row-major data, flat or nested (BYTES: strings); absent for binary data"
@@ -72,7 +72,7 @@ class InferRequestBody(BaseModel):
 class OutputTensor(BaseModel):
     name: str
     shape: list[int]
-    datatype: Datatype  # type: ignore[valid-type]
+    datatype: Datatype
     parameters: dict[str, Scalar] | None = None
     data: list[Any] | None = None
 
@@ -93,7 +93,7 @@ class ServerMetadata(BaseModel):
 
 class TensorMetadata(BaseModel):
     name: str
-    datatype: Datatype  # type: ignore[valid-type]
+    datatype: Datatype
     shape: list[int] = Field(description="-1: any size")
 
 
