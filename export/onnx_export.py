@@ -1,8 +1,8 @@
 """PyTorch gMLP -> ONNX, with every Spatial Gating Unit exported as one `gmlp::SpatialGatingUnit` node.
 
-How (see docs/export.md and ../shared/notes/onnx-export.md): for the export only, each block's
-SGU module is wrapped so that its forward emits a single `torch.onnx.ops.symbolic` node; after the
-dynamo exporter has run, the function's body (export/sgu_function.py) is attached to the model.
+How (see docs/export.md): for the export only, each block's SGU module is wrapped so that its
+forward emits a single `torch.onnx.ops.symbolic` node; after the dynamo exporter has run, the
+function's body (export/sgu_function.py) is attached to the model.
 The model code itself knows nothing about ONNX.
 """
 

@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from contract.formats import REPO_ROOT
 from loadtests.metrics_scrape import http_get
 
 
@@ -72,11 +71,10 @@ class ServerProcess:
 
     def start(self) -> None:
         env = {**os.environ, **self.env}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                self.command(), cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+                self.command(), env=env, stdout=log, stderr=subprocess.STDOUT
             )
         try:
             self.wait_ready()
