@@ -84,9 +84,16 @@ def _common(
 
 
 def _data_argument(p: argparse.ArgumentParser, flag: str, default: Path | None, what: str) -> None:
-    """A data set flag: its place under $GMLP_SHARED_DATA by default, required when that is unset."""
-    where = f"required unless ${SHARED_DATA_ENV} is set" if default is None else f"default {default}"
-    p.add_argument(flag, type=Path, default=default, required=default is None, help=f"{what} ({where})")
+    """A data set flag: its place under $GMLP_SHARED_DATA by default; needed when that is unset."""
+    where = f"needed unless ${SHARED_DATA_ENV} is set" if default is None else f"default {default}"
+    p.add_argument(flag, type=Path, default=default, help=f"{what} ({where})")
+
+
+def _given(path: Path | None, flag: str) -> Path:
+    """A data set the command needs, or the reason why there is none."""
+    if path is None:
+        raise UserError(f"no data: pass {flag} or set {SHARED_DATA_ENV} to the folder holding the data sets")
+    return path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -196,20 +203,16 @@ def _train(args: argparse.Namespace, run) -> int:
 def train_vision(args: argparse.Namespace) -> int:
     from model.train.vision import train_vision as run
 
+    args.data = _given(args.data, "--data CIFAR10_NPZ")
     return _train(args, run)
 
 
 def train_mlm(args: argparse.Namespace) -> int:
     from model.train.mlm import train_mlm as run
 
+    args.corpus = _given(args.corpus, "--corpus GUTENBERG_DIR")
+    args.tokenizer = _given(args.tokenizer, "--tokenizer TOKENIZER_JSON")
     return _train(args, run)
-
-
-def _given(path: Path | None, flag: str) -> Path:
-    """The evaluation data set, or the reason why there is none."""
-    if path is None:
-        raise UserError(f"no evaluation data: pass {flag} or set {SHARED_DATA_ENV}")
-    return path
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -227,7 +230,7 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.record is not None and kind != "onnx":
         raise SystemExit("--record takes a served-model directory (the exported ONNX) as PATH")
     if pred.task == VISION_TASK:
-        data = _given(args.data, "--data cifar10-jpeg.npz")
+        data = _given(args.data, "--data CIFAR10_NPZ")
         results = {"cifar10_test": evaluate_classifier(pred, data, args.limit, args.cache_dir)}
     else:
         from model.train.data import load_corpus

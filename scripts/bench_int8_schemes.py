@@ -32,10 +32,13 @@ from contract.formats import VARIANT_FILES  # noqa: E402
 from export.directory import calibration_feeds, export_served_model  # noqa: E402
 from export.variants import STATIC_INT8_OPTIONS, FeedsReader  # noqa: E402
 from export.verify import session  # noqa: E402
-from gmlp.paths import CIFAR10_NPZ  # noqa: E402
+from gmlp.paths import cifar10_npz  # noqa: E402
 from gmlp.train_commands import CACHE_DIR  # noqa: E402
 from model.precision import cpu_flags  # noqa: E402
 from model.train.evaluate import evaluate_classifier, open_predictor  # noqa: E402
+
+# The full CIFAR-10 test split: $GMLP_SHARED_DATA/cifar10/cifar10-jpeg.npz.
+CIFAR10_NPZ = cifar10_npz() or sys.exit("set GMLP_SHARED_DATA to the folder holding cifar10/cifar10-jpeg.npz")
 
 # Changes to the export's static settings (STATIC_INT8_OPTIONS with 8-bit weights).
 SCHEMES = {

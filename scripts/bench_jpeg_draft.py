@@ -32,8 +32,11 @@ from bench_varlen import FLAGS, cpu_model  # noqa: E402
 from contract.formats import VARIANT_FILES  # noqa: E402
 from contract.image import ImageTransform, decode_image  # noqa: E402
 from export.verify import session  # noqa: E402
-from gmlp.paths import CIFAR10_NPZ  # noqa: E402
+from gmlp.paths import cifar10_npz  # noqa: E402
 from model.precision import cpu_flags  # noqa: E402
+
+# The full CIFAR-10 test split: $GMLP_SHARED_DATA/cifar10/cifar10-jpeg.npz.
+CIFAR10_NPZ = cifar10_npz() or sys.exit("set GMLP_SHARED_DATA to the folder holding cifar10/cifar10-jpeg.npz")
 
 MEGAPIXELS = (1, 12)
 

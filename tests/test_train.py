@@ -132,6 +132,23 @@ def test_train_mlm_writes_loadable_checkpoint(mlm_ckpt: Path) -> None:
     assert results["full"]["tokens"] == results["full_bert_masking"]["tokens"] > 0
 
 
+@pytest.mark.parametrize(
+    ("command", "flag"), [("train-vision", "--data"), ("train-mlm", "--corpus"), ("train-mlm", "--tokenizer")]
+)
+def test_training_without_data_says_which_flag_is_missing(
+    command: str, flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Without GMLP_SHARED_DATA the data sets are not looked for anywhere: the command asks for them."""
+    from gmlp.cli import main
+
+    monkeypatch.delenv("GMLP_SHARED_DATA", raising=False)
+    given = ["--corpus", str(tmp_path)] if flag == "--tokenizer" else []
+    assert main([command, *given, "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"no data: pass {flag} " in err and "GMLP_SHARED_DATA" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_random_erase_covers_the_documented_area() -> None:
     from model.train.data import CIFAR_MEAN, random_erase
 

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +65,8 @@ def _clean_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv (no torch) with the freshly built wheel installed as `gmlp-serve[serve]`."""
+    import tomllib
+
     root = tmp_path_factory.mktemp("wheel")
     env = _clean_env()
     src = root / "src"
