@@ -28,7 +28,7 @@ IMAGENET_CLASS_INDEX: Traversable = resources.files("gmlp") / "data" / "imagenet
 
 
 def shared_data(*parts: str) -> Path | None:
-    """`$GMLP_SHARED_DATA/<parts>`, or None when the variable is unset (then the flag is required)."""
+    """`$GMLP_SHARED_DATA/<parts>`, or None when the variable is unset (the command then asks for it)."""
     root = os.environ.get(SHARED_DATA_ENV, "").strip()
     return Path(root).expanduser().joinpath(*parts) if root else None
 

@@ -22,8 +22,11 @@ from helpers import (
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the `shared_data` tests where the full data sets are absent; asked for by name
     (`-m shared_data`), their absence is an error instead, so that CI cannot pass by skipping them."""
-    if shared_data_dir() is not None:
-        return
+    try:
+        if shared_data_dir() is not None:
+            return
+    except FileNotFoundError as exc:  # GMLP_SHARED_DATA names no folder
+        raise pytest.UsageError(str(exc)) from None
     if config.getoption("markexpr", "") == "shared_data":
         raise pytest.UsageError(f"-m shared_data: no full data sets here (set {SHARED_DATA_ENV})")
     skip = pytest.mark.skip(reason=f"needs the full data sets (CIFAR-10, Gutenberg): set {SHARED_DATA_ENV}")
