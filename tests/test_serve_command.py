@@ -27,7 +27,7 @@ def test_a_foreign_export_module_is_not_taken_for_ours(
     """Another project's module named `export`, first on sys.path, is named in the refusal."""
     elsewhere = tmp_path / "other-project"
     elsewhere.mkdir()
-    (elsewhere / "export.py").write_text('"""Another project\'s export helpers."""\n\nFORMATS = ["csv"]\n')
+    (elsewhere / "export.py").write_text('"""Another project\'s export utilities."""\n\nFORMATS = ["csv"]\n')
     monkeypatch.delitem(sys.modules, "export")
     monkeypatch.syspath_prepend(str(elsewhere))
     with pytest.raises(SpecError) as refused:

@@ -3,7 +3,7 @@
 Everything runs on the CPU in well under a minute: the models are 2 blocks wide 32, the data are
 a few hundred CIFAR images and a few thousand Gutenberg sentences (decoded/tokenised into a
 temporary cache, never the repository's). The training runs read the full data sets
-(`shared_data` marker: skipped where there are none, see tests/helpers.py).
+(`shared_data` marker: skipped where there are none, see tests/data/README.md).
 """
 
 from __future__ import annotations
