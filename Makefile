@@ -1,11 +1,12 @@
 # `make test` is all a fresh machine needs: it creates .venv, installs the dev extra with the
-# pinned constraints, and runs the suite.
+# pinned constraints, and runs the suite on the committed test data (tests/data/README.md); the
+# tests that need the full data sets are skipped unless GMLP_SHARED_DATA names them.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint format demo-models demo-eval export serve bench bench-compare bench-peers profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +18,10 @@ install: $(BIN)/.installed
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Only the tests that need the full data sets (the training runs); fails where they are absent.
+test-shared-data: install
+	$(BIN)/python -m pytest -m shared_data $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
@@ -34,7 +39,8 @@ demo-models: install
 
 export: demo-models
 
-# Evaluate the exported demo models (every variant) and record the figures in the model cards.
+# Evaluate the exported demo models (every variant) and record the figures in the model cards;
+# needs the full data sets (GMLP_SHARED_DATA=DIR make demo-eval).
 demo-eval: demo-models
 	for v in fp32 int8; do \
 	  $(BIN)/gmlp eval models/cifar10-gmlp --variant $$v --threads 2 --record checkpoints/cifar10-gmlp && \

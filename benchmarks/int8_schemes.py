@@ -27,9 +27,11 @@ from contract.formats import VARIANT_FILES
 from export.directory import calibration_feeds, export_served_model
 from export.variants import STATIC_INT8_OPTIONS, FeedsReader
 from export.verify import session
-from gmlp.paths import CIFAR10_NPZ
+from gmlp.paths import cifar10_npz
 from gmlp.train_commands import CACHE_DIR
 from model.train.evaluate import evaluate_classifier, open_predictor
+
+# The full CIFAR-10 test split: $GMLP_SHARED_DATA/cifar10/cifar10-jpeg.npz.
 
 # Changes to the export's static settings (STATIC_INT8_OPTIONS with 8-bit weights).
 SCHEMES = {
@@ -44,7 +46,15 @@ def main() -> None:
     parser = command_line(__doc__)
     add_timing_arguments(parser, repeats=7)
     parser.add_argument("--limit", type=int, default=None, help="test images (default all 10,000)")
+    parser.add_argument(
+        "--cifar",
+        type=Path,
+        default=cifar10_npz(),
+        help="cifar10-jpeg.npz of the full CIFAR-10 data set (default: from $GMLP_SHARED_DATA)",
+    )
     args = parser.parse_args()
+    if args.cifar is None:
+        parser.error("--cifar is needed: pass the CIFAR-10 npz or set GMLP_SHARED_DATA")
     checkpoint = REPO / "checkpoints" / "cifar10-gmlp"
     print(cpu_line())
     print(f"threads {args.threads}; median of {args.repeats}\n")
@@ -72,7 +82,7 @@ def main() -> None:
         for name, path in candidates.items():
             shutil.copyfile(path, served / VARIANT_FILES["int8"])
             predictor = open_predictor(served, "int8", threads=args.threads)
-            top1[name] = evaluate_classifier(predictor, CIFAR10_NPZ, args.limit, CACHE_DIR / "data")["top1"]
+            top1[name] = evaluate_classifier(predictor, args.cifar, args.limit, CACHE_DIR / "data")["top1"]
         # Timed in turn (fp32, scheme 1, ..., fp32, ...), so drift in the machine's speed hits all alike.
         sessions = {name: session(path, threads=args.threads) for name, path in candidates.items()}
         ms = interleaved_ms(

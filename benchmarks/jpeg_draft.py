@@ -24,14 +24,18 @@ from benchmarks.harness import add_timing_arguments, command_line, cpu_line, int
 from contract.formats import VARIANT_FILES
 from contract.image import ImageTransform, decode_image
 from export.verify import session
-from gmlp.paths import CIFAR10_NPZ
+from gmlp.paths import cifar10_npz
+
+# The full CIFAR-10 test split: $GMLP_SHARED_DATA/cifar10/cifar10-jpeg.npz.
 
 MEGAPIXELS = (1, 12)
 
 
-def photos(count: int, seed: int = 0, megapixels: tuple[float, float] = MEGAPIXELS) -> list[bytes]:
-    """`count` CIFAR-10 test images as JPEG photos of `megapixels` (4:3 or 3:4)."""
-    data = np.load(CIFAR10_NPZ)
+def photos(
+    cifar: Path, count: int, seed: int = 0, megapixels: tuple[float, float] = MEGAPIXELS
+) -> list[bytes]:
+    """`count` CIFAR-10 test images (from the npz `cifar`) as JPEG photos of `megapixels` (4:3 or 3:4)."""
+    data = np.load(cifar)
     blob, offsets = data["test_jpeg"], data["test_offsets"]
     rng = np.random.default_rng(seed)
     out = []
@@ -52,7 +56,15 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=300, help="photos to classify (default 300)")
     add_timing_arguments(parser, repeats=7)
     parser.add_argument("--variant", choices=("int8", "fp32"), default="int8")
+    parser.add_argument(
+        "--cifar",
+        type=Path,
+        default=cifar10_npz(),
+        help="cifar10-jpeg.npz of the full CIFAR-10 data set (default: from $GMLP_SHARED_DATA)",
+    )
     args = parser.parse_args()
+    if args.cifar is None:
+        parser.error("--cifar is needed: pass the CIFAR-10 npz or set GMLP_SHARED_DATA")
     config = json.loads((args.served / "config.json").read_text())
     transform = ImageTransform.for_model(config, max_pixels=50_000_000)
     sess = session(args.served / VARIANT_FILES[args.variant], threads=args.threads)
@@ -61,10 +73,10 @@ def main() -> None:
         return transform.transform(decode_image(data, transform.max_pixels))
 
     agree = 0
-    for data in photos(args.images):
+    for data in photos(args.cifar, args.images):
         logits = sess.run(["logits"], {"pixel_values": np.stack([full(data), transform(data)])})[0]
         agree += int(logits[0].argmax() == logits[1].argmax())
-    (twelve,) = photos(1, seed=1, megapixels=(12, 12))
+    (twelve,) = photos(args.cifar, 1, seed=1, megapixels=(12, 12))
     ms = interleaved_ms({"full": lambda: full(twelve), "reduced": lambda: transform(twelve)}, args.repeats)
     full_ms, reduced_ms = ms["full"], ms["reduced"]
     print(cpu_line())

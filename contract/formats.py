@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from importlib import metadata
-from pathlib import Path
 from typing import Literal, get_args
 
 SERVED_FORMAT = "gmlp-served-model"
@@ -27,9 +26,6 @@ MASK_TOKEN = "[MASK]"
 # request cannot ask for a ranked dump of the whole vocabulary.
 MAX_FILL_MASK_TOP_K = 100
 
-# The checkout (or installation) root: `models/` and `checkpoints/` beside the code by default.
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 
 def package_version() -> str:
     """The installed gmlp-serve version (pyproject.toml is the one place it is written)."""
@@ -52,6 +48,5 @@ __all__ = [
     "DEFAULT_EXPORT_VARIANTS",
     "MASK_TOKEN",
     "MAX_FILL_MASK_TOP_K",
-    "REPO_ROOT",
     "package_version",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from contract.errors import UserError
 from contract.formats import SERVED_FORMAT
 
-from .paths import DEFAULT_IMAGENET_LABELS
+from .paths import IMAGENET_CLASS_INDEX
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--arch", default="gmlp_s16_224", help="named config (gmlp_ti16_224, gmlp_s16_224, gmlp_b16_224)"
     )
-    p.add_argument("--labels", type=Path, default=None, help="class names: JSON list or ImageNet class index")
+    p.add_argument(
+        "--labels",
+        type=Path,
+        default=None,
+        help="class names: JSON list or ImageNet class index (default: ImageNet-1k's for 1000 classes)",
+    )
     p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
     p.set_defaults(handler=convert_timm)
 
@@ -35,8 +41,12 @@ def convert_timm(args: argparse.Namespace) -> int:
 
     state = read_timm_state_dict(args.checkpoint)
     model = gmlp_from_timm(state, args.arch, source=str(args.checkpoint))
-    labels_path = args.labels or DEFAULT_IMAGENET_LABELS
-    labels = read_labels(labels_path) if labels_path.is_file() else None
+    labels: list[str] | None
+    if args.labels is None:
+        with resources.as_file(IMAGENET_CLASS_INDEX) as labels_path:
+            labels = read_labels(labels_path)
+    else:
+        labels = read_labels(args.labels) if args.labels.is_file() else None
     if labels is None or len(labels) != model.config.num_classes:
         if args.labels is not None:
             raise UserError(

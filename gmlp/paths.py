@@ -1,15 +1,57 @@
-"""Where the repository's own data lives (the demo checkpoints, ../shared/data beside the repo)."""
+"""Where the `gmlp` commands find their inputs and put their outputs when not told.
+
+Nothing here is derived from where the code is installed: outputs go below the working directory
+(`checkpoints/`, `.cache/`, as in a checkout), the full training and evaluation data sets come from
+the folder named by `GMLP_SHARED_DATA` (or from the command line), and the one data file the
+package itself needs, ImageNet's class list, is package data read through `importlib.resources`.
+"""
 
 from __future__ import annotations
 
 import os
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from contract.formats import REPO_ROOT
+# A folder holding the full data sets in this layout (README, "Training the demo models"):
+#   cifar10/cifar10-jpeg.npz, gutenberg/{train-*,valid-000}.txt.gz, bert-base-uncased/tokenizer.json
+SHARED_DATA_ENV = "GMLP_SHARED_DATA"
 
-SHARED_DATA = Path(os.environ.get("GMLP_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
-DEFAULT_IMAGENET_LABELS = SHARED_DATA / "imagenet" / "imagenet_class_index.json"
-BERT_TOKENIZER = SHARED_DATA / "bert-base-uncased" / "tokenizer.json"
-CIFAR10_NPZ = SHARED_DATA / "cifar10" / "cifar10-jpeg.npz"
-GUTENBERG_DIR = SHARED_DATA / "gutenberg"
-CHECKPOINTS_DIR = REPO_ROOT / "checkpoints"
+# Relative to the working directory: at a checkout's root these are the committed demo checkpoints
+# and the ignored cache.
+CHECKPOINTS_DIR = Path("checkpoints")
+CACHE_DIR = Path(".cache")
+
+# The 1,000 ImageNet-1k class labels in the usual order, {"0": [wnid, name], ...}: what
+# `gmlp convert-timm` names an ImageNet head's classes with unless --labels says otherwise.
+IMAGENET_CLASS_INDEX: Traversable = resources.files("gmlp") / "data" / "imagenet_class_index.json"
+
+
+def shared_data(*parts: str) -> Path | None:
+    """`$GMLP_SHARED_DATA/<parts>`, or None when the variable is unset (the command then asks for it)."""
+    root = os.environ.get(SHARED_DATA_ENV, "").strip()
+    return Path(root).expanduser().joinpath(*parts) if root else None
+
+
+def cifar10_npz() -> Path | None:
+    return shared_data("cifar10", "cifar10-jpeg.npz")
+
+
+def gutenberg_dir() -> Path | None:
+    return shared_data("gutenberg")
+
+
+def bert_tokenizer() -> Path | None:
+    return shared_data("bert-base-uncased", "tokenizer.json")
+
+
+__all__ = [
+    "SHARED_DATA_ENV",
+    "CHECKPOINTS_DIR",
+    "CACHE_DIR",
+    "IMAGENET_CLASS_INDEX",
+    "shared_data",
+    "cifar10_npz",
+    "gutenberg_dir",
+    "bert_tokenizer",
+]

@@ -22,6 +22,24 @@ from service.core.settings import ServiceSettings
 log = logging.getLogger(__name__)
 
 
+def _exporter_problem() -> str | None:
+    """Why gmlp-serve's `export` package cannot run here, or None when it can.
+
+    `export` is a common module name: whatever comes first on sys.path under that name is imported
+    and must be ours, recognised by the entry point only it has, before anything is exported.
+    """
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    try:
+        module = importlib.import_module("export")
+    except ImportError as exc:
+        return f"gmlp-serve's export package does not import: {exc}"
+    if not callable(getattr(module, "export_served_model", None)):
+        where = getattr(module, "__file__", None) or "an unknown location"
+        return f"the module named 'export' found first ({where}) is not gmlp-serve's export package"
+    return None
+
+
 def export_missing(
     checkpoint_dir: Path | None, repository: Path, variants: tuple[str, ...] = DEFAULT_EXPORT_VARIANTS
 ) -> list[Path]:
@@ -39,11 +57,10 @@ def export_missing(
     ]
     if not todo:
         return []
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("export") is None:
+    missing = _exporter_problem()
+    if missing is not None:
         commands = "; ".join(export_command(c, o) for c, o in todo)
-        raise SpecError(
-            f"checkpoints without an exported served model (torch is not installed): run {commands}"
-        )
+        raise SpecError(f"checkpoints without an exported served model ({missing}): run {commands}")
     from export import export_served_model  # torch-side code, imported only when needed
 
     repository.mkdir(parents=True, exist_ok=True)

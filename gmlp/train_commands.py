@@ -12,11 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+from contract.errors import UserError
 from contract.formats import SERVED_FORMAT, VARIANTS, VISION_TASK
 
-from .paths import BERT_TOKENIZER, CHECKPOINTS_DIR, CIFAR10_NPZ, GUTENBERG_DIR, REPO_ROOT
+from .paths import CACHE_DIR, CHECKPOINTS_DIR, SHARED_DATA_ENV, bert_tokenizer, cifar10_npz, gutenberg_dir
 
-CACHE_DIR = REPO_ROOT / ".cache"
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
@@ -83,9 +83,22 @@ def _common(
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data", help="decoded/tokenised data cache")
 
 
+def _data_argument(p: argparse.ArgumentParser, flag: str, default: Path | None, what: str) -> None:
+    """A data set flag: its place under $GMLP_SHARED_DATA by default; needed when that is unset."""
+    where = f"needed unless ${SHARED_DATA_ENV} is set" if default is None else f"default {default}"
+    p.add_argument(flag, type=Path, default=default, help=f"{what} ({where})")
+
+
+def _given(path: Path | None, flag: str) -> Path:
+    """A data set the command needs, or the reason why there is none."""
+    if path is None:
+        raise UserError(f"no data: pass {flag} or set {SHARED_DATA_ENV} to the folder holding the data sets")
+    return path
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-vision", help="train the CIFAR-10 gMLP classifier (32x32, patch 4, n = 64)")
-    p.add_argument("--data", type=Path, default=CIFAR10_NPZ, help="cifar10-jpeg.npz")
+    _data_argument(p, "--data", cifar10_npz(), "cifar10-jpeg.npz")
     _common(
         p,
         depth=10,
@@ -106,10 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=train_vision)
 
     p = sub.add_parser("train-mlm", help="train the Gutenberg gMLP masked LM (n = 128, BERT WordPiece)")
-    p.add_argument(
-        "--corpus", type=Path, default=GUTENBERG_DIR, help="folder with train-*.txt.gz, valid-000.txt.gz"
-    )
-    p.add_argument("--tokenizer", type=Path, default=BERT_TOKENIZER, help="tokenizers JSON (BERT uncased)")
+    _data_argument(p, "--corpus", gutenberg_dir(), "folder with train-*.txt.gz, valid-000.txt.gz")
+    _data_argument(p, "--tokenizer", bert_tokenizer(), "tokenizers JSON (BERT uncased)")
     _common(
         p,
         depth=6,
@@ -143,9 +154,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
     p.add_argument("--variant", default="fp32", choices=VARIANTS, help="served-model ONNX variant")
     p.add_argument("--limit", type=int, default=None, help="test images, or full windows and short sentences")
-    p.add_argument("--data", type=Path, default=CIFAR10_NPZ, help="cifar10-jpeg.npz (classifier)")
     p.add_argument(
-        "--corpus", type=Path, default=GUTENBERG_DIR, help="Gutenberg folder (MLM; uses valid-000)"
+        "--data",
+        type=Path,
+        default=cifar10_npz(),
+        help=f"cifar10-jpeg.npz (classifier; default ${SHARED_DATA_ENV}/cifar10/cifar10-jpeg.npz)",
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=gutenberg_dir(),
+        help=f"Gutenberg folder (MLM; uses valid-000; default ${SHARED_DATA_ENV}/gutenberg)",
     )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data")
@@ -184,12 +203,15 @@ def _train(args: argparse.Namespace, run) -> int:
 def train_vision(args: argparse.Namespace) -> int:
     from model.train.vision import train_vision as run
 
+    args.data = _given(args.data, "--data CIFAR10_NPZ")
     return _train(args, run)
 
 
 def train_mlm(args: argparse.Namespace) -> int:
     from model.train.mlm import train_mlm as run
 
+    args.corpus = _given(args.corpus, "--corpus GUTENBERG_DIR")
+    args.tokenizer = _given(args.tokenizer, "--tokenizer TOKENIZER_JSON")
     return _train(args, run)
 
 
@@ -208,12 +230,13 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.record is not None and kind != "onnx":
         raise SystemExit("--record takes a served-model directory (the exported ONNX) as PATH")
     if pred.task == VISION_TASK:
-        results = {"cifar10_test": evaluate_classifier(pred, args.data, args.limit, args.cache_dir)}
+        data = _given(args.data, "--data CIFAR10_NPZ")
+        results = {"cifar10_test": evaluate_classifier(pred, data, args.limit, args.cache_dir)}
     else:
         from model.train.data import load_corpus
         from model.train.mlm import corpus_files
 
-        _, valid = corpus_files(args.corpus)
+        _, valid = corpus_files(_given(args.corpus, "--corpus GUTENBERG_DIR"))
         count = args.limit or 2000
         corpus = load_corpus([valid], args.path / "tokenizer.json", args.cache_dir)
         results = {"heldout_valid_000": evaluate_mlm(pred, corpus, windows=count, short=count)}

@@ -1,11 +1,13 @@
-"""Regenerate the bundled fallback inputs in `loadtests/data/` from the shared data sets.
+"""Regenerate the bundled inputs in `loadtests/data/` from the full data sets (run in a checkout).
 
-    .venv/bin/python -m loadtests.make_data [--images 8] [--sentences 200]
+    .venv/bin/python -m loadtests.make_data --cifar NPZ --text VALID_TXT_GZ [--tokenizer JSON]
+        [--images 8] [--sentences 200]
 
-The bundle lets the locustfile run where `../shared/data` is absent (a container, a laptop). It
-is small on purpose (a few KB of JPEGs, a few hundred sentences): enough variety to exercise
-decoding and tokenisation, too little to be a copy of either data set. Token counts are computed
-here with the BERT vocabulary so that the locustfile needs no `tokenizers` to fit the model window.
+The bundle is the load test's default input, so the locustfile runs without the full data sets (a
+container, a laptop, an installed wheel). It is small on purpose (a few KB of JPEGs, a few hundred
+sentences): enough variety to exercise decoding and tokenisation, too little to be a copy of
+either data set. Token counts are computed here with the BERT vocabulary so that the locustfile
+needs no `tokenizers` to fit the model window.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from pathlib import Path
 from loadtests.workload import (
     BUNDLED_DIR,
     BUNDLED_SENTENCES,
-    DEFAULT_CIFAR,
-    DEFAULT_TEXT,
     masked_sentences_from_text,
     read_text,
     token_counter,
@@ -44,8 +44,8 @@ def write_images(npz_path: Path, out_dir: Path, count: int) -> list[Path]:
     return written
 
 
-def write_sentences(text_path: Path, out_path: Path, count: int, seed: int = 0) -> int:
-    counter, how = token_counter()
+def write_sentences(text_path: Path, tokenizer: Path, out_path: Path, count: int, seed: int = 0) -> int:
+    counter, how = token_counter(tokenizer)
     if not how.startswith("counted"):
         raise RuntimeError(f"exact token counts need tokenizers and the BERT tokenizer.json ({how})")
     sentences = masked_sentences_from_text(read_text(text_path), counter, count, seed)
@@ -65,14 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--sentences", type=int, default=200)
-    parser.add_argument("--cifar", type=Path, default=DEFAULT_CIFAR)
-    parser.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    parser.add_argument("--cifar", type=Path, required=True, help="CIFAR-10 npz (cifar10-jpeg.npz)")
+    parser.add_argument(
+        "--text", type=Path, required=True, help="held-out text, e.g. the Gutenberg valid-000.txt.gz"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=Path("checkpoints/gutenberg-gmlp-mlm/tokenizer.json"),
+        help="BERT uncased tokenizer.json (default: the demo masked LM's, at a checkout's root)",
+    )
     args = parser.parse_args(argv)
     BUNDLED_DIR.mkdir(parents=True, exist_ok=True)
     for old in BUNDLED_DIR.glob("*.jpg"):
         old.unlink()
     images = write_images(args.cifar, BUNDLED_DIR, args.images)
-    n = write_sentences(args.text, BUNDLED_SENTENCES, args.sentences)
+    n = write_sentences(args.text, args.tokenizer, BUNDLED_SENTENCES, args.sentences)
     print(f"wrote {len(images)} JPEGs and {n} sentences to {BUNDLED_DIR}")
     return 0
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import UserError
-from contract.formats import REPO_ROOT
 from loadtests.metrics_scrape import (
     BatchStats,
     batch_delta,
@@ -35,6 +34,7 @@ from loadtests.metrics_scrape import (
 
 log = logging.getLogger(__name__)
 
+# Our own module file (locust loads a locustfile by path), wherever the package is installed.
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 AGGREGATED = "Aggregated"
 # Locust needs a few seconds to start (loading the inputs) and to stop; beyond that it is hung.
@@ -232,8 +232,8 @@ def run_step(config: SweepConfig, users: int) -> StepResult:
     step_dir = out_dir / f"users-{users:03d}"
     step_dir.mkdir(parents=True, exist_ok=True)
     prefix, html, log_file = step_dir / "locust", step_dir / "locust.html", step_dir / "locust.log"
+    # locust runs in this interpreter, which imports the installed package: no PYTHONPATH needed.
     env = {**os.environ, **config.env}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     result = StepResult(users=users, duration_s=duration_s, total=None)
     before = scrape(config.url)
     cmd = locust_command(config, users, prefix, html)

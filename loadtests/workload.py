@@ -1,9 +1,10 @@
 """What the load test sends: real CIFAR-10 test JPEGs and real held-out sentences with one [MASK].
 
 Synthetic inputs (one blank image, one fixed sentence) would hide costs a real workload has:
-varying JPEG sizes to decode, varying token counts. The data comes from `../shared/data` beside
-the repository when it is there, else from the small copies bundled in `loadtests/data/`, so the
-locustfile runs anywhere (a container without the shared folder, a laptop).
+varying JPEG sizes to decode, varying token counts. By default the inputs are the small real
+samples installed with the package (`loadtests/data/`), so the locustfile runs anywhere (a
+container, a laptop, an installed wheel); GMLP_LOADTEST_CIFAR and GMLP_LOADTEST_TEXT point it at
+the full data sets instead.
 
 The served masked LM has a fixed window of `n` tokens and answers 422 to longer texts, which would
 count as failures; sentences therefore carry their token count (exact with the `tokenizers`
@@ -28,13 +29,9 @@ from contract.formats import MASK_TOKEN
 
 log = logging.getLogger(__name__)
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-BUNDLED_DIR = PACKAGE_DIR / "data"
+# The package's own data files (installed with it, see pyproject's package-data).
+BUNDLED_DIR = Path(__file__).resolve().parent / "data"
 BUNDLED_SENTENCES = BUNDLED_DIR / "sentences.tsv"
-SHARED_DATA = Path(os.environ.get("GMLP_SHARED_DATA", PACKAGE_DIR.parent.parent / "shared" / "data"))
-DEFAULT_CIFAR = SHARED_DATA / "cifar10" / "cifar10-jpeg.npz"
-DEFAULT_TEXT = SHARED_DATA / "gutenberg" / "valid-000.txt.gz"  # held out from MLM training
-DEFAULT_TOKENIZER = SHARED_DATA / "bert-base-uncased" / "tokenizer.json"
 
 MIN_WORDS, MAX_WORDS = 5, 30
 UPLOAD_MODES = ("multipart", "raw", "mixed")
@@ -115,16 +112,14 @@ def load_cifar_jpegs(npz_path: Path, limit: int | None = None) -> list[bytes]:
 
 
 def load_images(npz_path: Path | None = None) -> tuple[list[bytes], str]:
-    """(JPEG files, where they came from): the given npz, else the shared CIFAR-10, else the bundled ones."""
+    """(JPEG files, where they came from): the given CIFAR-10 npz, else the bundled JPEGs."""
     if npz_path is not None:
         if not npz_path.is_file():
             raise FileNotFoundError(f"GMLP_LOADTEST_CIFAR={npz_path} does not exist")
         return load_cifar_jpegs(npz_path), str(npz_path)
-    if DEFAULT_CIFAR.is_file():
-        return load_cifar_jpegs(DEFAULT_CIFAR), str(DEFAULT_CIFAR)
     bundled = sorted(BUNDLED_DIR.glob("*.jpg"))
     if not bundled:
-        raise FileNotFoundError(f"no CIFAR-10 npz at {DEFAULT_CIFAR} and no bundled JPEGs in {BUNDLED_DIR}")
+        raise FileNotFoundError(f"no bundled JPEGs in {BUNDLED_DIR}: set GMLP_LOADTEST_CIFAR to an npz")
     return [p.read_bytes() for p in bundled], f"{BUNDLED_DIR} ({len(bundled)} bundled JPEGs)"
 
 
@@ -189,20 +184,20 @@ def estimate_tokens(text: str) -> int:
 
 
 def token_counter(tokenizer_path: Path | None = None) -> tuple[Callable[[str], int], str]:
-    """(count function, description): exact with `tokenizers` and a tokenizer.json, else the estimate."""
-    path = tokenizer_path or DEFAULT_TOKENIZER
+    """(count function, description): exact with `tokenizers` and the given tokenizer.json, else the
+    estimate (no tokenizer given, e.g. GMLP_LOADTEST_TOKENIZER unset, or `tokenizers` missing)."""
+    if tokenizer_path is None:
+        return estimate_tokens, "estimated (no GMLP_LOADTEST_TOKENIZER)"
+    if not tokenizer_path.is_file():
+        raise FileNotFoundError(f"GMLP_LOADTEST_TOKENIZER={tokenizer_path} does not exist")
     try:
         from tokenizers import Tokenizer
     except ImportError:
         return estimate_tokens, "estimated (tokenizers not installed)"
-    if not path.is_file():
-        if tokenizer_path is not None:
-            raise FileNotFoundError(f"GMLP_LOADTEST_TOKENIZER={tokenizer_path} does not exist")
-        return estimate_tokens, f"estimated (no {path})"
-    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    return (lambda text: len(tokenizer.encode(text).ids)), f"counted with {path}"
+    return (lambda text: len(tokenizer.encode(text).ids)), f"counted with {tokenizer_path}"
 
 
 @dataclass(frozen=True)
@@ -246,12 +241,10 @@ def read_sentences_tsv(path: Path) -> list[MaskedSentence]:
 
 
 def load_sentences(config: LoadConfig) -> tuple[list[MaskedSentence], str]:
-    """(masked sentences, source): the given text, else the shared held-out text, else the bundled TSV."""
+    """(masked sentences, source): the given text (or TSV), else the bundled TSV."""
     path = config.text_path
     if path is not None and not path.is_file():
         raise FileNotFoundError(f"GMLP_LOADTEST_TEXT={path} does not exist")
-    if path is None and DEFAULT_TEXT.is_file():
-        path = DEFAULT_TEXT
     if path is None or path.suffix == ".tsv":
         tsv = path or BUNDLED_SENTENCES
         return read_sentences_tsv(tsv), f"{tsv} (bundled, token counts precomputed)"

@@ -23,7 +23,7 @@ tmp=$(mktemp -d)
 "$PY" - "$tmp/cifar.jpg" <<'PYEOF'
 import sys
 import numpy as np
-data = np.load("../shared/data/cifar10/cifar10-jpeg.npz")
+data = np.load("tests/data/cifar10-test-300.npz")  # the committed CIFAR-10 test sample
 i = 7  # a fixed test image
 start, end = data["test_offsets"][i], data["test_offsets"][i + 1]
 open(sys.argv[1], "wb").write(data["test_jpeg"][start:end].tobytes())

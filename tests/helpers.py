@@ -2,6 +2,39 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+# The checkout the tests run from (tests may find the repository's files by their own location;
+# the product never does).
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Small inputs committed with the tests (tests/data/README.md says what each is and how it was cut).
+TEST_DATA = REPO_ROOT / "tests" / "data"
+CIFAR_SAMPLE_NPZ = TEST_DATA / "cifar10-test-300.npz"
+TEXT_SAMPLE = TEST_DATA / "gutenberg-sample.txt"
+# The BERT uncased tokenizer, as the demo masked LM ships it.
+BERT_TOKENIZER = REPO_ROOT / "checkpoints" / "gutenberg-gmlp-mlm" / "tokenizer.json"
+
+SHARED_DATA_ENV = "GMLP_SHARED_DATA"
+
+
+def shared_data_dir() -> Path | None:
+    """The full data sets (CIFAR-10, Gutenberg, BERT vocabulary) if this machine has them.
+
+    `$GMLP_SHARED_DATA` (an error when it names no folder: a typo must not turn into skipped
+    tests), else a `shared/data` folder beside the checkout, else None. Tests that need them carry
+    the `shared_data` marker and are skipped without them.
+    """
+    value = os.environ.get(SHARED_DATA_ENV, "").strip()
+    if value:
+        root = Path(value).expanduser()
+        if not root.is_dir():
+            raise FileNotFoundError(f"{SHARED_DATA_ENV}={value} is not a directory")
+        return root
+    beside = REPO_ROOT.parent / "shared" / "data"
+    return beside if beside.is_dir() else None
+
+
 CIFAR_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 

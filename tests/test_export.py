@@ -182,18 +182,19 @@ def test_failed_parity_writes_nothing(tmp_path, tiny_vision_checkpoint, monkeypa
 
 @pytest.fixture(scope="module")
 def static_int8(tmp_path_factory, tiny_vision_checkpoint, tiny_mlm_checkpoint):
-    """Both tiny models with statically quantised int8, calibrated on real CIFAR-10 images / book text:
-    the classifier from an explicit source, the MLM from the calibration set stored in its checkpoint."""
+    """Both tiny models with statically quantised int8, calibrated on real CIFAR-10 images / book text
+    (the committed samples): the classifier from an explicit source, the MLM from the calibration set
+    stored in its checkpoint."""
     from contract.calibration import write_calibration_set
-    from gmlp.paths import CIFAR10_NPZ, GUTENBERG_DIR
+    from helpers import CIFAR_SAMPLE_NPZ, TEXT_SAMPLE
 
     root = tmp_path_factory.mktemp("static")
     export_served_model(
-        tiny_vision_checkpoint, root / "v", ["int8"], calibration=CIFAR10_NPZ, calibration_samples=32
+        tiny_vision_checkpoint, root / "v", ["int8"], calibration=CIFAR_SAMPLE_NPZ, calibration_samples=32
     )
     mlm_ckpt = root / "mlm-checkpoint"
     shutil.copytree(tiny_mlm_checkpoint, mlm_ckpt)
-    stored = write_calibration_set(mlm_ckpt, "fill-mask", GUTENBERG_DIR / "train-000.txt.gz", count=32)
+    stored = write_calibration_set(mlm_ckpt, "fill-mask", TEXT_SAMPLE, count=32)
     assert stored.name == "calibration.txt.gz" and stored.stat().st_size < 100_000
     export_served_model(mlm_ckpt, root / "m", ["int8"], calibration_samples=32)
     return {"vision": (root / "v", tiny_vision_checkpoint), "mlm": (root / "m", tiny_mlm_checkpoint)}
@@ -261,9 +262,9 @@ def test_int8_weights_fit_in_seven_bits(static_int8, tiny_vision_served, mode):
 def test_image_calibration_set_round_trip(tmp_path, tiny_vision_served):
     from contract.calibration import bundled_calibration, write_calibration_set
     from export.calibration import image_feeds
-    from gmlp.paths import CIFAR10_NPZ
+    from helpers import CIFAR_SAMPLE_NPZ
 
-    stored = write_calibration_set(tmp_path, "image-classification", CIFAR10_NPZ, count=16)
+    stored = write_calibration_set(tmp_path, "image-classification", CIFAR_SAMPLE_NPZ, count=16)
     assert bundled_calibration(tmp_path) == stored and stored.stat().st_size < 50_000
     served = json.loads((tiny_vision_served / "config.json").read_text())
     feeds = image_feeds(stored, served, count=100)

@@ -24,14 +24,14 @@ from model import load_checkpoint
 
 @pytest.fixture(scope="module")
 def amlp_variants(tmp_path_factory, tiny_amlp_checkpoint):
-    """The tiny aMLP with fp32, static int8 (calibrated on book text) and fp16 files."""
+    """The tiny aMLP with fp32, static int8 (calibrated on the committed book text) and fp16 files."""
     from contract.calibration import write_calibration_set
-    from gmlp.paths import GUTENBERG_DIR
+    from helpers import TEXT_SAMPLE
 
     root = tmp_path_factory.mktemp("varlen")
     checkpoint = root / "checkpoint"
     shutil.copytree(tiny_amlp_checkpoint, checkpoint)
-    write_calibration_set(checkpoint, "fill-mask", GUTENBERG_DIR / "train-000.txt.gz", count=32)
+    write_calibration_set(checkpoint, "fill-mask", TEXT_SAMPLE, count=32)
     export_served_model(checkpoint, root / "served", ["fp32", "int8", "fp16"], calibration_samples=32)
     return root / "served", load_checkpoint(checkpoint)
 

@@ -235,8 +235,7 @@ def _logits_without_mask(model: GMLPForMaskedLM, ids: torch.Tensor) -> torch.Ten
 
 @pytest.mark.parametrize("make", [tiny_vision_config, lambda: tiny_mlm_config(attn_dim=8)])
 def test_checkpoint_round_trip(tmp_path, make):
-    from gmlp.paths import BERT_TOKENIZER
-    from helpers import CIFAR_LABELS
+    from helpers import BERT_TOKENIZER, CIFAR_LABELS
 
     config = make()
     model = perturbed(build_model(config))

@@ -14,7 +14,7 @@ from helpers import perturbed
 from model import build_model, get_config, load_checkpoint
 
 # Written out here (not imported from model.timm_import) so the test checks the mapping against
-# timm's key names as documented in ../shared/notes/gmlp-facts.md.
+# timm's own key names (timm/models/mlp_mixer.py: stem.proj, blocks.N.mlp_channels.{fc1,gate,fc2}).
 OURS_TO_TIMM = [
     (r"^patch_embed\.proj\.", "stem.proj."),
     (r"^blocks\.(\d+)\.proj_in\.", r"blocks.\1.mlp_channels.fc1."),
@@ -55,7 +55,7 @@ def test_convert_timm_cli_round_trip(tmp_path, ti_model, suffix):
     info = converted.checkpoint_info
     assert info["preprocessing"]["crop_pct"] == 0.875 and info["preprocessing"]["interpolation"] == "bicubic"
     labels = (tmp_path / "out" / "labels.json").read_text()
-    assert "tench" in labels  # ImageNet labels from ../shared/data by default
+    assert "tench" in labels  # ImageNet labels, the package's own, by default
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(converted(x), ti_model(x), rtol=0, atol=0)

@@ -2,7 +2,8 @@
 
 Everything runs on the CPU in well under a minute: the models are 2 blocks wide 32, the data are
 a few hundred CIFAR images and a few thousand Gutenberg sentences (decoded/tokenised into a
-temporary cache, never the repository's).
+temporary cache, never the repository's). The training runs read the full data sets
+(`shared_data` marker: skipped where there are none, see tests/data/README.md).
 """
 
 from __future__ import annotations
@@ -12,13 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from gmlp.paths import BERT_TOKENIZER, CIFAR10_NPZ, GUTENBERG_DIR
-
-pytestmark = pytest.mark.skipif(
-    not (CIFAR10_NPZ.is_file() and GUTENBERG_DIR.is_dir() and BERT_TOKENIZER.is_file()),
-    reason="needs ../shared/data (CIFAR-10, Gutenberg, BERT tokenizer)",
-)
 
 TINY = ["--depth", "2", "--d-model", "32", "--d-ffn", "64", "--threads", "1"]
 
@@ -36,12 +30,28 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vision_ckpt(workdir: Path) -> Path:
+def data(shared_data: Path) -> dict[str, Path]:
+    """The full data sets as the training and evaluation commands take them."""
+    return {
+        "cifar": shared_data / "cifar10" / "cifar10-jpeg.npz",
+        "corpus": shared_data / "gutenberg",
+        "tokenizer": shared_data / "bert-base-uncased" / "tokenizer.json",
+    }
+
+
+def _data_args(data: dict[str, Path], *names: str) -> list[str]:
+    flags = {"cifar": "--data", "corpus": "--corpus", "tokenizer": "--tokenizer"}
+    return [arg for name in names for arg in (flags[name], str(data[name]))]
+
+
+@pytest.fixture(scope="module")
+def vision_ckpt(workdir: Path, data: dict[str, Path]) -> Path:
     from gmlp.cli import main
 
     out = workdir / "cifar"
     argv = [
         "train-vision",
+        *_data_args(data, "cifar"),
         "--max-steps",
         "3",
         "--limit-train",
@@ -64,11 +74,12 @@ def vision_ckpt(workdir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def mlm_ckpt(workdir: Path) -> Path:
+def mlm_ckpt(workdir: Path, data: dict[str, Path]) -> Path:
     from gmlp.cli import main
 
     out = workdir / "mlm"
-    argv = ["train-mlm", "--max-steps", "3", "--limit-train", "2000", "--limit-valid-sentences", "1500"]
+    argv = ["train-mlm", *_data_args(data, "corpus", "tokenizer"), "--max-steps", "3"]
+    argv += ["--limit-train", "2000", "--limit-valid-sentences", "1500"]
     argv += ["--eval-windows", "20", "--eval-short", "20", "--batch-size", "8", "--attn-dim", "8"]
     argv += ["--compile", *TINY]
     argv += ["--out", str(out), "--state-dir", str(workdir / "mstate"), "--cache-dir", str(workdir / "cache")]
@@ -76,6 +87,7 @@ def mlm_ckpt(workdir: Path) -> Path:
     return out
 
 
+@pytest.mark.shared_data
 def test_train_vision_writes_loadable_checkpoint(vision_ckpt: Path) -> None:
     import torch
 
@@ -98,6 +110,7 @@ def test_train_vision_writes_loadable_checkpoint(vision_ckpt: Path) -> None:
     assert "## Limitations" in card and '"top1"' in card
 
 
+@pytest.mark.shared_data
 def test_train_mlm_writes_loadable_checkpoint(mlm_ckpt: Path) -> None:
     import torch
 
@@ -119,6 +132,23 @@ def test_train_mlm_writes_loadable_checkpoint(mlm_ckpt: Path) -> None:
     assert results["full"]["tokens"] == results["full_bert_masking"]["tokens"] > 0
 
 
+@pytest.mark.parametrize(
+    ("command", "flag"), [("train-vision", "--data"), ("train-mlm", "--corpus"), ("train-mlm", "--tokenizer")]
+)
+def test_training_without_data_says_which_flag_is_missing(
+    command: str, flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Without GMLP_SHARED_DATA the data sets are not looked for anywhere: the command asks for them."""
+    from gmlp.cli import main
+
+    monkeypatch.delenv("GMLP_SHARED_DATA", raising=False)
+    given = ["--corpus", str(tmp_path)] if flag == "--tokenizer" else []
+    assert main([command, *given, "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"no data: pass {flag} " in err and "GMLP_SHARED_DATA" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_random_erase_covers_the_documented_area() -> None:
     from model.train.data import CIFAR_MEAN, random_erase
 
@@ -133,11 +163,15 @@ def test_random_erase_covers_the_documented_area() -> None:
     assert (images == 255).all()  # the input is left alone
 
 
-def test_resume_continues_from_saved_step(vision_ckpt: Path, workdir: Path, capsys) -> None:
+@pytest.mark.shared_data
+def test_resume_continues_from_saved_step(
+    vision_ckpt: Path, workdir: Path, data: dict[str, Path], capsys
+) -> None:
     state = workdir / "vstate" / "train_state.pt"
     assert state.is_file()
     argv = [
         "train-vision",
+        *_data_args(data, "cifar"),
         "--max-steps",
         "5",
         "--limit-train",
@@ -153,12 +187,13 @@ def test_resume_continues_from_saved_step(vision_ckpt: Path, workdir: Path, caps
     assert json.loads((workdir / "cifar-resumed" / "training.json").read_text())["steps"] == 5
 
 
-def test_bert_masking_statistics_on_real_text(workdir: Path) -> None:
+@pytest.mark.shared_data
+def test_bert_masking_statistics_on_real_text(workdir: Path, data: dict[str, Path]) -> None:
     from model.train.data import SpecialIds, full_window, load_corpus, mask_tokens, short_window
 
-    special = SpecialIds.from_tokenizer(BERT_TOKENIZER)
+    special = SpecialIds.from_tokenizer(data["tokenizer"])
     corpus = load_corpus(
-        [GUTENBERG_DIR / "valid-000.txt.gz"], BERT_TOKENIZER, workdir / "cache", max_sentences=1500
+        [data["corpus"] / "valid-000.txt.gz"], data["tokenizer"], workdir / "cache", max_sentences=1500
     )
     short = corpus.short_sentences()
     assert len(short) > 100
@@ -260,8 +295,11 @@ def test_compiled_training_matches_eager() -> None:
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-3, atol=1e-3)
 
 
-def test_eval_checkpoints(vision_ckpt: Path, mlm_ckpt: Path, workdir: Path, capsys) -> None:
-    cache = ["--cache-dir", str(workdir / "cache")]
+@pytest.mark.shared_data
+def test_eval_checkpoints(
+    vision_ckpt: Path, mlm_ckpt: Path, workdir: Path, data: dict[str, Path], capsys
+) -> None:
+    cache = ["--cache-dir", str(workdir / "cache"), *_data_args(data, "cifar", "corpus")]
     vision = _run(["eval", str(vision_ckpt), "--limit", "200", *cache], capsys)
     assert vision["cifar10_test"]["images"] == 200 and 0.0 <= vision["cifar10_test"]["top1"] <= 1.0
     mlm = _run(["eval", str(mlm_ckpt), "--limit", "16", *cache], capsys)
@@ -270,13 +308,16 @@ def test_eval_checkpoints(vision_ckpt: Path, mlm_ckpt: Path, workdir: Path, caps
         assert scores["tokens"] > 0 and 0.0 <= scores["top1"] <= scores["top5"] <= 1.0
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize("kind", ["vision", "mlm"])
-def test_eval_served_model_matches_checkpoint(kind: str, request, workdir: Path, capsys) -> None:
+def test_eval_served_model_matches_checkpoint(
+    kind: str, request, workdir: Path, data: dict[str, Path], capsys
+) -> None:
     export = pytest.importorskip("export.directory")
     ckpt = request.getfixturevalue(f"{kind}_ckpt")
     served = workdir / f"{kind}-served"
     export.export_served_model(ckpt, served)
-    cache = ["--cache-dir", str(workdir / "cache")]
+    cache = ["--cache-dir", str(workdir / "cache"), *_data_args(data, "cifar", "corpus")]
     onnx = _run(["eval", str(served), "--limit", "24", "--variant", "fp32", *cache], capsys)
     torch_run = _run(["eval", str(ckpt), "--limit", "24", *cache], capsys)
     assert onnx["runtime"] == "onnx" and torch_run["runtime"] == "pytorch"
@@ -292,7 +333,10 @@ def test_eval_served_model_matches_checkpoint(kind: str, request, workdir: Path,
             )
 
 
-def test_eval_record_puts_served_figures_in_the_card(mlm_ckpt: Path, workdir: Path, capsys) -> None:
+@pytest.mark.shared_data
+def test_eval_record_puts_served_figures_in_the_card(
+    mlm_ckpt: Path, workdir: Path, data: dict[str, Path], capsys
+) -> None:
     import shutil
 
     export = pytest.importorskip("export.directory")
@@ -304,7 +348,7 @@ def test_eval_record_puts_served_figures_in_the_card(mlm_ckpt: Path, workdir: Pa
     served = workdir / "mlm-recorded-served"
     export.export_served_model(ckpt, served)
     argv = ["eval", str(served), "--limit", "16", "--variant", "fp32", "--record", str(ckpt)]
-    line = _run(argv + ["--cache-dir", str(workdir / "cache")], capsys)
+    line = _run(argv + ["--cache-dir", str(workdir / "cache"), *_data_args(data, "corpus")], capsys)
     recorded = json.loads((ckpt / "training.json").read_text())["served"]["fp32"]
     assert recorded["results"] == {"heldout_valid_000": line["heldout_valid_000"]}
     assert recorded["command"] == f"gmlp eval {served} --variant fp32 --limit 16"

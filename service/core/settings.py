@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contract.formats import REPO_ROOT, Variant
+from contract.formats import Variant
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -29,12 +29,15 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GMLP_", extra="ignore", validate_default=True)
 
+    # Both relative to the working directory, never to where the code is installed: at a checkout's
+    # root they are the exported demo models and the committed demo checkpoints; anywhere else
+    # ./checkpoints is normally absent and nothing is exported.
     model_repository: Path = Field(
-        REPO_ROOT / "models",
+        Path("models"),
         description="directory holding served-model directories (each with a gmlp-served-model config.json)",
     )
     checkpoint_dir: Path | None = Field(
-        REPO_ROOT / "checkpoints",
+        Path("checkpoints"),
         description="checkpoints that `gmlp serve` exports into the repository at start-up when their "
         "served directory is missing (needs torch); empty string to disable",
     )

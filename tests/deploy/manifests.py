@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from service.core.settings import REPO_ROOT, ServiceSettings
+from helpers import REPO_ROOT
+from service.core.settings import ServiceSettings
 
 DEPLOY = REPO_ROOT / "deploy"
 K8S = DEPLOY / "k8s"
