@@ -92,7 +92,7 @@ constraints: install
 	mv constraints.new constraints.txt
 
 # Regenerate the committed gRPC stubs of service/v2/proto/ from grpc_predict_v2.proto (the serving
-# image has no grpcio-tools); tests/service/test_v2_grpc.py fails when they are stale.
+# image has no grpcio-tools); tests/service/v2/test_v2_grpc.py fails when they are stale.
 grpc-stubs: install
 	$(BIN)/python scripts/grpc_stubs.py
 
@@ -117,7 +117,7 @@ audit:
 timm-parity:
 	test -x .venv-timm/bin/python || $(PYTHON) -m venv .venv-timm
 	.venv-timm/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1 timm safetensors numpy pytest onnx
-	PYTHONPATH=. .venv-timm/bin/python -m pytest -p no:cacheprovider -s -m timm tests/test_timm_import.py
+	PYTHONPATH=. .venv-timm/bin/python -m pytest -p no:cacheprovider -s -m timm tests/model/test_timm_import.py
 
 clean:
 	rm -rf $(VENV) .venv-timm .venv-audit .bench-venvs .pytest_cache .ruff_cache *.egg-info

@@ -1,12 +1,9 @@
-"""Service test harness: a real uvicorn server on 127.0.0.1 in a thread, bounded polling, fixtures.
+"""Service test harness: a real uvicorn server on 127.0.0.1 in a thread, and bounded polling.
 
-The served models are the session fixtures `tiny_vision_served` / `tiny_mlm_served` of
-tests/conftest.py (real exports of tiny random-weight models; their parent is the repository).
 Every wait is a bounded poll (a count and a time limit), never a bare sleep-and-hope.
 
-Test modules load this as a plugin (`pytest_plugins = ["svc_harness"]`) instead of a
-tests/service/conftest.py: a second module named `conftest` would shadow tests/conftest.py for the
-tests that do `from helpers import ...`.
+The fixtures that start servers live in tests/service/conftest.py; this module holds what they
+and the tests share (the server, the bounded poll).
 """
 
 from __future__ import annotations
@@ -15,13 +12,10 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
-import pytest
 import uvicorn
-from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness import free_port as free_port  # for the v2 tests' gRPC port
@@ -102,58 +96,3 @@ class RunningServer:
 
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-@pytest.fixture(scope="session")
-def poll() -> Callable[..., None]:
-    """`wait_until`, for tests that wait on something other than a RunningServer (a process)."""
-    return wait_until
-
-
-@pytest.fixture(scope="session")
-def repository(tiny_vision_served: Path, tiny_mlm_served: Path) -> Path:
-    """The repository holding both tiny served models."""
-    assert tiny_vision_served.parent == tiny_mlm_served.parent
-    return tiny_vision_served.parent
-
-
-@pytest.fixture(scope="session")
-def make_settings(repository: Path) -> Callable[..., ServiceSettings]:
-    def make(**overrides: object) -> ServiceSettings:
-        base: dict[str, object] = {
-            "model_repository": repository,
-            "checkpoint_dir": None,
-            "intra_op_threads": 1,
-            "max_batch_size": 8,
-            "max_queue_delay_ms": 5.0,
-            "request_timeout_s": 30.0,
-            # gRPC only where a test asks for it (with a free port): the default port is fixed.
-            "grpc_port": 0,
-        }
-        return ServiceSettings(**{**base, **overrides})
-
-    return make
-
-
-@pytest.fixture(scope="session")
-def start_server(make_settings: Callable[..., ServiceSettings]) -> Iterator[Callable[..., RunningServer]]:
-    """Factory: start a ready server with setting overrides; all are stopped at the end."""
-    servers: list[RunningServer] = []
-
-    def start(
-        *,
-        http: type[asyncio.Protocol] | None = None,
-        prepare: Callable[[FastAPI], None] | None = None,
-        **overrides: object,
-    ) -> RunningServer:
-        """`prepare(app)` runs before the server starts (a test adding a route of its own)."""
-        server = RunningServer(make_settings(**overrides), http=http)
-        if prepare is not None:
-            prepare(server.app)
-        servers.append(server.start())
-        return server.wait_ready()
-
-    yield start
-    for server in servers:
-        if server.thread.is_alive():
-            server.stop()

@@ -25,7 +25,6 @@ import pytest
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(240)
 
 HERE = Path(__file__).resolve().parent

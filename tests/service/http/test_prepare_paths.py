@@ -24,7 +24,6 @@ from service.core.metrics import ServiceMetrics
 from service.core.pipelines import FillMaskPipeline, VisionPipeline, load_pipeline
 from service.core.settings import ServiceSettings
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 

@@ -1,6 +1,6 @@
 """KServe's own client SDK against a running server, as a user runs it (tests run it as a subprocess).
 
-    python tests/service/kserve_client.py http://127.0.0.1:8000 127.0.0.1:8081 cat.jpg
+    python tests/service/v2/kserve_client.py http://127.0.0.1:8000 127.0.0.1:8081 cat.jpg
 
 KServe's SDK registers its copy of the protocol's messages in protobuf's default pool, as
 tritonclient does, and the two refuse to share one process; hence a process of its own. Prints

@@ -22,7 +22,6 @@ from service.cli import add_serve_arguments, run_serve, settings_from_args, sett
 from service.core.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
 from service.core.settings import ServiceSettings, available_cpus
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 

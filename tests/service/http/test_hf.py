@@ -15,7 +15,6 @@ from huggingface_hub.errors import HfHubHTTPError
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 

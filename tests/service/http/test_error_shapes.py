@@ -13,7 +13,6 @@ import pytest
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 LIMIT = 64 * 1024

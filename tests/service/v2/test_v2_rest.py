@@ -25,7 +25,6 @@ from contract.spec import read_spec
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 HERE = Path(__file__).resolve().parent

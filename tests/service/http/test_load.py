@@ -26,7 +26,6 @@ from service.core.settings import ServiceSettings
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 WINDOW_MS = 3000.0  # long enough to observe a queued request, short enough to keep the suite fast

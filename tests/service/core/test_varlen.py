@@ -30,7 +30,6 @@ from service.core.settings import ServiceSettings
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(300)
 
 Feeds = dict[str, np.ndarray]

@@ -48,7 +48,6 @@ from service.core.settings import ServiceSettings
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 GOOD_TEXTS = ["the [MASK] sat on the mat.", "paris is the [MASK] of france.", "she [MASK] the ball."]

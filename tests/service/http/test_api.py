@@ -21,7 +21,6 @@ from service.http.schemas import ClassifyResponse, FillMaskResponse
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 LIMIT = 256 * 1024

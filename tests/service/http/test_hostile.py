@@ -17,7 +17,6 @@ from service.http.connections import PROTOCOLS
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
 

@@ -27,10 +27,9 @@ from contract.spec import read_spec
 if TYPE_CHECKING:
     from svc_harness import RunningServer
 
-pytest_plugins = ["svc_harness"]
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LIMIT = 256 * 1024
 
 

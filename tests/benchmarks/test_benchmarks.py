@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks import harness, proc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "benchmarks"
 # Peer servers that run in their framework's own venv (benchmarks/peers/peers.py), not in this one.
 FRAMEWORK_OF = {"benchmarks.peers.litserve_server": "litserve", "benchmarks.peers.bentoml_service": "bentoml"}

@@ -1,0 +1,72 @@
+"""Fixtures of the service tests: settings over the tiny served models, and real servers.
+
+The served models are the session fixtures `tiny_vision_served` / `tiny_mlm_served` of
+tests/conftest.py (real exports of tiny random-weight models; their parent is the repository).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+
+from service.core.settings import ServiceSettings
+from svc_harness import RunningServer, wait_until
+
+
+@pytest.fixture(scope="session")
+def poll() -> Callable[..., None]:
+    """`wait_until`, for tests that wait on something other than a RunningServer (a process)."""
+    return wait_until
+
+
+@pytest.fixture(scope="session")
+def repository(tiny_vision_served: Path, tiny_mlm_served: Path) -> Path:
+    """The repository holding both tiny served models."""
+    assert tiny_vision_served.parent == tiny_mlm_served.parent
+    return tiny_vision_served.parent
+
+
+@pytest.fixture(scope="session")
+def make_settings(repository: Path) -> Callable[..., ServiceSettings]:
+    def make(**overrides: object) -> ServiceSettings:
+        base: dict[str, object] = {
+            "model_repository": repository,
+            "checkpoint_dir": None,
+            "intra_op_threads": 1,
+            "max_batch_size": 8,
+            "max_queue_delay_ms": 5.0,
+            "request_timeout_s": 30.0,
+            # gRPC only where a test asks for it (with a free port): the default port is fixed.
+            "grpc_port": 0,
+        }
+        return ServiceSettings(**{**base, **overrides})
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def start_server(make_settings: Callable[..., ServiceSettings]) -> Iterator[Callable[..., RunningServer]]:
+    """Factory: start a ready server with setting overrides; all are stopped at the end."""
+    servers: list[RunningServer] = []
+
+    def start(
+        *,
+        http: type[asyncio.Protocol] | None = None,
+        prepare: Callable[[FastAPI], None] | None = None,
+        **overrides: object,
+    ) -> RunningServer:
+        """`prepare(app)` runs before the server starts (a test adding a route of its own)."""
+        server = RunningServer(make_settings(**overrides), http=http)
+        if prepare is not None:
+            prepare(server.app)
+        servers.append(server.start())
+        return server.wait_ready()
+
+    yield start
+    for server in servers:
+        if server.thread.is_alive():
+            server.stop()
