@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from benchmarks.proc import alive, tree_pids
+from gmlp.paths import cifar10_npz
 
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -288,8 +289,21 @@ def add_timing_arguments(p: argparse.ArgumentParser, repeats: int, threads: int 
     p.add_argument("--repeats", type=int, default=repeats, help=f"timed runs per median (default {repeats})")
 
 
+def add_cifar_argument(p: argparse.ArgumentParser) -> None:
+    """`--cifar`: the full CIFAR-10 npz, by default from $GMLP_SHARED_DATA; required without it."""
+    default = cifar10_npz()
+    p.add_argument(
+        "--cifar",
+        type=Path,
+        default=default,
+        required=default is None,
+        help="cifar10-jpeg.npz of the full CIFAR-10 data set (default: from $GMLP_SHARED_DATA)",
+    )
+
+
 __all__ = [
     "REPO",
+    "add_cifar_argument",
     "add_timing_arguments",
     "command_line",
     "cpu_facts",

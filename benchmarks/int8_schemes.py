@@ -22,16 +22,20 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.quantization import QuantType, quantize_static
 
-from benchmarks.harness import REPO, add_timing_arguments, command_line, cpu_line, interleaved_ms
+from benchmarks.harness import (
+    REPO,
+    add_cifar_argument,
+    add_timing_arguments,
+    command_line,
+    cpu_line,
+    interleaved_ms,
+)
 from contract.formats import VARIANT_FILES
 from export.directory import calibration_feeds, export_served_model
 from export.variants import STATIC_INT8_OPTIONS, FeedsReader
 from export.verify import session
-from gmlp.paths import cifar10_npz
 from gmlp.train_commands import CACHE_DIR
 from model.train.evaluate import evaluate_classifier, open_predictor
-
-# The full CIFAR-10 test split: $GMLP_SHARED_DATA/cifar10/cifar10-jpeg.npz.
 
 # Changes to the export's static settings (STATIC_INT8_OPTIONS with 8-bit weights).
 SCHEMES = {
@@ -46,15 +50,8 @@ def main() -> None:
     parser = command_line(__doc__)
     add_timing_arguments(parser, repeats=7)
     parser.add_argument("--limit", type=int, default=None, help="test images (default all 10,000)")
-    parser.add_argument(
-        "--cifar",
-        type=Path,
-        default=cifar10_npz(),
-        help="cifar10-jpeg.npz of the full CIFAR-10 data set (default: from $GMLP_SHARED_DATA)",
-    )
+    add_cifar_argument(parser)
     args = parser.parse_args()
-    if args.cifar is None:
-        parser.error("--cifar is needed: pass the CIFAR-10 npz or set GMLP_SHARED_DATA")
     checkpoint = REPO / "checkpoints" / "cifar10-gmlp"
     print(cpu_line())
     print(f"threads {args.threads}; median of {args.repeats}\n")

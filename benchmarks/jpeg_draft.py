@@ -20,13 +20,16 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from benchmarks.harness import add_timing_arguments, command_line, cpu_line, interleaved_ms
+from benchmarks.harness import (
+    add_cifar_argument,
+    add_timing_arguments,
+    command_line,
+    cpu_line,
+    interleaved_ms,
+)
 from contract.formats import VARIANT_FILES
 from contract.image import ImageTransform, decode_image
 from export.verify import session
-from gmlp.paths import cifar10_npz
-
-# The full CIFAR-10 test split: $GMLP_SHARED_DATA/cifar10/cifar10-jpeg.npz.
 
 MEGAPIXELS = (1, 12)
 
@@ -56,15 +59,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=300, help="photos to classify (default 300)")
     add_timing_arguments(parser, repeats=7)
     parser.add_argument("--variant", choices=("int8", "fp32"), default="int8")
-    parser.add_argument(
-        "--cifar",
-        type=Path,
-        default=cifar10_npz(),
-        help="cifar10-jpeg.npz of the full CIFAR-10 data set (default: from $GMLP_SHARED_DATA)",
-    )
+    add_cifar_argument(parser)
     args = parser.parse_args()
-    if args.cifar is None:
-        parser.error("--cifar is needed: pass the CIFAR-10 npz or set GMLP_SHARED_DATA")
     config = json.loads((args.served / "config.json").read_text())
     transform = ImageTransform.for_model(config, max_pixels=50_000_000)
     sess = session(args.served / VARIANT_FILES[args.variant], threads=args.threads)
