@@ -65,7 +65,7 @@ def _common(
         choices=PRECISIONS,  # model.precision.PRECISIONS; importing it here would import torch
         default="auto",
         help="bf16 autocast or fp32; auto (default) takes bf16 only where the CPU has native bf16 "
-        "(AVX512-BF16/AMX): elsewhere it is emulated, 20x slower than fp32 on an AVX2 EPYC",
+        "(AVX512-BF16/AMX): elsewhere it is emulated, many times slower than fp32 (docs/benchmarks.md)",
     )
     p.add_argument(
         "--no-bf16", dest="precision", action="store_const", const="fp32", help="same as --precision fp32"
@@ -74,7 +74,7 @@ def _common(
         "--compile",
         action="store_true",
         help="torch.compile the model for training (inductor; needs a C++ compiler, about a minute to "
-        "compile); 1.10x per step for the MLM, no gain for the small classifier (docs/benchmarks.md)",
+        "compile); a faster step for the masked LM, none for the small classifier (docs/benchmarks.md)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the saved training state")
     p.add_argument(
