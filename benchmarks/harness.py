@@ -6,9 +6,9 @@ session (process group), waits until a probe succeeds (GET /health/ready by defa
 answer), and stops its whole process tree (SIGTERM, then SIGKILL), since some frameworks leave
 helpers behind a plain kill of the root. `gmlp_serve` builds the one for `gmlp serve`.
 Every figure a benchmark prints comes with `cpu_line()` (model name, vCPUs, SIMD flags), since
-int8 and bf16 speed depend on them. Only the standard library (and `benchmarks.proc`, which is
-stdlib only) is imported here: the GPU check runs the benchmarks from a virtual environment that
-has just the serving install.
+int8 and bf16 speed depend on them. Only the standard library, `benchmarks.proc` and `gmlp.paths`
+(both standard library only) are imported here: the GPU check runs the benchmarks from a virtual
+environment that has just the serving install.
 
 The benchmarks run from a checkout (the wheel does not ship them): `REPO` is where they find the
 committed checkpoints and test data.

@@ -1,1 +1,1 @@
-"""The `gmlp` command line: one entry point for convert, export, train, eval, serve, bench, loadtest."""
+"""The `gmlp` command line: convert-timm, info, export, train, eval, model-card, serve and loadtest."""

@@ -154,18 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
     p.add_argument("--variant", default="fp32", choices=VARIANTS, help="served-model ONNX variant")
     p.add_argument("--limit", type=int, default=None, help="test images, or full windows and short sentences")
-    p.add_argument(
-        "--data",
-        type=Path,
-        default=cifar10_npz(),
-        help=f"cifar10-jpeg.npz (classifier; default ${SHARED_DATA_ENV}/cifar10/cifar10-jpeg.npz)",
-    )
-    p.add_argument(
-        "--corpus",
-        type=Path,
-        default=gutenberg_dir(),
-        help=f"Gutenberg folder (MLM; uses valid-000; default ${SHARED_DATA_ENV}/gutenberg)",
-    )
+    _data_argument(p, "--data", cifar10_npz(), "cifar10-jpeg.npz (classifier)")
+    _data_argument(p, "--corpus", gutenberg_dir(), "Gutenberg folder (MLM; uses valid-000)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data")
     p.add_argument(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from gmlp.paths import SHARED_DATA_ENV, shared_data
 
 # The checkout the tests run from (tests may find the repository's files by their own location;
 # the product never does).
@@ -15,8 +16,6 @@ TEXT_SAMPLE = TEST_DATA / "gutenberg-sample.txt"
 # The BERT uncased tokenizer, as the demo masked LM ships it.
 BERT_TOKENIZER = REPO_ROOT / "checkpoints" / "gutenberg-gmlp-mlm" / "tokenizer.json"
 
-SHARED_DATA_ENV = "GMLP_SHARED_DATA"
-
 
 def shared_data_dir() -> Path | None:
     """The full data sets (CIFAR-10, Gutenberg, BERT vocabulary) if this machine has them.
@@ -25,11 +24,10 @@ def shared_data_dir() -> Path | None:
     tests), else a `shared/data` folder beside the checkout, else None. Tests that need them carry
     the `shared_data` marker and are skipped without them.
     """
-    value = os.environ.get(SHARED_DATA_ENV, "").strip()
-    if value:
-        root = Path(value).expanduser()
+    root = shared_data()
+    if root is not None:
         if not root.is_dir():
-            raise FileNotFoundError(f"{SHARED_DATA_ENV}={value} is not a directory")
+            raise FileNotFoundError(f"{SHARED_DATA_ENV}={root} is not a directory")
         return root
     beside = REPO_ROOT.parent / "shared" / "data"
     return beside if beside.is_dir() else None
