@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from service.core.statistics import DEFAULT_VERSION, StatisticsSeries
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -94,6 +96,8 @@ class ServiceMetrics:
         self.model_ready = Gauge(
             "gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r
         )
+        # --- per-model statistics (what the v2 statistics extension reports) ---
+        self.statistics = StatisticsSeries(r)
 
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
@@ -104,8 +108,12 @@ class ServiceMetrics:
         self.grpc_calls.labels(method, code).inc()
         self.grpc_latency.labels(method, code).observe(seconds)
 
-    def observer(self, model: str) -> ModelObserver:
-        return ModelObserver(self, model)
+    def observer(self, model: str, version: str = DEFAULT_VERSION) -> ModelObserver:
+        return ModelObserver(self, model, version)
+
+    def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
+        """One inference request of the protocol's API answered (ok) or refused, and its duration."""
+        self.statistics.request(model, version, ok, seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -114,13 +122,14 @@ class ServiceMetrics:
 class ModelObserver:
     """`BatchObserver` for one model."""
 
-    def __init__(self, metrics: ServiceMetrics, model: str) -> None:
+    def __init__(self, metrics: ServiceMetrics, model: str, version: str = DEFAULT_VERSION) -> None:
         self._depth = metrics.queue_depth.labels(model)
         self._batch = metrics.batch_size.labels(model)
         self._wait = metrics.queue_wait.labels(model)
         self._inference = metrics.inference.labels(model)
         self._rejections = metrics.rejections
         self._model = model
+        self._statistics = metrics.statistics.model(model, version)
         self._depth.set(0)
 
     def queue_depth(self, depth: int) -> None:
@@ -134,6 +143,13 @@ class ModelObserver:
         self._inference.observe(run_seconds)
         for wait in queue_waits:
             self._wait.observe(wait)
+        self._statistics.batch_done(size, sum(queue_waits), run_seconds)
 
 
-__all__ = ["ServiceMetrics", "ModelObserver", "power_of_two_buckets", "LATENCY_BUCKETS"]
+__all__ = [
+    "ServiceMetrics",
+    "ModelObserver",
+    "power_of_two_buckets",
+    "LATENCY_BUCKETS",
+    "DEFAULT_VERSION",
+]
