@@ -199,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
                             rows.append(
                                 table_row(name, transport, data, f"Poisson {rate}/s ({fraction}x)", row)
                             )
+    given = " ".join(sys.argv[1:] if argv is None else argv)
     section = "\n".join(
         [
             f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows; {cpu_line()}. "
-            f"Command: `python -m benchmarks.perf_analyzer {' '.join(sys.argv[1:] if argv is None else argv)}`.",
+            f"Command: `python -m benchmarks.perf_analyzer {given}`.",
             "",
             "| model | transport | data | load | infer/s | p50 ms | p99 ms | queue ms | server ms |",
             "|---|---|---|---|---|---|---|---|---|",
