@@ -285,8 +285,8 @@ async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> d
             encoded = [
                 EncodedText(row["input_ids"].tolist(), row["mask_positions"].tolist(), row) for row in rows
             ]
-            logits = [r["logits"] for r in results]
-            produced[PREDICTIONS_OUTPUT] = _predictions(served, encoded, logits, top_k, [len(rows), 1])
+            row_logits = [r["logits"] for r in results]
+            produced[PREDICTIONS_OUTPUT] = _predictions(served, encoded, row_logits, top_k, [len(rows), 1])
         return produced
     if isinstance(served, VisionPipeline) and names == [IMAGE_INPUT]:
         _check_outputs(request.outputs, ["logits"])
