@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window (default 5000)")
     parser.add_argument("--max-trials", type=int, default=6, help="windows until stable (default 6)")
+    parser.add_argument(
+        "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
+    )
     parser.add_argument("--transports", default="http,grpc", help="default http,grpc")
     parser.add_argument("--data", default="random,real", help="data sets (default random,real)")
     parser.add_argument("--serve-args", default="", help="extra `gmlp serve` flags, space separated")
@@ -160,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_args=["--grpc-port", str(grpc_port), *args.serve_args.split()],
     )
     window = ["--measurement-interval", str(args.measurement_ms), "--max-trials", str(args.max_trials)]
+    window += ["--stability-percentage", str(args.stability)]
     rows: list[str] = []
     with server:
         names = [m["name"] for m in _get(f"{server.base_url}/models")["models"]]
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                             "poisson",
                             "--async",
                         ]
-                        stem = args.out / f"{name}-{transport}-{data}-r{fraction}"
+                        stem = args.out / f"{name}-{transport}-{data}-r{fraction.replace('.', '_')}"
                         row = run_perf_analyzer(
                             command, [*base, *load], stem.with_suffix(".txt"), stem.with_suffix(".csv"), 600
                         )
