@@ -16,10 +16,12 @@ repository, and runs, for every model, transport (http, grpc) and data set:
 
 Data sets, each a perf_analyzer `--input-data` file of the inputs the configuration requires (the
 graph's tensors; perf_analyzer's own random generator also fills the optional encoded input, a
-mix of forms the server refuses, and draws token ids outside the vocabulary): `random`, values
-drawn at random (pixels from a normal distribution; token ids from the vocabulary, 32 tokens, one
-mask); `real`, the bundled CIFAR-10 test JPEGs through the model's own transform, and the bundled
-Gutenberg sentences through its tokenizer (loadtests/data).
+mix of forms the server refuses, and draws token ids outside the vocabulary):
+
+- `random`: values drawn at random, pixels from a normal distribution, token ids from the
+  vocabulary (32 tokens, at most the model's n, one mask);
+- `real`: the bundled CIFAR-10 test JPEGs through the model's own transform, and the bundled
+  Gutenberg sentences through its tokenizer (loadtests/data).
 
 The table (with the machine and the command) replaces the "perf_analyzer" section of
 docs/benchmarks.md unless `--no-doc`; every run's perf_analyzer output and CSV are kept in `--out`.
@@ -62,48 +64,46 @@ def _entry(name: str, array: np.ndarray) -> dict[str, Any]:
     return {name: {"content": array.ravel().tolist(), "shape": list(array.shape)}}
 
 
+def _sentences() -> list[str]:
+    """The bundled Gutenberg sentences, one [MASK] each (loadtests/data/sentences.tsv)."""
+    lines = (DATA / "sentences.tsv").read_text(encoding="utf-8").splitlines()
+    return [ln.split("\t", 1)[1].strip() for ln in lines if "\t" in ln and not ln.startswith("#")]
+
+
 def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, Any]:
     """perf_analyzer's --input-data document for `kind` (random or real) of the required inputs."""
     spec = read_spec(model_dir)
     assert spec is not None, f"{model_dir} is not a served model"
     rng = np.random.default_rng(0)
-    required = [t["name"] for t in config["input"] if not t.get("optional", False)]
-    rows: list[dict[str, Any]] = []
+    required = sorted(t["name"] for t in config["input"] if not t.get("optional", False))
     if required == ["pixel_values"]:
-        dims = [int(d) for d in config["input"][0]["dims"]]
         if kind == "random":
-            rows = [
-                _entry("pixel_values", rng.standard_normal(dims).astype(np.float32))
+            dims = [int(d) for d in config["input"][0]["dims"]]
+            pixels = [rng.standard_normal(dims).astype(np.float32) for _ in range(RANDOM_ROWS)]
+        else:
+            transform = ImageTransform.for_model(spec.config, 10**8)
+            pixels = [transform(p.read_bytes()) for p in sorted(DATA.glob("*.jpg"))]
+        return {"data": [_entry("pixel_values", p) for p in pixels]}
+    if required == ["input_ids", "mask_positions"]:
+        codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
+        if kind == "random":
+            length = min(RANDOM_TOKENS, codec.n)
+            texts = [
+                (rng.integers(0, codec.vocab_size, length), rng.integers(0, length, 1))
                 for _ in range(RANDOM_ROWS)
             ]
         else:
-            transform = ImageTransform.for_model(spec.config, 10**8)
-            rows = [_entry("pixel_values", transform(p.read_bytes())) for p in sorted(DATA.glob("*.jpg"))]
-    elif sorted(required) == ["input_ids", "mask_positions"]:
-        codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
-        for i in range(RANDOM_ROWS if kind == "random" else 10**9):
-            if kind == "random":
-                ids = rng.integers(0, codec.vocab_size, RANDOM_TOKENS)
-                positions = rng.integers(0, RANDOM_TOKENS, 1)
-            else:
-                lines = [
-                    ln.split("\t", 1)[1]
-                    for ln in (DATA / "sentences.tsv").read_text().splitlines()
-                    if "\t" in ln
-                ]
-                if i >= len(lines):
-                    break
-                encoded = codec.encode(lines[i].strip())
-                ids, positions = np.asarray(encoded.ids), np.asarray(encoded.mask_positions)
-            rows.append(
-                {
-                    **_entry("input_ids", ids.astype(np.int64)),
-                    **_entry("mask_positions", positions.astype(np.int64)),
-                }
-            )
-    else:
-        raise SystemExit(f"model {config['name']}: no data for the required inputs {required}")
-    return {"data": rows}
+            encoded = [codec.encode(sentence) for sentence in _sentences()]
+            texts = [(np.asarray(e.ids), np.asarray(e.mask_positions)) for e in encoded]
+        rows = [
+            {
+                **_entry("input_ids", ids.astype(np.int64)),
+                **_entry("mask_positions", positions.astype(np.int64)),
+            }
+            for ids, positions in texts
+        ]
+        return {"data": rows}
+    raise SystemExit(f"model {config['name']}: no data for the required inputs {required}")
 
 
 def run_perf_analyzer(
