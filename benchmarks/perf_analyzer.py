@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -144,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         "--rate-fractions", default="0.5,0.9", help="open-loop rates, of the best closed-loop"
     )
     parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window (default 5000)")
-    parser.add_argument("--max-trials", type=int, default=6, help="windows until stable (default 6)")
+    parser.add_argument(
+        "--max-trials", type=int, default=6, help="windows until stable, 3 or more (default 6)"
+    )
     parser.add_argument(
         "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
     )
@@ -154,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
     parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = parser.parse_args(argv)
+    if args.max_trials < 3:
+        parser.error("--max-trials must be 3 or more: perf_analyzer compares the last three windows")
+    # A SIGTERM unwinds like an exception, so the server below is stopped, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     command = perf_analyzer_command()
     args.out.mkdir(parents=True, exist_ok=True)
     grpc_port = free_port()
