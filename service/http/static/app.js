@@ -40,6 +40,15 @@ async function call(path, init = {}) {
   return { body, time: timing(response, startedAt) };
 }
 
+// A task call, after which the status strip is brought up to date at once.
+async function predict(path, init) {
+  try {
+    return await call(path, init);
+  } finally {
+    refreshStats();
+  }
+}
+
 // --- small DOM helpers --------------------------------------------------------------------
 
 function el(tag, props = {}, ...children) {
@@ -119,7 +128,7 @@ function classifierPanel(model, panel) {
     form.append("file", blob, name);
     const query = new URLSearchParams({ model: model.name, top_k: TOP_K });
     try {
-      const { body, time } = await call(`classify?${query}`, { method: "POST", body: form });
+      const { body, time } = await predict(`classify?${query}`, { method: "POST", body: form });
       output.replaceChildren(showTime(time), bars(body.predictions, (p) => p.label));
     } catch (error) {
       showError(output, error);
@@ -167,7 +176,7 @@ function fillMaskPanel(model, panel) {
     output.replaceChildren(el("p", { className: "note" }, "Predicting…"));
     const request = { model: model.name, text: text.value, top_k: TOP_K };
     try {
-      const { body, time } = await call("fill-mask", {
+      const { body, time } = await predict("fill-mask", {
         method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request),
       });
       output.replaceChildren(showTime(time), filled(request.text, body.predictions),
