@@ -80,20 +80,21 @@ class Visit:
     """A page in its own browser context, with what it asked for and what it logged."""
 
     page: Page
-    base: str
     requests: list[Request] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)
-    console: list[ConsoleMessage] = field(default_factory=list)
+    console: list[ConsoleMessage | _PageError] = field(default_factory=list)
     # Console errors the test provokes on purpose (Chromium logs a refused request as one).
     expected: list[str] = field(default_factory=list)
     # Console levels that fail the test (the vendored ReDoc warns about its own example generator).
     failing: tuple[str, ...] = ("error", "warning")
 
+    def own_files(self) -> list[Request]:
+        """The page, its assets and its icon (which a browser may ask for at the root)."""
+        return [r for r in self.requests if _is_own_file(urlsplit(r.url).path)]
+
     def api_calls(self) -> list[tuple[str, str]]:
         return [
-            (r.method, urlsplit(r.url).path)
-            for r in self.requests
-            if not urlsplit(r.url).path.startswith("/ui/") and urlsplit(r.url).path != "/"
+            (r.method, urlsplit(r.url).path) for r in self.requests if not _is_own_file(urlsplit(r.url).path)
         ]
 
     def unexpected_console(self) -> list[str]:
@@ -114,7 +115,7 @@ def visit(browser: Browser, server: RunningServer) -> Iterator[Callable[..., Vis
         context = browser.new_context(viewport=viewport, **options)
         contexts.append(context)
         page = context.new_page()
-        seen = Visit(page, server.url)
+        seen = Visit(page)
         visits.append(seen)
 
         def route(route: Route) -> None:
@@ -139,6 +140,10 @@ def visit(browser: Browser, server: RunningServer) -> Iterator[Callable[..., Vis
     for seen in visits:
         assert not seen.elsewhere, f"requests left the server: {seen.elsewhere}"
         assert not seen.unexpected_console(), seen.unexpected_console()
+
+
+def _is_own_file(path: str) -> bool:
+    return path in ("/", "/favicon.ico") or path.startswith("/ui/")
 
 
 @dataclass
@@ -284,6 +289,11 @@ def test_the_page_calls_only_its_documented_api(visit: Callable[..., Visit], ser
         documented = client.get("/openapi.json").json()["paths"]
     calls = seen.api_calls()
     assert set(calls) == PAGE_API, calls
+    files = seen.own_files()
+    assert {urlsplit(r.url).path for r in files} >= {"/", "/ui/app.js", "/ui/style.css"}
+    for file in files:
+        response = file.response()
+        assert response is not None and response.status == 200, file.url
     for method, path in calls:
         assert method.lower() in documented[path]
     authorised = [r for r in seen.requests if (r.method, urlsplit(r.url).path) in PAGE_API]
