@@ -22,6 +22,7 @@ from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
 from contract.spec import ModelSpec
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.core.batching import DynamicBatcher
+from service.core.card import card_summary
 from service.core.deadline import Deadline, before
 from service.core.metrics import ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
@@ -75,6 +76,7 @@ class Pipeline:
             instances=instances,
         )
         self.ready = False
+        self.card = card_summary(spec.path, self.variant)
 
     def run_batch(self, items: list[Feeds]) -> list[Feeds]:
         """What the batcher runs: the requests' feeds in one session run (blocking)."""
@@ -114,6 +116,7 @@ class Pipeline:
                 "max_queue_size": self.batcher.max_queue_size,
                 "queue_delay_policy": "always" if self.batcher.always_wait else "arriving",
             },
+            "card": self.card,
         }
 
     async def infer(self, feeds: Feeds, deadline: Deadline) -> Feeds:
