@@ -88,6 +88,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
             await grpc_server.stop(settings.drain_timeout_s)
         if metrics_server is not None:
             metrics_server.shutdown()
+            metrics_server.server_close()
         await state.shutdown()
 
 
