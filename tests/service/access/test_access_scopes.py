@@ -4,6 +4,7 @@ and gRPC: the status, the error shape, and that nothing ran for a refused reques
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,9 @@ def test_rest_routes_need_the_key_of_their_scope(
     body: str | None,
     scope: str,
     shape: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     keys = keys_file[1]
     image = cifar_images[0]
     before = _batches(server)
@@ -116,6 +119,15 @@ def test_rest_routes_need_the_key_of_their_scope(
     assert right.status_code == by_header.status_code == expected, (family, right.text)
     if family in ("classify", "fill-mask", "hf", "v2 infer"):
         assert _batches(server) > before
+    _no_key_in(caplog.text, keys, [none, wrong, other, right, by_header])
+
+
+def _no_key_in(logged: str, keys: dict[str, str], responses: list[httpx.Response]) -> None:
+    """No key, valid or not, in the server's log lines or in any answer."""
+    for key in keys.values():
+        assert key not in logged
+        for response in responses:
+            assert key not in response.text and all(key not in value for value in response.headers.values())
 
 
 def test_open_routes_need_no_key(server: RunningServer) -> None:
@@ -212,7 +224,9 @@ def test_grpc_methods_need_the_key_of_their_scope(
     response: Any,
     scope: str,
     served: grpc.StatusCode,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     keys = keys_file[1]
     before = _batches(server)
     with grpc.insecure_channel(f"127.0.0.1:{server.settings.grpc_port}") as channel:
@@ -235,6 +249,7 @@ def test_grpc_methods_need_the_key_of_their_scope(
             pb.ServerMetadataRequest(), metadata=[("authorization", "Bearer " + keys["ops"])], timeout=30
         )
     assert "infer" in caught.value.details() and keys["ops"] not in caught.value.details()
+    _no_key_in(caplog.text, keys, [])
 
 
 def test_without_keys_admin_is_closed_and_the_rest_is_open(start_server: Any, grpc_port: Any) -> None:

@@ -29,6 +29,7 @@ def image_request(jpeg: bytes, request_id: str, *, binary: bool) -> InferRequest
 
 async def main(url: str, grpc_address: str, jpeg: bytes, key: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
+
     # A new dict per call: the SDK adds the body's own headers (lengths) to the dict it is given.
     def headers() -> dict[str, str] | None:
         return {"Authorization": f"Bearer {key}"} if key else None
