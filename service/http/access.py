@@ -17,7 +17,8 @@ from starlette._utils import get_route_path  # the router's own rule, as FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated
-from service.core.access import Scope, http_scope
+from service.core.access import Scope as KeyScope
+from service.core.access import http_scope
 from service.core.keys import KeyStore
 from service.http.asgi import HttpMiddleware
 from service.http.errors import ErrorResponder
@@ -80,7 +81,7 @@ def secure_openapi(app: FastAPI, keys: KeyStore) -> None:
         schema.setdefault("components", {})["securitySchemes"] = SCHEMES
         for path, operations in schema.get("paths", {}).items():
             needed = http_scope(path)
-            if not keys.enabled and needed is not Scope.ADMIN:
+            if not keys.enabled and needed is not KeyScope.ADMIN:
                 needed = None
             for operation in operations.values():
                 if not isinstance(operation, dict):
