@@ -31,6 +31,7 @@ import re
 import secrets
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,20 @@ INVALID = "invalid"  # ... and for requests with a key that matches none
 def digest(key: str) -> str:
     """The keys file's form of `key`: `sha256:` and its hex SHA-256."""
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def presented_key(fields: Iterable[tuple[str, str]]) -> str | None:
+    """The key among a request's header or metadata fields (lower-case names): a Bearer
+    `authorization`, else `x-api-key`; None when neither is sent."""
+    api_key = None
+    for name, value in fields:
+        if name == "authorization":
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+        elif name == "x-api-key" and value.strip():
+            api_key = value.strip()
+    return api_key
 
 
 def new_key() -> str:
@@ -294,4 +309,14 @@ if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
 
 
-__all__ = ["KeyStore", "ApiKey", "parse_keys", "digest", "new_key", "TokenBucket", "ANONYMOUS", "INVALID"]
+__all__ = [
+    "presented_key",
+    "KeyStore",
+    "ApiKey",
+    "parse_keys",
+    "digest",
+    "new_key",
+    "TokenBucket",
+    "ANONYMOUS",
+    "INVALID",
+]

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated
 from service.core.access import Scope as KeyScope
 from service.core.access import http_scope
-from service.core.keys import KeyStore
+from service.core.keys import KeyStore, presented_key
 from service.http.asgi import HttpMiddleware
 from service.http.errors import ErrorResponder
 
@@ -28,16 +28,12 @@ KEY_NAME = "gmlp.key_name"
 
 
 def credential(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The key a request presents: a Bearer token, else `x-api-key`; None when neither is sent."""
-    api_key = None
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-        elif name == b"x-api-key" and value:
-            api_key = value.decode("latin-1").strip()
-    return api_key
+    """The key a request presents (`presented_key`), from its headers."""
+    return presented_key(
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in headers
+        if name in (b"authorization", b"x-api-key")
+    )
 
 
 class AccessMiddleware(HttpMiddleware):

@@ -18,24 +18,15 @@ from grpc import aio
 
 from contract.errors import PermissionDenied, RateLimited, RequestError, Unauthenticated
 from service.core.access import grpc_scope
-from service.core.keys import KeyStore
+from service.core.keys import KeyStore, presented_key
 from service.core.metrics import ServiceMetrics
 from service.core.settings import ServiceSettings
 from service.core.tls import TlsFiles
 
 
 def metadata_credential(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
-    """The key in a call's metadata: a Bearer `authorization`, else `x-api-key`."""
-    api_key = None
-    for name, value in metadata or ():
-        text = value.decode("latin-1") if isinstance(value, bytes) else value
-        if name == "authorization":
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-        elif name == "x-api-key" and text:
-            api_key = text.strip()
-    return api_key
+    """The key in a call's metadata (`presented_key`); binary metadata is never a key."""
+    return presented_key((name, value) for name, value in metadata or () if isinstance(value, str))
 
 
 def _refusal(error: RequestError, status: grpc.StatusCode) -> grpc.RpcMethodHandler:
