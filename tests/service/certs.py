@@ -51,6 +51,7 @@ class TestCA:
             .not_valid_before(now - datetime.timedelta(hours=1))
             .not_valid_after(now + datetime.timedelta(days=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
             .add_extension(
                 x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
             )
@@ -78,6 +79,10 @@ class TestCA:
                     [x509.DNSName("localhost"), x509.IPAddress(IPv4Address("127.0.0.1"))]
                 ),
                 critical=False,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
             )
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
