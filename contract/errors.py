@@ -108,6 +108,26 @@ class InternalError(RequestError):
     """A bug: the request should have been answered (logged with its traceback)."""
 
 
+class Unauthenticated(RequestError):
+    """No valid API key came with a request that needs one (401 with `WWW-Authenticate: Bearer`)."""
+
+
+class PermissionDenied(RequestError):
+    """The API key is valid but lacks the scope the route needs, or the route is closed (403)."""
+
+
+class RateLimited(Unavailable):
+    """The API key used up its request rate; retrying after `retry_after_s` succeeds (429)."""
+
+    def __init__(self, code: ErrorCode, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(code, message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeout(RequestError):
+    """The client did not send its request (the body) within the deadline: 408 and the connection closed."""
+
+
 @unique
 class ErrorCode(StrEnum):
     """Every machine code a request can be refused with, once each: the code, its error type (whose
@@ -266,6 +286,28 @@ class ErrorCode(StrEnum):
         InternalError,
         "a bug, logged once with the traceback and the request's method and path",
     )
+    # Access control and slow clients
+    UNAUTHENTICATED = (
+        "unauthenticated",
+        Unauthenticated,
+        "no valid API key: send `Authorization: Bearer KEY` or `x-api-key: KEY` (`WWW-Authenticate: Bearer`)",
+    )
+    FORBIDDEN = (
+        "forbidden",
+        PermissionDenied,
+        "the key lacks the route's scope (infer, admin, metrics), or admin routes are closed (no admin key)",
+    )
+    RATE_LIMITED = (
+        "rate_limited",
+        RateLimited,
+        "the key used up its rate from the keys file; retry after `Retry-After`",
+    )
+    REQUEST_TIMEOUT = (
+        "request_timeout",
+        RequestTimeout,
+        "the headers (`GMLP_HEADER_TIMEOUT_S`) or the body (`GMLP_REQUEST_TIMEOUT_S`) came too slowly; "
+        "connection closed",
+    )
 
 
 def most_specific(table: Mapping[Any, S], kind: type, default: S) -> S:
@@ -297,4 +339,8 @@ __all__ = [
     "DeadlineExceeded",
     "ClientGone",
     "InternalError",
+    "Unauthenticated",
+    "PermissionDenied",
+    "RateLimited",
+    "RequestTimeout",
 ]

@@ -12,20 +12,31 @@ Run with `gmlp serve` (service.cli) or `uvicorn --factory service.app:create_app
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import signal
+import ssl
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from PIL import Image
 
+from contract.errors import UserError
 from contract.formats import package_version
+from service.core.keys import KeyStore
 from service.core.metrics import ServiceMetrics
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
 from service.core.stats import StatsHistory
+from service.core.tls import TlsFiles
+from service.core.watch import Reloadable, reload_all, watch
 from service.http import hf, playground, routes
-from service.http.connections import ConnectionCapMiddleware
+from service.http.access import AccessMiddleware, secure_openapi
+from service.http.connections import REFUSAL_OBSERVER, ConnectionCapMiddleware
 from service.http.direct import error_namespaces
 from service.http.dispatch import DirectDispatchMiddleware
 from service.http.errors import (
@@ -40,31 +51,74 @@ from service.http.metrics import HttpMetricsMiddleware
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
 
+log = logging.getLogger(__name__)
+
 # The HTTP APIs, in the order their routes take precedence (the playground's pages last).
 ROUTERS = (routes.router, hf.router, v2.router, playground.router)
 
 
 @asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start gRPC (when enabled) and the background model loading; on shutdown stop taking gRPC
-    calls (running ones finish), then drain the batchers."""
+async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+    """Start gRPC (when enabled), the metrics port, the watcher of the keys and TLS files (and
+    SIGHUP) and the background model loading; on shutdown stop taking gRPC calls (running ones
+    finish), then drain the batchers. The state yielded reaches uvicorn's protocols."""
     state: ServiceState = app.state.service
-    grpc_server = GrpcServer(state, state.settings) if state.settings.grpc_port else None
+    settings = state.settings
+    grpc_server = (
+        GrpcServer(state, settings, keys=app.state.keys, tls=app.state.tls) if settings.grpc_port else None
+    )
     if grpc_server is not None:
         await grpc_server.start()
+    metrics_server = start_metrics_port(settings, state.metrics) if settings.metrics_port else None
+    watched: list[Reloadable] = [r for r in (app.state.keys, app.state.tls) if r is not None and r.paths]
+    watcher = asyncio.create_task(watch(watched, settings.reload_interval_s), name="watch-files")
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # main thread only
+        loop.add_signal_handler(signal.SIGHUP, reload_all, watched)
     loader = asyncio.create_task(state.load(), name="load-models")
     # The status view's sampling of the metrics (/stats).
     sampler = asyncio.create_task(app.state.stats.run(), name="stats")
     try:
-        yield
+        yield {REFUSAL_OBSERVER: state.metrics.refused}
     finally:
         sampler.cancel()
+        watcher.cancel()
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.remove_signal_handler(signal.SIGHUP)
         if not loader.done():
             loader.cancel()
-        await asyncio.gather(loader, sampler, return_exceptions=True)
+        await asyncio.gather(loader, sampler, watcher, return_exceptions=True)
         if grpc_server is not None:
-            await grpc_server.stop(state.settings.drain_timeout_s)
+            await grpc_server.stop(settings.drain_timeout_s)
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
         await state.shutdown()
+
+
+def start_metrics_port(settings: ServiceSettings, metrics: ServiceMetrics) -> Any:
+    """/metrics without a key on `metrics_port` (a thread of prometheus_client's own server), with
+    the service's certificate when TLS is on; for scrapers on a network that only they reach."""
+    from prometheus_client import start_http_server
+
+    tls: dict[str, Any] = {}
+    if settings.tls_cert is not None:
+        tls = {"certfile": str(settings.tls_cert), "keyfile": str(settings.tls_key)}
+        tls["tls_min_version"] = ssl.TLSVersion.TLSv1_2
+    server, _ = start_http_server(settings.metrics_port or 0, settings.host, metrics.registry, **tls)
+    log.info("metrics on %s:%s", settings.host, settings.metrics_port)
+    return server
+
+
+def tls_files(settings: ServiceSettings, metrics: ServiceMetrics) -> TlsFiles | None:
+    """The TLS files, checked now (a start-up error when unusable), or None when TLS is off."""
+    if settings.tls_cert is None and settings.tls_key is None:
+        if settings.tls_client_ca is not None:
+            raise UserError("GMLP_TLS_CLIENT_CA needs GMLP_TLS_CERT and GMLP_TLS_KEY (the server's own)")
+        return None
+    if settings.tls_cert is None or settings.tls_key is None:
+        raise UserError("TLS needs both GMLP_TLS_CERT and GMLP_TLS_KEY")
+    return TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca, metrics)
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -88,6 +142,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     )
     app.state.service = ServiceState(settings, metrics)
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
+    app.state.keys = KeyStore(settings.api_keys_file, metrics)
+    app.state.tls = tls_files(settings, metrics)
+    secure_openapi(app, app.state.keys)
     direct_routes = [route for router in ROUTERS for route in router.routes]
     # Each route renders its refusals with its own API's table; so do the paths below a router's
     # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
@@ -115,7 +172,19 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         errors=errors,
         max_header_bytes=settings.max_header_bytes,
     )
+    # Access control: before anything reads the body, after the connection cap's 503.
+    app.add_middleware(AccessMiddleware, keys=app.state.keys, errors=errors)
     app.add_middleware(ConnectionCapMiddleware, errors=errors)
+    # CORS (opt-in): answers preflights before access control, and adds its headers to refusals.
+    if settings.cors_origin_list():
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origin_list(),
+            allow_credentials=settings.cors_credentials,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "x-api-key", "content-type", "inference-header-content-length"],
+            expose_headers=["retry-after", "www-authenticate", "inference-header-content-length"],
+        )
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     app.add_middleware(UnexpectedErrorMiddleware, errors=errors)
     return app

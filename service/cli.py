@@ -96,29 +96,38 @@ def serve(settings: ServiceSettings) -> None:
     # operator must see at once, not a pod that never becomes ready.
     specs = require_models(settings.model_repository)
     log.info("serving %s from %s", ", ".join(sorted(specs)), settings.model_repository)
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
-        **server_options(settings),
+        **server_options(settings, app),
     )
     uvicorn.Server(config).run()
 
 
-def server_options(settings: ServiceSettings) -> dict[str, Any]:
-    """uvicorn's options that enforce the service's settings (shared with the test harness)."""
+def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]:
+    """uvicorn's options that enforce the service's settings (shared with the test harness); with
+    the `app`, also its TLS context (`app.state.tls`, re-read in place when the files change)."""
     from service.http.connections import http_protocol  # imports uvicorn: not for `gmlp --help`
 
-    return {
+    tls = getattr(getattr(app, "state", None), "tls", None)
+    options: dict[str, Any] = {}
+    if tls is not None:
+        options["ssl_context_factory"] = lambda config, default: tls.context
+    return options | {
         # In-flight requests get their full deadline to finish on shutdown, then some slack.
         "timeout_graceful_shutdown": int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
         # Beyond this many connections or in-flight requests uvicorn refuses a request at once, so idle
         # or slow clients cannot exhaust file descriptors or memory; its protocol is ours so that
         # the refusal is a 503 in the REST error shape, with Retry-After, and counted.
         "limit_concurrency": settings.max_connections,
-        "http": http_protocol(),
+        # Slow clients: headers within header_timeout_s (408 and closed, as the protocol enforces),
+        # idle kept-alive connections closed after keep_alive_timeout_s.
+        "http": http_protocol(settings.header_timeout_s),
+        "timeout_keep_alive": settings.keep_alive_timeout_s,
     }
 
 

@@ -101,7 +101,8 @@ def check_answers(server: Running, images: dict[str, bytes], reference: dict[str
     wrong = {
         name: (got, reference[name])
         for name, data in images.items()
-        if (got := classify(server.url, data, server.peer.body)) != reference[name]
+        if (got := classify(server.url, data, server.peer.body, headers=server.peer.headers))
+        != reference[name]
     }
     if wrong:
         raise AssertionError(f"{server.peer.key} answers differ from raw ORT (got, expected): {wrong}")
@@ -134,12 +135,14 @@ def measure_row(server: Running, script: Path, peer_round: tuple[int, str], c: i
     )
 
 
-def write_script(work: Path, key: str, image: bytes, kind: str) -> Path:
+def write_script(
+    work: Path, key: str, image: bytes, kind: str, headers: dict[str, str] | None = None
+) -> Path:
     body, content_type = request_body(image, kind)
     body_file = work / f"{key}.body"
     body_file.write_bytes(body)
     script = work / f"{key}.lua"
-    script.write_text(wrk.lua_script(body_file, content_type))
+    script.write_text(wrk.lua_script(body_file, content_type, headers))
     return script
 
 
@@ -165,7 +168,7 @@ def run_peer(
     with running(peer, work, model_dir) as server:
         wait_ready(server, first)
         check_answers(server, images, results.reference)
-        script = write_script(work, peer.key, first, peer.body)
+        script = write_script(work, peer.key, first, peer.body, peer.headers)
         wrk.run(server.url, script, 8, plan.warmup_s)  # warm-up, not recorded
         for c in () if peer.large_only else plan.levels:
             row = measure_row(server, script, (rnd, CIFAR), c, plan.duration_s)
@@ -178,9 +181,9 @@ def run_peer(
         if peer.large_photo:
             photo = (work / f"{LARGE}.jpg").read_bytes()
             expected = results.reference[LARGE]
-            if (got := classify(server.url, photo, peer.body, timeout_s=60.0)) != expected:
+            if (got := classify(server.url, photo, peer.body, 60.0, peer.headers)) != expected:
                 raise AssertionError(f"12 MP photo: got {got}, raw ORT says {expected}")
-            script = write_script(work, f"{peer.key}-{LARGE}", photo, peer.body)
+            script = write_script(work, f"{peer.key}-{LARGE}", photo, peer.body, peer.headers)
             row = measure_row(server, script, (rnd, LARGE), plan.large_concurrency, plan.duration_s)
             results.rows.append(row)
             log(

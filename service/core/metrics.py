@@ -98,6 +98,23 @@ class ServiceMetrics:
         )
         # --- per-model statistics (what the v2 statistics extension reports) ---
         self.statistics = StatisticsSeries(r)
+        # --- access control ---
+        self.key_requests = Counter(
+            "gmlp_api_key_requests",
+            "requests that needed a scope, by the key's configured name (anonymous: no keys configured or "
+            "none sent; invalid: an unknown key), transport and outcome (allowed, unauthenticated, "
+            "forbidden, rate_limited)",
+            ["key", "transport", "outcome"],
+            registry=r,
+        )
+        self.api_keys = Gauge("gmlp_api_keys", "API keys loaded from GMLP_API_KEYS_FILE", registry=r)
+        self.file_reloads = Counter(
+            "gmlp_file_reloads",
+            "re-reads of a changed keys or TLS file, by file (api_keys, tls) and result (ok, error: the "
+            "old contents stay in force)",
+            ["file", "result"],
+            registry=r,
+        )
 
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
@@ -114,6 +131,13 @@ class ServiceMetrics:
     def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
         """One inference request of the protocol's API answered (ok) or refused, and its duration."""
         self.statistics.request(model, version, ok, seconds)
+
+    def key_request(self, key: str, transport: str, outcome: str) -> None:
+        """One access decision: the key's configured name (never the key), transport and outcome."""
+        self.key_requests.labels(key, transport, outcome).inc()
+
+    def file_reloaded(self, file: str, ok: bool) -> None:
+        self.file_reloads.labels(file, "ok" if ok else "error").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

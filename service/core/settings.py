@@ -130,6 +130,58 @@ class ServiceSettings(BaseSettings):
     stats_interval_s: float = Field(
         5.0, gt=0, description="how often /stats samples the metrics (one point of its series each)"
     )
+    # --- access control ---
+    api_keys_file: Path | None = Field(
+        None,
+        description="file of API keys with their scopes (infer, admin, metrics), names and rates, stored "
+        "as SHA-256 digests (docs/security.md); re-read on change and on SIGHUP. Unset: every route but "
+        "admin is open to whoever reaches the port",
+    )
+    reload_interval_s: float = Field(
+        2.0, gt=0, description="how often the keys file and the TLS files are checked for changes"
+    )
+    tls_cert: Path | None = Field(
+        None, description="PEM certificate chain: HTTPS and TLS on gRPC (TLS 1.2/1.3), re-read on change"
+    )
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
+    tls_client_ca: Path | None = Field(
+        None,
+        description="PEM CA bundle: clients must present a certificate it issued (mutual TLS, both ports)",
+    )
+    cors_origins: str | None = Field(
+        None,
+        description="comma-separated origins allowed by CORS (e.g. https://app.example.com); unset: off",
+    )
+    cors_credentials: bool = Field(
+        False,
+        description="CORS: let browsers send credentials (cookies, Authorization) to the allowed origins",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="also serve /metrics, without a key, on this port (for scrapers on a private network)",
+    )
+    header_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="a request's line and headers must arrive within this time (408, connection closed); "
+        "also the TLS handshake limit on gRPC",
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="an idle keep-alive connection is closed after this"
+    )
+    grpc_max_connection_age_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a gRPC connection is closed (gracefully, after drain_timeout_s) at this age",
+    )
+    grpc_max_connection_idle_s: float = Field(
+        300.0, gt=0, description="a gRPC connection without calls is closed after this"
+    )
+
+    def cors_origin_list(self) -> list[str]:
+        return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
 
     @model_validator(mode="before")
     @classmethod

@@ -8,24 +8,100 @@ the HTTP protocol uvicorn runs is a small subclass of its own (httptools or h11,
 of answering, it marks the request's scope; `ConnectionCapMiddleware`, outermost in the app,
 answers marked requests from the error table before anything else runs, with `Connection: close`
 so that the refused connection is released at once.
+
+The same protocols bound how long a client may take to send its request line and headers
+(`HeaderDeadline`): from the connection's start, and from the first byte of each following
+request on a keep-alive connection, at most `header_timeout_s`. A client that has sent part of a
+request by then is answered 408 (REST shape, `Connection: close`) and the connection is closed at
+once; one that sent nothing is closed without an answer (a pooled client could take an unsolicited
+408 for the answer to its next request). Both are counted as `request_timeout` refusals of the
+"http" transport. The body's limit is the request's deadline (`service.http.limits`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import json
+from typing import Any, ClassVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from contract.errors import ErrorCode, Unavailable
+from contract.errors import ErrorCode, RequestTimeout, Unavailable
 from service.http.asgi import HttpMiddleware
-from service.http.errors import CONNECTION_ERRORS, ErrorResponder
+from service.http.errors import CONNECTION_ERRORS, ErrorResponder, rest_body
 
 # Scope extension set on a request that arrived over the cap; its value is the cap.
 OVER_CAP = "gmlp.connection_cap"
+# Key, in the lifespan state uvicorn hands its protocols, of the callable that counts a refusal
+# made by the protocol itself: `(transport, code)`, as `ServiceMetrics.refused`.
+REFUSAL_OBSERVER = "gmlp.refused"
+
+
+class HeaderDeadline:
+    """Mixin for uvicorn's HTTP protocols: a request line and headers must arrive within
+    `header_timeout_s` (see the module doc). Both protocols start a request's cycle (`cycle`) once
+    its headers are parsed, which is what ends the wait."""
+
+    header_timeout_s: ClassVar[float | None] = None
+    transport: asyncio.Transport
+    cycle: Any
+    app_state: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self.header_timer: asyncio.TimerHandle | None = None
+        self.timed_cycle: Any = None
+        self.bytes_waiting = False
+        self.arm()
+
+    def arm(self) -> None:
+        if self.header_timeout_s is not None:
+            self.header_timer = self.loop.call_later(self.header_timeout_s, self.headers_late)
+
+    def disarm(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.cycle is None or self.cycle.response_complete
+        if waiting and self.header_timer is None:
+            self.arm()  # the first byte of a further request on a kept-alive connection
+        self.bytes_waiting = self.bytes_waiting or waiting
+        super().data_received(data)  # type: ignore[misc]
+        if self.cycle is not self.timed_cycle:  # a new request's headers are complete
+            self.timed_cycle = self.cycle
+            self.bytes_waiting = False
+            self.disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def headers_late(self) -> None:
+        self.header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.bytes_waiting:
+            error = RequestTimeout(
+                ErrorCode.REQUEST_TIMEOUT,
+                f"the request line and headers did not arrive within {self.header_timeout_s:g} s "
+                "(header_timeout_s); the connection is closed",
+            )
+            body = json.dumps(rest_body(error)).encode()
+            head = (
+                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                f"content-length: {len(body)}\r\n\r\n"
+            )
+            self.transport.write(head.encode() + body)
+        self.transport.close()
+        observe = self.app_state.get(REFUSAL_OBSERVER)
+        if observe is not None:
+            observe("http", ErrorCode.REQUEST_TIMEOUT)
 
 
 class ConnectionCap:
@@ -66,8 +142,8 @@ class ConnectionCap:
         await self.inner_app(scope, receive, send)
 
 
-class CappedH11Protocol(ConnectionCap, H11Protocol):
-    """uvicorn's h11 protocol with the cap answered by the app."""
+class CappedH11Protocol(HeaderDeadline, ConnectionCap, H11Protocol):
+    """uvicorn's h11 protocol with the cap answered by the app and the header deadline."""
 
 
 # By name, as uvicorn's `http` option spells them; httptools only where it is installed.
@@ -78,15 +154,19 @@ except ImportError:  # pragma: no cover - the serving image installs uvicorn[sta
     pass
 else:
 
-    class CappedHttpToolsProtocol(ConnectionCap, HttpToolsProtocol):
-        """uvicorn's httptools protocol with the cap answered by the app."""
+    class CappedHttpToolsProtocol(HeaderDeadline, ConnectionCap, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the cap answered by the app and the header deadline."""
 
     PROTOCOLS["httptools"] = CappedHttpToolsProtocol
 
 
-def http_protocol() -> type[asyncio.Protocol]:
-    """The capped protocol uvicorn's "auto" would pick: httptools when installed, else h11."""
-    return PROTOCOLS.get("httptools", CappedH11Protocol)
+def http_protocol(header_timeout_s: float | None = None, name: str | None = None) -> type[asyncio.Protocol]:
+    """The capped protocol uvicorn's "auto" would pick (httptools when installed, else h11), or the
+    one `name`d, with `header_timeout_s` as its header deadline (None: no deadline)."""
+    base = PROTOCOLS[name] if name is not None else PROTOCOLS.get("httptools", CappedH11Protocol)
+    if header_timeout_s is None:
+        return base
+    return type(base.__name__, (base,), {"header_timeout_s": header_timeout_s})
 
 
 def too_many_connections(cap: int) -> Unavailable:
@@ -122,4 +202,6 @@ __all__ = [
     "http_protocol",
     "too_many_connections",
     "OVER_CAP",
+    "HeaderDeadline",
+    "REFUSAL_OBSERVER",
 ]

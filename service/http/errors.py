@@ -42,8 +42,12 @@ from contract.errors import (
     MalformedRequest,
     MethodNotAllowed,
     ModelNotFound,
+    PermissionDenied,
+    RateLimited,
     RequestError,
+    RequestTimeout,
     RouteNotFound,
+    Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
     most_specific,
@@ -89,6 +93,10 @@ class ErrorTable:
         headers = {}
         if isinstance(error, Unavailable) and error.retry_after_s is not None:
             headers["Retry-After"] = str(error.retry_after_s)
+        if isinstance(error, Unauthenticated):
+            headers["WWW-Authenticate"] = 'Bearer realm="gmlp-serve"'
+        if isinstance(error, RequestTimeout):
+            headers["Connection"] = "close"  # uvicorn closes the connection once this is sent
         return JSONResponse(self.body(error), status_code=status or self.status(type(error)), headers=headers)
 
 
@@ -105,6 +113,10 @@ REST_ERRORS = ErrorTable(
         Unavailable: 503,
         DeadlineExceeded: 504,
         ClientGone: CLIENT_CLOSED_REQUEST,
+        Unauthenticated: 401,
+        PermissionDenied: 403,
+        RateLimited: 429,
+        RequestTimeout: 408,
     },
     body=rest_body,
 )
@@ -157,6 +169,9 @@ class ErrorResponder:
         return self.default
 
     def response(self, scope: Scope, error: RequestError, *, status: int | None = None) -> JSONResponse:
+        if isinstance(error, DeadlineExceeded) and scope.get(BODY_PENDING):
+            # The deadline passed while the client was still sending: its slowness, not ours.
+            error = body_timeout(error.message)
         return self.answer(self.table(scope), error, status=status)
 
     def answer(self, table: ErrorTable, error: RequestError, *, status: int | None = None) -> JSONResponse:
@@ -164,6 +179,16 @@ class ErrorResponder:
         if self.observe is not None:
             self.observe(table.transport, error.code)
         return table.response(error, status=status)
+
+
+# Set in a request's scope while its body has not all arrived (`service.http.limits`).
+BODY_PENDING = "gmlp.body_pending"
+
+
+def body_timeout(detail: str) -> RequestTimeout:
+    return RequestTimeout(
+        ErrorCode.REQUEST_TIMEOUT, f"the body did not arrive in time: {detail}; the connection is closed"
+    )
 
 
 def payload_too_large(limit: int, what: str = "request body") -> InputTooLarge:
@@ -280,6 +305,8 @@ __all__ = [
     "UnexpectedErrorMiddleware",
     "payload_too_large",
     "client_gone",
+    "body_timeout",
+    "BODY_PENDING",
     "validation_error",
     "CLIENT_CLOSED_REQUEST",
 ]

@@ -26,16 +26,22 @@ from contract.errors import (
     InputTooLarge,
     InvalidInput,
     ModelNotFound,
+    PermissionDenied,
+    RateLimited,
     RequestError,
+    Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
     most_specific,
 )
 from service.core.deadline import Deadline
+from service.core.keys import KeyStore
 from service.core.metrics import ServiceMetrics
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
+from service.core.tls import TlsFiles
 from service.v2 import inference
+from service.v2.grpc_access import AccessInterceptor, connection_options, server_credentials
 from service.v2.inference import InferRequest
 from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb
@@ -53,6 +59,9 @@ GRPC_STATUS: Mapping[type[RequestError], grpc.StatusCode] = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,  # queue full, not ready, shutting down
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     ClientGone: grpc.StatusCode.CANCELLED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    RateLimited: grpc.StatusCode.RESOURCE_EXHAUSTED,  # with a retry-after trailer
 }
 
 # Which typed `contents` field carries each datatype (FP16 has none: it travels raw).
@@ -245,21 +254,33 @@ class CallMetrics(aio.ServerInterceptor):
 
 
 class GrpcServer:
-    """A `grpc.aio` server on the running event loop, started and stopped by the app's lifespan."""
+    """A `grpc.aio` server on the running event loop, started and stopped by the app's lifespan;
+    with `keys`, calls need the key their method's scope asks for; with `tls`, TLS (or mutual TLS)."""
 
-    def __init__(self, state: ServiceState, settings: ServiceSettings) -> None:
-        limit = settings.max_upload_bytes
-        self.server = aio.server(
-            interceptors=[CallMetrics(state.metrics)],
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],
-        )
+    def __init__(
+        self,
+        state: ServiceState,
+        settings: ServiceSettings,
+        *,
+        keys: KeyStore | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
+        # The metrics interceptor first, so that it also counts the calls access control refuses.
+        interceptors: list[aio.ServerInterceptor] = [CallMetrics(state.metrics)]
+        if keys is not None:
+            interceptors.append(AccessInterceptor(keys, state.metrics, grpc_status))
+        self.server = aio.server(interceptors=interceptors, options=connection_options(settings))
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), self.server)
         self.address = f"{settings.host}:{settings.grpc_port}"
+        self.tls = tls
         self.port = 0
 
     async def start(self) -> int:
         """Bind and serve; the bound port (raises when the address cannot be bound)."""
-        self.port = self.server.add_insecure_port(self.address)
+        if self.tls is not None:
+            self.port = self.server.add_secure_port(self.address, server_credentials(self.tls))
+        else:
+            self.port = self.server.add_insecure_port(self.address)
         await self.server.start()
         log.info("gRPC (Open Inference Protocol v2) on %s", self.address)
         return self.port

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -57,10 +58,12 @@ def start_server(make_settings: Callable[..., ServiceSettings]) -> Iterator[Call
         *,
         http: type[asyncio.Protocol] | None = None,
         prepare: Callable[[FastAPI], None] | None = None,
+        client_options: dict[str, Any] | None = None,
         **overrides: object,
     ) -> RunningServer:
-        """`prepare(app)` runs before the server starts (a test adding a route of its own)."""
-        server = RunningServer(make_settings(**overrides), http=http)
+        """`prepare(app)` runs before the server starts (a test adding a route of its own);
+        `client_options`: the options of the server's own httpx clients (TLS, a key's headers)."""
+        server = RunningServer(make_settings(**overrides), http=http, client_options=client_options)
         if prepare is not None:
             prepare(server.app)
         servers.append(server.start())

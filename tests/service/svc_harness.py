@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import uvicorn
@@ -46,16 +47,20 @@ class RunningServer:
         *,
         graceful_timeout: int = 20,
         http: type[asyncio.Protocol] | None = None,
+        client_options: dict[str, Any] | None = None,
     ) -> None:
-        """`http`: uvicorn's HTTP protocol class, when not the one the service picks."""
+        """`http`: uvicorn's HTTP protocol class, when not the one the service picks;
+        `client_options`: httpx.Client options of `client()` (a CA to verify, a key's headers)."""
         self.settings = settings
+        self.client_options = client_options or {}
         self.app = create_app(settings)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        options = {**server_options(settings), "timeout_graceful_shutdown": graceful_timeout}
+        scheme = "https" if settings.tls_cert is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        options = {**server_options(settings, self.app), "timeout_graceful_shutdown": graceful_timeout}
         if http is not None:
             options["http"] = http
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False, **options)
@@ -68,7 +73,7 @@ class RunningServer:
         return self
 
     def wait_ready(self) -> RunningServer:
-        with httpx.Client(base_url=self.url, timeout=5) as client:
+        with self.client(timeout=5) as client:
             wait_until(lambda: client.get("/health/ready").status_code == 200, timeout=60, interval=0.05)
         return self
 
@@ -78,7 +83,7 @@ class RunningServer:
         assert not self.thread.is_alive(), "server did not stop"
 
     def client(self, timeout: float = 30) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=timeout)
+        return httpx.Client(base_url=self.url, timeout=timeout, **self.client_options)
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Current samples as {(name, sorted labels): value}."""

@@ -1,0 +1,36 @@
+"""Fixtures of the access-control tests: a keys file, a test CA, and requests of every route family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from certs import TestCA
+from keys import write_keys
+
+# The keys every keyed server of these tests holds: one per scope, and one with every scope.
+SCOPES = {"client": "infer", "ops": "metrics", "admin": "admin", "all": "infer,metrics,admin"}
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    path = tmp_path_factory.mktemp("keys") / "api-keys"
+    return path, write_keys(path, **SCOPES)
+
+
+@pytest.fixture(scope="module")
+def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
+    return TestCA(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture(scope="module")
+def grpc_port() -> Callable[[], int]:
+    from svc_harness import free_port
+
+    return free_port
+
+
+def v2_infer_body() -> dict[str, Any]:
+    return {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a [MASK] day"]}]}
