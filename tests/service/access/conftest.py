@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from certs import TestCA
@@ -30,7 +29,3 @@ def grpc_port() -> Callable[[], int]:
     from svc_harness import free_port
 
     return free_port
-
-
-def v2_infer_body() -> dict[str, Any]:
-    return {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a [MASK] day"]}]}

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import httpx
 import pytest
-from conftest import v2_infer_body
 from keys import bearer
 
 from service.core.keys import new_key
@@ -22,6 +21,8 @@ if TYPE_CHECKING:
     from svc_harness import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
+
+V2_INFER_BODY = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a [MASK] day"]}]}
 
 # (family, method, path, body kind, scope, the shape of its refusals)
 REST_ROUTES = [
@@ -62,7 +63,7 @@ def _request(
         return client.post(
             path, content=image, headers={"Content-Type": "image/jpeg", **kw.pop("headers", {})}, **kw
         )
-    payload = {"fill": {"text": "a [MASK] day"}, "hf": {"inputs": "a [MASK] day"}, "v2": v2_infer_body()}
+    payload = {"fill": {"text": "a [MASK] day"}, "hf": {"inputs": "a [MASK] day"}, "v2": V2_INFER_BODY}
     if body is not None:
         return client.request(method, path, json=payload[body], **kw)
     return client.request(method, path, **kw)
