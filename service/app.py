@@ -23,6 +23,7 @@ from contract.formats import package_version
 from service.core.metrics import ServiceMetrics
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
+from service.core.tracing import Tracing
 from service.http import hf, routes
 from service.http.connections import ConnectionCapMiddleware
 from service.http.direct import error_namespaces
@@ -36,6 +37,7 @@ from service.http.errors import (
 )
 from service.http.limits import BodyLimitMiddleware
 from service.http.metrics import HttpMetricsMiddleware
+from service.http.observe import RequestObservationMiddleware
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
 
@@ -48,7 +50,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start gRPC (when enabled) and the background model loading; on shutdown stop taking gRPC
     calls (running ones finish), then drain the batchers."""
     state: ServiceState = app.state.service
-    grpc_server = GrpcServer(state, state.settings) if state.settings.grpc_port else None
+    grpc_server = GrpcServer(state, state.settings, app.state.tracing) if state.settings.grpc_port else None
     if grpc_server is not None:
         await grpc_server.start()
     loader = asyncio.create_task(state.load(), name="load-models")
@@ -61,6 +63,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if grpc_server is not None:
             await grpc_server.stop(state.settings.drain_timeout_s)
         await state.shutdown()
+        if app.state.tracing is not None:  # export the spans still buffered
+            await asyncio.to_thread(app.state.tracing.shutdown)
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
@@ -80,6 +84,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = ServiceState(settings, metrics)
+    app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
     direct_routes = [route for router in ROUTERS for route in router.routes]
     # Each route renders its refusals with its own API's table; so do the paths below a router's
     # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
@@ -108,6 +113,13 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.add_middleware(ConnectionCapMiddleware, errors=errors)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     app.add_middleware(UnexpectedErrorMiddleware, errors=errors)
+    # Outermost: request ids, Server-Timing, the request's span and the access log (service.http.observe).
+    app.add_middleware(
+        RequestObservationMiddleware,
+        tracing=app.state.tracing,
+        timing=settings.server_timing,
+        access=settings.access_log,
+    )
     return app
 
 

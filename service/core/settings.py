@@ -118,6 +118,18 @@ class ServiceSettings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="log level"
     )
+    # --- observability ---
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: plain lines for a terminal; json: every line the process writes is one JSON "
+        "object (time, level, logger, message, request id, trace and span ids, model, route, status, "
+        "duration), uvicorn's, gRPC's and ONNX Runtime's included",
+    )
+    server_timing: bool = Field(
+        True,
+        description="add a Server-Timing header (queue, infer, total, in ms) to every task response "
+        "(POST); off for those who do not want the server's timings exposed",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -30,10 +30,13 @@ from contract.errors import (
     UnsupportedMediaType,
     most_specific,
 )
+from service.core import requests
 from service.core.deadline import Deadline
 from service.core.metrics import ServiceMetrics
+from service.core.requests import REQUEST_ID_HEADER, RequestContext
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
+from service.core.tracing import Tracing
 from service.v2 import inference
 from service.v2.inference import InferRequest
 from service.v2.proto import grpc_predict_v2_pb2 as pb
@@ -141,9 +144,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return await work
         except RequestError as exc:
             self.state.metrics.refused("grpc", exc.code)
+            requests.note_error(exc.code, exc.message)
             await context.abort(grpc_status(type(exc)), exc.message)
         except Exception:
             log.exception("unhandled error in a gRPC call")
+            requests.note_error(ErrorCode.INTERNAL_ERROR, "internal server error")
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error; the error was logged")
         raise AssertionError("abort returns only by raising")  # pragma: no cover
 
@@ -228,13 +233,75 @@ class CallMetrics(aio.ServerInterceptor):
         )
 
 
+class CallObservation(aio.ServerInterceptor):
+    """The request id (`x-request-id` metadata: the client's when acceptable, else generated; sent
+    back in the initial metadata of every call) and, with tracing on, the call's SERVER span
+    continuing a `traceparent` in the metadata: the gRPC side of `service.http.observe`."""
+
+    def __init__(self, tracing: Tracing | None) -> None:
+        self.tracing = tracing
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        metadata = {key: value for key, value in details.invocation_metadata or () if isinstance(value, str)}
+        call, tracing = handler.unary_unary, self.tracing
+
+        async def observed(request: Any, context: aio.ServicerContext) -> Any:
+            given = metadata.get(REQUEST_ID_HEADER)
+            call_context = RequestContext(
+                requests.accepted_request_id(given), "grpc", method=method, route=method
+            )
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, call_context.request_id),))
+            token = None
+            if tracing is not None:
+                attributes = {
+                    "rpc.system": "grpc",
+                    "rpc.method": method,
+                    "gmlp.request_id": call_context.request_id,
+                }
+                call_context.span = tracing.start_server_span(
+                    details.method.lstrip("/"), metadata, attributes
+                )
+                call_context.tracer = tracing
+                token = tracing.activate(call_context.span)
+            code = grpc.StatusCode.OK
+            with requests.open_request(call_context):
+                try:
+                    return await call(request, context)
+                except BaseException:
+                    code = context.code() or grpc.StatusCode.UNKNOWN
+                    raise
+                finally:
+                    if tracing is not None:
+                        tracing.end_server_span(
+                            call_context, code.name, {"rpc.grpc.status_code": code.value[0]}
+                        )
+                        tracing.deactivate(token)
+
+        return grpc.unary_unary_rpc_method_handler(
+            observed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 class GrpcServer:
     """A `grpc.aio` server on the running event loop, started and stopped by the app's lifespan."""
 
-    def __init__(self, state: ServiceState, settings: ServiceSettings) -> None:
+    def __init__(
+        self, state: ServiceState, settings: ServiceSettings, tracing: Tracing | None = None
+    ) -> None:
         limit = settings.max_upload_bytes
         self.server = aio.server(
-            interceptors=[CallMetrics(state.metrics)],
+            # The observation outermost, so that the metrics' handling runs inside the request.
+            interceptors=[CallObservation(tracing), CallMetrics(state.metrics)],
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", -1)],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), self.server)
@@ -256,6 +323,7 @@ class GrpcServer:
 __all__ = [
     "GrpcServer",
     "CallMetrics",
+    "CallObservation",
     "InferenceServicer",
     "GRPC_STATUS",
     "grpc_status",

@@ -28,6 +28,7 @@ import numpy as np
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
+from service.core import requests
 from service.core.deadline import Deadline
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
 from service.core.state import FAILED, ServiceState
@@ -257,7 +258,10 @@ async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) 
     served = model(state, request.model_name, request.model_version)
     produced = await _run(served, request, deadline)
     names = request.outputs or list(produced)
-    return InferResult(served.name, [produced[n] for n in names], id=request.id)
+    # The protocol's id: the client's, else the request id (X-Request-ID / x-request-id metadata).
+    context = requests.current()
+    id_ = request.id or (context.request_id if context is not None else "")
+    return InferResult(served.name, [produced[n] for n in names], id=id_)
 
 
 __all__ = [
