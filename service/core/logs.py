@@ -13,15 +13,18 @@ writes parses, from start-up to shutdown.
 from __future__ import annotations
 
 import atexit
+import functools
 import contextlib
 import json
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from types import FrameType
 from typing import Any
 
 from service.core import requests
@@ -142,6 +145,20 @@ class NativeOutput:
             thread.start()
             self._threads.append(thread)
         atexit.register(self.stop)
+        # uvicorn ends a server stopped by a signal by raising that signal again once it has shut
+        # down, which kills the process before `atexit` runs: the handler here, which uvicorn puts
+        # back before raising, writes out what the pipes hold first.
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, functools.partial(self._on_signal, previous=signal.getsignal(signum)))
+
+    def _on_signal(self, signum: int, frame: FrameType | None, previous: Any) -> None:
+        self.stop()
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.raise_signal(signum)
 
     @staticmethod
     def _pump(read_end: int, out: int, name: str) -> None:
