@@ -63,7 +63,7 @@ class OtlpSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Content-Encoding", "") == "gzip":
                     body = gzip.decompress(body)
@@ -105,7 +105,11 @@ class OtlpSink:
                             status_code=s.status.code,
                             status_message=s.status.message,
                             links=[
-                                (lk.trace_id.hex(), lk.span_id.hex(), {kv.key: _value(kv.value) for kv in lk.attributes})
+                                (
+                                    lk.trace_id.hex(),
+                                    lk.span_id.hex(),
+                                    {kv.key: _value(kv.value) for kv in lk.attributes},
+                                )
                                 for lk in s.links
                             ],
                             events=[e.name for e in s.events],

@@ -13,8 +13,8 @@ writes parses, from start-up to shutdown.
 from __future__ import annotations
 
 import atexit
-import functools
 import contextlib
+import functools
 import json
 import logging
 import os

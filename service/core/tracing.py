@@ -107,20 +107,20 @@ class Tracing:
         context.detach(token)  # type: ignore[arg-type]
 
     def end_server_span(
-        self, request: requests.RequestContext, status: str, attributes: dict[str, Any]
+        self, request: requests.RequestContext, status: str, attributes: dict[str, Any], *, failed: bool
     ) -> None:
-        """End the request's span; a refusal marks it as an error with the machine code."""
+        """End the request's span; a refusal (or a `failed` status without one: a bug, an answer
+        of the framework's own) marks it as an error with the machine code (else the status)."""
         from opentelemetry.trace import Status, StatusCode
 
         span = request.span
         span.set_attributes(attributes)
         if request.model:
             span.set_attribute("gmlp.model", request.model)
-        if request.error_code is not None:
-            span.set_attribute("error.type", request.error_code)
-            span.set_status(
-                Status(StatusCode.ERROR, f"{status} {request.error_code}: {request.error_message}")
-            )
+        if request.error_code is not None or failed:
+            code = request.error_code or status
+            span.set_attribute("error.type", code)
+            span.set_status(Status(StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}"))
         span.end()
 
     def span_between(

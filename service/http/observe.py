@@ -120,7 +120,7 @@ class RequestObservationMiddleware(HttpMiddleware):
             tracing.span_between("read body", request.span, to_ns(body_times[0]), to_ns(body_times[1]))
         request.span.update_name(f"{request.method} {route}")
         attributes: dict[str, Any] = {"http.route": route, "http.response.status_code": status}
-        tracing.end_server_span(request, str(status), attributes)
+        tracing.end_server_span(request, str(status), attributes, failed=status >= 500)
 
     @staticmethod
     def _log(scope: Scope, request: RequestContext, status: int) -> None:

@@ -148,7 +148,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(grpc_status(type(exc)), exc.message)
         except Exception:
             log.exception("unhandled error in a gRPC call")
-            requests.note_error(ErrorCode.INTERNAL_ERROR, "internal server error")
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error; the error was logged")
         raise AssertionError("abort returns only by raising")  # pragma: no cover
 
@@ -281,7 +280,10 @@ class CallObservation(aio.ServerInterceptor):
                 finally:
                     if tracing is not None:
                         tracing.end_server_span(
-                            call_context, code.name, {"rpc.grpc.status_code": code.value[0]}
+                            call_context,
+                            code.name,
+                            {"rpc.grpc.status_code": code.value[0]},
+                            failed=code != grpc.StatusCode.OK,
                         )
                         tracing.deactivate(token)
 

@@ -125,7 +125,9 @@ def test_each_batch_reports_its_requests_and_their_share_of_the_time() -> None:
 
     async def main() -> list[Any]:
         batcher.start()
-        results = await asyncio.gather(*(one(i, x) for i, x in enumerate(("a", "bad", "c"))), return_exceptions=True)
+        results = await asyncio.gather(
+            *(one(i, x) for i, x in enumerate(("a", "bad", "c"))), return_exceptions=True
+        )
         await batcher.close(5)
         return results
 

@@ -15,7 +15,7 @@ from service.core.logs import native_line
 
 REPO = Path(__file__).resolve().parents[3]
 
-ORT = "2026-12-01 23:59:00.123456789 [W:onnxruntime:, graph.cc:4242 CleanUnusedInitializers] Removing initializer 'x'"
+ORT = "2026-12-01 23:59:00.123456789 [W:onnxruntime:, graph.cc:42 Clean] Removing initializer 'x'"
 ABSL = "E1201 23:59:00.123456   4242 chttp2_transport.cc:1234] keepalive ping failed"
 CHILD = f"""
 import logging, os, sys

@@ -45,7 +45,11 @@ def traced(sink: OtlpSink, start_server: Callable[..., RunningServer]) -> Iterat
     """A traced server: one instance, and a batching window long enough that eight concurrent
     requests always meet in one batch."""
     server = start_server(
-        instances=1, max_batch_size=8, queue_delay_policy="always", max_queue_delay_ms=5000, grpc_port=free_port()
+        instances=1,
+        max_batch_size=8,
+        queue_delay_policy="always",
+        max_queue_delay_ms=5000,
+        grpc_port=free_port(),
     )
     yield server
     server.stop()
@@ -127,7 +131,9 @@ def test_an_error_gives_an_error_span_with_its_code(traced: RunningServer, sink:
     assert code in server.status_message and server.attributes["http.response.status_code"] == 422
 
 
-def test_grpc_continues_the_traceparent_and_returns_the_request_id(traced: RunningServer, sink: OtlpSink) -> None:
+def test_grpc_continues_the_traceparent_and_returns_the_request_id(
+    traced: RunningServer, sink: OtlpSink
+) -> None:
     header, trace_id, parent = traceparent()
     with grpc.insecure_channel(f"127.0.0.1:{traced.settings.grpc_port}") as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
@@ -138,13 +144,17 @@ def test_grpc_continues_the_traceparent_and_returns_the_request_id(traced: Runni
         assert reply.name == "tiny-vision"
         assert ("x-request-id", "grpc-call-1") in tuple(call.initial_metadata())
         with pytest.raises(grpc.RpcError) as refused:
-            stub.ModelMetadata(pb.ModelMetadataRequest(name="no-such-model"), metadata=[("traceparent", header)])
+            stub.ModelMetadata(
+                pb.ModelMetadataRequest(name="no-such-model"), metadata=[("traceparent", header)]
+            )
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert any(key == "x-request-id" for key, _ in refused.value.initial_metadata())
     spans = [s for s in spans_of(sink, trace_id, 2) if s.kind == SERVER_KIND]
     assert {s.parent_span_id for s in spans} == {parent}
     ok, failed = sorted(spans, key=lambda s: s.status_code)
-    assert ok.attributes["rpc.method"] == "ModelMetadata" and ok.attributes["gmlp.request_id"] == "grpc-call-1"
+    assert (
+        ok.attributes["rpc.method"] == "ModelMetadata" and ok.attributes["gmlp.request_id"] == "grpc-call-1"
+    )
     assert failed.status_code == STATUS_ERROR and failed.attributes["error.type"] == "model_not_found"
 
 
@@ -153,7 +163,10 @@ def _exporter_threads() -> list[str]:
 
 
 def test_tracing_off_exports_nothing_and_starts_no_exporter_thread(
-    sink: OtlpSink, monkeypatch: pytest.MonkeyPatch, start_server: Callable[..., Any], cifar_images: list[bytes]
+    sink: OtlpSink,
+    monkeypatch: pytest.MonkeyPatch,
+    start_server: Callable[..., Any],
+    cifar_images: list[bytes],
 ) -> None:
     # An endpoint alone would switch tracing on; OTEL_TRACES_EXPORTER=none keeps it off.
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
@@ -161,7 +174,9 @@ def test_tracing_off_exports_nothing_and_starts_no_exporter_thread(
     try:
         assert server.app.state.tracing is None and _exporter_threads() == []
         with server.client() as client:
-            response = client.post("/classify", content=cifar_images[0], headers={"traceparent": traceparent()[0]})
+            response = client.post(
+                "/classify", content=cifar_images[0], headers={"traceparent": traceparent()[0]}
+            )
         assert response.status_code == 200
         assert _exporter_threads() == []
     finally:

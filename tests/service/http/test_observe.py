@@ -37,7 +37,9 @@ def untimed(start_server: Any) -> RunningServer:
     return start_server(server_timing=False)
 
 
-@pytest.mark.parametrize("given", ["abc-123", "0b6f1f9e-1c7a-4b43-9d1e-1b6c3e2f7a10", "svc.a:b/c@d+e=f_g", "x" * 128])
+@pytest.mark.parametrize(
+    "given", ["abc-123", "0b6f1f9e-1c7a-4b43-9d1e-1b6c3e2f7a10", "svc.a:b/c@d+e=f_g", "x" * 128]
+)
 def test_an_acceptable_request_id_is_echoed(server: RunningServer, given: str) -> None:
     with server.client() as client:
         assert client.get("/health/live", headers={"X-Request-ID": given}).headers["x-request-id"] == given
@@ -71,10 +73,14 @@ def test_every_answer_carries_a_request_id(server: RunningServer, cifar_images: 
 
 
 def test_the_v2_id_is_the_request_id_unless_the_client_sent_one(server: RunningServer) -> None:
-    body: dict[str, Any] = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a [MASK]."]}]}
+    body: dict[str, Any] = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a [MASK]."]}]
+    }
     with server.client() as client:
         given = client.post("/v2/models/tiny-mlm/infer", json=body, headers={"X-Request-ID": "v2-req"})
-        own = client.post("/v2/models/tiny-mlm/infer", json={**body, "id": "client-id"}, headers={"X-Request-ID": "v2-b"})
+        own = client.post(
+            "/v2/models/tiny-mlm/infer", json={**body, "id": "client-id"}, headers={"X-Request-ID": "v2-b"}
+        )
     assert given.status_code == own.status_code == 200
     assert given.json()["id"] == "v2-req" == given.headers["x-request-id"]
     assert own.json()["id"] == "client-id" and own.headers["x-request-id"] == "v2-b"
@@ -99,7 +105,9 @@ def test_server_timing_can_be_turned_off(untimed: RunningServer, cifar_images: l
     assert "x-request-id" in response.headers
 
 
-def test_json_logs_from_start_up_to_shutdown(repository: Path, tmp_path: Path, cifar_images: list[bytes]) -> None:
+def test_json_logs_from_start_up_to_shutdown(
+    repository: Path, tmp_path: Path, cifar_images: list[bytes]
+) -> None:
     trace_id = secrets.token_hex(16)
     log_path = tmp_path / "serve.log"
     with OtlpSink() as sink:
@@ -113,14 +121,21 @@ def test_json_logs_from_start_up_to_shutdown(repository: Path, tmp_path: Path, c
             import httpx
 
             with httpx.Client(base_url=process.base_url, timeout=30) as client:
-                headers = {"X-Request-ID": "log-ok", "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+                headers = {
+                    "X-Request-ID": "log-ok",
+                    "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+                }
                 assert client.post("/classify", content=cifar_images[0], headers=headers).status_code == 200
-                refused = client.post("/classify", content=b"not an image", headers={"X-Request-ID": "log-bad"})
+                refused = client.post(
+                    "/classify", content=b"not an image", headers={"X-Request-ID": "log-bad"}
+                )
                 assert refused.status_code == 422
             assert http_get(f"{process.base_url}/metrics")
     text = log_path.read_text(encoding="utf-8")
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # every line parses
-    assert all(isinstance(line, dict) and {"time", "level", "logger", "message"} <= set(line) for line in lines)
+    assert all(
+        isinstance(line, dict) and {"time", "level", "logger", "message"} <= set(line) for line in lines
+    )
     messages = [line["message"] for line in lines]
     assert any("Application startup complete" in m for m in messages)
     assert any("Finished server process" in m for m in messages)
