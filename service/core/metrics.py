@@ -123,6 +123,24 @@ class ServiceMetrics:
             buckets=QUALITY_BUCKETS,
             registry=r,
         )
+        # --- what the alert rules compare with (deploy/observability/rules.yml) ---
+        self.queue_capacity = Gauge(
+            "gmlp_queue_capacity",
+            "waiting requests per model before 503 (max_queue_size)",
+            ["model"],
+            registry=r,
+        )
+        self.model_instances = Gauge(
+            "gmlp_model_instances",
+            "execution instances of the model (batches run at once)",
+            ["model"],
+            registry=r,
+        )
+        self.request_timeout = Gauge(
+            "gmlp_request_timeout_seconds",
+            "deadline of a request from its arrival (request_timeout_s)",
+            registry=r,
+        )
 
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""

@@ -77,6 +77,8 @@ class Pipeline:
         )
         self.ready = False
         self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec))
+        metrics.queue_capacity.labels(spec.name).set(settings.max_queue_size)
+        metrics.model_instances.labels(spec.name).set(instances)
 
     def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
         """The labels the top-1 answers are counted by; None where there are too many to be the

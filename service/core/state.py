@@ -44,6 +44,7 @@ class ServiceState:
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        metrics.request_timeout.set(settings.request_timeout_s)
         self.models: dict[str, Pipeline] = {}
         self.defaults: dict[str, str | None] = {task: None for task in TASKS}
         self.phase = LOADING
