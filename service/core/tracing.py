@@ -156,10 +156,11 @@ class Tracing:
 
 def span(name: str) -> AbstractContextManager[Any]:
     """A child span of the current request's span around a block; a shared no-op when the request
-    is not traced. An exception leaving the block is recorded on the span."""
+    is not traced or not sampled. An exception leaving the block is recorded on the span."""
     request = requests.current()
-    if request is None or request.tracer is None or request.span is None:
+    if not sampled(request):  # off, or this request not sampled: its children would not be either
         return _NO_SPAN
+    assert request is not None
     return request.tracer.tracer.start_as_current_span(name)
 
 

@@ -101,7 +101,8 @@ class RequestObservationMiddleware(HttpMiddleware):
 
         with requests.open_request(request):
             try:
-                await self.app(scope, timed_receive if tracing is not None else receive, observed_send)
+                traced = tracing is not None and request.span.is_recording()
+                await self.app(scope, timed_receive if traced else receive, observed_send)
             finally:
                 route = _template(scope)
                 request.route = route
@@ -115,7 +116,7 @@ class RequestObservationMiddleware(HttpMiddleware):
     def _end_span(
         tracing: Tracing, request: RequestContext, route: str, status: int, body_times: list[float]
     ) -> None:
-        if len(body_times) == 2:
+        if len(body_times) == 2 and request.span.is_recording():
             to_ns = epoch_ns()
             tracing.span_between("read body", request.span, to_ns(body_times[0]), to_ns(body_times[1]))
         request.span.update_name(f"{request.method} {route}")
