@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,22 @@ class BatchRun:
     @property
     def size(self) -> int:
         return len(self.items)
+
+    @classmethod
+    def of(
+        cls, instance: int, batch: Sequence[Any], started: float, clock: RunClock, error: BaseException | None
+    ) -> BatchRun:
+        """The run of `batch` (the batcher's pending rows: `.item`, `.request`, `.enqueued`)."""
+        return cls(
+            instance,
+            [p.item for p in batch],
+            [p.request for p in batch],
+            [p.enqueued for p in batch],
+            started,
+            clock.start or started,
+            clock.end or time.monotonic(),
+            error,
+        )
 
 
 __all__ = ["BatchRun", "RunClock"]

@@ -338,11 +338,11 @@ class DynamicBatcher(Generic[I, O]):
         waits = [start - p.enqueued for p in batch]
         self._running += len(batch)
         self._active += 1
-        items = [p.item for p in batch]
-        timed = RunClock()
-        error: BaseException | None = None
+        timed, error = RunClock(), None
         try:
-            outputs = await loop.run_in_executor(self._executor, self._run_checked, items, timed)
+            outputs = await loop.run_in_executor(
+                self._executor, self._run_checked, [p.item for p in batch], timed
+            )
         except Exception as exc:
             error = exc
             if len(batch) == 1:
@@ -363,26 +363,11 @@ class DynamicBatcher(Generic[I, O]):
             self._running -= len(batch)
             self._active -= 1
             self.observer.batch_done(len(batch), waits, time.monotonic() - start)
-            self._report(batch, instance, items, start, timed, error)
-
-    def _report(
-        self,
-        batch: list[_Pending[I, O]],
-        instance: int,
-        items: list[I],
-        start: float,
-        timed: RunClock,
-        error: BaseException | None,
-    ) -> None:
-        """Each request's share of the batch (its Server-Timing), and the batch to the observer."""
-        run_start, run_end = timed.start or start, timed.end or time.monotonic()
-        for pending in batch:
-            if pending.request is not None:
-                pending.request.batched(start - pending.enqueued, run_end - run_start)
-        requests_, enqueued = [p.request for p in batch], [p.enqueued for p in batch]
-        self.observer.batch_ran(
-            BatchRun(instance, items, requests_, enqueued, start, run_start, run_end, error)
-        )
+            run = BatchRun.of(instance, batch, start, timed, error)
+            for pending in batch:  # each request's share of the batch: its Server-Timing
+                if pending.request is not None:
+                    pending.request.batched(start - pending.enqueued, run.run_end - run.run_start)
+            self.observer.batch_ran(run)
 
     async def _run_singly(self, batch: list[_Pending[I, O]]) -> None:
         loop = asyncio.get_running_loop()

@@ -195,12 +195,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, run())
 
 
-class CallMetrics(aio.ServerInterceptor):
-    """Counts and times every unary call by method and final status code (the gRPC side of what
-    the HTTP metrics middleware does), so an operator sees both transports."""
+UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.metrics = metrics
+
+class UnaryInterceptor(aio.ServerInterceptor):
+    """An interceptor that wraps the behaviour of every unary call (`wrap`)."""
+
+    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
+        raise NotImplementedError
 
     async def intercept_service(
         self,
@@ -210,29 +212,49 @@ class CallMetrics(aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or handler.unary_unary is None:
             return handler
-        method = details.method.rsplit("/", 1)[-1]
-        call = handler.unary_unary
-        metrics = self.metrics
-
-        async def timed(request: Any, context: aio.ServicerContext) -> Any:
-            start = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
-                return await call(request, context)
-            except BaseException:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            finally:
-                metrics.grpc_call(method, code.name, time.perf_counter() - start)
-
         return grpc.unary_unary_rpc_method_handler(
-            timed,
+            self.wrap(handler.unary_unary, details.method.rsplit("/", 1)[-1], details),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
 
-class CallObservation(aio.ServerInterceptor):
+async def finished(
+    call: UnaryCall, request: Any, context: aio.ServicerContext, done: Callable[[grpc.StatusCode], None]
+) -> Any:
+    """Run `call`, then `done(code)` with its final status code (OK, or the code it failed with)."""
+    code = grpc.StatusCode.OK
+    try:
+        return await call(request, context)
+    except BaseException:
+        code = context.code() or grpc.StatusCode.UNKNOWN
+        raise
+    finally:
+        done(code)
+
+
+class CallMetrics(UnaryInterceptor):
+    """Counts and times every unary call by method and final status code (the gRPC side of what
+    the HTTP metrics middleware does), so an operator sees both transports."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
+        metrics = self.metrics
+
+        async def timed(request: Any, context: aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+
+            def done(code: grpc.StatusCode) -> None:
+                metrics.grpc_call(method, code.name, time.perf_counter() - start)
+
+            return await finished(call, request, context, done)
+
+        return timed
+
+
+class CallObservation(UnaryInterceptor):
     """The request id (`x-request-id` metadata: the client's when acceptable, else generated; sent
     back in the initial metadata of every call) and, with tracing on, the call's SERVER span
     continuing a `traceparent` in the metadata: the gRPC side of `service.http.observe`."""
@@ -240,17 +262,9 @@ class CallObservation(aio.ServerInterceptor):
     def __init__(self, tracing: Tracing | None) -> None:
         self.tracing = tracing
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        method = details.method.rsplit("/", 1)[-1]
+    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
         metadata = {key: value for key, value in details.invocation_metadata or () if isinstance(value, str)}
-        call, tracing = handler.unary_unary, self.tracing
+        tracing = self.tracing
 
         async def observed(request: Any, context: aio.ServicerContext) -> Any:
             given = metadata.get(REQUEST_ID_HEADER)
@@ -258,40 +272,27 @@ class CallObservation(aio.ServerInterceptor):
                 requests.accepted_request_id(given), "grpc", method=method, route=method
             )
             await context.send_initial_metadata(((REQUEST_ID_HEADER, call_context.request_id),))
-            token = None
-            if tracing is not None:
-                attributes = {
-                    "rpc.system": "grpc",
-                    "rpc.method": method,
-                    "gmlp.request_id": call_context.request_id,
-                }
-                call_context.span = tracing.start_server_span(
-                    details.method.lstrip("/"), metadata, attributes
-                )
-                call_context.tracer = tracing
-                token = tracing.activate(call_context.span)
-            code = grpc.StatusCode.OK
-            with requests.open_request(call_context):
-                try:
+            if tracing is None:
+                with requests.open_request(call_context):
                     return await call(request, context)
-                except BaseException:
-                    code = context.code() or grpc.StatusCode.UNKNOWN
-                    raise
-                finally:
-                    if tracing is not None:
-                        tracing.end_server_span(
-                            call_context,
-                            code.name,
-                            {"rpc.grpc.status_code": code.value[0]},
-                            failed=code != grpc.StatusCode.OK,
-                        )
-                        tracing.deactivate(token)
+            attributes = {
+                "rpc.system": "grpc",
+                "rpc.method": method,
+                "gmlp.request_id": call_context.request_id,
+            }
+            call_context.span = tracing.start_server_span(details.method.lstrip("/"), metadata, attributes)
+            call_context.tracer = tracing
+            token = tracing.activate(call_context.span)
 
-        return grpc.unary_unary_rpc_method_handler(
-            observed,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+            def done(code: grpc.StatusCode) -> None:
+                status = {"rpc.grpc.status_code": code.value[0]}
+                tracing.end_server_span(call_context, code.name, status, failed=code != grpc.StatusCode.OK)
+                tracing.deactivate(token)
+
+            with requests.open_request(call_context):
+                return await finished(call, request, context, done)
+
+        return observed
 
 
 class GrpcServer:

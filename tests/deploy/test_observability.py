@@ -9,9 +9,7 @@ tests skip, saying so, except in CI, where its absence is an error rather than a
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from manifests import DEPLOY, K8S, render, resolve_version
+from manifests import DEPLOY, K8S, render, required_tool, resolve_version
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness import gmlp_serve, http_get
@@ -35,12 +33,9 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is needed to check deploy/observability/rules.yml and is not installed")
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus): rules not checked")
-    return path
+    return required_tool(
+        "promtool", "check deploy/observability/rules.yml", "Debian: apt-get install prometheus"
+    )
 
 
 def _promtool(*args: str) -> str:
