@@ -63,6 +63,12 @@ class Tracing:
         exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
         if exporter != "otlp":
             log.warning("OTEL_TRACES_EXPORTER=%s is not supported; exporting over OTLP/HTTP", exporter)
+        protocol = os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        )
+        if protocol.strip().lower() != "http/protobuf":
+            log.warning("OTLP protocol %s is not supported; exporting over http/protobuf", protocol)
         resource = Resource.create(
             {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": DEFAULT_SERVICE_NAME}
         )
