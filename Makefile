@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers bench-perf-analyzer profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ bench-compare: install
 # benchmark) and raw ONNX Runtime; needs wrk. Rewrites "Against other servers" in docs/benchmarks.md.
 bench-peers: install
 	$(BIN)/python -m benchmarks.peers.run $(PEERS_ARGS)
+
+# Triton's perf_analyzer 2.60 against gmlp-serve on ./models (make demo-models), REST and gRPC, closed
+# and open loop; installs perf_analyzer into .bench-tools/ (a private glibc where the system's is
+# older than 2.38). Rewrites "perf_analyzer" in docs/benchmarks.md.
+bench-perf-analyzer: install
+	$(BIN)/python -m benchmarks.perf_analyzer --models models $(PERF_ANALYZER_ARGS)
 
 # Where a served request's CPU goes, at 32 clients (py-spy and per-thread CPU); needs wrk.
 # /classify by default; PROFILE_ARGS='--task fill-mask' for /fill-mask.

@@ -168,9 +168,11 @@ def plot(results: dict[str, Any], labels: dict[str, str], out: Path) -> None:
     plt.close(fig)
 
 
-def replace_section(doc: str, section: str) -> str:
+def replace_section(
+    doc: str, section: str, begin: str = BEGIN, end: str = END, heading: str = HEADING
+) -> str:
     """Put `section` between the markers, or append it (with its heading) when they are absent."""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
-    if BEGIN in doc and END in doc:
-        return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
-    return doc.rstrip() + f"\n\n{HEADING}\n\n{block}\n"
+    block = f"{begin}\n{section.rstrip()}\n{end}"
+    if begin in doc and end in doc:
+        return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
+    return doc.rstrip() + f"\n\n{heading}\n\n{block}\n"

@@ -15,9 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from service.core.batch_run import BatchRun
+from service.core.statistics import DEFAULT_VERSION, StatisticsSeries
 
-# The version label of a model's series until the repository serves versions.
-DEFAULT_VERSION = "1"
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -100,6 +99,8 @@ class ServiceMetrics:
         self.model_ready = Gauge(
             "gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r
         )
+        # --- per-model statistics (what the v2 statistics extension reports) ---
+        self.statistics = StatisticsSeries(r)
         # --- prediction quality ---
         # What the models answer, as the drift signal: a shift in the top-1 labels or a fall in the
         # confidence or the margin between the first and second answer (docs/service.md).
@@ -151,8 +152,12 @@ class ServiceMetrics:
         self.grpc_calls.labels(method, code).inc()
         self.grpc_latency.labels(method, code).observe(seconds)
 
-    def observer(self, model: str) -> ModelObserver:
-        return ModelObserver(self, model)
+    def observer(self, model: str, version: str = DEFAULT_VERSION) -> ModelObserver:
+        return ModelObserver(self, model, version)
+
+    def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
+        """One inference request of the protocol's API answered (ok) or refused, and its duration."""
+        self.statistics.request(model, version, ok, seconds)
 
     def predictions(
         self, model: str, labels: Sequence[str] | None = None, version: str = DEFAULT_VERSION
@@ -167,13 +172,14 @@ class ServiceMetrics:
 class ModelObserver:
     """`BatchObserver` for one model."""
 
-    def __init__(self, metrics: ServiceMetrics, model: str) -> None:
+    def __init__(self, metrics: ServiceMetrics, model: str, version: str = DEFAULT_VERSION) -> None:
         self._depth = metrics.queue_depth.labels(model)
         self._batch = metrics.batch_size.labels(model)
         self._wait = metrics.queue_wait.labels(model)
         self._inference = metrics.inference.labels(model)
         self._rejections = metrics.rejections
         self._model = model
+        self._statistics = metrics.statistics.model(model, version)
         self._depth.set(0)
 
     def queue_depth(self, depth: int) -> None:
@@ -187,6 +193,7 @@ class ModelObserver:
         self._inference.observe(run_seconds)
         for wait in queue_waits:
             self._wait.observe(wait)
+        self._statistics.batch_done(size, sum(queue_waits), run_seconds)
 
     def batch_ran(self, run: BatchRun) -> None:
         pass  # batch_done has what the metrics need

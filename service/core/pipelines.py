@@ -20,7 +20,7 @@ from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
 from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
 from contract.spec import ModelSpec
-from contract.text import LENGTH_MULTIPLE, FillMaskCodec
+from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.deadline import Deadline, before
@@ -238,6 +238,14 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
+        encoded, target_ids, logits = await self.masked_logits(text, deadline, targets)
+        with tracing.span("postprocess"):
+            return self.codec.decode(encoded, logits, top_k, target_ids)
+
+    async def masked_logits(
+        self, text: str, deadline: Deadline, targets: list[str] | None = None
+    ) -> tuple[EncodedText, list[int] | None, np.ndarray]:
+        """The tokenised text, the target ids (if any) and the logits of its [MASK]s [slots, vocab]."""
         with self.batcher.arriving(), tracing.span("preprocess"):
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)
@@ -246,8 +254,7 @@ class FillMaskPipeline(Pipeline):
             target_ids = None if targets is None else self.codec.target_ids(targets)
         logits = (await self.infer(encoded.feeds, deadline))["logits"]
         self.predictions.observe(logits[: len(encoded.mask_positions)])
-        with tracing.span("postprocess"):
-            return self.codec.decode(encoded, logits, top_k, target_ids)
+        return encoded, target_ids, logits
 
 
 PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: FillMaskPipeline}

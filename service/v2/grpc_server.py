@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import json_format
 from grpc import aio
 
 from contract.errors import (
@@ -39,6 +40,7 @@ from service.core.state import ServiceState
 from service.core.tracing import Tracing
 from service.v2 import inference
 from service.v2.inference import InferRequest
+from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.v2.tensors import BYTES, Tensor, from_items, from_json, from_raw
@@ -179,6 +181,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return response
 
         return await self._answer(context, metadata())
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
+        async def config() -> pb.ModelConfigResponse:
+            document = model_config(self.state, request.name, request.version)
+            return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
+
+        return await self._answer(context, config())
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
+        async def statistics() -> pb.ModelStatisticsResponse:
+            document = model_statistics(self.state, request.name, request.version)
+            return json_format.ParseDict(document, pb.ModelStatisticsResponse())
+
+        return await self._answer(context, statistics())
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:
         settings = self.state.settings

@@ -12,6 +12,14 @@ names:
 - `text` (BYTES, one text per row) for masked LMs: output `predictions` (BYTES), each element the
   JSON list `/fill-mask` returns (one ranked list per [MASK]); request parameter `top_k`.
 
+So that a tool which fills every input the model configuration requires and asks for every listed
+output gets an answer, the graph's tensors are the required inputs and the encoded input the
+optional alternative (a request has one form or the other, never both: 400); BYTES tensors have a
+per-row dimension (`[-1, 1]`, `[-1]` is accepted too); and each form produces every output of the
+model: a masked LM's raw token ids can ask for `predictions` (decoded from the logits) and its
+texts for `logits` (of their [MASK]s). Without a list of outputs, a request gets its form's own
+(`logits` for the graph's tensors and images, `predictions` for texts).
+
 Every row is queued on its own in the model's dynamic batcher, so v2 rows share batches with the
 task routes' requests.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -28,18 +37,20 @@ import numpy as np
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
+from contract.text import EncodedText
 from service.core import requests
 from service.core.deadline import Deadline
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
 from service.core.state import FAILED, ServiceState
+from service.core.statistics import DEFAULT_VERSION
 from service.v2.tensors import BYTES, Tensor, bytes_tensor, datatype_of
 
 T = TypeVar("T")
 
 SERVER_NAME = "gmlp-serve"
 # Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
-EXTENSIONS = ["binary_tensor_data"]
-VERSION = "1"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+VERSION = DEFAULT_VERSION
 PLATFORM = "onnxruntime_onnx"
 IMAGE_INPUT, TEXT_INPUT, PREDICTIONS_OUTPUT = "image", "text", "predictions"
 
@@ -102,15 +113,24 @@ def _graph_tensors(served: Pipeline, entries: list[dict[str, Any]]) -> list[dict
     ]
 
 
+def model_tensors(served: Pipeline) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The inputs (each with `optional`: the encoded form is the graph tensors' alternative) and the
+    outputs, shapes with the batch axis first."""
+    inputs = [{**t, "optional": False} for t in _graph_tensors(served, served.spec.inputs)]
+    outputs = _graph_tensors(served, served.spec.outputs)
+    if isinstance(served, VisionPipeline):
+        inputs.append({**_meta(IMAGE_INPUT, BYTES, [-1, 1]), "optional": True})
+    elif isinstance(served, FillMaskPipeline):
+        inputs.append({**_meta(TEXT_INPUT, BYTES, [-1, 1]), "optional": True})
+        outputs.append(_meta(PREDICTIONS_OUTPUT, BYTES, [-1, 1]))
+    return inputs, outputs
+
+
 def model_metadata(state: ServiceState, name: str, version: str = "") -> dict[str, Any]:
     """Name, versions, platform, inputs and outputs: the graph's tensors and the encoded forms."""
     served = model(state, name, version, loaded_only=True)
-    inputs, outputs = _graph_tensors(served, served.spec.inputs), _graph_tensors(served, served.spec.outputs)
-    if isinstance(served, VisionPipeline):
-        inputs.append(_meta(IMAGE_INPUT, BYTES, [-1]))
-    elif isinstance(served, FillMaskPipeline):
-        inputs.append(_meta(TEXT_INPUT, BYTES, [-1]))
-        outputs.append(_meta(PREDICTIONS_OUTPUT, BYTES, [-1]))
+    inputs, outputs = model_tensors(served)
+    inputs = [{k: v for k, v in t.items() if k != "optional"} for t in inputs]
     return {
         "name": served.name,
         "versions": [VERSION],
@@ -216,29 +236,76 @@ def _check_outputs(requested: list[str], available: list[str]) -> None:
         )
 
 
+def _output_names(served: Pipeline) -> list[str]:
+    """Every output the model lists; each input form produces all of them."""
+    names = list(served.runtime.output_names)
+    return [*names, PREDICTIONS_OUTPUT] if isinstance(served, FillMaskPipeline) else names
+
+
+def _predictions(
+    served: FillMaskPipeline,
+    encoded: Sequence[EncodedText],
+    logits: Sequence[np.ndarray],
+    top_k: int,
+    shape: Sequence[int],
+) -> Tensor:
+    """The JSON of `/fill-mask` for each row, as a BYTES tensor of `shape` (one element per row)."""
+    items = [
+        json.dumps(served.codec.decode(e, row, top_k), ensure_ascii=False).encode("utf-8")
+        for e, row in zip(encoded, logits, strict=True)
+    ]
+    return bytes_tensor(PREDICTIONS_OUTPUT, items, shape)
+
+
+def _stacked_logits(logits: Sequence[np.ndarray]) -> Tensor:
+    if len({row.shape for row in logits}) != 1:
+        raise InvalidInput(
+            ErrorCode.INVALID_OUTPUTS,
+            "output logits needs the same number of [MASK] tokens in every text of a request; "
+            "ask for predictions only, or send the texts in separate requests",
+        )
+    stacked = np.stack(logits)
+    return Tensor("logits", datatype_of(stacked.dtype), stacked)
+
+
 async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> dict[str, Tensor]:
     names = sorted(t.name for t in request.inputs)
     graph_inputs = sorted(served.runtime.input_names)
     if len(set(names)) != len(names):
         raise InvalidInput(ErrorCode.INVALID_INPUTS, f"an input is given twice: {names}")
     if names == graph_inputs:
-        _check_outputs(request.outputs, served.runtime.output_names)
+        _check_outputs(request.outputs, _output_names(served))
+        decode = isinstance(served, FillMaskPipeline) and PREDICTIONS_OUTPUT in request.outputs
+        top_k = _top_k(request.parameters) if decode else 0
         rows = _graph_rows(served, request.inputs)
         results = await gather_or_cancel([served.infer(row, deadline) for row in rows])
         stacked = {name: np.stack([r[name] for r in results]) for name in served.runtime.output_names}
-        return {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacked.items()}
+        produced = {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacked.items()}
+        if decode:
+            assert isinstance(served, FillMaskPipeline)
+            encoded = [
+                EncodedText(row["input_ids"].tolist(), row["mask_positions"].tolist(), row) for row in rows
+            ]
+            row_logits = [r["logits"] for r in results]
+            produced[PREDICTIONS_OUTPUT] = _predictions(served, encoded, row_logits, top_k, [len(rows), 1])
+        return produced
     if isinstance(served, VisionPipeline) and names == [IMAGE_INPUT]:
         _check_outputs(request.outputs, ["logits"])
         images = _encoded_items(request.inputs[0], served)
         logits = np.stack(await gather_or_cancel([served.logits(image, deadline) for image in images]))
         return {"logits": Tensor("logits", datatype_of(logits.dtype), logits)}
     if isinstance(served, FillMaskPipeline) and names == [TEXT_INPUT]:
-        _check_outputs(request.outputs, [PREDICTIONS_OUTPUT])
+        _check_outputs(request.outputs, _output_names(served))
         top_k = _top_k(request.parameters)
         texts = [_utf8(item) for item in _encoded_items(request.inputs[0], served)]
-        predictions = await gather_or_cancel([served.fill_mask(t, top_k, None, deadline) for t in texts])
-        encoded = [json.dumps(p, ensure_ascii=False).encode("utf-8") for p in predictions]
-        return {PREDICTIONS_OUTPUT: bytes_tensor(PREDICTIONS_OUTPUT, encoded)}
+        runs = await gather_or_cancel([served.masked_logits(t, deadline) for t in texts])
+        encoded, row_logits = [run[0] for run in runs], [run[2] for run in runs]
+        produced = {
+            PREDICTIONS_OUTPUT: _predictions(served, encoded, row_logits, top_k, request.inputs[0].shape)
+        }
+        if "logits" in request.outputs:
+            produced["logits"] = _stacked_logits(row_logits)
+        return produced
     accepted = [graph_inputs, [IMAGE_INPUT] if isinstance(served, VisionPipeline) else [TEXT_INPUT]]
     raise InvalidInput(
         ErrorCode.INVALID_INPUTS,
@@ -254,14 +321,24 @@ def _utf8(item: bytes) -> str:
 
 
 async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) -> InferResult:
-    """Run one v2 request; outputs in the order requested (default: every output produced)."""
+    """Run one v2 request; outputs in the order requested (default: the form's own outputs).
+
+    The request counts in the model's statistics as a success or, refused or abandoned once the
+    model is known, as a failure."""
     served = model(state, request.model_name, request.model_version)
-    produced = await _run(served, request, deadline)
-    names = request.outputs or list(produced)
+    version, start = request.model_version or VERSION, time.perf_counter()
     # The protocol's id: the client's, else the request id (X-Request-ID / x-request-id metadata).
     context = requests.current()
     id_ = request.id or (context.request_id if context is not None else "")
-    return InferResult(served.name, [produced[n] for n in names], id=id_)
+    ok = False
+    try:
+        produced = await _run(served, request, deadline)
+        names = request.outputs or list(produced)
+        result = InferResult(served.name, [produced[n] for n in names], id=id_)
+        ok = True
+        return result
+    finally:
+        state.metrics.model_request(served.name, version, ok, time.perf_counter() - start)
 
 
 __all__ = [
@@ -270,6 +347,7 @@ __all__ = [
     "infer",
     "model",
     "model_metadata",
+    "model_tensors",
     "model_ready",
     "server_metadata",
     "server_live",

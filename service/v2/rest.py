@@ -27,13 +27,16 @@ from service.http.parsing import RAW_TYPES, media_type, unsupported_media_type
 from service.http.schemas import inline_schema
 from service.v2 import inference
 from service.v2.inference import InferRequest, InferResult
+from service.v2.model_config import model_config, model_statistics
 from service.v2.schemas import (
     ERROR_RESPONSES,
     InferRequestBody,
     InferResponseBody,
     Live,
+    ModelConfigBody,
     ModelMetadata,
     ModelReadyBody,
+    ModelStatisticsBody,
     Ready,
     ServerMetadata,
 )
@@ -135,6 +138,17 @@ def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
 _READY_RESPONSES = {**_false(ModelReadyBody, "not ready"), **_NOT_FOUND}
 
 
+def _statistics(request: Request, name: str, version: str) -> JSONResponse:
+    document = model_statistics(get_state(request), name, version)
+    return model_response(ModelStatisticsBody.model_validate(document))
+
+
+# Before /models/{name}: "stats" is no model name here, as in Triton.
+@router.get("/models/stats", response_model=ModelStatisticsBody, summary="Statistics of every model")
+async def all_statistics(request: Request) -> JSONResponse:
+    return _statistics(request, "", "")
+
+
 @router.get("/models/{name}", response_model=ModelMetadata, responses=_NOT_FOUND, summary="Model metadata")
 async def model_metadata(request: Request, name: str) -> JSONResponse:
     return _metadata(request, name, "")
@@ -165,6 +179,50 @@ async def model_ready(request: Request, name: str) -> JSONResponse:
 )
 async def model_version_ready(request: Request, name: str, version: str) -> JSONResponse:
     return _model_ready(request, name, version)
+
+
+def _config(request: Request, name: str, version: str) -> JSONResponse:
+    return model_response(ModelConfigBody.model_validate(model_config(get_state(request), name, version)))
+
+
+@router.get(
+    "/models/{name}/config",
+    response_model=ModelConfigBody,
+    responses=_NOT_FOUND,
+    summary="Model configuration",
+)
+async def config(request: Request, name: str) -> JSONResponse:
+    return _config(request, name, "")
+
+
+@router.get(
+    "/models/{name}/versions/{version}/config",
+    response_model=ModelConfigBody,
+    responses=_NOT_FOUND,
+    summary="Model configuration (a version)",
+)
+async def version_config(request: Request, name: str, version: str) -> JSONResponse:
+    return _config(request, name, version)
+
+
+@router.get(
+    "/models/{name}/stats",
+    response_model=ModelStatisticsBody,
+    responses=_NOT_FOUND,
+    summary="Model statistics",
+)
+async def statistics(request: Request, name: str) -> JSONResponse:
+    return _statistics(request, name, "")
+
+
+@router.get(
+    "/models/{name}/versions/{version}/stats",
+    response_model=ModelStatisticsBody,
+    responses=_NOT_FOUND,
+    summary="Model statistics (a version)",
+)
+async def version_statistics(request: Request, name: str, version: str) -> JSONResponse:
+    return _statistics(request, name, version)
 
 
 def _binary_length(request: Request, size: int) -> int | None:

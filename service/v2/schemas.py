@@ -118,6 +118,70 @@ class ModelReadyBody(BaseModel):
     ready: bool
 
 
+class ConfigTensor(BaseModel):
+    """An input or output of the model configuration; `dims` without the batch axis."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    data_type: str = Field(description="TYPE_FP32, TYPE_INT64, TYPE_STRING (BYTES), ...")
+    dims: list[int] = Field(description="-1: any size")
+    optional: bool | None = Field(None, description="true: an alternative input a request may leave out")
+
+
+class ModelConfigBody(BaseModel):
+    """The model configuration extension's document, in Triton's schema (the fields it sets)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    version_policy: dict[str, Any]
+    input: list[ConfigTensor]
+    output: list[ConfigTensor]
+    dynamic_batching: dict[str, Any]
+    instance_group: list[dict[str, Any]]
+
+
+class StatisticDuration(BaseModel):
+    count: int = Field(ge=0)
+    ns: int = Field(ge=0, description="cumulative nanoseconds")
+
+
+class InferStatistics(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    success: StatisticDuration
+    fail: StatisticDuration
+    queue: StatisticDuration
+    compute_input: StatisticDuration
+    compute_infer: StatisticDuration
+    compute_output: StatisticDuration
+
+
+class BatchStatistics(BaseModel):
+    batch_size: int = Field(ge=1)
+    compute_input: StatisticDuration
+    compute_infer: StatisticDuration
+    compute_output: StatisticDuration
+
+
+class ModelStatisticsEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    version: str
+    last_inference: int = Field(ge=0, description="milliseconds since the epoch of the last batch run")
+    inference_count: int = Field(ge=0, description="rows run")
+    execution_count: int = Field(ge=0, description="batches run")
+    inference_stats: InferStatistics
+    batch_stats: list[BatchStatistics]
+
+
+class ModelStatisticsBody(BaseModel):
+    """The statistics extension's document, in Triton's schema."""
+
+    model_stats: list[ModelStatisticsEntry]
+
+
 ERROR_RESPONSES = error_responses(MessageError, invalid=400)
 
 
@@ -129,5 +193,7 @@ __all__ = [
     "Live",
     "Ready",
     "ModelReadyBody",
+    "ModelConfigBody",
+    "ModelStatisticsBody",
     "ERROR_RESPONSES",
 ]

@@ -166,9 +166,9 @@ def _bytes_array(items: list[bytes], shape: Sequence[int]) -> np.ndarray:
     return array.reshape(shape)
 
 
-def bytes_tensor(name: str, items: Sequence[bytes]) -> Tensor:
-    """A 1-D BYTES output tensor (one element per request row)."""
-    return Tensor(name, BYTES, _bytes_array(list(items), [len(items)]))
+def bytes_tensor(name: str, items: Sequence[bytes], shape: Sequence[int] | None = None) -> Tensor:
+    """A BYTES output tensor of `shape` (default: 1-D, one element per request row)."""
+    return Tensor(name, BYTES, _bytes_array(list(items), [len(items)] if shape is None else shape))
 
 
 __all__ = [

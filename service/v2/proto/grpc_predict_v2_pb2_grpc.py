@@ -64,6 +64,16 @@ class GRPCInferenceServiceStub(object):
                 request_serializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer(object):
@@ -105,6 +115,19 @@ class GRPCInferenceServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """The model configuration and statistics extensions (messages at the end of this file).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelStatistics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +160,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
                     response_serializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigRequest.FromString,
+                    response_serializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +334,60 @@ class GRPCInferenceService(object):
             '/inference.GRPCInferenceService/ModelInfer',
             service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
             service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+            service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+            service_dot_v2_dot_proto_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,7 +58,11 @@ def status_of(call: Any) -> InferenceServerException:
 def test_health_and_metadata(triton: grpcclient.InferenceServerClient) -> None:
     assert triton.is_server_live() and triton.is_server_ready() and triton.is_model_ready("tiny-mlm")
     meta = triton.get_server_metadata(as_json=True)
-    assert meta["name"] == "gmlp-serve" and meta["extensions"] == ["binary_tensor_data"]
+    assert meta["name"] == "gmlp-serve" and meta["extensions"] == [
+        "binary_tensor_data",
+        "model_configuration",
+        "statistics",
+    ]
     model = triton.get_model_metadata("tiny-vision", as_json=True)
     assert model["platform"] == "onnxruntime_onnx" and model["versions"] == ["1"]
     assert [(t["name"], t["datatype"]) for t in model["inputs"]] == [

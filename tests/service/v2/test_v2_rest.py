@@ -63,18 +63,22 @@ def test_health_and_metadata(triton: httpclient.InferenceServerClient) -> None:
     assert triton.is_server_live() and triton.is_server_ready()
     assert triton.is_model_ready("tiny-vision") and triton.is_model_ready("tiny-mlm", model_version="1")
     server = triton.get_server_metadata()
-    assert server["name"] == "gmlp-serve" and server["extensions"] == ["binary_tensor_data"]
+    assert server["name"] == "gmlp-serve" and server["extensions"] == [
+        "binary_tensor_data",
+        "model_configuration",
+        "statistics",
+    ]
     vision = triton.get_model_metadata("tiny-vision")
     assert vision["versions"] == ["1"] and vision["inputs"] == [
         {"name": "pixel_values", "datatype": "FP32", "shape": [-1, 3, 32, 32]},
-        {"name": "image", "datatype": "BYTES", "shape": [-1]},
+        {"name": "image", "datatype": "BYTES", "shape": [-1, 1]},
     ]
     mlm = triton.get_model_metadata("tiny-mlm", model_version="1")
     # A text's length and its number of masks are dynamic axes of the graph: -1.
     assert [(t["name"], t["shape"]) for t in mlm["inputs"]] == [
         ("input_ids", [-1, -1]),
         ("mask_positions", [-1, -1]),
-        ("text", [-1]),
+        ("text", [-1, 1]),
     ]
     assert [t["name"] for t in mlm["outputs"]] == ["logits", "predictions"]
     with pytest.raises(InferenceServerException) as missing:

@@ -1,0 +1,146 @@
+"""The model configuration and statistics extensions: Triton's schemas, built from what is served.
+
+`model_config` describes a served model as Triton's `ModelConfig` does (what tritonclient's
+`get_model_config` returns and perf_analyzer reads before it sends anything): platform and backend,
+the batcher's `max_batch_size`, inputs and outputs with `dims` less the batch axis (the encoded
+input marked `optional`, the alternative of the graph's tensors), `dynamic_batching` with the
+queue delay and queue policy of the settings, the execution instances as `instance_group`, and the
+version policy. Nothing is written by hand: it comes from the served directory and the settings.
+
+`model_statistics` reports the counters of `service.core.statistics` in Triton's
+`ModelStatistics` schema. Both are plain JSON-ready dicts with numbers (the REST form); the gRPC
+server parses the same dicts into its messages, so both transports answer alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from contract.errors import ErrorCode, ModelNotFound
+from service.core.pipelines import Pipeline
+from service.core.state import ServiceState
+from service.core.statistics import Duration, ModelCounters
+from service.v2 import inference
+from service.v2.tensors import BYTES
+
+BACKEND = "onnxruntime"
+NS = 1_000_000_000
+
+
+def single_version_policy(served: Pipeline) -> dict[str, Any]:
+    """The version policy of a repository that serves one version of each model."""
+    return {"latest": {"num_versions": 1}}
+
+
+# What `model_config` reports as the version policy; a repository with versions replaces it.
+version_policy: Callable[[Pipeline], dict[str, Any]] = single_version_policy
+
+
+def _data_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
+
+
+def _dims(tensor: dict[str, Any]) -> list[int]:
+    """The tensor's shape less the batch axis (Triton's `dims` of a model with max_batch_size > 0)."""
+    return list(tensor["shape"][1:])
+
+
+def model_config(state: ServiceState, name: str, version: str = "") -> dict[str, Any]:
+    """The served model's configuration in Triton's schema."""
+    served = inference.model(state, name, version, loaded_only=True)
+    batcher, settings = served.batcher, served.settings
+    inputs, outputs = inference.model_tensors(served)
+    kind = "KIND_CPU" if served.runtime.options.device == "cpu" else "KIND_GPU"
+    return {
+        "name": served.name,
+        "platform": inference.PLATFORM,
+        "backend": BACKEND,
+        "version_policy": version_policy(served),
+        "max_batch_size": batcher.max_batch_size,
+        "input": [
+            {
+                "name": t["name"],
+                "data_type": _data_type(t["datatype"]),
+                "format": "FORMAT_NONE",
+                "dims": _dims(t),
+                "optional": t["optional"],
+            }
+            for t in inputs
+        ],
+        "output": [
+            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": _dims(t)} for t in outputs
+        ],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": round(batcher.max_queue_delay_s * 1_000_000),
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": round(settings.request_timeout_s * 1_000_000),
+                "allow_timeout_override": True,  # a gRPC deadline shorter than the timeout wins
+                "max_queue_size": batcher.max_queue_size,
+            },
+        },
+        "instance_group": [{"name": f"{served.name}_0", "kind": kind, "count": batcher.instances}],
+        "default_model_filename": served.runtime.path.name,
+        "parameters": {
+            key: {"string_value": str(value)}
+            for key, value in (
+                ("variant", served.variant),
+                ("execution_provider", served.runtime.provider),
+                ("intra_op_threads", served.runtime.options.intra_op_threads),
+                ("queue_delay_policy", "always" if batcher.always_wait else "arriving"),
+            )
+        },
+    }
+
+
+def _duration(duration: Duration) -> dict[str, int]:
+    return {"count": duration.count, "ns": round(duration.seconds * NS)}
+
+
+_NONE = Duration()
+
+
+def _model_statistics(counters: ModelCounters) -> dict[str, Any]:
+    per_row = Duration(counters.inferences, 0.0)  # input and output copies are part of the run
+    return {
+        "name": counters.model,
+        "version": counters.version,
+        "last_inference": round(counters.last_inference_s * 1000),
+        "inference_count": counters.inferences,
+        "execution_count": counters.executions,
+        "inference_stats": {
+            "success": _duration(counters.success),
+            "fail": _duration(counters.fail),
+            "queue": _duration(counters.queue),
+            "compute_input": _duration(per_row),
+            "compute_infer": _duration(counters.compute),
+            "compute_output": _duration(per_row),
+            "cache_hit": _duration(_NONE),
+            "cache_miss": _duration(_NONE),
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(Duration(run.count, 0.0)),
+                "compute_infer": _duration(run),
+                "compute_output": _duration(Duration(run.count, 0.0)),
+            }
+            for size, run in counters.by_batch_size.items()
+        ],
+    }
+
+
+def model_statistics(state: ServiceState, name: str = "", version: str = "") -> dict[str, Any]:
+    """`{"model_stats": [...]}`: every served model (no name), or one model (and version)."""
+    if not name:
+        if version:
+            raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, "a version needs a model name")
+        names = sorted(state.models)
+    else:
+        names = [inference.model(state, name, version, loaded_only=True).name]
+    counters = state.metrics.statistics.counters
+    return {"model_stats": [_model_statistics(counters(n, version or inference.VERSION)) for n in names]}
+
+
+__all__ = ["model_config", "model_statistics", "version_policy", "single_version_policy"]
