@@ -23,8 +23,9 @@ from contract.formats import package_version
 from service.core.metrics import ServiceMetrics
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
+from service.core.stats import StatsHistory
 from service.core.tracing import Tracing
-from service.http import hf, routes
+from service.http import hf, playground, routes
 from service.http.connections import ConnectionCapMiddleware
 from service.http.direct import error_namespaces
 from service.http.dispatch import DirectDispatchMiddleware
@@ -41,8 +42,8 @@ from service.http.observe import RequestObservationMiddleware
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
 
-# The HTTP APIs, in the order their routes take precedence.
-ROUTERS = (routes.router, hf.router, v2.router)
+# The HTTP APIs, in the order their routes take precedence (the playground's pages last).
+ROUTERS = (routes.router, hf.router, v2.router, playground.router)
 
 
 @asynccontextmanager
@@ -54,12 +55,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if grpc_server is not None:
         await grpc_server.start()
     loader = asyncio.create_task(state.load(), name="load-models")
+    # The status view's sampling of the metrics (/stats).
+    sampler = asyncio.create_task(app.state.stats.run(), name="stats")
     try:
         yield
     finally:
+        sampler.cancel()
         if not loader.done():
             loader.cancel()
-        await asyncio.gather(loader, return_exceptions=True)
+        await asyncio.gather(loader, sampler, return_exceptions=True)
         if grpc_server is not None:
             await grpc_server.stop(state.settings.drain_timeout_s)
         await state.shutdown()
@@ -82,8 +86,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         summary="gMLP image classification and fill-mask inference with dynamic batching",
         version=package_version(),
         lifespan=lifespan,
+        # Served by service.http.playground from the package's own copies of their scripts.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.service = ServiceState(settings, metrics)
+    app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
     app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
     direct_routes = [route for router in ROUTERS for route in router.routes]
     # Each route renders its refusals with its own API's table; so do the paths below a router's
@@ -98,6 +106,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     install_error_handlers(app, handlers)
     for router in ROUTERS:
         app.include_router(router)
+    # The playground's files and the API docs' scripts, under /ui/.
+    playground.mount_assets(app)
     # Each middleware wraps those added before it. From the inside out: the direct dispatch, which
     # answers the routers' direct routes before FastAPI's router would; body and header limits; the
     # connection cap, whose 503 comes before anything else of ours runs (the protocol marks those

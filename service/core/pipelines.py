@@ -23,6 +23,7 @@ from contract.spec import ModelSpec
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.core import tracing
 from service.core.batching import DynamicBatcher
+from service.core.card import card_summary
 from service.core.deadline import Deadline, before
 from service.core.metrics import ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
@@ -76,6 +77,7 @@ class Pipeline:
             instances=instances,
         )
         self.ready = False
+        self.card = card_summary(spec.path, self.variant)
         self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec))
         metrics.queue_capacity.labels(spec.name).set(settings.max_queue_size)
         metrics.model_instances.labels(spec.name).set(instances)
@@ -127,6 +129,7 @@ class Pipeline:
                 "max_queue_size": self.batcher.max_queue_size,
                 "queue_delay_policy": "always" if self.batcher.always_wait else "arriving",
             },
+            "card": self.card,
         }
 
     async def infer(self, feeds: Feeds, deadline: Deadline) -> Feeds:

@@ -118,6 +118,18 @@ class ServiceSettings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="log level"
     )
+    # --- playground and status ---
+    ui: bool = Field(
+        True,
+        description="serve the playground page at / to browsers (its assets under /ui/); off: / answers "
+        "the JSON index of the API to every client",
+    )
+    stats_window_s: float = Field(
+        300.0, gt=0, description="how far back /stats reports request rate, latency, queue and batches"
+    )
+    stats_interval_s: float = Field(
+        5.0, gt=0, description="how often /stats samples the metrics (one point of its series each)"
+    )
     # --- observability ---
     log_format: Literal["text", "json"] = Field(
         "text",

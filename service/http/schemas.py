@@ -159,6 +159,19 @@ class BatchingInfo(BaseModel):
     queue_delay_policy: str = Field(description="arriving or always (setting queue_delay_policy)")
 
 
+class CardSummary(BaseModel):
+    """What the model card (the served directory's README.md) says, in short."""
+
+    title: str | None
+    description: str | None = Field(description="the card's first paragraph")
+    accuracy: dict[str, float] = Field(
+        description="accuracy figures by what they measure (e.g. `cifar10_test top1`), as fractions"
+    )
+    measured: str | None = Field(
+        description="whose figures: the served variant's (its name) or the training run's (`training`)"
+    )
+
+
 class ModelInfo(BaseModel):
     name: str
     task: str
@@ -179,6 +192,7 @@ class ModelInfo(BaseModel):
     length_multiple: int | None = Field(
         None, description="masked LMs: a batch's length is rounded up to a multiple of this (at most n)"
     )
+    card: CardSummary | None = Field(None, description="the model card's summary; null without a card")
 
 
 class ModelsResponse(BaseModel):
@@ -189,6 +203,44 @@ class ModelsResponse(BaseModel):
 class HealthResponse(BaseModel):
     status: str
     detail: str | None = None
+
+
+class StatsPoint(BaseModel):
+    """Served requests (not probes, scrapes or the playground's own polling) over an interval."""
+
+    requests: float = Field(description="requests answered in the interval")
+    requests_per_s: float
+    p50_ms: float | None = Field(description="median latency; null without requests")
+    p99_ms: float | None = Field(description="99th percentile latency (histogram buckets, interpolated)")
+    queue_depth: float = Field(description="requests waiting in the batch queues at the interval's end")
+    batch_size: float | None = Field(description="mean requests per executed batch; null without batches")
+
+
+class StatsWindow(StatsPoint):
+    seconds: float = Field(description="how long the window is (up to setting stats_window_s)")
+
+
+class StatsSeriesPoint(StatsPoint):
+    t: float = Field(description="Unix time at the interval's end")
+
+
+class ModelStatus(BaseModel):
+    name: str
+    task: str
+    ready: bool
+
+
+class StatsResponse(BaseModel):
+    """The status view of the playground, from the same series as /metrics."""
+
+    status: str = Field(description="loading, ready, failed or draining (what /health/ready reports)")
+    ready: bool
+    models: list[ModelStatus]
+    requests_total: float = Field(description="served requests since start")
+    batches_total: float = Field(description="batches executed since start")
+    window: StatsWindow = Field(description="the last stats_window_s seconds, up to now")
+    interval_s: float = Field(description="spacing of the series' points (setting stats_interval_s)")
+    series: list[StatsSeriesPoint] = Field(description="one point per interval, oldest first")
 
 
 _ERROR_DESCRIPTIONS = {

@@ -27,6 +27,7 @@ from benchmarks.harness import free_port
 from contract.image import ImageTransform
 from contract.spec import read_spec
 from helpers import REPO_ROOT
+from service.http.playground import STATIC
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -37,6 +38,7 @@ import service
 from gmlp.paths import IMAGENET_CLASS_INDEX
 from loadtests.workload import LoadConfig, load_images, load_sentences
 from service.core.settings import ServiceSettings
+from service.http.playground import STATIC
 
 settings = ServiceSettings()
 print(json.dumps({
@@ -45,6 +47,7 @@ print(json.dumps({
     "imagenet_labels": len(json.loads(IMAGENET_CLASS_INDEX.read_text(encoding="utf-8"))),
     "bundled_images": len(load_images()[0]),
     "bundled_sentences": len(load_sentences(LoadConfig())[0]),
+    "playground": sorted(p.relative_to(STATIC).as_posix() for p in STATIC.rglob("*") if p.is_file()),
     "model_repository": str(settings.model_repository.resolve()),
     "checkpoint_dir": str(settings.checkpoint_dir.resolve()),
 }))
@@ -100,6 +103,8 @@ def test_the_installed_package_carries_its_data_and_defaults_to_the_working_dire
     assert not facts["torch"]
     assert facts["imagenet_labels"] == 1000
     assert facts["bundled_images"] >= 1 and facts["bundled_sentences"] >= 1
+    shipped = sorted(p.relative_to(STATIC).as_posix() for p in STATIC.rglob("*") if p.is_file())
+    assert facts["playground"] == shipped
     assert facts["model_repository"] == str((elsewhere / "models").resolve())
     assert facts["checkpoint_dir"] == str((elsewhere / "checkpoints").resolve())
 
@@ -163,3 +168,10 @@ def test_gmlp_serve_from_the_wheel_classifies(
     assert top["label"] == labels[int(logits.argmax())]
     probs = np.exp(logits - logits.max())
     assert top["score"] == pytest.approx(float(probs.max() / probs.sum()), abs=1e-5)
+
+
+def test_the_wheel_serves_the_playground_and_offline_docs(served: str) -> None:
+    page = httpx.get(served, headers={"accept": "text/html"}, timeout=10)
+    assert page.status_code == 200 and "ui/app.js" in page.text
+    for path in ("/ui/app.js", "/ui/style.css", "/ui/samples/cat.jpg", "/ui/vendor/swagger-ui-bundle.js"):
+        assert httpx.get(served + path, timeout=10).status_code == 200, path
