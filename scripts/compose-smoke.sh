@@ -10,6 +10,7 @@ echo "-- compose files validate (default and gpu profile)"
 docker compose config -q
 docker compose --profile gpu config -q
 docker compose --profile loadtest config -q
+docker compose --profile observability config -q
 
 trap compose_cleanup EXIT
 

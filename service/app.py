@@ -34,6 +34,7 @@ from service.core.state import ServiceState
 from service.core.stats import StatsHistory
 from service.core.tls import TlsFiles
 from service.core.watch import Reloadable, reload_all, watch
+from service.core.tracing import Tracing
 from service.http import hf, playground, routes
 from service.http.access import AccessMiddleware, secure_openapi
 from service.http.connections import REFUSAL_OBSERVER, ConnectionCapMiddleware
@@ -48,6 +49,7 @@ from service.http.errors import (
 )
 from service.http.limits import BodyLimitMiddleware
 from service.http.metrics import HttpMetricsMiddleware
+from service.http.observe import RequestObservationMiddleware
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
 
@@ -65,7 +67,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     state: ServiceState = app.state.service
     settings = state.settings
     grpc_server = (
-        GrpcServer(state, settings, keys=app.state.keys, tls=app.state.tls) if settings.grpc_port else None
+        GrpcServer(state, settings, keys=app.state.keys, tls=app.state.tls, tracing=app.state.tracing)
+        if settings.grpc_port
+        else None
     )
     if grpc_server is not None:
         await grpc_server.start()
@@ -94,6 +98,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
             metrics_server.shutdown()
             metrics_server.server_close()
         await state.shutdown()
+        if app.state.tracing is not None:  # export the spans still buffered
+            await asyncio.to_thread(app.state.tracing.shutdown)
 
 
 def start_metrics_port(settings: ServiceSettings, metrics: ServiceMetrics) -> Any:
@@ -145,6 +151,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.state.keys = KeyStore(settings.api_keys_file, metrics)
     app.state.tls = tls_files(settings, metrics)
     secure_openapi(app, app.state.keys)
+    app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
     direct_routes = [route for router in ROUTERS for route in router.routes]
     # Each route renders its refusals with its own API's table; so do the paths below a router's
     # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
@@ -182,11 +189,32 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow_origins=settings.cors_origin_list(),
             allow_credentials=settings.cors_credentials,
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "x-api-key", "content-type", "inference-header-content-length"],
-            expose_headers=["retry-after", "www-authenticate", "inference-header-content-length"],
+            allow_headers=[
+                "authorization",
+                "x-api-key",
+                "content-type",
+                "inference-header-content-length",
+                "x-request-id",
+                "traceparent",
+                "tracestate",
+            ],
+            expose_headers=[
+                "retry-after",
+                "www-authenticate",
+                "inference-header-content-length",
+                "x-request-id",
+                "server-timing",
+            ],
         )
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     app.add_middleware(UnexpectedErrorMiddleware, errors=errors)
+    # Outermost: request ids, Server-Timing, the request's span and the access log (service.http.observe).
+    app.add_middleware(
+        RequestObservationMiddleware,
+        tracing=app.state.tracing,
+        timing=settings.server_timing,
+        access=settings.access_log,
+    )
     return app
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from contract.errors import UserError
+from service.core.logs import configure_logging
 from service.core.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -89,9 +90,8 @@ def serve(settings: ServiceSettings) -> None:
 
     from contract.spec import require_models
     from service.app import create_app
+    from service.core.logs import uvicorn_log_config
 
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # no-op under `gmlp`
-    logging.getLogger("service").setLevel(settings.log_level.upper())
     # Fail fast, before listening: a missing or empty repository is a configuration error the
     # operator must see at once, not a pod that never becomes ready.
     specs = require_models(settings.model_repository)
@@ -102,7 +102,9 @@ def serve(settings: ServiceSettings) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=settings.access_log,
+        log_config=uvicorn_log_config(settings),
+        # The service writes its own access line (service.http.observe), in the log format.
+        access_log=False,
         **server_options(settings, app),
     )
     uvicorn.Server(config).run()
@@ -137,6 +139,8 @@ def run_serve(args: argparse.Namespace, prepare: Callable[[ServiceSettings], Non
 
     try:
         settings = settings_from_args(args)
+        # First, so that every line from here on (the start-up export included) is in the format.
+        configure_logging(settings)
         if prepare is not None:
             prepare(settings)
         serve(settings)

@@ -37,7 +37,10 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from contract.errors import Closed, ErrorCode, Overloaded
+from service.core import requests
+from service.core.batch_run import BatchRun, RunClock
 from service.core.deadline import Deadline
+from service.core.requests import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +49,15 @@ O = TypeVar("O")  # noqa: E741
 
 
 class BatchObserver(Protocol):
-    """What the batcher reports, for metrics; implemented in `service.core.metrics`."""
+    """What the batcher reports: metrics (`service.core.metrics`), traces (`service.core.tracing`)."""
 
     def queue_depth(self, depth: int) -> None: ...
 
     def rejected(self, reason: str) -> None: ...
 
     def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None: ...
+
+    def batch_ran(self, run: BatchRun) -> None: ...
 
 
 class _NullObserver:
@@ -65,6 +70,9 @@ class _NullObserver:
     def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
         pass
 
+    def batch_ran(self, run: BatchRun) -> None:
+        pass
+
 
 @dataclass(eq=False)
 class _Pending(Generic[I, O]):
@@ -72,6 +80,8 @@ class _Pending(Generic[I, O]):
     future: asyncio.Future[O]
     enqueued: float = field(default_factory=time.monotonic)
     deadline: Deadline | None = None
+    # The request this row belongs to: its Server-Timing and spans get the batch's times.
+    request: RequestContext | None = field(default_factory=requests.current)
 
 
 class DynamicBatcher(Generic[I, O]):
@@ -131,7 +141,7 @@ class DynamicBatcher(Generic[I, O]):
         self._accepting = True
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._loop(), name=f"batcher-{self.name}-{i}") for i in range(self.instances)
+            loop.create_task(self._loop(i), name=f"batcher-{self.name}-{i}") for i in range(self.instances)
         ]
 
     async def drain(self, timeout: float | None = None) -> bool:
@@ -260,7 +270,7 @@ class DynamicBatcher(Generic[I, O]):
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    async def _loop(self) -> None:
+    async def _loop(self, instance: int) -> None:
         """One instance: form a batch, run it, and at once form the next.
 
         Each instance is its own loop so that a finished batch is followed by the next one in
@@ -290,7 +300,7 @@ class DynamicBatcher(Generic[I, O]):
                     break
             batch = self._take_batch()
             if batch:
-                await self._run(batch)
+                await self._run(batch, instance)
             self._set_idle_if_done()
 
     def _batch_limit(self) -> int:
@@ -322,15 +332,19 @@ class DynamicBatcher(Generic[I, O]):
         self.observer.queue_depth(len(self._queue))
         return batch
 
-    async def _run(self, batch: list[_Pending[I, O]]) -> None:
+    async def _run(self, batch: list[_Pending[I, O]], instance: int = 0) -> None:
         loop = asyncio.get_running_loop()
         start = time.monotonic()
         waits = [start - p.enqueued for p in batch]
         self._running += len(batch)
         self._active += 1
+        timed, error = RunClock(), None
         try:
-            outputs = await loop.run_in_executor(self._executor, self._run_checked, [p.item for p in batch])
+            outputs = await loop.run_in_executor(
+                self._executor, self._run_checked, [p.item for p in batch], timed
+            )
         except Exception as exc:
+            error = exc
             if len(batch) == 1:
                 _resolve(batch[0], exc=exc)
             else:
@@ -349,6 +363,11 @@ class DynamicBatcher(Generic[I, O]):
             self._running -= len(batch)
             self._active -= 1
             self.observer.batch_done(len(batch), waits, time.monotonic() - start)
+            run = BatchRun.of(instance, batch, start, timed, error)
+            for pending in batch:  # each request's share of the batch: its Server-Timing
+                if pending.request is not None:
+                    pending.request.batched(start - pending.enqueued, run.run_end - run.run_start)
+            self.observer.batch_ran(run)
 
     async def _run_singly(self, batch: list[_Pending[I, O]]) -> None:
         loop = asyncio.get_running_loop()
@@ -356,14 +375,20 @@ class DynamicBatcher(Generic[I, O]):
             if pending.future.done():
                 continue
             try:
-                (output,) = await loop.run_in_executor(self._executor, self._run_checked, [pending.item])
+                (output,) = await loop.run_in_executor(
+                    self._executor, self._run_checked, [pending.item], RunClock()
+                )
             except Exception as exc:
                 _resolve(pending, exc=exc)
             else:
                 _resolve(pending, result=output)
 
-    def _run_checked(self, items: list[I]) -> list[O]:
-        outputs = self.run_batch(items)
+    def _run_checked(self, items: list[I], timed: RunClock) -> list[O]:
+        timed.start = time.monotonic()
+        try:
+            outputs = self.run_batch(items)
+        finally:
+            timed.end = time.monotonic()
         if len(outputs) != len(items):
             raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(items)} inputs")
         return outputs
@@ -386,4 +411,4 @@ def _resolve(pending: _Pending[I, O], *, result: O | None = None, exc: BaseExcep
         pending.future.set_result(result)  # type: ignore[arg-type]
 
 
-__all__ = ["DynamicBatcher", "BatchObserver"]
+__all__ = ["DynamicBatcher", "BatchObserver", "BatchRun"]

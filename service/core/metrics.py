@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from service.core.batch_run import BatchRun
 from service.core.statistics import DEFAULT_VERSION, StatisticsSeries
 
+QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -115,6 +118,47 @@ class ServiceMetrics:
             ["file", "result"],
             registry=r,
         )
+        # --- prediction quality ---
+        # What the models answer, as the drift signal: a shift in the top-1 labels or a fall in the
+        # confidence or the margin between the first and second answer (docs/service.md).
+        self.prediction_top1 = Counter(
+            "gmlp_prediction_top1",
+            "top-1 label of each classified image (labels: the model's own)",
+            ["model", "version", "label"],
+            registry=r,
+        )
+        self.prediction_confidence = Histogram(
+            "gmlp_prediction_confidence",
+            "softmax probability of the top-1 answer (fill-mask: per [MASK])",
+            ["model", "version"],
+            buckets=QUALITY_BUCKETS,
+            registry=r,
+        )
+        self.prediction_margin = Histogram(
+            "gmlp_prediction_margin",
+            "softmax probability of the top-1 answer minus the second's (fill-mask: per [MASK])",
+            ["model", "version"],
+            buckets=QUALITY_BUCKETS,
+            registry=r,
+        )
+        # --- what the alert rules compare with (deploy/observability/rules.yml) ---
+        self.queue_capacity = Gauge(
+            "gmlp_queue_capacity",
+            "waiting requests per model before 503 (max_queue_size)",
+            ["model"],
+            registry=r,
+        )
+        self.model_instances = Gauge(
+            "gmlp_model_instances",
+            "execution instances of the model (batches run at once)",
+            ["model"],
+            registry=r,
+        )
+        self.request_timeout = Gauge(
+            "gmlp_request_timeout_seconds",
+            "deadline of a request from its arrival (request_timeout_s)",
+            registry=r,
+        )
 
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
@@ -138,6 +182,12 @@ class ServiceMetrics:
 
     def file_reloaded(self, file: str, ok: bool) -> None:
         self.file_reloads.labels(file, "ok" if ok else "error").inc()
+
+    def predictions(
+        self, model: str, labels: Sequence[str] | None = None, version: str = DEFAULT_VERSION
+    ) -> PredictionMetrics:
+        """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
+        return PredictionMetrics(self, model, version, labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -169,11 +219,43 @@ class ModelObserver:
             self._wait.observe(wait)
         self._statistics.batch_done(size, sum(queue_waits), run_seconds)
 
+    def batch_ran(self, run: BatchRun) -> None:
+        pass  # batch_done has what the metrics need
+
+
+class PredictionMetrics:
+    """Records what one model version answers: the top-1 label (classifiers), the top-1 softmax
+    probability and its margin over the second, from the logits of each prediction."""
+
+    def __init__(
+        self, metrics: ServiceMetrics, model: str, version: str, labels: Sequence[str] | None
+    ) -> None:
+        self._confidence = metrics.prediction_confidence.labels(model, version)
+        self._margin = metrics.prediction_margin.labels(model, version)
+        # One child per label, made up front: the label set is the model's, never the input's.
+        self._top1 = [metrics.prediction_top1.labels(model, version, label) for label in labels or ()]
+
+    def observe(self, logits: np.ndarray) -> None:
+        """One prediction per row of `logits` ([answers] or [rows, answers])."""
+        rows = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+        if rows.shape[-1] < 2:
+            return
+        shifted = np.exp(rows - rows.max(axis=-1, keepdims=True))
+        probs = shifted / shifted.sum(axis=-1, keepdims=True)
+        top2 = np.sort(np.partition(probs, -2, axis=-1)[:, -2:], axis=-1)
+        for second, first in top2:
+            self._confidence.observe(float(first))
+            self._margin.observe(float(first - second))
+        if self._top1:
+            for index in np.argmax(rows, axis=-1):
+                self._top1[int(index)].inc()
+
 
 __all__ = [
     "ServiceMetrics",
     "ModelObserver",
+    "PredictionMetrics",
+    "DEFAULT_VERSION",
     "power_of_two_buckets",
     "LATENCY_BUCKETS",
-    "DEFAULT_VERSION",
 ]

@@ -21,6 +21,7 @@ from contract.image import ImageTransform
 from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
 from contract.spec import ModelSpec
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
+from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
@@ -71,12 +72,24 @@ class Pipeline:
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
             name=spec.name,
-            observer=metrics.observer(spec.name),
+            observer=tracing.BatchTracing(metrics.observer(spec.name), spec.name, self.batch_attributes),
             always_wait=settings.queue_delay_policy == "always",
             instances=instances,
         )
         self.ready = False
         self.card = card_summary(spec.path, self.variant)
+        self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec))
+        metrics.queue_capacity.labels(spec.name).set(settings.max_queue_size)
+        metrics.model_instances.labels(spec.name).set(instances)
+
+    def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
+        """The labels the top-1 answers are counted by; None where there are too many to be the
+        values of a metric's label (a masked LM's vocabulary)."""
+        return None
+
+    def batch_attributes(self, items: list[Feeds]) -> dict[str, Any]:
+        """What a batch's span says of the batch besides its size and instance."""
+        return {"gmlp.model.variant": self.variant}
 
     def run_batch(self, items: list[Feeds]) -> list[Feeds]:
         """What the batcher runs: the requests' feeds in one session run (blocking)."""
@@ -137,6 +150,9 @@ class VisionPipeline(Pipeline):
         self.labels = spec.labels()
         self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels, settings.jpeg_draft)
 
+    def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
+        return spec.labels()
+
     def warmup_feeds(self) -> list[Feeds]:
         h, w = self.transform.crop_size
         return [{"pixel_values": np.zeros((3, h, w), dtype=np.float32)}]
@@ -149,13 +165,15 @@ class VisionPipeline(Pipeline):
 
     async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
         """The logits of one encoded image, through the model's own transform and the batcher."""
-        with self.batcher.arriving():
+        with self.batcher.arriving(), tracing.span("preprocess"):
             img = self.transform.open(image)  # the header only: cheap whatever the image
             if img.width * img.height <= INLINE_DECODE_PIXELS:
                 pixels = self.transform.finish(img)
             else:
                 pixels = await before(asyncio.to_thread(self.transform.finish, img), deadline)
-        return (await self.infer({"pixel_values": pixels}, deadline))["logits"]
+        logits = (await self.infer({"pixel_values": pixels}, deadline))["logits"]
+        self.predictions.observe(logits)
+        return logits
 
     async def classify(
         self, image: bytes, top_k: int, deadline: Deadline, function: ScoreFunction = "softmax"
@@ -167,8 +185,10 @@ class VisionPipeline(Pipeline):
                 ErrorCode.INVALID_TOP_K,
                 f"top_k must be between 1 and {len(self.labels)} (the number of labels)",
             )
-        scores = SCORE_FUNCTIONS[function](await self.logits(image, deadline))
-        return [{"label": self.labels[i], "score": float(scores[i])} for i in ranked(scores, top_k)]
+        logits = await self.logits(image, deadline)
+        with tracing.span("postprocess"):
+            scores = SCORE_FUNCTIONS[function](logits)
+            return [{"label": self.labels[i], "score": float(scores[i])} for i in ranked(scores, top_k)]
 
 
 class FillMaskPipeline(Pipeline):
@@ -209,6 +229,10 @@ class FillMaskPipeline(Pipeline):
         if outputs["logits"].shape != expected:
             raise ValueError(f"model {self.name}: logits {outputs['logits'].shape}, expected {expected}")
 
+    def batch_attributes(self, items: list[Feeds]) -> dict[str, Any]:
+        length = self.codec.padded_length(max(len(i["input_ids"]) for i in items), fixed=self.fixed_length)
+        return {**super().batch_attributes(items), "gmlp.batch.padded_length": length}
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fixed_length": self.fixed_length, "length_multiple": LENGTH_MULTIPLE}
 
@@ -218,19 +242,21 @@ class FillMaskPipeline(Pipeline):
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
         encoded, target_ids, logits = await self.masked_logits(text, deadline, targets)
-        return self.codec.decode(encoded, logits, top_k, target_ids)
+        with tracing.span("postprocess"):
+            return self.codec.decode(encoded, logits, top_k, target_ids)
 
     async def masked_logits(
         self, text: str, deadline: Deadline, targets: list[str] | None = None
     ) -> tuple[EncodedText, list[int] | None, np.ndarray]:
         """The tokenised text, the target ids (if any) and the logits of its [MASK]s [slots, vocab]."""
-        with self.batcher.arriving():
+        with self.batcher.arriving(), tracing.span("preprocess"):
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)
             else:
                 encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
             target_ids = None if targets is None else self.codec.target_ids(targets)
         logits = (await self.infer(encoded.feeds, deadline))["logits"]
+        self.predictions.observe(logits[: len(encoded.mask_positions)])
         return encoded, target_ids, logits
 
 

@@ -180,6 +180,19 @@ class ServiceSettings(BaseSettings):
         300.0, gt=0, description="a gRPC connection without calls is closed after this"
     )
 
+    # --- observability ---
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: plain lines for a terminal; json: every line the process writes is one JSON "
+        "object (time, level, logger, message, request id, trace and span ids, model, route, status, "
+        "duration), uvicorn's, gRPC's and ONNX Runtime's included",
+    )
+    server_timing: bool = Field(
+        True,
+        description="add a Server-Timing header (queue, infer, total, in ms) to every task response "
+        "(POST); off for those who do not want the server's timings exposed",
+    )
+
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
 from contract.formats import MLM_TASK, TASKS, VISION_TASK
 from contract.spec import ModelSpec, require_models
+from service.core import requests
 from service.core.metrics import ServiceMetrics
 from service.core.pipelines import Pipeline, load_pipeline
 from service.core.runtime import resolve_device
@@ -43,6 +44,7 @@ class ServiceState:
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        metrics.request_timeout.set(settings.request_timeout_s)
         self.models: dict[str, Pipeline] = {}
         self.defaults: dict[str, str | None] = {task: None for task in TASKS}
         self.phase = LOADING
@@ -105,6 +107,7 @@ class ServiceState:
                 ErrorCode.MODEL_NOT_FOUND,
                 f"model {name!r} is not served; served models: {sorted(self.models)}",
             )
+        requests.note_model(model.name)
         return model
 
     def resolve(self, name: str | None, kind: type[P]) -> P:
@@ -118,6 +121,7 @@ class ServiceState:
                 raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
         model = self.models.get(name)
         if isinstance(model, kind):
+            requests.note_model(model.name)
             return model
         # Refused: list what the request could have named (only now, off the per-request path).
         same_task = sorted(m.name for m in self.models.values() if m.task == task)

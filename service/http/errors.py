@@ -52,6 +52,7 @@ from contract.errors import (
     UnsupportedMediaType,
     most_specific,
 )
+from service.core import requests
 from service.http.asgi import HttpMiddleware
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ class ErrorResponder:
         """`error` rendered by `table` and observed under its transport."""
         if self.observe is not None:
             self.observe(table.transport, error.code)
+        requests.note_error(error.code, error.message)
         return table.response(error, status=status)
 
 

@@ -34,12 +34,15 @@ from contract.errors import (
     UnsupportedMediaType,
     most_specific,
 )
+from service.core import requests
 from service.core.deadline import Deadline
 from service.core.keys import KeyStore
 from service.core.metrics import ServiceMetrics
+from service.core.requests import REQUEST_ID_HEADER, RequestContext
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
 from service.core.tls import TlsFiles
+from service.core.tracing import Tracing
 from service.v2 import inference
 from service.v2.grpc_access import AccessInterceptor, connection_options, server_credentials
 from service.v2.inference import InferRequest
@@ -152,6 +155,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return await work
         except RequestError as exc:
             self.state.metrics.refused("grpc", exc.code)
+            requests.note_error(exc.code, exc.message)
             await context.abort(grpc_status(type(exc)), exc.message)
         except Exception:
             log.exception("unhandled error in a gRPC call")
@@ -216,12 +220,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, run())
 
 
-class CallMetrics(aio.ServerInterceptor):
-    """Counts and times every unary call by method and final status code (the gRPC side of what
-    the HTTP metrics middleware does), so an operator sees both transports."""
+UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.metrics = metrics
+
+class UnaryInterceptor(aio.ServerInterceptor):
+    """An interceptor that wraps the behaviour of every unary call (`wrap`)."""
+
+    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
+        raise NotImplementedError
 
     async def intercept_service(
         self,
@@ -231,26 +237,87 @@ class CallMetrics(aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or handler.unary_unary is None:
             return handler
-        method = details.method.rsplit("/", 1)[-1]
-        call = handler.unary_unary
+        return grpc.unary_unary_rpc_method_handler(
+            self.wrap(handler.unary_unary, details.method.rsplit("/", 1)[-1], details),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+async def finished(
+    call: UnaryCall, request: Any, context: aio.ServicerContext, done: Callable[[grpc.StatusCode], None]
+) -> Any:
+    """Run `call`, then `done(code)` with its final status code (OK, or the code it failed with)."""
+    code = grpc.StatusCode.OK
+    try:
+        return await call(request, context)
+    except BaseException:
+        code = context.code() or grpc.StatusCode.UNKNOWN
+        raise
+    finally:
+        done(code)
+
+
+class CallMetrics(UnaryInterceptor):
+    """Counts and times every unary call by method and final status code (the gRPC side of what
+    the HTTP metrics middleware does), so an operator sees both transports."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
         metrics = self.metrics
 
         async def timed(request: Any, context: aio.ServicerContext) -> Any:
             start = time.perf_counter()
-            code = grpc.StatusCode.OK
-            try:
-                return await call(request, context)
-            except BaseException:
-                code = context.code() or grpc.StatusCode.UNKNOWN
-                raise
-            finally:
+
+            def done(code: grpc.StatusCode) -> None:
                 metrics.grpc_call(method, code.name, time.perf_counter() - start)
 
-        return grpc.unary_unary_rpc_method_handler(
-            timed,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+            return await finished(call, request, context, done)
+
+        return timed
+
+
+class CallObservation(UnaryInterceptor):
+    """The request id (`x-request-id` metadata: the client's when acceptable, else generated; sent
+    back in the initial metadata of every call) and, with tracing on, the call's SERVER span
+    continuing a `traceparent` in the metadata: the gRPC side of `service.http.observe`."""
+
+    def __init__(self, tracing: Tracing | None) -> None:
+        self.tracing = tracing
+
+    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
+        metadata = {key: value for key, value in details.invocation_metadata or () if isinstance(value, str)}
+        tracing = self.tracing
+
+        async def observed(request: Any, context: aio.ServicerContext) -> Any:
+            given = metadata.get(REQUEST_ID_HEADER)
+            call_context = RequestContext(
+                requests.accepted_request_id(given), "grpc", method=method, route=method
+            )
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, call_context.request_id),))
+            if tracing is None:
+                with requests.open_request(call_context):
+                    return await call(request, context)
+            attributes = {
+                "rpc.system": "grpc",
+                "rpc.method": method,
+                "gmlp.request_id": call_context.request_id,
+            }
+            call_context.span = tracing.start_server_span(details.method.lstrip("/"), metadata, attributes)
+            call_context.tracer = tracing
+            token = tracing.activate(call_context.span)
+
+            def done(code: grpc.StatusCode) -> None:
+                status = {"rpc.grpc.status_code": code.value[0]}
+                tracing.end_server_span(call_context, code.name, status, failed=code != grpc.StatusCode.OK)
+                tracing.deactivate(token)
+
+            with requests.open_request(call_context):
+                return await finished(call, request, context, done)
+
+        return observed
 
 
 class GrpcServer:
@@ -264,9 +331,11 @@ class GrpcServer:
         *,
         keys: KeyStore | None = None,
         tls: TlsFiles | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
-        # The metrics interceptor first, so that it also counts the calls access control refuses.
-        interceptors: list[aio.ServerInterceptor] = [CallMetrics(state.metrics)]
+        # The observation outermost, so that the metrics' handling runs inside the request; then the
+        # metrics, so that they also count the calls access control refuses.
+        interceptors: list[aio.ServerInterceptor] = [CallObservation(tracing), CallMetrics(state.metrics)]
         if keys is not None:
             interceptors.append(AccessInterceptor(keys, state.metrics, grpc_status))
         self.server = aio.server(interceptors=interceptors, options=connection_options(settings))
@@ -293,6 +362,7 @@ class GrpcServer:
 __all__ = [
     "GrpcServer",
     "CallMetrics",
+    "CallObservation",
     "InferenceServicer",
     "GRPC_STATUS",
     "grpc_status",

@@ -38,6 +38,7 @@ import numpy as np
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
 from contract.text import EncodedText
+from service.core import requests
 from service.core.deadline import Deadline
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
 from service.core.state import FAILED, ServiceState
@@ -326,11 +327,14 @@ async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) 
     model is known, as a failure."""
     served = model(state, request.model_name, request.model_version)
     version, start = request.model_version or VERSION, time.perf_counter()
+    # The protocol's id: the client's, else the request id (X-Request-ID / x-request-id metadata).
+    context = requests.current()
+    id_ = request.id or (context.request_id if context is not None else "")
     ok = False
     try:
         produced = await _run(served, request, deadline)
         names = request.outputs or list(produced)
-        result = InferResult(served.name, [produced[n] for n in names], id=request.id)
+        result = InferResult(served.name, [produced[n] for n in names], id=id_)
         ok = True
         return result
     finally:

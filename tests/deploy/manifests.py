@@ -27,13 +27,19 @@ K8S = DEPLOY / "k8s"
 K8S_VERSIONS = ("1.29", "latest")
 
 
-def kubectl() -> str:
-    path = shutil.which("kubectl")
+def required_tool(name: str, needed_for: str, install: str) -> str:
+    """The path of the command `name`; without it the test skips saying why, except in CI, where
+    its absence is an error rather than a silently empty check."""
+    path = shutil.which(name)
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail("kubectl (with kustomize) is needed to render deploy/k8s and is not installed")
-        pytest.skip("kubectl is not installed: cannot render the kustomizations")
+            pytest.fail(f"{name} is needed to {needed_for} and is not installed ({install})")
+        pytest.skip(f"{name} is not installed ({install}): cannot {needed_for}")
     return path
+
+
+def kubectl() -> str:
+    return required_tool("kubectl", "render the kustomizations", "kubectl with kustomize")
 
 
 @cache

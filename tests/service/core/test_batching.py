@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from contract.errors import Closed, DeadlineExceeded, Overloaded
+from service.core import requests
+from service.core.batch_run import BatchRun
 from service.core.batching import DynamicBatcher
 from service.core.deadline import Deadline
 
@@ -33,6 +35,7 @@ class Recorder:
         self.depths: list[int] = []
         self.rejections: Counter[str] = Counter()
         self.batches: list[int] = []
+        self.runs: list[BatchRun] = []
 
     def queue_depth(self, depth: int) -> None:
         self.depths.append(depth)
@@ -43,6 +46,9 @@ class Recorder:
     def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
         assert len(queue_waits) == size and run_seconds >= 0
         self.batches.append(size)
+
+    def batch_ran(self, run: BatchRun) -> None:
+        self.runs.append(run)
 
 
 class GatedModel:
@@ -105,6 +111,35 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_result() -> None:
     # All ten were queued before the loop ran: full batches, then the rest (nobody else is coming).
     assert [len(b) for b in model.batches] == [4, 4, 2]
     assert sorted(model.seen) == list(range(10))
+
+
+def test_each_batch_reports_its_requests_and_their_share_of_the_time() -> None:
+    """What tracing and Server-Timing read: the requests a batch served, when each was queued,
+    the instance and the model run's times, and an error the batch raised."""
+    model = GatedModel()
+    contexts = [requests.RequestContext(f"r{i}", "test") for i in range(3)]
+
+    async def one(i: int, item: str) -> Any:
+        with requests.open_request(contexts[i]):
+            return await batcher.submit(item)
+
+    async def main() -> list[Any]:
+        batcher.start()
+        results = await asyncio.gather(
+            *(one(i, x) for i, x in enumerate(("a", "bad", "c"))), return_exceptions=True
+        )
+        await batcher.close(5)
+        return results
+
+    batcher, recorder = make(model, max_batch_size=3, max_queue_delay_s=1.0, always_wait=True)
+    run(main())
+    (batch,) = recorder.runs
+    assert batch.size == 3 and batch.items == ["a", "bad", "c"] and batch.instance == 0
+    assert batch.requests == contexts and isinstance(batch.error, ValueError)
+    assert all(e <= batch.started <= batch.run_start <= batch.run_end for e in batch.enqueued)
+    for context, enqueued in zip(contexts, batch.enqueued, strict=True):
+        assert context.queue_s == pytest.approx(batch.started - enqueued)
+        assert context.infer_s >= batch.run_end - batch.run_start > 0
 
 
 def test_lone_request_does_not_wait_for_batch_mates_that_are_not_coming() -> None:

@@ -1,0 +1,111 @@
+"""The request being served: its id, where its time went, and its trace, for every layer to read.
+
+A transport opens a `RequestContext` when a request arrives (`open_request`) and closes it when
+the answer has gone; everything the request causes on the way runs in its task (or in threads and
+tasks that copy its context), so `current()` finds it without any layer passing it on. The log
+formatter reads the id, route, model and trace from it; the batcher adds the queue wait and the
+model run of the batch the request was in (what `Server-Timing` reports); the tracing code keeps
+the request's server span and tracer here, `None` when tracing is off.
+
+Request ids come from the client (`X-Request-ID`, REST; `x-request-id` metadata, gRPC) when they
+are short and plain (`REQUEST_ID_PATTERN`), so that they can be logged and echoed without
+escaping; anything else is replaced by a generated id, never echoed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+REQUEST_ID_HEADER = "x-request-id"
+MAX_REQUEST_ID_LENGTH = 128
+# Letters, digits and the punctuation of UUIDs, ULIDs and the ids proxies generate; no spaces,
+# quotes or control characters, so an id is safe in a header, a log line and a JSON string.
+REQUEST_ID_PATTERN = re.compile(rf"[A-Za-z0-9._:@+=/-]{{1,{MAX_REQUEST_ID_LENGTH}}}")
+
+
+def accepted_request_id(given: str | bytes | None) -> str:
+    """The client's id when it is acceptable, else a newly generated one (32 hex digits)."""
+    if isinstance(given, bytes):
+        given = given.decode("latin-1")
+    if given is not None and REQUEST_ID_PATTERN.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+@dataclass(eq=False)
+class RequestContext:
+    """One request's identity and timings; `span`/`tracer` are OpenTelemetry objects or None."""
+
+    request_id: str
+    transport: str  # http or grpc
+    method: str = ""
+    route: str = ""
+    model: str | None = None
+    started: float = 0.0  # time.perf_counter() at arrival
+    queue_s: float = 0.0  # longest wait of its rows in a batch queue
+    infer_s: float = 0.0  # longest model run of a batch it was in
+    error_code: str | None = None
+    error_message: str | None = None
+    span: Any = None
+    tracer: Any = None
+
+    def batched(self, queue_s: float, infer_s: float) -> None:
+        """A row of this request ran in a batch after waiting `queue_s` (rows run side by side, so
+        the longest wait and run are the request's)."""
+        self.queue_s = max(self.queue_s, queue_s)
+        self.infer_s = max(self.infer_s, infer_s)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+
+_current: ContextVar[RequestContext | None] = ContextVar("gmlp_request", default=None)
+
+
+def current() -> RequestContext | None:
+    """The request being served in this task or thread, if any."""
+    return _current.get()
+
+
+@contextmanager
+def open_request(context: RequestContext) -> Iterator[RequestContext]:
+    """Make `context` the current request for the duration of the block."""
+    context.started = context.started or time.perf_counter()
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)
+
+
+def note_model(name: str) -> None:
+    """The model the current request was resolved to (for its log lines and spans)."""
+    context = _current.get()
+    if context is not None:
+        context.model = name
+
+
+def note_error(code: str, message: str) -> None:
+    """The machine code of the error the current request is answered with."""
+    context = _current.get()
+    if context is not None:
+        context.error_code, context.error_message = code, message
+
+
+__all__ = [
+    "RequestContext",
+    "accepted_request_id",
+    "current",
+    "open_request",
+    "note_model",
+    "note_error",
+    "REQUEST_ID_HEADER",
+    "MAX_REQUEST_ID_LENGTH",
+]
