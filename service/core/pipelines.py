@@ -19,7 +19,8 @@ from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
 from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
-from contract.spec import ModelSpec
+from contract.check import run_check
+from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, FillMaskCodec
 from service.core.batching import DynamicBatcher
 from service.core.deadline import Deadline, before
@@ -75,6 +76,7 @@ class Pipeline:
             instances=instances,
         )
         self.ready = False
+        self.version = "1"  # the repository version it was loaded from (set by the loader)
 
     def run_batch(self, items: list[Feeds]) -> list[Feeds]:
         """What the batcher runs: the requests' feeds in one session run (blocking)."""
@@ -96,9 +98,22 @@ class Pipeline:
         if self.settings.max_batch_size > 1:
             self.check_outputs(shapes[-1], self.run_batch([shapes[-1]] * self.settings.max_batch_size)[0])
 
+    def verify(self) -> None:
+        """Raise SpecError unless the chosen variant answers the export's recorded check as the export
+        recorded it (`contract.check`); a directory exported before checks were recorded passes
+        with a warning, its graph contract checked by the warm-up alone."""
+        entry = self.spec.config.get("check")
+        if entry is None:
+            log.warning("model %s: no recorded check in %s; only its contract is checked", self.name, self.spec.path)
+            return
+        problem = run_check(self.spec.path, entry, self.variant, self.runtime.run)
+        if problem is not None:
+            raise SpecError(f"{self.variant} graph {self.spec.variant_path(self.variant).name}: {problem}")
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "version": self.version,
             "task": self.task,
             "n": self.spec.seq_len,
             "variant": self.variant,
@@ -230,9 +245,11 @@ PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: F
 def load_pipeline(
     spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
 ) -> Pipeline:
-    """Create the session and warm it up (blocking; call from a thread)."""
+    """Create the session, warm it up and check it against its recorded check (blocking; call from
+    a thread)."""
     model = PIPELINES[spec.task](spec, settings, device, metrics)
     model.warm_up()
+    model.verify()
     return model
 
 
