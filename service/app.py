@@ -36,11 +36,12 @@ from service.http.errors import (
 )
 from service.http.limits import BodyLimitMiddleware
 from service.http.metrics import HttpMetricsMiddleware
+from service.v2 import repository_rest
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
 
 # The HTTP APIs, in the order their routes take precedence.
-ROUTERS = (routes.router, hf.router, v2.router)
+ROUTERS = (routes.router, hf.router, v2.router, repository_rest.router)  # the last: v2 model repository
 
 
 @asynccontextmanager
