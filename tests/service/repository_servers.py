@@ -50,6 +50,24 @@ def triton_grpc(server: RunningServer) -> Any:
     return _WithHeaders(grpcclient.InferenceServerClient(url=f"127.0.0.1:{server.settings.grpc_port}"))
 
 
+def is_grpc(client: Any) -> bool:
+    return isinstance(getattr(client, "_client", client), grpcclient.InferenceServerClient)
+
+
+def version_states(client: Any, name: str) -> dict[str, str]:
+    """{version: state} of `name` in the repository index, through a stock client."""
+    index = client.get_model_repository_index(**({"as_json": True} if is_grpc(client) else {}))
+    entries = index.get("models", []) if is_grpc(client) else index
+    return {e["version"]: e["state"] for e in entries if e["name"] == name}
+
+
+def version_reasons(server: RunningServer, name: str) -> dict[str, str]:
+    """{version: reason} of `name` in the repository index (REST)."""
+    with server.client() as client:
+        index = client.post("/v2/repository/index", headers=control_headers()).json()
+    return {e["version"]: e["reason"] for e in index if e["name"] == name}
+
+
 def control_headers() -> dict[str, str]:
     """For raw HTTP calls (httpx) to the repository API."""
     return dict(CONTROL_HEADERS)
@@ -71,3 +89,101 @@ def add_version(root: Path, name: str, version: int, source: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging.rename(target)
     return target
+
+
+def v2_image_request(image: bytes) -> tuple[bytes, dict[str, str]]:
+    """A v2 REST request body with one encoded image as a binary BYTES tensor (JSON header, then
+    the element: 4-byte little-endian length and the bytes), and its headers."""
+    import json
+    import struct
+
+    element = struct.pack("<I", len(image)) + image
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": len(element)},
+                }
+            ]
+        }
+    ).encode()
+    return head + element, {
+        "Inference-Header-Content-Length": str(len(head)),
+        "Content-Type": "application/octet-stream",
+    }
+
+
+class Load:
+    """A bounded load of /classify and v2 REST requests from `threads` threads, run until `stop()`
+    (or `max_requests` per thread, or `max_seconds`); every answer and every failure is kept."""
+
+    def __init__(
+        self,
+        server: RunningServer,
+        image: bytes,
+        *,
+        threads: int = 4,
+        max_requests: int = 3000,
+        max_seconds: float = 90.0,
+    ) -> None:
+        import threading
+
+        self.server, self.image = server, image
+        self.max_requests, self.max_seconds = max_requests, max_seconds
+        self.answers: list[tuple[str, Any]] = []  # (kind, JSON answer) in completion order
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        kinds = ["classify", "v2"]
+        self._threads = [
+            threading.Thread(target=self._run, args=(kinds[i % 2],), daemon=True) for i in range(threads)
+        ]
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.answers)
+
+    def wait_for_answers(self, more: int, timeout: float = 60.0) -> None:
+        """Bounded wait until `more` further answers came back."""
+        target = self.count() + more
+        self.server.wait_for(lambda: self.count() >= target or bool(self.failures), timeout=timeout)
+
+    def _run(self, kind: str) -> None:
+        import time
+
+        deadline = time.monotonic() + self.max_seconds
+        body, headers = v2_image_request(self.image)
+        with self.server.client(timeout=30) as client:
+            for _ in range(self.max_requests):
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    return
+                try:
+                    if kind == "classify":
+                        response = client.post("/classify?top_k=10", content=self.image)
+                    else:
+                        response = client.post("/v2/models/tiny-vision/infer", content=body, headers=headers)
+                except Exception as exc:  # a dropped connection is a failed request too
+                    with self._lock:
+                        self.failures.append(f"{kind}: {exc!r}")
+                    continue
+                with self._lock:
+                    if response.status_code == 200:
+                        self.answers.append((kind, response.json()))
+                    else:
+                        self.failures.append(f"{kind}: {response.status_code} {response.text[:200]}")

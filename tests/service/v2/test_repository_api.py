@@ -14,7 +14,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from repository_servers import start_repository_server, triton_grpc, triton_http, versioned_repository
+from repository_servers import (
+    is_grpc,
+    start_repository_server,
+    triton_grpc,
+    triton_http,
+    version_states,
+    versioned_repository,
+)
 from svc_harness import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -41,21 +48,15 @@ def server(start_server: Any, repo: Path) -> RunningServer:
 
 
 def states(client: Any, name: str = "tiny-vision") -> dict[str, str]:
-    index = client.get_model_repository_index(**({"as_json": True} if _is_grpc(client) else {}))
-    entries = index["models"] if _is_grpc(client) else index
-    return {e["version"]: e["state"] for e in entries if e["name"] == name}
-
-
-def _is_grpc(client: Any) -> bool:
-    return isinstance(getattr(client, "_client", client), grpcclient.InferenceServerClient)
+    return version_states(client, name)
 
 
 def infer(client: Any, image: bytes, version: str = "") -> tuple[str, np.ndarray]:
-    module = grpcclient if _is_grpc(client) else httpclient
+    module = grpcclient if is_grpc(client) else httpclient
     tensor = module.InferInput("image", [1], "BYTES")
     tensor.set_data_from_numpy(np.array([image], dtype=np.object_))
     result = client.infer("tiny-vision", [tensor], model_version=version)
-    response = result.get_response(**({"as_json": True} if _is_grpc(client) else {}))
+    response = result.get_response(**({"as_json": True} if is_grpc(client) else {}))
     return response["model_version"], result.as_numpy("logits")
 
 
