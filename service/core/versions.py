@@ -256,8 +256,8 @@ class VersionTable(Generic[S]):
                 reason = await self._load(record.versions[number], source.versions[number], record)
                 if reason is not None:
                     failures[number] = reason
-            # Unwanted versions go once a wanted one serves (or none is wanted); removed ones always.
-            settled = not wanted or any(record.versions[v].state == READY for v in wanted)
+            # Unwanted versions go once a wanted one serves; removed ones always.
+            settled = any(record.versions[v].state == READY for v in wanted)
             retire = [
                 v
                 for v in record.versions.values()
