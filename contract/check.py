@@ -38,15 +38,18 @@ def write_check(path: Path, cases: Mapping[str, Arrays], outputs: Mapping[str, M
     config.json entry that names it."""
     arrays = {input_key(c, n): a for c, feeds in cases.items() for n, a in feeds.items()}
     arrays.update(
-        {output_key(v, c, n): a for v, by_case in outputs.items() for c, out in by_case.items() for n, a in out.items()}
+        {
+            output_key(v, c, n): a
+            for v, by_case in outputs.items()
+            for c, out in by_case.items()
+            for n, a in out.items()
+        }
     )
-    np.savez(path, **arrays)
+    np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as allow_pickle
     return {"file": path.name, "cases": sorted(cases), "variants": sorted(outputs)}
 
 
-def run_check(
-    directory: Path, entry: Mapping, variant: str, run: Callable[[Arrays], Arrays]
-) -> str | None:
+def run_check(directory: Path, entry: Mapping, variant: str, run: Callable[[Arrays], Arrays]) -> str | None:
     """Run `variant` (through `run`: batched graph inputs -> outputs) on the recorded inputs; None
     when it answers as recorded, else what differs. A variant the export did not record is a
     failure too: the check cannot vouch for it."""

@@ -207,7 +207,7 @@ class ErrorCode(StrEnum):
     VERSION_NOT_FOUND = (
         "version_not_found",
         ModelNotFound,
-        "the model has no such version (v2 `versions/{v}`, a repository call); the message lists its versions",
+        "the model has no such version (v2 `versions/{v}`); the message lists its versions",
     )
     # Open Inference Protocol tensors
     INVALID_INPUTS = (

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from contract.check import run_check
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
 from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
-from contract.check import run_check
 from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, FillMaskCodec
 from service.core.batching import DynamicBatcher
@@ -104,7 +104,9 @@ class Pipeline:
         with a warning, its graph contract checked by the warm-up alone."""
         entry = self.spec.config.get("check")
         if entry is None:
-            log.warning("model %s: no recorded check in %s; only its contract is checked", self.name, self.spec.path)
+            log.warning(
+                "model %s: no recorded check in %s; only its contract is checked", self.name, self.spec.path
+            )
             return
         problem = run_check(self.spec.path, entry, self.variant, self.runtime.run)
         if problem is not None:

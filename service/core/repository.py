@@ -78,7 +78,9 @@ class VersionPolicy:
         raise PolicyError(f"version policy {value!r}: expected {POLICY_FORMS}")
 
     @classmethod
-    def _checked(cls, kind: Literal["latest", "specific"], count: int, versions: tuple[int, ...]) -> VersionPolicy:
+    def _checked(
+        cls, kind: Literal["latest", "specific"], count: int, versions: tuple[int, ...]
+    ) -> VersionPolicy:
         if count < 1 or (kind == "specific" and (not versions or min(versions) < 1)):
             raise ValueError(kind)
         return cls(kind, count, tuple(sorted(set(versions))))
@@ -198,7 +200,7 @@ def _policy_file(directory: Path) -> VersionPolicy | None:
         document = json.loads(path.read_text())
         return VersionPolicy.parse(document["version_policy"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SpecError(f"{path}: expected {{\"version_policy\": ...}} with {POLICY_FORMS} ({exc})") from None
+        raise SpecError(f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})') from None
 
 
 def _version_dirs(directory: Path) -> list[tuple[int, Path]]:

@@ -87,7 +87,10 @@ class ServiceState:
     def defaults(self) -> dict[str, str | None]:
         """The model a task route uses when the request names none: the configured one, else the
         first served model of the task in repository order."""
-        configured = {VISION_TASK: self.settings.default_classifier, MLM_TASK: self.settings.default_fill_mask}
+        configured = {
+            VISION_TASK: self.settings.default_classifier,
+            MLM_TASK: self.settings.default_fill_mask,
+        }
         served = self.models
         return {
             task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
@@ -109,18 +112,24 @@ class ServiceState:
         try:
             self._device = resolve_device(settings.device)
             explicit = settings.model_control == "explicit"
-            sources = await asyncio.to_thread(scan if explicit else require_sources, settings.model_repository)
+            sources = await asyncio.to_thread(
+                scan if explicit else require_sources, settings.model_repository
+            )
             names = settings.startup_models if explicit else list(sources)
             unknown = [n for n in names if n not in sources]
             if unknown:
-                raise SpecError(f"--load-model names {unknown}, not in {settings.model_repository}: {list(sources)}")
+                raise SpecError(
+                    f"--load-model names {unknown}, not in {settings.model_repository}: {list(sources)}"
+                )
             for name, source in sources.items():
                 if name not in names:
                     self.table.register(source)
                     continue
                 failures = await self.table.apply(source)
                 if settings.model_control == "none" and (failures or self.table.serving(name) is None):
-                    raise SpecError(f"model {name}: {failures or 'no version selected by the version policy'}")
+                    raise SpecError(
+                        f"model {name}: {failures or 'no version selected by the version policy'}"
+                    )
             self._check_defaults()
         except asyncio.CancelledError:
             raise
@@ -146,7 +155,10 @@ class ServiceState:
         if self.settings.model_control != "none":
             return  # models come and go: a configured default is resolved per request
         served = self.models
-        for task, name in ((VISION_TASK, self.settings.default_classifier), (MLM_TASK, self.settings.default_fill_mask)):
+        for task, name in (
+            (VISION_TASK, self.settings.default_classifier),
+            (MLM_TASK, self.settings.default_fill_mask),
+        ):
             if name is not None and (name not in served or served[name].task != task):
                 raise ValueError(f"default {task} model {name!r} is not a served {task} model")
 
@@ -206,7 +218,8 @@ class ServiceState:
         if source is None:
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
-                f"model {name!r} is not in the repository {self.settings.model_repository}; models: {list(sources)}",
+                f"model {name!r} is not in the repository {self.settings.model_repository}; "
+                f"models: {list(sources)}",
             )
         failures = await self.table.apply(source, policy, retry=True)
         self._update_ready_gauges()

@@ -175,7 +175,9 @@ class VersionTable(Generic[S]):
         if version is not None:
             chosen = record.versions[version]
             if chosen.state != READY:
-                raise _unavailable(f"version {version} of model {name!r} is {chosen.state} ({chosen.reason})", chosen)
+                raise _unavailable(
+                    f"version {version} of model {name!r} is {chosen.state} ({chosen.reason})", chosen
+                )
             return chosen
         ready = [v for v in record.versions.values() if v.state == READY]
         if ready:
@@ -242,7 +244,9 @@ class VersionTable(Generic[S]):
                 record.policy = policy
             self._record_versions(record, source)
             wanted = self.policy_of(source.name, source).select(source.complete_versions())
-            to_load = [v for v in sorted(wanted) if self._needs_load(record.versions[v], source.versions[v], retry)]
+            to_load = [
+                v for v in sorted(wanted) if self._needs_load(record.versions[v], source.versions[v], retry)
+            ]
             held = sum(1 for v in record.versions.values() if v.loaded is not None)
             if to_load and self.max_loaded is not None and held + len(to_load) > self.max_loaded:
                 self.observer.refused(source.name, "too_many_versions")
@@ -308,7 +312,11 @@ class VersionTable(Generic[S]):
         if old != state:
             self.observer.state_changed(version.model, version.number, old, state)
             log.info(
-                "model %s version %d: %s -> %s%s", version.model, version.number, old, state,
+                "model %s version %d: %s -> %s%s",
+                version.model,
+                version.number,
+                old,
+                state,
                 f" ({reason})" if reason else "",
             )
 
@@ -343,7 +351,11 @@ class VersionTable(Generic[S]):
     @staticmethod
     def _check_task(record: ModelRecord[S], number: int, served: S) -> None:
         for other in record.versions.values():
-            if other.number != number and other.loaded is not None and other.loaded.served.task != served.task:
+            if (
+                other.number != number
+                and other.loaded is not None
+                and other.loaded.served.task != served.task
+            ):
                 raise ValueError(
                     f"it is a {served.task} model but version {other.number} of {record.name!r} is a "
                     f"{other.loaded.served.task} model; a model keeps its task across versions"

@@ -75,7 +75,9 @@ def grpc_status(kind: type[RequestError]) -> grpc.StatusCode:
     return most_specific(GRPC_STATUS, kind, grpc.StatusCode.INTERNAL)
 
 
-def _parameters(params: Mapping[str, pb.InferParameter] | Mapping[str, pb.ModelRepositoryParameter]) -> dict[str, Any]:
+def _parameters(
+    params: Mapping[str, pb.InferParameter] | Mapping[str, pb.ModelRepositoryParameter],
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in params.items():
         kind = value.WhichOneof("parameter_choice")
@@ -189,7 +191,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return encode_result(await inference.infer(self.state, decode_request(request), deadline))
 
         return await self._answer(context, run())
-
 
     # -- the model-repository extension (control calls: admin scope under access control) ----------
 

@@ -22,7 +22,9 @@ from service.v2.schemas import ERROR_RESPONSES
 PREFIX = "/v2/repository"
 
 router = APIRouter(
-    prefix=PREFIX, tags=["Open Inference Protocol v2: model repository"], route_class=DirectRoute.answering(V2_ERRORS)
+    prefix=PREFIX,
+    tags=["Open Inference Protocol v2: model repository"],
+    route_class=DirectRoute.answering(V2_ERRORS),
 )
 
 
@@ -33,7 +35,7 @@ class IndexRequest(BaseModel):
 class ControlRequest(BaseModel):
     parameters: dict[str, Any] = Field(
         default_factory=dict,
-        description='load: {"config": "<JSON model configuration>"}, whose version_policy chooses the versions',
+        description='load: {"config": "<JSON model configuration>"}; its version_policy picks the versions',
     )
 
 

@@ -31,7 +31,7 @@ from contract.errors import InvalidInput, ModelNotFound, NotReady
 from contract.spec import ModelSpec
 from service.core.batching import DynamicBatcher
 from service.core.repository import ModelSource, VersionPolicy, VersionSource
-from service.core.versions import READY, UNLOADING, VersionTable
+from service.core.versions import READY, VersionTable
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,7 +77,10 @@ policies = st.sampled_from(["latest:1", "latest:2", "all", "specific:1", "specif
 apply = st.tuples(st.just("apply"), policies)
 unload = st.tuples(st.just("unload"))
 request = st.tuples(
-    st.just("request"), st.one_of(st.none(), st.integers(1, 5)), st.integers(1, 3), st.sampled_from([0, 0.002, 0.01])
+    st.just("request"),
+    st.one_of(st.none(), st.integers(1, 5)),
+    st.integers(1, 3),
+    st.sampled_from([0, 0.002, 0.01]),
 )
 events = st.lists(st.one_of(deploy, remove, apply, unload, request, request), min_size=1, max_size=25)
 
@@ -108,7 +111,10 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
         spec = ModelSpec(NAME, "t", Path("/nonexistent"), {})
         return ModelSource(
             NAME,
-            {v: VersionSource(NAME, v, Path(f"/nonexistent/{v}"), spec, None, (("x", n, 0),)) for v, (_, n) in on_disk.items()},
+            {
+                v: VersionSource(NAME, v, Path(f"/nonexistent/{v}"), spec, None, (("x", n, 0),))
+                for v, (_, n) in on_disk.items()
+            },
         )
 
     async def one_request(version: int | None, item: int, hold_s: float) -> None:
@@ -156,7 +162,9 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
             if table.known(NAME):
                 await table.unload(NAME)
         else:
-            pending += [asyncio.create_task(one_request(event[1], next(items), event[3])) for _ in range(event[2])]
+            pending += [
+                asyncio.create_task(one_request(event[1], next(items), event[3])) for _ in range(event[2])
+            ]
         await asyncio.sleep(0)
     await asyncio.gather(*pending)
     record = table.models.get(NAME)

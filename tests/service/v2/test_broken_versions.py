@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from repository_servers import (
+    Load,
+    add_version,
+    start_repository_server,
+    version_reasons,
+    versioned_repository,
+)
 
-from repository_servers import Load, add_version, start_repository_server, version_reasons, versioned_repository
 from svc_harness import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
@@ -47,13 +53,16 @@ def _mismatched_tokenizer(mlm: Path, out: Path) -> None:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory, tiny_vision_served: Path, tiny_mlm_served: Path) -> Path:
     return versioned_repository(
-        tmp_path_factory.mktemp("watched"), {"tiny-vision": {1: tiny_vision_served}, "tiny-mlm": {1: tiny_mlm_served}}
+        tmp_path_factory.mktemp("watched"),
+        {"tiny-vision": {1: tiny_vision_served}, "tiny-mlm": {1: tiny_mlm_served}},
     )
 
 
 @pytest.fixture(scope="module")
 def server(start_server: Any, repo: Path) -> RunningServer:
-    return start_repository_server(start_server, model_repository=repo, model_control="poll", repository_poll_s=0.1)
+    return start_repository_server(
+        start_server, model_repository=repo, model_control="poll", repository_poll_s=0.1
+    )
 
 
 VISION_CASES: dict[str, tuple[Callable[[Path, Path, Path], None], str]] = {
@@ -65,8 +74,13 @@ VISION_CASES: dict[str, tuple[Callable[[Path, Path, Path], None], str]] = {
 
 @pytest.mark.parametrize("case", sorted(VISION_CASES))
 def test_a_broken_version_is_refused_and_version_1_keeps_answering(
-    server: RunningServer, repo: Path, tmp_path: Path, tiny_vision_served: Path, tiny_vision_v2_served: Path,
-    cifar_images: list[bytes], case: str,
+    server: RunningServer,
+    repo: Path,
+    tmp_path: Path,
+    tiny_vision_served: Path,
+    tiny_vision_v2_served: Path,
+    cifar_images: list[bytes],
+    case: str,
 ) -> None:
     make, reason = VISION_CASES[case]
     broken = tmp_path / "broken"

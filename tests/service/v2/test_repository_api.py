@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from repository_servers import (
     is_grpc,
     start_repository_server,
@@ -22,6 +20,8 @@ from repository_servers import (
     version_states,
     versioned_repository,
 )
+from tritonclient.utils import InferenceServerException
+
 from svc_harness import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -30,11 +30,14 @@ BOTH = {"specific": {"versions": [1, 2]}}
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory, tiny_vision_served: Path, tiny_vision_v2_served: Path) -> Path:
+def repo(
+    tmp_path_factory: pytest.TempPathFactory, tiny_vision_served: Path, tiny_vision_v2_served: Path
+) -> Path:
     import shutil
 
     root = versioned_repository(
-        tmp_path_factory.mktemp("versioned"), {"tiny-vision": {1: tiny_vision_served, 2: tiny_vision_v2_served}}
+        tmp_path_factory.mktemp("versioned"),
+        {"tiny-vision": {1: tiny_vision_served, 2: tiny_vision_v2_served}},
     )
     shutil.copytree(tiny_vision_served.parent / "tiny-mlm", root / "tiny-mlm")  # the flat layout: version 1
     return root

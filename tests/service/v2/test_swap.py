@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from repository_servers import (
     Load,
     add_version,
@@ -20,6 +19,7 @@ from repository_servers import (
     version_states,
     versioned_repository,
 )
+
 from svc_harness import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
@@ -48,16 +48,24 @@ def _served_by(server: RunningServer) -> dict[str, float]:
 
 
 def test_new_version_deployed_into_a_watched_repository(
-    start_server: Any, tmp_path: Path, tiny_vision_served: Path, tiny_vision_v2_served: Path, cifar_images: list[bytes]
+    start_server: Any,
+    tmp_path: Path,
+    tiny_vision_served: Path,
+    tiny_vision_v2_served: Path,
+    cifar_images: list[bytes],
 ) -> None:
     repo = versioned_repository(tmp_path / "models", {"tiny-vision": {1: tiny_vision_served}})
-    server = start_repository_server(start_server, model_repository=repo, model_control="poll", repository_poll_s=0.1)
+    server = start_repository_server(
+        start_server, model_repository=repo, model_control="poll", repository_poll_s=0.1
+    )
     client = triton_http(server)
     with Load(server, cifar_images[0]) as load:
         load.wait_for_answers(40)
         before = load.count()
         add_version(repo, "tiny-vision", 2, tiny_vision_v2_served)
-        server.wait_for(lambda: version_states(client, "tiny-vision") == {"1": "UNAVAILABLE", "2": "READY"}, 60)
+        server.wait_for(
+            lambda: version_states(client, "tiny-vision") == {"1": "UNAVAILABLE", "2": "READY"}, 60
+        )
         swapped = load.count() + 4  # answers still on their way from version 1 (one per thread)
         load.wait_for_answers(60)
     assert load.failures == []
@@ -71,7 +79,11 @@ def test_new_version_deployed_into_a_watched_repository(
 
 
 def test_versions_switched_through_the_repository_api(
-    start_server: Any, tmp_path: Path, tiny_vision_served: Path, tiny_vision_v2_served: Path, cifar_images: list[bytes]
+    start_server: Any,
+    tmp_path: Path,
+    tiny_vision_served: Path,
+    tiny_vision_v2_served: Path,
+    cifar_images: list[bytes],
 ) -> None:
     repo = versioned_repository(
         tmp_path / "models", {"tiny-vision": {1: tiny_vision_served, 2: tiny_vision_v2_served}}
@@ -104,7 +116,11 @@ def test_versions_switched_through_the_repository_api(
 
 
 def test_a_load_beyond_the_version_limit_is_refused_and_changes_nothing(
-    start_server: Any, tmp_path: Path, tiny_vision_served: Path, tiny_vision_v2_served: Path, cifar_images: list[bytes]
+    start_server: Any,
+    tmp_path: Path,
+    tiny_vision_served: Path,
+    tiny_vision_v2_served: Path,
+    cifar_images: list[bytes],
 ) -> None:
     from tritonclient.utils import InferenceServerException
 
@@ -126,6 +142,9 @@ def test_a_load_beyond_the_version_limit_is_refused_and_changes_nothing(
     assert version_states(client, "tiny-vision") == {"1": "READY", "2": "UNAVAILABLE"}
     with server.client() as http:
         assert http.post("/classify", content=cifar_images[0]).status_code == 200
-    assert server.metric("gmlp_model_version_refusals_total", model="tiny-vision", reason="too_many_versions") == 1
+    assert (
+        server.metric("gmlp_model_version_refusals_total", model="tiny-vision", reason="too_many_versions")
+        == 1
+    )
     assert np.isfinite(server.metric("gmlp_model_version_loads_total", model="tiny-vision"))
     server.stop()
