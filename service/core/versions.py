@@ -249,7 +249,7 @@ class VersionTable(Generic[S]):
             ]
             held = sum(1 for v in record.versions.values() if v.loaded is not None)
             if to_load and self.max_loaded is not None and held + len(to_load) > self.max_loaded:
-                self.observer.refused(source.name, "too_many_versions")
+                self.observer.refused(source.name, ErrorCode.TOO_MANY_VERSIONS)
                 raise InvalidInput(
                     ErrorCode.TOO_MANY_VERSIONS,
                     f"loading versions {to_load} of model {source.name!r} beside the {held} loaded would "
@@ -332,7 +332,7 @@ class VersionTable(Generic[S]):
         except Exception as exc:  # a broken version must never take the service down
             reason = str(exc) or type(exc).__name__
             version.failed = True
-            self.observer.refused(version.model, "load_failed")
+            self.observer.refused(version.model, ErrorCode.LOAD_FAILED)
             log.warning("model %s version %d refused: %s", version.model, version.number, reason)
             if reloading:
                 version.reason = f"reload failed, still serving the earlier load: {reason}"
