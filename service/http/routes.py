@@ -143,7 +143,12 @@ async def ready(request: Request) -> JSONResponse:
     """200 only when every model is loaded and warmed up; 503 while loading, failed or draining."""
     state = get_state(request)
     if state.ready:
-        return _health(True, "ready")
+        # Versions that failed to load do not make the server unready (their predecessors serve):
+        # the probe's body names them, as the repository index does.
+        failed = [
+            f"{e.name} {e.version}: {e.reason}" for e in state.index() if e.reason.startswith("load failed")
+        ]
+        return _health(True, "ready", "; ".join(failed) or None)
     return _health(False, state.phase, state.not_ready_error().message)
 
 

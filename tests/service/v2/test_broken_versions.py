@@ -93,6 +93,10 @@ def test_a_broken_version_is_refused_and_version_1_keeps_answering(
         server.wait_for(lambda: reason in version_reasons(server, "tiny-vision").get("2", ""), 60)
         load.wait_for_answers(40)  # several more scans: still refused, still not retried
         assert reason in version_reasons(server, "tiny-vision")["2"]
+        with server.client() as client:
+            health = client.get("/health/ready")
+        assert health.status_code == 200  # version 1 serves: the server stays ready
+        assert ("tiny-vision 2" in health.json().get("detail", "")) == (case != "half-copied")
         shutil.rmtree(repo / "tiny-vision" / "2")
         server.wait_for(lambda: "2" not in version_reasons(server, "tiny-vision"), 30)
     assert load.failures == []
