@@ -6,6 +6,7 @@ from the version that was switched to."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ from svc_harness import RunningServer
 pytestmark = pytest.mark.timeout(240)
 
 
-def _versions_answering(load: Load, start: int) -> set[str]:
-    return {answer["model_version"] for kind, answer in load.answers[start:] if kind == "v2"}
+def _versions_answering(load: Load, start: int, end: int | None = None) -> set[str]:
+    return {answer["model_version"] for kind, answer in load.answers[start:end] if kind == "v2"}
 
 
 def _classify_answers(load: Load, start: int, end: int | None = None) -> list[Any]:
@@ -78,24 +79,32 @@ def test_new_version_deployed_into_a_watched_repository(
     server.stop()
 
 
+@pytest.fixture
+def two_versions(
+    start_server: Any, tmp_path: Path, tiny_vision_served: Path, tiny_vision_v2_served: Path
+) -> Callable[[int], RunningServer]:
+    """Factory: an explicit-mode server over versions 1 and 2, serving version 1."""
+
+    def start(max_loaded: int) -> RunningServer:
+        repo = versioned_repository(
+            tmp_path / "models", {"tiny-vision": {1: tiny_vision_served, 2: tiny_vision_v2_served}}
+        )
+        return start_repository_server(
+            start_server,
+            model_repository=repo,
+            model_control="explicit",
+            load_model="tiny-vision",
+            version_policy="specific:1",
+            max_loaded_versions=max_loaded,
+        )
+
+    return start
+
+
 def test_versions_switched_through_the_repository_api(
-    start_server: Any,
-    tmp_path: Path,
-    tiny_vision_served: Path,
-    tiny_vision_v2_served: Path,
-    cifar_images: list[bytes],
+    two_versions: Callable[[int], RunningServer], cifar_images: list[bytes]
 ) -> None:
-    repo = versioned_repository(
-        tmp_path / "models", {"tiny-vision": {1: tiny_vision_served, 2: tiny_vision_v2_served}}
-    )
-    server = start_repository_server(
-        start_server,
-        model_repository=repo,
-        model_control="explicit",
-        load_model="tiny-vision",
-        version_policy="specific:1",
-        max_loaded_versions=2,
-    )
+    server = two_versions(2)
     client = triton_http(server)
     only = {v: json.dumps({"version_policy": {"specific": {"versions": [v]}}}) for v in (1, 2)}
     with Load(server, cifar_images[0]) as load:
@@ -104,37 +113,24 @@ def test_versions_switched_through_the_repository_api(
         assert version_states(client, "tiny-vision") == {"1": "UNAVAILABLE", "2": "READY"}
         on_two = load.count() + 4
         load.wait_for_answers(40)
+        second = load.count()
         client.load_model("tiny-vision", config=only[1])  # and back (version 2 drains)
         assert version_states(client, "tiny-vision") == {"1": "READY", "2": "UNAVAILABLE"}
         back = load.count() + 4
         load.wait_for_answers(40)
     assert load.failures == []
-    assert _versions_answering(load, on_two) >= {"2"} and _versions_answering(load, back) == {"1"}
+    assert _versions_answering(load, on_two, second) == {"2"} and _versions_answering(load, back) == {"1"}
     first, last = _classify_answers(load, 0, 10), _classify_answers(load, back)
     assert first and last and all(_same(p, first[0]) for p in last)
     server.stop()
 
 
 def test_a_load_beyond_the_version_limit_is_refused_and_changes_nothing(
-    start_server: Any,
-    tmp_path: Path,
-    tiny_vision_served: Path,
-    tiny_vision_v2_served: Path,
-    cifar_images: list[bytes],
+    two_versions: Callable[[int], RunningServer], cifar_images: list[bytes]
 ) -> None:
     from tritonclient.utils import InferenceServerException
 
-    repo = versioned_repository(
-        tmp_path / "models", {"tiny-vision": {1: tiny_vision_served, 2: tiny_vision_v2_served}}
-    )
-    server = start_repository_server(
-        start_server,
-        model_repository=repo,
-        model_control="explicit",
-        load_model="tiny-vision",
-        version_policy="specific:1",
-        max_loaded_versions=1,
-    )
+    server = two_versions(1)
     client = triton_http(server)
     with pytest.raises(InferenceServerException) as refused:
         client.load_model("tiny-vision", config=json.dumps({"version_policy": "specific:2"}))
