@@ -1,11 +1,12 @@
 """Swaps under load: a bounded load of /classify and v2 requests runs while version 2 (other weights,
-so answers tell the versions apart) is deployed into a watched repository, and while versions are
-switched through the repository API; not one request may fail, and afterwards the answers come
+so answers tell the versions apart) is deployed into a watched repository and removed again, and
+while versions are switched through the repository API; not one request may fail, and afterwards the answers come
 from the version that was switched to."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,12 +70,19 @@ def test_new_version_deployed_into_a_watched_repository(
         )
         swapped = load.count() + 4  # answers still on their way from version 1 (one per thread)
         load.wait_for_answers(60)
+        rollback = load.count()
+        shutil.rmtree(repo / "tiny-vision" / "2")  # rolled back: version 1 loads again, 2 goes
+        server.wait_for(lambda: version_states(client, "tiny-vision") == {"1": "READY"}, 60)
+        rolled_back = load.count() + 4
+        load.wait_for_answers(40)
     assert load.failures == []
     assert _versions_answering(load, 0)  # the load did reach the v2 API
-    assert _versions_answering(load, swapped) == {"2"}
+    assert _versions_answering(load, swapped, rollback) == {"2"}
+    assert _versions_answering(load, rolled_back) == {"1"}
     assert "1" in {a["model_version"] for kind, a in load.answers[:before] if kind == "v2"}
-    old, new = _classify_answers(load, 0, before), _classify_answers(load, swapped)
+    old, new = _classify_answers(load, 0, before), _classify_answers(load, swapped, rollback)
     assert old and new and all(_same(p, new[0]) for p in new) and not _same(old[0], new[0])
+    assert all(_same(p, old[0]) for p in _classify_answers(load, rolled_back))
     assert set(_served_by(server)) == {"1", "2"}
     server.stop()
 
