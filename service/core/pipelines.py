@@ -108,9 +108,13 @@ class Pipeline:
                 "model %s: no recorded check in %s; only its contract is checked", self.name, self.spec.path
             )
             return
-        problem = run_check(self.spec.path, entry, self.variant, self.runtime.run)
+        problem = run_check(self.spec.path, entry, self.variant, self.check_run)
         if problem is not None:
             raise SpecError(f"{self.variant} graph {self.spec.variant_path(self.variant).name}: {problem}")
+
+    def check_run(self, feeds: Feeds) -> Feeds:
+        """The graph on one recorded batch of the export's check, as the service runs a batch."""
+        return self.runtime.run(feeds)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -222,6 +226,14 @@ class FillMaskPipeline(Pipeline):
         expected = (slots, self.codec.vocab_size)
         if outputs["logits"].shape != expected:
             raise ValueError(f"model {self.name}: logits {outputs['logits'].shape}, expected {expected}")
+
+    def check_run(self, feeds: Feeds) -> Feeds:
+        """Collated as requests are (to the padded length; n and every slot for a graph with
+        static shapes), the recorded slots read back."""
+        ids, positions = feeds["input_ids"], feeds["mask_positions"]
+        rows = [{"input_ids": i, "mask_positions": p} for i, p in zip(ids, positions, strict=True)]
+        logits = self.runtime.run(self.collate(rows))["logits"]
+        return {"logits": logits[:, : positions.shape[1]]}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fixed_length": self.fixed_length, "length_multiple": LENGTH_MULTIPLE}

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from contract.formats import CONFIG_FILE
-from contract.spec import ModelSpec, SpecError, read_spec
+from contract.formats import CONFIG_FILE, SERVED_FORMAT
+from contract.spec import ModelSpec, SpecError, export_command, read_spec
 
 POLICY_FILE = "policy.json"
 FLAT_VERSION = 1
@@ -244,8 +244,9 @@ def require_sources(repository: Path) -> dict[str, ModelSource]:
     if not any(m.complete_versions() for m in models.values()):
         problems = [s.problem for m in models.values() for s in m.versions.values() if s.problem]
         raise SpecError(
-            f"no servable model in {repository}: expected NAME/config.json or NAME/1/config.json "
-            f"(written by `gmlp export CHECKPOINT --out {repository}/NAME/1`)"
+            f"no served models (directories with a {SERVED_FORMAT} config.json: NAME/ or its "
+            f"versions NAME/1/, NAME/2/...) in {repository}; create one with "
+            f"`{export_command(Path('CHECKPOINT_DIR'), repository / 'NAME')}`"
             + (f"; {'; '.join(problems)}" if problems else "")
         )
     return models

@@ -82,7 +82,7 @@ def test_repositories_that_cannot_be_served(tmp_path: Path, tiny_vision_served: 
     with pytest.raises(SpecError, match="does not exist"):
         scan(tmp_path / "missing")
     (tmp_path / "empty" / "m" / "1").mkdir(parents=True)
-    with pytest.raises(SpecError, match="no servable model.*no config.json yet"):
+    with pytest.raises(SpecError, match="no served models.*no config.json yet"):
         require_sources(tmp_path / "empty")
     shutil.copytree(tiny_vision_served, tmp_path / "two" / "tiny-vision" / "1")
     shutil.copytree(tiny_vision_served, tmp_path / "two" / "copy")  # flat, also named tiny-vision

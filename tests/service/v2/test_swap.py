@@ -1,7 +1,7 @@
 """Swaps under load: a bounded load of /classify and v2 requests runs while version 2 (other weights,
 so answers tell the versions apart) is deployed into a watched repository and removed again, and
-while versions are switched through the repository API; not one request may fail, and afterwards the answers come
-from the version that was switched to."""
+while versions are switched through the repository API; not one request may fail, and afterwards
+the answers come from the version that was switched to."""
 
 from __future__ import annotations
 
