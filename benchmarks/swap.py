@@ -76,7 +76,7 @@ def _swapped(base_url: str, name: str, expected: dict[str, str]) -> Callable[[],
     return probe
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else float("nan")
 
 
