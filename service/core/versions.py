@@ -17,8 +17,9 @@ it. A load (`apply`) brings a model to its version policy:
 
 Loads of one model run one at a time (a lock per model); requests never wait for a load, and a
 repository call for one model never waits for another model's load (the poller applies the
-models it found changed one after the other). The table is generic over what it serves (anything with a task and a
-`DynamicBatcher`), so that its properties can be tested with plain functions as models.
+models it found changed one after the other). The table is generic over what it serves
+(anything with a task and a `DynamicBatcher`), so that its properties can be tested with plain
+functions as models.
 """
 
 from __future__ import annotations
