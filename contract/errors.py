@@ -227,7 +227,7 @@ class ErrorCode(StrEnum):
     VERSION_NOT_FOUND = (
         "version_not_found",
         ModelNotFound,
-        "v2: the model has no such version (each has one, 1)",
+        "the model has no such version (v2 `versions/{v}`); the message lists its versions",
     )
     # Open Inference Protocol tensors
     INVALID_INPUTS = (
@@ -307,6 +307,36 @@ class ErrorCode(StrEnum):
         RequestTimeout,
         "the headers (`GMLP_HEADER_TIMEOUT_S`) or the body (`GMLP_REQUEST_TIMEOUT_S`) came too slowly; "
         "connection closed",
+    )
+    # Model lifecycle (versions and the repository API)
+    VERSION_UNAVAILABLE = (
+        "version_unavailable",
+        NotReady,
+        "the model or version is known but not READY (loading, draining, or its load or check failed: "
+        "the reason is in the message and the repository index)",
+    )
+    MODEL_CONTROL_DISABLED = (
+        "model_control_disabled",
+        InvalidInput,
+        "v2 repository load/unload: only `GMLP_MODEL_CONTROL=explicit` takes them",
+    )
+    LOAD_FAILED = (
+        "load_failed",
+        InvalidInput,
+        "v2 repository load: no selected version loaded, warmed up and passed its check; the serving "
+        "versions are untouched and the index has the reasons",
+    )
+    TOO_MANY_VERSIONS = (
+        "too_many_versions",
+        InvalidInput,
+        "v2 repository load: more versions of the model than `GMLP_MAX_LOADED_VERSIONS` would be "
+        "loaded at once; nothing was loaded or unloaded",
+    )
+    INVALID_VERSION_POLICY = (
+        "invalid_version_policy",
+        InvalidInput,
+        "v2 repository load: the `config` parameter is not JSON or its `version_policy` is not one of "
+        "latest:N, all, specific:V,...",
     )
 
 

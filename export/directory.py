@@ -18,7 +18,14 @@ from model.configs import GMLPMaskedLMConfig
 
 from .onnx_export import DEFAULT_OPSET, export_onnx, io_spec, metadata_for
 from .variants import quantize_int8
-from .verify import ExportCheckError, ParityReport, check_fused_graph, check_optimized_graph, check_parity
+from .verify import (
+    ExportCheckError,
+    ParityReport,
+    check_fused_graph,
+    check_optimized_graph,
+    check_parity,
+    record_check,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +91,7 @@ def export_served_model(
                     f"{variant} check failed: {reports[variant]} "
                     f"(needs >= {100 * MIN_TOP1_AGREEMENT[variant]:.0f}% top-1 agreement)"
                 )
+        served["check"] = record_check(config, staging, served["variants"])
         (staging / CONFIG_FILE).write_text(json.dumps(served, indent=2) + "\n")
         for extra in ("labels", "tokenizer"):
             if extra in info:
@@ -159,5 +167,7 @@ def _replace_dir(staging: Path, out_dir: Path) -> None:
             )
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
-    for item in staging.iterdir():
+    # config.json last: a served directory without it is incomplete, and a watching server
+    # (`GMLP_MODEL_CONTROL=poll`) loads no version before it is there.
+    for item in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):
         shutil.move(str(item), out_dir / item.name)

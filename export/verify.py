@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from torch import nn
 
+from contract.check import CHECK_FILE, write_check
 from contract.errors import UserError
 from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
@@ -153,3 +154,33 @@ def check_optimized_graph(path: str | Path, config: GMLPConfig) -> Counter:
     if ops.get("Transpose", 0) > 1:
         raise ExportCheckError(f"ORT's optimised graph has {ops['Transpose']} Transpose nodes: {dict(ops)}")
     return ops
+
+
+def check_cases(config: GMLPConfig) -> dict[str, dict[str, np.ndarray]]:
+    """The reference inputs an export records for the service's check (`contract.check`): two rows,
+    and for a masked LM the full window with every prediction slot and half of it with one."""
+    if isinstance(config, GMLPMaskedLMConfig):
+        shapes = {
+            "full": {"length": config.n, "predictions": config.max_predictions},
+            "half": {"length": max(1, config.n // 2), "predictions": 1},
+        }
+    else:
+        shapes = {"rows": {}}
+    return {
+        case: {k: v.numpy() for k, v in example_inputs(config, batch=2, seed=7 + i, **shape).items()}
+        for i, (case, shape) in enumerate(shapes.items())
+    }
+
+
+def record_check(config: GMLPConfig, directory: Path, variants: dict[str, str]) -> dict:
+    """Run every written variant on `check_cases` and store inputs and outputs in `check.npz`;
+    returns the config.json entry."""
+    cases = check_cases(config)
+    outputs = {}
+    for variant, file in variants.items():
+        sess = session(directory / file)
+        names = [o.name for o in sess.get_outputs()]
+        outputs[variant] = {
+            case: dict(zip(names, sess.run(names, feeds), strict=True)) for case, feeds in cases.items()
+        }
+    return write_check(directory / CHECK_FILE, cases, outputs)

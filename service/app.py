@@ -50,13 +50,15 @@ from service.http.errors import (
 from service.http.limits import BodyLimitMiddleware
 from service.http.metrics import HttpMetricsMiddleware
 from service.http.observe import RequestObservationMiddleware
+from service.v2 import repository_rest
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
 
 log = logging.getLogger(__name__)
 
-# The HTTP APIs, in the order their routes take precedence (the playground's pages last).
-ROUTERS = (routes.router, hf.router, v2.router, playground.router)
+# The HTTP APIs, in the order their routes take precedence (the v2 model repository, then the
+# playground's pages last).
+ROUTERS = (routes.router, hf.router, v2.router, repository_rest.router, playground.router)
 
 
 @asynccontextmanager

@@ -88,14 +88,15 @@ def serve(settings: ServiceSettings) -> None:
     """Run the service in the foreground until SIGINT/SIGTERM (then drain and exit)."""
     import uvicorn
 
-    from contract.spec import require_models
     from service.app import create_app
     from service.core.logs import uvicorn_log_config
+    from service.core.repository import require_sources, scan
 
     # Fail fast, before listening: a missing or empty repository is a configuration error the
     # operator must see at once, not a pod that never becomes ready.
-    specs = require_models(settings.model_repository)
-    log.info("serving %s from %s", ", ".join(sorted(specs)), settings.model_repository)
+    # In explicit mode an empty repository is fine: models arrive through the repository API.
+    models = (scan if settings.model_control == "explicit" else require_sources)(settings.model_repository)
+    log.info("serving %s from %s", ", ".join(sorted(models)), settings.model_repository)
     app = create_app(settings)
     config = uvicorn.Config(
         app,

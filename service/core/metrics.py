@@ -159,6 +159,33 @@ class ServiceMetrics:
             "deadline of a request from its arrival (request_timeout_s)",
             registry=r,
         )
+        # --- model lifecycle ---
+        self.model_versions = Gauge(
+            "gmlp_model_versions",
+            "model versions known to the service by state (READY, LOADING, UNLOADING, UNAVAILABLE)",
+            ["state"],
+            registry=r,
+        )
+        self.version_loads = Counter(
+            "gmlp_model_version_loads", "versions loaded, warmed up and checked", ["model"], registry=r
+        )
+        self.version_unloads = Counter(
+            "gmlp_model_version_unloads", "versions drained and closed", ["model"], registry=r
+        )
+        self.version_refusals = Counter(
+            "gmlp_model_version_refusals",
+            "loads refused by reason (load_failed: the load, warm-up or check failed; too_many_versions)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.version_requests = Counter(
+            "gmlp_model_version_requests",
+            "requests answered by a model version (every task API and v2, REST and gRPC)",
+            ["model", "version"],
+            registry=r,
+        )
+        for state in ("READY", "LOADING", "UNLOADING", "UNAVAILABLE"):
+            self.model_versions.labels(state).set(0)
 
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
@@ -188,6 +215,9 @@ class ServiceMetrics:
     ) -> PredictionMetrics:
         """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
         return PredictionMetrics(self, model, version, labels)
+
+    def lifecycle(self) -> LifecycleMetrics:
+        return LifecycleMetrics(self)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -251,10 +281,36 @@ class PredictionMetrics:
                 self._top1[int(index)].inc()
 
 
+class LifecycleMetrics:
+    """`LifecycleObserver` of the version table (`service.core.versions`)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._metrics = metrics
+
+    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
+        if old is not None:
+            self._metrics.model_versions.labels(old).dec()
+        if new is not None:
+            self._metrics.model_versions.labels(new).inc()
+
+    def loaded(self, model: str) -> None:
+        self._metrics.version_loads.labels(model).inc()
+
+    def unloaded(self, model: str) -> None:
+        self._metrics.version_unloads.labels(model).inc()
+
+    def refused(self, model: str, reason: str) -> None:
+        self._metrics.version_refusals.labels(model, reason).inc()
+
+    def leased(self, model: str, version: int) -> None:
+        self._metrics.version_requests.labels(model, str(version)).inc()
+
+
 __all__ = [
     "ServiceMetrics",
     "ModelObserver",
     "PredictionMetrics",
+    "LifecycleMetrics",
     "DEFAULT_VERSION",
     "power_of_two_buckets",
     "LATENCY_BUCKETS",

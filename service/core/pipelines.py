@@ -15,17 +15,18 @@ from typing import Any
 
 import numpy as np
 
+from contract.check import run_check
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
 from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
-from contract.spec import ModelSpec
+from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
-from service.core.metrics import ServiceMetrics
+from service.core.metrics import DEFAULT_VERSION, ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
 
@@ -53,7 +54,12 @@ class Pipeline:
     task = ""
 
     def __init__(
-        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+        self,
+        spec: ModelSpec,
+        settings: ServiceSettings,
+        device: str,
+        metrics: ServiceMetrics,
+        version: str = DEFAULT_VERSION,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -72,13 +78,14 @@ class Pipeline:
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
             name=spec.name,
-            observer=tracing.BatchTracing(metrics.observer(spec.name), spec.name, self.batch_attributes),
+            observer=tracing.BatchTracing(metrics.observer(spec.name, version), spec.name, self.batch_attributes),
             always_wait=settings.queue_delay_policy == "always",
             instances=instances,
         )
         self.ready = False
+        self.version = version  # the repository version it was loaded from
         self.card = card_summary(spec.path, self.variant)
-        self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec))
+        self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec), version)
         metrics.queue_capacity.labels(spec.name).set(settings.max_queue_size)
         metrics.model_instances.labels(spec.name).set(instances)
 
@@ -111,9 +118,28 @@ class Pipeline:
         if self.settings.max_batch_size > 1:
             self.check_outputs(shapes[-1], self.run_batch([shapes[-1]] * self.settings.max_batch_size)[0])
 
+    def verify(self) -> None:
+        """Raise SpecError unless the chosen variant answers the export's recorded check as the export
+        recorded it (`contract.check`); a directory exported before checks were recorded passes
+        with a warning, its graph contract checked by the warm-up alone."""
+        entry = self.spec.config.get("check")
+        if entry is None:
+            log.warning(
+                "model %s: no recorded check in %s; only its contract is checked", self.name, self.spec.path
+            )
+            return
+        problem = run_check(self.spec.path, entry, self.variant, self.check_run)
+        if problem is not None:
+            raise SpecError(f"{self.variant} graph {self.spec.variant_path(self.variant).name}: {problem}")
+
+    def check_run(self, feeds: Feeds) -> Feeds:
+        """The graph on one recorded batch of the export's check, as the service runs a batch."""
+        return self.runtime.run(feeds)
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "version": self.version,
             "task": self.task,
             "n": self.spec.seq_len,
             "variant": self.variant,
@@ -144,9 +170,14 @@ class VisionPipeline(Pipeline):
     task = VISION_TASK
 
     def __init__(
-        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+        self,
+        spec: ModelSpec,
+        settings: ServiceSettings,
+        device: str,
+        metrics: ServiceMetrics,
+        version: str = DEFAULT_VERSION,
     ) -> None:
-        super().__init__(spec, settings, device, metrics)
+        super().__init__(spec, settings, device, metrics, version)
         self.labels = spec.labels()
         self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels, settings.jpeg_draft)
 
@@ -199,9 +230,14 @@ class FillMaskPipeline(Pipeline):
     task = MLM_TASK
 
     def __init__(
-        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+        self,
+        spec: ModelSpec,
+        settings: ServiceSettings,
+        device: str,
+        metrics: ServiceMetrics,
+        version: str = DEFAULT_VERSION,
     ) -> None:
-        super().__init__(spec, settings, device, metrics)
+        super().__init__(spec, settings, device, metrics, version)
         self.codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
         # A graph exported with static shapes (format_version 1) runs at n with every slot.
         static = any(d is not None for d in self.runtime.static_dims("input_ids")[1:])
@@ -232,6 +268,14 @@ class FillMaskPipeline(Pipeline):
     def batch_attributes(self, items: list[Feeds]) -> dict[str, Any]:
         length = self.codec.padded_length(max(len(i["input_ids"]) for i in items), fixed=self.fixed_length)
         return {**super().batch_attributes(items), "gmlp.batch.padded_length": length}
+
+    def check_run(self, feeds: Feeds) -> Feeds:
+        """Collated as requests are (to the padded length; n and every slot for a graph with
+        static shapes), the recorded slots read back."""
+        ids, positions = feeds["input_ids"], feeds["mask_positions"]
+        rows = [{"input_ids": i, "mask_positions": p} for i, p in zip(ids, positions, strict=True)]
+        logits = self.runtime.run(self.collate(rows))["logits"]
+        return {"logits": logits[:, : positions.shape[1]]}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fixed_length": self.fixed_length, "length_multiple": LENGTH_MULTIPLE}
@@ -264,11 +308,17 @@ PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: F
 
 
 def load_pipeline(
-    spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics
+    spec: ModelSpec,
+    settings: ServiceSettings,
+    device: str,
+    metrics: ServiceMetrics,
+    version: str = DEFAULT_VERSION,
 ) -> Pipeline:
-    """Create the session and warm it up (blocking; call from a thread)."""
-    model = PIPELINES[spec.task](spec, settings, device, metrics)
+    """Create the session, warm it up and check it against its recorded check (blocking; call from
+    a thread)."""
+    model = PIPELINES[spec.task](spec, settings, device, metrics, version)
     model.warm_up()
+    model.verify()
     return model
 
 

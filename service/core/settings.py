@@ -14,10 +14,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract.formats import Variant
+from service.core.repository import VersionPolicy
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -193,6 +194,31 @@ class ServiceSettings(BaseSettings):
         "(POST); off for those who do not want the server's timings exposed",
     )
 
+    # --- model lifecycle ---
+    model_control: Literal["none", "poll", "explicit"] = Field(
+        "none",
+        description="none: the repository is read once at start-up; poll: rescanned every "
+        "repository_poll_s, new, changed and removed versions loaded or unloaded; explicit: only the v2 "
+        "repository API loads and unloads (load_model at start-up)",
+    )
+    repository_poll_s: float = Field(
+        5.0, gt=0, description="poll mode: seconds between two scans of the model repository"
+    )
+    version_policy: str = Field(
+        "latest:1",
+        description="versions of each model to serve: latest:N, all or specific:V,V (a model's "
+        "policy.json or a load call's config wins)",
+    )
+    max_loaded_versions: int | None = Field(
+        None,
+        ge=1,
+        description="most versions of one model loaded at once (each is one more session in memory; a "
+        "swap holds two); a load beyond it is refused; default: no limit",
+    )
+    load_model: str | None = Field(
+        None, description="explicit mode: comma-separated models to load at start-up (default: none)"
+    )
+
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
 
@@ -203,6 +229,17 @@ class ServiceSettings(BaseSettings):
         if isinstance(data, dict):
             return {k: (None if v == "" else v) for k, v in data.items()}
         return data
+
+    @field_validator("version_policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        VersionPolicy.parse(value)  # PolicyError (a ValueError) names the accepted forms
+        return value
+
+    @property
+    def startup_models(self) -> list[str]:
+        """Explicit mode: the models `load_model` names."""
+        return [n.strip() for n in (self.load_model or "").split(",") if n.strip()]
 
     def resolved_instances(self, device: str) -> int:
         """How many batches of one model may run at once.

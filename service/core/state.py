@@ -1,10 +1,14 @@
-"""The service's domain state: its pipelines, their per-task defaults and the lifecycle phase.
+"""The service's domain state: the version table of its models, the per-task defaults and the phase.
 
 Models load in the background after the server starts listening, so that liveness answers at once
-and readiness turns true only when every model is loaded *and* has run a warm-up batch (the first
-ORT runs allocate memory and are slow; a load balancer should not send traffic before). On
-shutdown, readiness turns false first, then every batcher stops accepting, finishes what is queued
-or running (bounded by `drain_timeout_s`), and only then are the sessions released.
+and readiness turns true only when the start-up models are loaded *and* have run their warm-up
+batches (the first ORT runs allocate memory and are slow; a load balancer should not send traffic
+before). Which models load at start-up, and what happens later, is the model control mode
+(`GMLP_MODEL_CONTROL`): `none` loads every model once (any failure fails the service, as a
+misconfigured repository should), `poll` also rescans the repository and loads or unloads what
+changed, `explicit` loads only `GMLP_LOAD_MODEL` and then what the repository API asks for. Each
+version is loaded, warmed up and checked by `service.core.versions.VersionTable`. On shutdown,
+readiness turns false first, then every version drains (bounded by `drain_timeout_s`) and closes.
 
 Nothing here knows a transport: refusals are `contract.errors` errors.
 """
@@ -13,105 +17,252 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import TypeVar
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
 from contract.formats import MLM_TASK, TASKS, VISION_TASK
-from contract.spec import ModelSpec, require_models
+from contract.spec import SpecError
 from service.core import requests
 from service.core.metrics import ServiceMetrics
 from service.core.pipelines import Pipeline, load_pipeline
+from service.core.repository import (
+    ModelSource,
+    PolicyError,
+    VersionPolicy,
+    VersionSource,
+    policy_from_config,
+    require_sources,
+    scan,
+)
 from service.core.runtime import resolve_device
 from service.core.settings import ServiceSettings
+from service.core.versions import IndexEntry, VersionTable
 
 log = logging.getLogger(__name__)
 
-LOADING, READY, FAILED, DRAINING = "loading", "ready", "failed", "draining"
+LOADING, FAILED, DRAINING = "loading", "failed", "draining"
+READY_PHASE = "ready"
 
 P = TypeVar("P", bound=Pipeline)
 
 
 class ServiceState:
-    """The running service as every transport sees it: settings, metrics, the loaded pipelines by
-    name, the default model per task, and the lifecycle phase (loading, ready, failed, draining).
+    """The running service as every transport sees it: settings, metrics, the version table, the
+    default model per task, and the lifecycle phase (loading, ready, failed, draining).
 
     One instance per app, shared by the HTTP routes and the gRPC server, so that both resolve the
-    same models, feed the same batchers and turn ready and drain together. `resolve` and `model`
-    are the only ways a request reaches a pipeline: they refuse while the service is not ready
-    and say which models the request could have named.
+    same models, feed the same batchers and turn ready and drain together. A request reaches a
+    pipeline through `serving` (a lease on a READY version, held until its answer is back), or
+    `model` for metadata; both refuse while the service is not ready and say which models or
+    versions the request could have named.
     """
 
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
         metrics.request_timeout.set(settings.request_timeout_s)
-        self.models: dict[str, Pipeline] = {}
-        self.defaults: dict[str, str | None] = {task: None for task in TASKS}
+        self.table: VersionTable[Pipeline] = VersionTable(
+            self._load_version,
+            policy=VersionPolicy.parse(settings.version_policy),
+            drain_timeout_s=settings.drain_timeout_s,
+            max_loaded=settings.max_loaded_versions,
+            observer=metrics.lifecycle(),
+        )
         self.phase = LOADING
         self.error: str | None = None
+        self._device = "cpu"
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def ready(self) -> bool:
-        return self.phase == READY
+        return self.phase == READY_PHASE
+
+    @property
+    def models(self) -> dict[str, Pipeline]:
+        """The serving pipeline (newest READY version) of every model that has one."""
+        serving = {name: self.table.serving(name) for name in self.table.models}
+        return {name: pair[1] for name, pair in serving.items() if pair is not None}
+
+    @property
+    def defaults(self) -> dict[str, str | None]:
+        """The model a task route uses when the request names none: the configured one, else the
+        first served model of the task in repository order."""
+        configured = {
+            VISION_TASK: self.settings.default_classifier,
+            MLM_TASK: self.settings.default_fill_mask,
+        }
+        served = self.models
+        return {
+            task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
+            for task in TASKS
+        }
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    def _load_version(self, source: VersionSource) -> Pipeline:
+        """The table's loader (blocking, in a thread): session, warm-up, recorded check."""
+        assert source.spec is not None
+        return load_pipeline(source.spec, self.settings, self._device, self.metrics, str(source.version))
 
     async def load(self) -> None:
-        """Find, load and warm up every model; then pick the per-task defaults."""
+        """Load the start-up models of the control mode; then, in poll mode, start watching."""
+        settings = self.settings
         try:
-            settings = self.settings
-            specs: dict[str, ModelSpec] = await asyncio.to_thread(require_models, settings.model_repository)
-            device = resolve_device(settings.device)
-            for spec in specs.values():
-                model = await asyncio.to_thread(load_pipeline, spec, settings, device, self.metrics)
-                model.batcher.start()
-                model.ready = True
-                self.metrics.model_ready.labels(model.name).set(1)
-                self.models[spec.name] = model
-            self.defaults = self._pick_defaults()
+            self._device = resolve_device(settings.device)
+            explicit = settings.model_control == "explicit"
+            sources = await asyncio.to_thread(
+                scan if explicit else require_sources, settings.model_repository
+            )
+            names = settings.startup_models if explicit else list(sources)
+            unknown = [n for n in names if n not in sources]
+            if unknown:
+                raise SpecError(
+                    f"--load-model names {unknown}, not in {settings.model_repository}: {list(sources)}"
+                )
+            for name, source in sources.items():
+                if name not in names:
+                    self.table.register(source)
+                    continue
+                failures = await self.table.apply(source)
+                if settings.model_control == "none" and (failures or self.table.serving(name) is None):
+                    raise SpecError(
+                        f"model {name}: {failures or 'no version selected by the version policy'}"
+                    )
+            self._check_defaults()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.phase, self.error = FAILED, f"{type(exc).__name__}: {exc}"
             log.exception("loading the model repository failed; the service will not become ready")
             return
-        self.phase = READY
+        self._update_ready_gauges()
+        self.phase = READY_PHASE
         log.info(
-            "ready: %s",
+            "ready (model control %s): %s",
+            settings.model_control,
             ", ".join(
-                f"{m.name} ({m.task}, {m.variant}, {m.runtime.provider})" for m in self.models.values()
-            ),
+                f"{m.name} v{m.version} ({m.task}, {m.variant}, {m.runtime.provider})"
+                for m in self.models.values()
+            )
+            or "no model loaded",
         )
+        if settings.model_control == "poll":
+            self._poller = asyncio.create_task(self._poll(), name="poll-repository")
 
-    def _pick_defaults(self) -> dict[str, str | None]:
-        configured = {
-            VISION_TASK: self.settings.default_classifier,
-            MLM_TASK: self.settings.default_fill_mask,
-        }
-        defaults: dict[str, str | None] = {}
-        for task in TASKS:
-            name = configured[task]
-            if name is not None and (name not in self.models or self.models[name].task != task):
+    def _check_defaults(self) -> None:
+        if self.settings.model_control != "none":
+            return  # models come and go: a configured default is resolved per request
+        served = self.models
+        for task, name in (
+            (VISION_TASK, self.settings.default_classifier),
+            (MLM_TASK, self.settings.default_fill_mask),
+        ):
+            if name is not None and (name not in served or served[name].task != task):
                 raise ValueError(f"default {task} model {name!r} is not a served {task} model")
-            defaults[task] = name or next((m.name for m in self.models.values() if m.task == task), None)
-        return defaults
 
-    def model(self, name: str, *, loaded_only: bool = False) -> Pipeline:
-        """The served model called `name`, whatever its task; ModelNotFound lists the served ones.
+    async def _poll(self) -> None:
+        """Rescan every `repository_poll_s`; apply a model's versions once its directories looked
+        the same in two scans in a row (so nothing half-written is loaded), unload removed models."""
+        previous: dict[str, ModelSource] = {}
+        while True:
+            await asyncio.sleep(self.settings.repository_poll_s)
+            try:
+                sources = await asyncio.to_thread(scan, self.settings.model_repository)
+            except SpecError as exc:
+                log.warning("repository scan skipped: %s", exc)
+                continue
+            for name, source in sources.items():
+                before = previous.get(name)
+                stable = before is not None and {v: s.fingerprint for v, s in before.versions.items()} == {
+                    v: s.fingerprint for v, s in source.versions.items()
+                }
+                if stable:
+                    await self._apply_logged(source)
+            for name in [n for n in self.table.models if n not in sources]:
+                await self._apply_logged(ModelSource(name))
+            previous = sources
+            self._update_ready_gauges()
 
-        Requests to run a model need the service ready; `loaded_only` serves metadata of the models
-        loaded so far."""
-        if not loaded_only and not self.ready:
-            raise self.not_ready_error()
-        model = self.models.get(name)
-        if model is None:
+    async def _apply_logged(self, source: ModelSource) -> None:
+        try:
+            await self.table.apply(source)
+        except InvalidInput as exc:  # refused (too many versions): the index says so
+            log.warning("model %s: %s", source.name, exc.message)
+
+    def _update_ready_gauges(self) -> None:
+        for name in self.table.models:
+            pair = self.table.serving(name)
+            if pair is not None:
+                pair[1].ready = True
+            self.metrics.model_ready.labels(name).set(1 if pair is not None else 0)
+
+    # -- the repository API ------------------------------------------------------------------------
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return self.table.index(ready_only)
+
+    async def load_model(self, name: str, config: str | None = None) -> None:
+        """Load (or reload) `name` per its version policy (`config`: a JSON model configuration whose
+        `version_policy` replaces the model's); InvalidInput when refused or nothing loaded."""
+        self._require_explicit("load")
+        policy = None
+        if config is not None:
+            try:
+                policy = policy_from_config(config)
+            except PolicyError as exc:
+                raise InvalidInput(ErrorCode.INVALID_VERSION_POLICY, str(exc)) from None
+        sources = await asyncio.to_thread(scan, self.settings.model_repository)
+        source = sources.get(name)
+        if source is None:
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
-                f"model {name!r} is not served; served models: {sorted(self.models)}",
+                f"model {name!r} is not in the repository {self.settings.model_repository}; "
+                f"models: {list(sources)}",
             )
-        requests.note_model(model.name)
-        return model
+        failures = await self.table.apply(source, policy, retry=True)
+        self._update_ready_gauges()
+        wanted = self.table.policy_of(name, source).select(source.complete_versions())
+        if not wanted or not any(v in self.table.ready_versions(name) for v in wanted):
+            problems = failures or {v: s.problem for v, s in source.versions.items() if s.problem}
+            raise InvalidInput(
+                ErrorCode.LOAD_FAILED,
+                f"failed to load model {name!r} (policy {self.table.policy_of(name, source)}): "
+                + ("; ".join(f"version {v}: {r}" for v, r in problems.items()) or "no complete version"),
+            )
 
-    def resolve(self, name: str | None, kind: type[P]) -> P:
-        """The `kind` pipeline a request names (or the task's default), with what else is available."""
+    async def unload_model(self, name: str) -> None:
+        """Drain and close every version of `name`; afterwards requests for it answer 404."""
+        self._require_explicit("unload")
+        await self.table.unload(name)
+        self._update_ready_gauges()
+
+    def _require_explicit(self, call: str) -> None:
+        if self.settings.model_control != "explicit":
+            raise InvalidInput(
+                ErrorCode.MODEL_CONTROL_DISABLED,
+                f"the repository {call} call needs GMLP_MODEL_CONTROL=explicit (this server runs "
+                f"{self.settings.model_control!r})",
+            )
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def model(self, name: str, version: int | None = None, *, loaded_only: bool = False) -> Pipeline:
+        """The READY pipeline of `name` (newest, or `version`), whatever its task; ModelNotFound lists
+        the served ones. Requests to run a model need the service ready; `loaded_only` serves
+        metadata of the models loaded so far."""
+        if not loaded_only and not self.ready:
+            raise self.not_ready_error()
+        chosen = self.table.pick(name, version)
+        assert chosen.loaded is not None
+        requests.note_model(name)
+        return chosen.loaded.served
+
+    @contextmanager
+    def serving(self, name: str | None, kind: type[P], version: int | None = None) -> Iterator[P]:
+        """Lease the `kind` pipeline a request names (or the task's default) for the request's
+        lifetime; refused with what else is available."""
         if not self.ready:
             raise self.not_ready_error()
         task = kind.task
@@ -119,19 +270,32 @@ class ServiceState:
             name = self.defaults.get(task)
             if name is None:
                 raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
-        model = self.models.get(name)
-        if isinstance(model, kind):
-            requests.note_model(model.name)
-            return model
-        # Refused: list what the request could have named (only now, off the per-request path).
-        same_task = sorted(m.name for m in self.models.values() if m.task == task)
-        if model is None:
+        try:
+            chosen = self.table.pick(name, version)
+        except ModelNotFound:
+            if self.table.known(name):
+                raise
             raise ModelNotFound(
-                ErrorCode.MODEL_NOT_FOUND, f"model {name!r} is not served; {task} models: {same_task}"
-            )
-        raise InvalidInput(
-            ErrorCode.WRONG_TASK, f"model {name!r} is a {model.task} model; {task} models: {same_task}"
-        )
+                ErrorCode.MODEL_NOT_FOUND,
+                f"model {name!r} is not served; {task or 'served'} models: {self._of_task(task)}",
+            ) from None
+        with self.table.hold(chosen) as (_, model):
+            if not isinstance(model, kind):
+                raise InvalidInput(
+                    ErrorCode.WRONG_TASK,
+                    f"model {name!r} is a {model.task} model; {task} models: {self._of_task(task)}",
+                )
+            requests.note_model(model.name)
+            yield model
+
+    def _of_task(self, task: str) -> list[str]:
+        """Served models of `task`, for refusals (listed only then, off the per-request path)."""
+        return sorted(n for n, m in self.models.items() if m.task == task or not task)
+
+    def resolve(self, name: str | None, kind: type[P]) -> P:
+        """The `kind` pipeline a request names (or the task's default), without a lease."""
+        with self.serving(name, kind) as model:
+            return model
 
     def not_ready_error(self) -> NotReady:
         if self.phase == FAILED:
@@ -146,17 +310,17 @@ class ServiceState:
         return NotReady(ErrorCode.NOT_READY, message)
 
     async def shutdown(self) -> None:
-        """Stop accepting, finish queued and running requests, release the sessions."""
+        """Stop watching and accepting, finish queued and running requests, release the sessions."""
         self.phase = DRAINING
-        timeout = self.settings.drain_timeout_s
-        results = await asyncio.gather(
-            *(m.batcher.close(timeout) for m in self.models.values()), return_exceptions=True
-        )
-        for model, result in zip(self.models.values(), results, strict=True):
-            if isinstance(result, Exception):
-                log.error("closing model %s failed: %r", model.name, result)
-            self.metrics.model_ready.labels(model.name).set(0)
-        log.info("drained and closed %d models", len(self.models))
+        if self._poller is not None:
+            self._poller.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._poller
+        count = len(self.models)
+        await self.table.close()
+        for name in self.table.models:
+            self.metrics.model_ready.labels(name).set(0)
+        log.info("drained and closed %d models", count)
 
 
-__all__ = ["ServiceState", "LOADING", "READY", "FAILED", "DRAINING"]
+__all__ = ["ServiceState", "LOADING", "READY_PHASE", "FAILED", "DRAINING"]

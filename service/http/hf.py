@@ -159,9 +159,10 @@ async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline:
 async def hf_inference(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
-    served = state.model(name)
-    body, image = await before(_read(request, served), deadline)
-    return JSONResponse(await unless_disconnected(request, _run(served, body, image, deadline)))
+    with state.serving(name, Pipeline) as served:  # either task; held until the answer is back
+        body, image = await before(_read(request, served), deadline)
+        answer = await unless_disconnected(request, _run(served, body, image, deadline))
+    return JSONResponse(answer)
 
 
 __all__ = ["router", "HF_ERRORS", "PREFIX", "HFRequest"]

@@ -28,6 +28,7 @@ from service.http.schemas import (
     HealthResponse,
     ModelInfo,
     ModelsResponse,
+    VersionState,
 )
 
 # Every endpoint here reads its own request and builds its own response (DirectRoute); refusals
@@ -75,9 +76,9 @@ async def classify(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
     query = read_query(request, ClassifyQuery)
-    served = state.resolve(query.model, VisionPipeline)
-    image = await before(read_image(request), deadline)
-    predictions = await unless_disconnected(request, served.classify(image, query.top_k, deadline))
+    with state.serving(query.model, VisionPipeline) as served:  # held until the answer is back
+        image = await before(read_image(request), deadline)
+        predictions = await unless_disconnected(request, served.classify(image, query.top_k, deadline))
     return _json({"model": served.name, "predictions": predictions})
 
 
@@ -93,10 +94,10 @@ async def fill_mask(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
     body = await before(read_json(request, FillMaskRequest), deadline)
-    served = state.resolve(body.model, FillMaskPipeline)
-    predictions = await unless_disconnected(
-        request, served.fill_mask(body.text, body.top_k, body.targets, deadline)
-    )
+    with state.serving(body.model, FillMaskPipeline) as served:
+        predictions = await unless_disconnected(
+            request, served.fill_mask(body.text, body.top_k, body.targets, deadline)
+        )
     return _json({"model": served.name, "predictions": predictions})
 
 
@@ -142,7 +143,12 @@ async def ready(request: Request) -> JSONResponse:
     """200 only when every model is loaded and warmed up; 503 while loading, failed or draining."""
     state = get_state(request)
     if state.ready:
-        return _health(True, "ready")
+        # Versions that failed to load do not make the server unready (their predecessors serve):
+        # the probe's body names them, as the repository index does.
+        failed = [
+            f"{e.name} {e.version}: {e.reason}" for e in state.index() if e.reason.startswith("load failed")
+        ]
+        return _health(True, "ready", "; ".join(failed) or None)
     return _health(False, state.phase, state.not_ready_error().message)
 
 
@@ -152,7 +158,8 @@ async def ready(request: Request) -> JSONResponse:
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
     models = [ModelInfo.model_validate(m.describe()) for m in state.models.values()]
-    return model_response(ModelsResponse(models=models, defaults=state.defaults))
+    versions = [VersionState.model_validate(vars(entry)) for entry in state.index()]
+    return model_response(ModelsResponse(models=models, defaults=state.defaults, versions=versions))
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -174,6 +174,7 @@ class CardSummary(BaseModel):
 
 class ModelInfo(BaseModel):
     name: str
+    version: str = Field("1", description="the repository version answering requests that name none")
     task: str
     n: int | None = Field(description="sequence length (tokens or patches)")
     variant: str
@@ -195,9 +196,19 @@ class ModelInfo(BaseModel):
     card: CardSummary | None = Field(None, description="the model card's summary; null without a card")
 
 
+class VersionState(BaseModel):
+    name: str
+    version: str
+    state: str = Field(description="READY, LOADING, UNLOADING or UNAVAILABLE")
+    reason: str = Field("", description="why the version is not READY")
+
+
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
     defaults: dict[str, str | None] = Field(description="default model per task")
+    versions: list[VersionState] = Field(
+        default_factory=list, description="every known version and its state (the v2 repository index)"
+    )
 
 
 class HealthResponse(BaseModel):

@@ -43,7 +43,7 @@ from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
 from service.core.tls import TlsFiles
 from service.core.tracing import Tracing
-from service.v2 import inference
+from service.v2 import inference, repository
 from service.v2.grpc_access import AccessInterceptor, connection_options, server_credentials
 from service.v2.inference import InferRequest
 from service.v2.model_config import model_config, model_statistics
@@ -89,7 +89,9 @@ def grpc_status(kind: type[RequestError]) -> grpc.StatusCode:
     return most_specific(GRPC_STATUS, kind, grpc.StatusCode.INTERNAL)
 
 
-def _parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+def _parameters(
+    params: Mapping[str, pb.InferParameter] | Mapping[str, pb.ModelRepositoryParameter],
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in params.items():
         kind = value.WhichOneof("parameter_choice")
@@ -218,6 +220,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return encode_result(await inference.infer(self.state, decode_request(request), deadline))
 
         return await self._answer(context, run())
+
+    # -- the model-repository extension (control calls: admin scope under access control) ----------
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext) -> Any:
+        entries = repository.index(self.state, request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries]
+        )
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
+    ) -> Any:
+        async def load() -> pb.RepositoryModelLoadResponse:
+            await repository.load(self.state, request.model_name, _parameters(request.parameters))
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._answer(context, load())
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: aio.ServicerContext
+    ) -> Any:
+        async def unload() -> pb.RepositoryModelUnloadResponse:
+            await repository.unload(self.state, request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._answer(context, unload())
 
 
 UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]

@@ -49,8 +49,8 @@ T = TypeVar("T")
 
 SERVER_NAME = "gmlp-serve"
 # Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
-VERSION = DEFAULT_VERSION
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+VERSION = DEFAULT_VERSION  # what a response names when it has no model version
 PLATFORM = "onnxruntime_onnx"
 IMAGE_INPUT, TEXT_INPUT, PREDICTIONS_OUTPUT = "image", "text", "predictions"
 
@@ -83,18 +83,34 @@ def server_live(state: ServiceState) -> bool:
     return state.phase != FAILED
 
 
+def version_number(state: ServiceState, name: str, version: str) -> int | None:
+    """A request's version: None (empty: the newest READY one) or a number; anything else is a
+    version no model has."""
+    if version == "":
+        return None
+    if version.isdigit() and int(version) > 0:
+        return int(version)
+    known = state.table.models.get(name)
+    raise ModelNotFound(
+        ErrorCode.VERSION_NOT_FOUND,
+        f"model {name!r} has no version {version!r}; versions: "
+        f"{[str(v) for v in sorted(known.versions)] if known else []}",
+    )
+
+
 def model(state: ServiceState, name: str, version: str = "", *, loaded_only: bool = False) -> Pipeline:
-    """The served model `name` at `version` (empty: the only one, "1")."""
-    served = state.model(name, loaded_only=loaded_only)
-    if version not in ("", VERSION):
-        raise ModelNotFound(
-            ErrorCode.VERSION_NOT_FOUND, f"model {name!r} has no version {version!r}; versions: [{VERSION!r}]"
-        )
-    return served
+    """The READY model `name` at `version` (empty: the newest READY version)."""
+    number = version_number(state, name, version)
+    return state.model(name, number, loaded_only=loaded_only)
 
 
 def model_ready(state: ServiceState, name: str, version: str = "") -> bool:
-    return model(state, name, version, loaded_only=True).ready and state.ready
+    """Whether the version (empty: any version) takes requests; a model or version the repository
+    does not know is ModelNotFound."""
+    number = version_number(state, name, version)
+    state.table.require(name, number)
+    ready = state.table.ready_versions(name)
+    return state.ready and (number in ready if number is not None else bool(ready))
 
 
 def _meta(
@@ -133,7 +149,7 @@ def model_metadata(state: ServiceState, name: str, version: str = "") -> dict[st
     inputs = [{k: v for k, v in t.items() if k != "optional"} for t in inputs]
     return {
         "name": served.name,
-        "versions": [VERSION],
+        "versions": [str(v) for v in state.table.ready_versions(served.name)],
         "platform": PLATFORM,
         "inputs": inputs,
         "outputs": outputs,
@@ -323,22 +339,25 @@ def _utf8(item: bytes) -> str:
 async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) -> InferResult:
     """Run one v2 request; outputs in the order requested (default: the form's own outputs).
 
-    The request counts in the model's statistics as a success or, refused or abandoned once the
-    model is known, as a failure."""
-    served = model(state, request.model_name, request.model_version)
-    version, start = request.model_version or VERSION, time.perf_counter()
+    The request holds the version that answers it until its answer is back. It counts in that
+    version's statistics as a success or, refused or abandoned once the model is known, as a
+    failure (an unknown model counts nowhere: its name is the client's)."""
+    number = version_number(state, request.model_name, request.model_version)
     # The protocol's id: the client's, else the request id (X-Request-ID / x-request-id metadata).
     context = requests.current()
     id_ = request.id or (context.request_id if context is not None else "")
-    ok = False
+    start, ok = time.perf_counter(), False
+    served: Pipeline | None = None
     try:
-        produced = await _run(served, request, deadline)
+        with state.serving(request.model_name, Pipeline, number) as served:  # held until the answer
+            produced = await _run(served, request, deadline)
         names = request.outputs or list(produced)
-        result = InferResult(served.name, [produced[n] for n in names], id=id_)
+        result = InferResult(served.name, [produced[n] for n in names], id=id_, model_version=served.version)
         ok = True
         return result
     finally:
-        state.metrics.model_request(served.name, version, ok, time.perf_counter() - start)
+        if served is not None:
+            state.metrics.model_request(served.name, served.version, ok, time.perf_counter() - start)
 
 
 __all__ = [

@@ -73,3 +73,25 @@ def start_server(make_settings: Callable[..., ServiceSettings]) -> Iterator[Call
     for server in servers:
         if server.thread.is_alive():
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_v2_served(tmp_path_factory: pytest.TempPathFactory, tiny_vision_served: Path) -> Path:
+    """The tiny classifier retrained: the same architecture, labels and preprocessing as
+    `tiny_vision_served`, other weights (so its answers tell the versions apart); fp32 only."""
+    import torch
+
+    from export import export_served_model
+    from helpers import CIFAR_LABELS, tiny_vision_config
+    from model import build_model, save_checkpoint
+
+    torch.manual_seed(1)
+    config = tiny_vision_config()
+    model = build_model(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape) * 0.1)
+    root = tmp_path_factory.mktemp("vision-v2")
+    save_checkpoint(model, root / "checkpoint", labels=CIFAR_LABELS[: config.num_classes])
+    export_served_model(root / "checkpoint", root / "tiny-vision", ["fp32"])
+    return root / "tiny-vision"

@@ -45,7 +45,7 @@ def test_a_known_path_with_the_wrong_method_answers_in_its_apis_shape(server: Ru
 
 def test_unknown_paths_below_an_apis_prefix_answer_in_its_shape(server: RunningServer) -> None:
     with server.client() as client:
-        v2 = client.get("/v2/trace/setting")  # a protocol extension this server does not serve
+        v2 = client.get("/v2/systemsharedmemory/status")  # a protocol extension this server does not serve
         hf = client.post("/models/tiny-vision/extra")
         elsewhere = client.get("/v2x")
     assert v2.status_code == hf.status_code == elsewhere.status_code == 404

@@ -62,6 +62,7 @@ def test_health_and_metadata(triton: grpcclient.InferenceServerClient) -> None:
         "binary_tensor_data",
         "model_configuration",
         "statistics",
+        "model_repository",
     ]
     model = triton.get_model_metadata("tiny-vision", as_json=True)
     assert model["platform"] == "onnxruntime_onnx" and model["versions"] == ["1"]

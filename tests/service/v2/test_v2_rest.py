@@ -67,6 +67,7 @@ def test_health_and_metadata(triton: httpclient.InferenceServerClient) -> None:
         "binary_tensor_data",
         "model_configuration",
         "statistics",
+        "model_repository",
     ]
     vision = triton.get_model_metadata("tiny-vision")
     assert vision["versions"] == ["1"] and vision["inputs"] == [

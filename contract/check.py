@@ -1,0 +1,81 @@
+"""The recorded check of a served-model directory: reference inputs and the outputs the export saw.
+
+`gmlp export` runs every variant it writes on a few reference inputs (the graph contract's own
+example inputs, at the batch and lengths a request can have) and stores inputs and outputs in
+`check.npz`, named in config.json as `"check": {"file": "check.npz", "cases": [...]}`. Before the
+service lets a version take traffic it runs the variant it chose on the same inputs and compares:
+a graph whose answers moved since it was exported (a re-exported or retrained file under an old
+config, a corrupted copy) is refused. Arrays are stored as `CASE/INPUT` and `VARIANT/CASE/OUTPUT`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+CHECK_FILE = "check.npz"
+# Outputs agree when max |got - recorded| <= ATOL + RTOL[variant] * max |recorded|: float graphs
+# differ between CPUs only in rounding; quantised and half-precision kernels differ a little more
+# between instruction sets. Another model's answers miss by the size of the logits themselves.
+ATOL = 1e-3
+RTOL = {"fp32": 1e-3, "int8": 2e-2, "fp16": 2e-2}
+
+Arrays = dict[str, np.ndarray]
+
+
+def input_key(case: str, name: str) -> str:
+    return f"{case}/{name}"
+
+
+def output_key(variant: str, case: str, name: str) -> str:
+    return f"{variant}/{case}/{name}"
+
+
+def write_check(path: Path, cases: Mapping[str, Arrays], outputs: Mapping[str, Mapping[str, Arrays]]) -> dict:
+    """Write `check.npz` (cases: inputs by case; outputs: by variant, then case) and return the
+    config.json entry that names it."""
+    arrays = {input_key(c, n): a for c, feeds in cases.items() for n, a in feeds.items()}
+    arrays.update(
+        {
+            output_key(v, c, n): a
+            for v, by_case in outputs.items()
+            for c, out in by_case.items()
+            for n, a in out.items()
+        }
+    )
+    np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as allow_pickle
+    return {"file": path.name, "cases": sorted(cases), "variants": sorted(outputs)}
+
+
+def run_check(directory: Path, entry: Mapping, variant: str, run: Callable[[Arrays], Arrays]) -> str | None:
+    """Run `variant` (through `run`: batched graph inputs -> outputs) on the recorded inputs; None
+    when it answers as recorded, else what differs. A variant the export did not record is a
+    failure too: the check cannot vouch for it."""
+    if variant not in entry.get("variants", []):
+        return f"the recorded check has no outputs of variant {variant} (has {entry.get('variants')})"
+    with np.load(directory / str(entry["file"])) as data:
+        arrays = {k: data[k] for k in data.files}
+    for case in entry.get("cases", []):
+        prefix = f"{case}/"
+        feeds = {k[len(prefix) :]: a for k, a in arrays.items() if k.startswith(prefix)}
+        got = run(feeds)
+        for key, expected in arrays.items():
+            if not key.startswith(f"{variant}/{case}/"):
+                continue
+            name = key.rsplit("/", 1)[1]
+            if name not in got or got[name].shape != expected.shape:
+                shape = None if name not in got else got[name].shape
+                return f"case {case}: output {name} has shape {shape}, recorded {expected.shape}"
+            diff = float(np.abs(got[name].astype(np.float64) - expected).max())
+            allowed = ATOL + RTOL.get(variant, RTOL["fp16"]) * float(np.abs(expected).max())
+            if diff > allowed:
+                return (
+                    f"case {case}: output {name} differs from the export's recorded check by "
+                    f"{diff:.3g} (allowed {allowed:.3g})"
+                )
+    return None
+
+
+__all__ = ["CHECK_FILE", "ATOL", "RTOL", "write_check", "run_check", "input_key", "output_key"]

@@ -1,0 +1,77 @@
+"""The model-repository extension over REST: `POST /v2/repository/index`, `.../models/{name}/load`
+and `.../unload`, as tritonclient.http calls them (an empty body, or JSON; any content type).
+
+Every path here is a control route: access control gives it the admin scope. Errors take the
+protocol's shape and statuses (`V2_ERRORS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, ValidationError
+
+from service.http.direct import DirectRoute, get_state
+from service.http.errors import validation_error
+from service.v2 import repository
+from service.v2.rest import V2_ERRORS
+from service.v2.schemas import ERROR_RESPONSES
+
+PREFIX = "/v2/repository"
+
+router = APIRouter(
+    prefix=PREFIX,
+    tags=["Open Inference Protocol v2: model repository"],
+    route_class=DirectRoute.answering(V2_ERRORS),
+)
+
+
+class IndexRequest(BaseModel):
+    ready: bool = Field(False, description="true: only the READY versions")
+
+
+class ControlRequest(BaseModel):
+    parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description='load: {"config": "<JSON model configuration>"}; its version_policy picks the versions',
+    )
+
+
+class IndexEntry(BaseModel):
+    name: str
+    version: str
+    state: str = Field(description="READY, LOADING, UNLOADING or UNAVAILABLE")
+    reason: str = Field(description="why the version is not READY (empty when READY)")
+
+
+async def _body(request: Request, schema: type[Any]) -> Any:
+    raw = await request.body()
+    try:
+        return schema.model_validate_json(raw) if raw.strip() else schema()
+    except ValidationError as exc:
+        raise validation_error(list(exc.errors()), "the request body") from None
+
+
+@router.post("/index", response_model=list[IndexEntry], responses=ERROR_RESPONSES, summary="Repository index")
+async def repository_index(request: Request) -> JSONResponse:
+    body = await _body(request, IndexRequest)
+    return JSONResponse(repository.index(get_state(request), body.ready))
+
+
+@router.post("/models/{name}/load", responses=ERROR_RESPONSES, summary="Load a model")
+async def load_model(request: Request, name: str) -> Response:
+    body = await _body(request, ControlRequest)
+    await repository.load(get_state(request), name, body.parameters)
+    return Response(status_code=200)
+
+
+@router.post("/models/{name}/unload", responses=ERROR_RESPONSES, summary="Unload a model")
+async def unload_model(request: Request, name: str) -> Response:
+    await _body(request, ControlRequest)
+    await repository.unload(get_state(request), name)
+    return Response(status_code=200)
+
+
+__all__ = ["router", "PREFIX"]
