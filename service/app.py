@@ -33,8 +33,8 @@ from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
 from service.core.stats import StatsHistory
 from service.core.tls import TlsFiles
-from service.core.watch import Reloadable, reload_all, watch
 from service.core.tracing import Tracing
+from service.core.watch import Reloadable, reload_all, watch
 from service.http import hf, playground, routes
 from service.http.access import AccessMiddleware, secure_openapi
 from service.http.connections import REFUSAL_OBSERVER, ConnectionCapMiddleware

@@ -78,7 +78,9 @@ class Pipeline:
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
             name=spec.name,
-            observer=tracing.BatchTracing(metrics.observer(spec.name, version), spec.name, self.batch_attributes),
+            observer=tracing.BatchTracing(
+                metrics.observer(spec.name, version), spec.name, self.batch_attributes
+            ),
             always_wait=settings.queue_delay_policy == "always",
             instances=instances,
         )

@@ -18,8 +18,8 @@ from typing import Any
 
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
 from keys import bearer, write_keys
+
 from svc_harness import RunningServer, free_port
 
 # The repository API is an admin route: closed unless an admin key is configured. Every server
