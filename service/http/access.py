@@ -63,6 +63,18 @@ SCHEMES = {
     "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key", "description": "x-api-key: KEY"},
 }
 
+# The refusals of access control, documented on every operation that needs a key (in the shape of
+# the operation's API: an object with `error`).
+_REFUSAL = {"application/json": {"schema": {"type": "object", "required": ["error"]}}}
+REFUSALS = {
+    "401": {"description": "no valid API key (`WWW-Authenticate: Bearer`)", "content": _REFUSAL},
+    "403": {
+        "description": "the key lacks the operation's scope, or admin routes are closed",
+        "content": _REFUSAL,
+    },
+    "429": {"description": "the key's rate is used up; retry after `Retry-After`", "content": _REFUSAL},
+}
+
 
 def secure_openapi(app: FastAPI, keys: KeyStore) -> None:
     """Declare both ways of sending a key in the OpenAPI document, on every operation that needs
@@ -85,6 +97,9 @@ def secure_openapi(app: FastAPI, keys: KeyStore) -> None:
                 operation["security"] = [] if needed is None else [{"bearer": []}, {"apiKey": []}]
                 if needed is not None:
                     operation["x-required-scope"] = str(needed)
+                    responses = operation.setdefault("responses", {})
+                    for status, response in REFUSALS.items():
+                        responses.setdefault(status, response)
         app.openapi_schema = schema
         return schema
 

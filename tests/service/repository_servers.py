@@ -28,8 +28,9 @@ _KEYS_DIR = Path(tempfile.mkdtemp(prefix="gmlp-repository-keys-"))
 _KEYS_FILE = _KEYS_DIR / "api-keys"
 _OPERATOR_KEY = write_keys(_KEYS_FILE, operator="admin,infer,metrics")["operator"]
 
-# Headers every call of these tests carries: the operator's key.
-CONTROL_HEADERS: dict[str, str] = bearer(_OPERATOR_KEY)
+# Headers every call of these tests carries: the operator's key (lower-case names: gRPC metadata
+# keys must be).
+CONTROL_HEADERS: dict[str, str] = {name.lower(): value for name, value in bearer(_OPERATOR_KEY).items()}
 
 
 def start_repository_server(start_server: Callable[..., RunningServer], **overrides: Any) -> RunningServer:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from keys import write_keys
 
 if TYPE_CHECKING:
     from svc_harness import RunningServer
@@ -38,14 +39,18 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "422"]
 
 
 def test_schemathesis_finds_nothing(start_server: Any, tmp_path: Path) -> None:
-    server: RunningServer = start_server()
+    # With a key of every scope (sent on every request), so that the admin operations are reached
+    # too; schemathesis' own checks also send none or a wrong one and expect the documented 401.
+    key = write_keys(tmp_path / "keys", operator="infer,admin,metrics")["operator"]
+    server: RunningServer = start_server(api_keys_file=tmp_path / "keys")
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG.format(seed=int(os.environ.get("GMLP_SCHEMATHESIS_SEED", "1"))))
     examples = os.environ.get("GMLP_SCHEMATHESIS_EXAMPLES", "25")
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "st_hooks", "PYTHONPATH": str(HERE), "NO_COLOR": "1"}
     run = subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run"]
-        + [f"{server.url}/openapi.json", "--checks", "all", "--max-examples", examples, "--no-color"],
+        + [f"{server.url}/openapi.json", "--checks", "all", "--max-examples", examples, "--no-color"]
+        + ["--header", f"Authorization: Bearer {key}"],
         capture_output=True,
         text=True,
         timeout=220,

@@ -117,6 +117,7 @@ def test_versions_switched_through_the_repository_api(
     only = {v: json.dumps({"version_policy": {"specific": {"versions": [v]}}}) for v in (1, 2)}
     with Load(server, cifar_images[0]) as load:
         load.wait_for_answers(40)
+        before = load.count()
         client.load_model("tiny-vision", config=only[2])  # returns once version 1 drained
         assert version_states(client, "tiny-vision") == {"1": "UNAVAILABLE", "2": "READY"}
         on_two = load.count() + 4
@@ -128,8 +129,10 @@ def test_versions_switched_through_the_repository_api(
         load.wait_for_answers(40)
     assert load.failures == []
     assert _versions_answering(load, on_two, second) == {"2"} and _versions_answering(load, back) == {"1"}
-    first, last = _classify_answers(load, 0, 10), _classify_answers(load, back)
-    assert first and last and all(_same(p, first[0]) for p in last)
+    first, last = _classify_answers(load, 0, before), _classify_answers(load, back)
+    assert first, "no /classify answer before the swap"
+    assert last, "no /classify answer after the swap back"
+    assert all(_same(p, first[0]) for p in last)
     server.stop()
 
 
