@@ -8,7 +8,8 @@ version as a copy (of `--model-v2` when given, else of the model itself: the sam
 still a full load beside the serving version, warm-up, recorded check and drain), moved into place
 with one rename, and waits until the index shows it READY and its predecessor unloaded. A request
 counts as "during a swap" when it started between a deployment and one second after its swap
-ended; every other request is steady state.
+ended; every other request is steady state. The server holds one key with every scope (the
+repository index is an admin route), which every request of the benchmark sends.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness import command_line, cpu_line, gmlp_serve
+from service.core.keys import digest, new_key
 
 Sample = tuple[float, float, bool]  # start (monotonic), latency s, ok
 
@@ -41,8 +43,14 @@ def _image() -> bytes:
     return buffer.getvalue()
 
 
+# The key every request sends (the server's keys file holds its digest).
+KEY = new_key()
+
+
 def _post(url: str, body: bytes, timeout: float = 30.0) -> bytes:
-    request = urllib.request.Request(url, data=body, method="POST")
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Authorization": f"Bearer {KEY}"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read()
 
@@ -93,10 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         shutil.copytree(args.model, repo / name / "1")
+        keys = Path(tmp) / "api-keys"
+        keys.write_text(f"operator infer,admin,metrics {digest(KEY)}\n")
         server = gmlp_serve(
             repo,
             log_path=Path(tmp) / "server.log",
-            serve_args=["--model-control", "poll", "--repository-poll-s", str(args.poll_s)],
+            serve_args=["--model-control", "poll", "--repository-poll-s", str(args.poll_s)]
+            + ["--api-keys-file", str(keys)],
         )
         samples: list[Sample] = []
         windows: list[tuple[float, float]] = []
