@@ -10,10 +10,12 @@ built by the product's own `OnnxModel`, batch after batch of 16 requests:
 
 - **classify** ("bare"): decode and preprocess 16 JPEGs with the model's own `contract.image`
   transform (the peer benchmark's /classify image on every request, unless `--all-images`), run
-  them as one batch, rank the scores of every row (softmax, top 5, labels).
+  them as one batch, rank the scores of every row (softmax, top 5, labels: the batch's rows at
+  once, `contract.scores.ranked_labels`, as the service's batch threads do).
 - **fill-mask** ("bare"): tokenise 16 masked sentences (`loadtests/data/sentences.tsv`, in turn)
   with the model's own `contract.text` codec, run them at the batch's padded length, take the
-  top 5 of every [MASK] with the token strings and filled-in sequences a response carries.
+  top 5 of every [MASK] with the token strings and filled-in sequences a response carries
+  (`FillMaskCodec.decode_batch`, what the service's batch threads run).
 - **raw**, beside each: `session.run` alone on a batch prepared once (the model's own cost).
 
 Rounds alternate bare and raw, so that drift in the machine's speed hits both alike. CPU is
@@ -191,7 +193,7 @@ class BareFillMask(Bare):
     def bare(self, k: int) -> list[Any]:
         encoded = [self.codec.encode(t) for t in self._wrap(self.texts, k * self.batch)]
         logits = self.model.run(self.codec.collate([e.feeds for e in encoded], fixed=self.fixed))["logits"]
-        return [self.codec.decode(e, row, TOP_K) for e, row in zip(encoded, logits, strict=True)]
+        return self.codec.decode_batch(encoded, list(logits), [TOP_K] * len(encoded), [None] * len(encoded))
 
     def raw(self, k: int) -> object:
         return self.model.run(self.batches[k % len(self.batches)])

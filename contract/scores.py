@@ -46,14 +46,16 @@ def k_largest(scores: np.ndarray, k: int, block: int = _BLOCK) -> np.ndarray:
 
 
 def top_probabilities(
-    logits: np.ndarray, k: int, candidates: np.ndarray | None = None
+    logits: np.ndarray, k: int, candidates: np.ndarray | None = None, log_z: float | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(indices, probabilities) of the `k` most probable entries of `logits` [n], best first.
 
     `candidates` (indices) restricts the choice. Ties are broken by position (the lower index, or
-    the earlier candidate, first), so the answer is deterministic."""
+    the earlier candidate, first), so the answer is deterministic. `log_z`, the row's
+    `log_normaliser` when it was computed already (over a whole batch's rows at once)."""
     row = np.asarray(logits, dtype=np.float32)
-    log_z = log_normaliser(row)
+    if log_z is None:
+        log_z = log_normaliser(row)
     scores = row if candidates is None else row[candidates]
     k = min(k, scores.shape[0])
     n = scores.shape[0]
