@@ -352,12 +352,18 @@ class FillMaskPipeline(Pipeline):
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
 
-    async def masked_logits(
-        self, text: str, deadline: Deadline, targets: list[str] | None = None
-    ) -> tuple[EncodedText, list[int] | None, np.ndarray]:
-        """The tokenised text, the target ids (if any) and the logits of its [MASK]s [slots, vocab]."""
-        encoded, target_ids, done = await self._submit(text, deadline, targets, None)
-        return encoded, target_ids, done.outputs["logits"]
+    async def decoded_text(self, text: str, top_k: int, deadline: Deadline) -> tuple[np.ndarray, Any]:
+        """A text's [MASK] logits [slots, vocab] and its top_k per mask, decoded in the batch thread
+        (the v2 protocol's text input)."""
+        _, _, done = await self._submit(text, deadline, None, top_k)
+        return done.outputs["logits"], done.answer
+
+    async def infer_decoded(self, feeds: Feeds, top_k: int, deadline: Deadline) -> Done:
+        """A token-id request's outputs and its top_k per mask, decoded in the batch thread (the v2
+        protocol's graph inputs with the predictions output asked for)."""
+        ids, positions = feeds["input_ids"].tolist(), feeds["mask_positions"].tolist()
+        answer = Decoding(EncodedText(ids, positions, feeds), top_k)
+        return await self.batcher.submit(Job(feeds, answer), deadline)
 
     async def _submit(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None
