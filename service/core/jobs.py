@@ -9,11 +9,14 @@ but its outputs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contract.scores import ScoreFunction
-from contract.text import EncodedText
+import numpy as np
+
+from contract.scores import ScoreFunction, ranked_labels
+from contract.text import EncodedText, FillMaskCodec
 from service.core.runtime import Feeds
 
 
@@ -55,4 +58,38 @@ class Done:
     finished: tuple[float, float] = (0.0, 0.0)
 
 
-__all__ = ["Job", "Done", "Ranking", "Decoding"]
+def rank_rows(jobs: Sequence[Job], outputs: Sequence[Feeds], labels: Sequence[str]) -> list[Any]:
+    """A classifier batch's answers: the ranked labels of the rows that ask for them (None for the
+    others), one vectorised pass per score function at the largest top_k among its rows, each row
+    keeping its own prefix of that ranking."""
+    answers: list[Any] = [None] * len(jobs)
+    groups: dict[ScoreFunction, list[tuple[int, int]]] = {}
+    for i, job in enumerate(jobs):
+        if isinstance(job.answer, Ranking):
+            groups.setdefault(job.answer.function, []).append((i, job.answer.top_k))
+    for function, asks in groups.items():
+        logits = np.stack([outputs[i]["logits"] for i, _ in asks])
+        ranked = ranked_labels(logits, labels, max(k for _, k in asks), function)
+        for (i, k), answer in zip(asks, ranked, strict=True):
+            answers[i] = answer[:k]
+    return answers
+
+
+def decode_rows(jobs: Sequence[Job], outputs: Sequence[Feeds], codec: FillMaskCodec) -> list[Any]:
+    """A masked LM batch's answers: the decoded predictions of the rows that ask for them (None for
+    the others), the normalisers of all their mask rows in one pass (`FillMaskCodec.decode_batch`)."""
+    answers: list[Any] = [None] * len(jobs)
+    asks = [(i, job.answer) for i, job in enumerate(jobs) if isinstance(job.answer, Decoding)]
+    if asks:
+        decoded = codec.decode_batch(
+            [a.encoded for _, a in asks],
+            [outputs[i]["logits"] for i, _ in asks],
+            [a.top_k for _, a in asks],
+            [a.target_ids for _, a in asks],
+        )
+        for (i, _), answer in zip(asks, decoded, strict=True):
+            answers[i] = answer
+    return answers
+
+
+__all__ = ["Job", "Done", "Ranking", "Decoding", "rank_rows", "decode_rows"]

@@ -20,14 +20,14 @@ from contract.check import run_check
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
-from contract.scores import ScoreFunction, ranked_labels
+from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
-from service.core.jobs import Decoding, Done, Job, Ranking
+from service.core.jobs import Decoding, Done, Job, Ranking, decode_rows, rank_rows
 from service.core.metrics import DEFAULT_VERSION, ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
@@ -217,17 +217,7 @@ class VisionPipeline(Pipeline):
         observed = [out["logits"] for job, out in zip(jobs, outputs, strict=True) if job.observed]
         if observed:
             self.predictions.observe(np.stack(observed))
-        answers: list[Any] = [None] * len(jobs)
-        groups: dict[ScoreFunction, list[tuple[int, int]]] = {}
-        for i, job in enumerate(jobs):
-            if isinstance(job.answer, Ranking):
-                groups.setdefault(job.answer.function, []).append((i, job.answer.top_k))
-        for function, asks in groups.items():
-            logits = np.stack([outputs[i]["logits"] for i, _ in asks])
-            ranked = ranked_labels(logits, self.labels, max(k for _, k in asks), function)
-            for (i, k), answer in zip(asks, ranked, strict=True):
-                answers[i] = answer[:k]
-        return answers
+        return rank_rows(jobs, outputs, self.labels)
 
     async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
         """The logits of one encoded image, through the model's own transform and the batcher."""
@@ -296,18 +286,7 @@ class FillMaskPipeline(Pipeline):
         ]
         if observed:
             self.predictions.observe(np.concatenate(observed))
-        answers: list[Any] = [None] * len(jobs)
-        asks = [(i, job.answer) for i, job in enumerate(jobs) if isinstance(job.answer, Decoding)]
-        if asks:
-            decoded = self.codec.decode_batch(
-                [a.encoded for _, a in asks],
-                [outputs[i]["logits"] for i, _ in asks],
-                [a.top_k for _, a in asks],
-                [a.target_ids for _, a in asks],
-            )
-            for (i, _), answer in zip(asks, decoded, strict=True):
-                answers[i] = answer
-        return answers
+        return decode_rows(jobs, outputs, self.codec)
 
     def warmup_feeds(self) -> list[Feeds]:
         """[MASK]-only texts at every padded length a batch can have, one mask, then the largest."""
