@@ -1,0 +1,112 @@
+"""`gmlp serve --server granian`: the same app behind Granian, a Rust HTTP server (ASGI interface),
+instead of uvicorn. Experimental, in the `granian` extra (docs/service.md, "Granian").
+
+Granian runs the app in a worker process that it starts itself, from an import string, so the
+settings cannot be handed over as an object: they travel in the worker's environment, as the
+`GMLP_*` variables `ServiceSettings` reads, and the worker builds the app with `worker_app()`.
+One worker: the models, the batchers and the gRPC server live in one process, as under uvicorn.
+
+What maps onto Granian's own options, and what cannot (the docs list it too): the header read
+deadline (`header_timeout_s`; Granian closes the connection without our 408 body), TLS files (read
+once: no reload in place, no TLS 1.2 floor choice beyond Granian's), the drain on SIGTERM (the
+app's lifespan shutdown, within Granian's worker kill timeout). The connection cap becomes
+Granian's backpressure: requests beyond `max_connections` wait for a slot instead of getting an
+immediate 503. The header size limit, the body limit and every error body are the app's own
+(middleware), and hold unchanged; so does the idle-connection limit only as Granian's keep-alive
+(it has no idle timeout of its own for HTTP/1.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from service.core.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+# The factory Granian's worker imports and calls (an import string, as Granian takes it).
+TARGET = "service.granian_server:worker_app"
+
+
+def settings_environment(settings: ServiceSettings) -> dict[str, str | None]:
+    """Every setting as the `GMLP_*` variable that sets it (None: unset it, so the default holds)."""
+    env: dict[str, str | None] = {}
+    for name in ServiceSettings.model_fields:
+        value = getattr(settings, name)
+        key = f"GMLP_{name.upper()}"
+        if value is None:
+            env[key] = None
+        elif isinstance(value, bool):
+            env[key] = "true" if value else "false"
+        else:
+            env[key] = str(value)
+    return env
+
+
+def worker_app() -> Any:
+    """The app of a Granian worker, from the settings its environment carries."""
+    from service.app import create_app
+
+    return create_app(ServiceSettings())
+
+
+def granian_options(settings: ServiceSettings) -> dict[str, Any]:
+    """Granian's options that carry the service's settings (shared with the test harness, which
+    runs the same app under Granian's embedded server)."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+
+    tls: dict[str, Any] = {}
+    if settings.tls_cert is not None:
+        tls = {"ssl_cert": settings.tls_cert, "ssl_key": settings.tls_key}
+        if settings.tls_client_ca is not None:
+            tls |= {"ssl_ca": settings.tls_client_ca, "ssl_client_verify": True}
+    return {
+        "address": settings.host,
+        "port": settings.port,
+        "interface": Interfaces.ASGI,  # with the lifespan: models, gRPC and the drain run in it
+        "http": HTTPModes.http1,
+        "websockets": False,
+        "backpressure": settings.max_connections,
+        "http1_settings": HTTP1Settings(
+            header_read_timeout=int(1000 * settings.header_timeout_s),
+            keep_alive=True,
+            # Granian's own buffer limit stays above ours, so that the app answers 431 itself.
+            max_buffer_size=max(settings.max_header_bytes * 2, HTTP1Settings.max_buffer_size),
+        ),
+        "log_level": settings.log_level,
+        "log_access": False,
+        **tls,
+    }
+
+
+def serve_granian(settings: ServiceSettings) -> None:
+    """Run the service under Granian in the foreground until SIGINT/SIGTERM (then drain and exit)."""
+    try:
+        from granian.server import Server
+    except ImportError as exc:
+        from contract.errors import UserError
+
+        raise UserError(
+            f"--server granian needs Granian: pip install 'gmlp-serve[granian]' ({exc})"
+        ) from None
+    for key, value in settings_environment(settings).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server = Server(
+        TARGET,
+        factory=True,
+        workers=1,
+        # In-flight requests get their full deadline to finish on shutdown, then some slack.
+        workers_kill_timeout=int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
+        **granian_options(settings),
+    )
+    log.info("serving under Granian (experimental) on %s:%s", settings.host, settings.port)
+    server.serve()
+
+
+__all__ = ["TARGET", "granian_options", "serve_granian", "settings_environment", "worker_app"]
