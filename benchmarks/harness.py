@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from gmlp.paths import cifar10_npz
 from gmlp.server_process import (
+    HOST,
     ServerProcess,
     free_port,
     gmlp_serve,
