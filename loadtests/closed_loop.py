@@ -165,7 +165,7 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
         if size == 0:
