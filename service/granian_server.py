@@ -6,14 +6,14 @@ settings cannot be handed over as an object: they travel in the worker's environ
 `GMLP_*` variables `ServiceSettings` reads, and the worker builds the app with `worker_app()`.
 One worker: the models, the batchers and the gRPC server live in one process, as under uvicorn.
 
-What maps onto Granian's own options, and what cannot (the docs list it too): the header read
-deadline (`header_timeout_s`; Granian closes the connection without our 408 body), TLS files (read
-once: no reload in place, no TLS 1.2 floor choice beyond Granian's), the drain on SIGTERM (the
-app's lifespan shutdown, within Granian's worker kill timeout). The connection cap becomes
-Granian's backpressure: requests beyond `max_connections` wait for a slot instead of getting an
-immediate 503. The header size limit, the body limit and every error body are the app's own
-(middleware), and hold unchanged; so does the idle-connection limit only as Granian's keep-alive
-(it has no idle timeout of its own for HTTP/1.1).
+What holds and what does not (docs/service.md, "Granian (experimental)", from the service suite
+run under Granian): the app's own guarantees hold unchanged (error bodies, the header and body
+limits, disconnect detection, the drain on SIGTERM through the lifespan, within Granian's worker
+kill timeout). Granian's options carry what they can: the header read deadline
+(`header_timeout_s`, also the idle keep-alive limit), TLS 1.2 and 1.3 with the same files. What it
+cannot keep: beyond `max_connections` its backpressure makes requests wait instead of answering
+503 at once; a client too slow with its headers is disconnected without the 408 body; the HTTPS
+certificate is read once (gRPC's is still re-read in place).
 """
 
 from __future__ import annotations
@@ -55,12 +55,17 @@ def worker_app() -> Any:
 def granian_options(settings: ServiceSettings) -> dict[str, Any]:
     """Granian's options that carry the service's settings (shared with the test harness, which
     runs the same app under Granian's embedded server)."""
-    from granian.constants import HTTPModes, Interfaces
+    from granian.constants import HTTPModes, Interfaces, SSLProtocols
     from granian.http import HTTP1Settings
 
     tls: dict[str, Any] = {}
     if settings.tls_cert is not None:
-        tls = {"ssl_cert": settings.tls_cert, "ssl_key": settings.tls_key}
+        # TLS 1.2 and 1.3, as under uvicorn (Granian's own floor is 1.3).
+        tls = {
+            "ssl_cert": settings.tls_cert,
+            "ssl_key": settings.tls_key,
+            "ssl_protocol_min": SSLProtocols.tls12,
+        }
         if settings.tls_client_ca is not None:
             tls |= {"ssl_ca": settings.tls_client_ca, "ssl_client_verify": True}
     return {
@@ -105,7 +110,13 @@ def serve_granian(settings: ServiceSettings) -> None:
         workers_kill_timeout=int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
         **granian_options(settings),
     )
-    log.info("serving under Granian (experimental) on %s:%s", settings.host, settings.port)
+    log.warning(
+        "serving under Granian (experimental) on %s:%s: over max_connections=%d requests wait instead "
+        "of a 503; late headers close the connection without a 408; HTTPS files are not re-read",
+        settings.host,
+        settings.port,
+        settings.max_connections,
+    )
     server.serve()
 
 

@@ -2,7 +2,8 @@
 
 With GMLP_TEST_SERVER=granian the same app runs under Granian's embedded server instead (the HTTP
 core `gmlp serve --server granian` runs in its worker), so the suite shows which guarantees hold
-there; a test that hands uvicorn a protocol class of its own still gets uvicorn.
+there (a test's own uvicorn protocol class is then ignored: the guarantee it tests is Granian's to
+keep). `SERVER_ARGS` are the `gmlp serve` flags of the same choice, for tests that start the command.
 
 Every wait is a bounded poll (a count and a time limit), never a bare sleep-and-hope.
 
@@ -45,6 +46,7 @@ def wait_until(condition: Callable[[], bool], *, timeout: float = 20.0, interval
 
 # The HTTP server the service tests run the app under: uvicorn, or Granian (docs/service.md).
 TEST_SERVER = os.environ.get("GMLP_TEST_SERVER", "uvicorn")
+SERVER_ARGS = ["--server", TEST_SERVER]
 
 
 class GranianThread:
@@ -106,7 +108,7 @@ class RunningServer:
         scheme = "https" if settings.tls_cert is not None else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.server: uvicorn.Server | GranianThread
-        if TEST_SERVER == "granian" and http is None:
+        if TEST_SERVER == "granian":
             self.sock.close()  # Granian binds the port itself
             self.server = GranianThread(self.app, settings, self.port)
             self.thread = threading.Thread(target=self.server.run, daemon=True)
