@@ -30,18 +30,17 @@ log = logging.getLogger(__name__)
 TARGET = "service.granian_server:worker_app"
 
 
-def settings_environment(settings: ServiceSettings) -> dict[str, str | None]:
-    """Every setting as the `GMLP_*` variable that sets it (None: unset it, so the default holds)."""
-    env: dict[str, str | None] = {}
+def settings_environment(settings: ServiceSettings) -> dict[str, str]:
+    """Every setting as the `GMLP_*` variable that sets it (empty for None, as `ServiceSettings`
+    reads an empty variable)."""
+    env: dict[str, str] = {}
     for name in ServiceSettings.model_fields:
         value = getattr(settings, name)
-        key = f"GMLP_{name.upper()}"
-        if value is None:
-            env[key] = None
-        elif isinstance(value, bool):
-            env[key] = "true" if value else "false"
+        if isinstance(value, bool):
+            text = "true" if value else "false"
         else:
-            env[key] = str(value)
+            text = "" if value is None else str(value)
+        env[f"GMLP_{name.upper()}"] = text
     return env
 
 
@@ -97,11 +96,7 @@ def serve_granian(settings: ServiceSettings) -> None:
         raise UserError(
             f"--server granian needs Granian: pip install 'gmlp-serve[granian]' ({exc})"
         ) from None
-    for key, value in settings_environment(settings).items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    os.environ.update(settings_environment(settings))
     server = Server(
         TARGET,
         factory=True,

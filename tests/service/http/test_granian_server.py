@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gmlp.server_process import ServerProcess, gmlp_serve
 from loadtests.checks import check_classify
+from service.core.settings import ServiceSettings
+from service.granian_server import settings_environment
 
 pytest.importorskip("granian")
 
 
 @pytest.fixture(scope="module")
-def granian_server(tmp_path_factory: pytest.TempPathFactory, repository: Path) -> ServerProcess:
+def granian_server(tmp_path_factory: pytest.TempPathFactory, repository: Path) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("granian") / "server.log"
     server = gmlp_serve(
         repository, log_path=log, serve_args=["--server", "granian", "--max-header-bytes", "4096"]
@@ -64,3 +67,13 @@ def test_sigterm_drains_and_exits(tmp_path: Path, repository: Path) -> None:
         pass  # __exit__ sends SIGTERM and waits
     assert server.proc is not None and server.proc.returncode == 0, server.log_tail()
     assert "drained and closed" in server.log_tail()
+
+
+def test_the_settings_reach_the_worker_unchanged(
+    monkeypatch: pytest.MonkeyPatch, make_settings: Callable[..., ServiceSettings]
+) -> None:
+    """Granian's worker builds the app from its environment: every setting survives the trip."""
+    settings = make_settings(max_connections=7, cors_origins="https://app.example", ui=False, cpus=None)
+    for key, value in settings_environment(settings).items():
+        monkeypatch.setenv(key, value)
+    assert ServiceSettings() == settings
