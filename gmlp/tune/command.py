@@ -141,7 +141,10 @@ def run_tune(args: argparse.Namespace) -> int:
         queue_delay_policy=defaults.queue_delay_policy,
     )
     budget_min = args.budget_minutes if args.budget_minutes is not None else (None if args.grid else 10.0)
-    concurrency = tuple(parse_users(args.concurrency))
+    try:
+        concurrency = tuple(parse_users(args.concurrency))
+    except UserError as exc:  # its message names the load test's --users
+        raise UserError(str(exc).replace("--users", "--concurrency")) from None
     serve_args = (*shlex.split(args.serve_args), *(("--cpus", str(args.cpus)) if args.cpus else ()))
     results: list[Measured] = []
     stopped: list[str] = []
