@@ -10,7 +10,10 @@ by the product's own codec, in batches of 16, from as many threads as the server
 instances, each with the server's intra-op threads (the server's defaults on this machine): CPU
 per sequence from getrusage. Rounds alternate the two. What the service adds per request is HTTP,
 JSON, tokenising and the post-processing (scores over the vocabulary, top-k, decoding); the
-ratio is the figure to read. A benchmark, not a test; prints the machine's CPU flags with it.
+ratio is the figure to read. Each round also times the bare fill-mask pipeline
+(`benchmarks.bare_pipeline`: tokenise, run at the batch's padded length, top 5 per mask, the
+same threads), the limit for the service's CPU per request. A benchmark, not a test; prints the
+machine's CPU flags with it.
 """
 
 from __future__ import annotations
@@ -22,48 +25,14 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks import wrk
+from benchmarks.bare_pipeline import BareFillMask, sentences, timed
 from benchmarks.harness import REPO, ServerProcess, command_line, cpu_line, gmlp_serve, link_repository
-from benchmarks.peers.raw_ort import run_concurrently
 from benchmarks.proc import tree_cpu_seconds
-from contract.spec import read_spec
-from contract.text import FillMaskCodec
-from loadtests.workload import BUNDLED_SENTENCES
-from service.core.runtime import OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
 
 DEFAULT_SERVED = REPO / "models" / "gutenberg-gmlp-mlm"
-BATCH = 16
 TOP_K = 5
 CONNECTIONS = 32
-
-
-def sentences() -> list[str]:
-    lines = BUNDLED_SENTENCES.read_text().splitlines()
-    return [line.split("\t", 1)[1] for line in lines if line and not line.startswith("#")]
-
-
-class RawModel:
-    """The served file as the server runs it (its default instances and threads), with the
-    sentences encoded and padded by the product's codec into batches of 16, prepared once."""
-
-    def __init__(self, served: Path, texts: list[str]) -> None:
-        spec = read_spec(served)
-        assert spec is not None, f"{served} is not a served-model directory"
-        settings = ServiceSettings()
-        self.instances = settings.resolved_instances("cpu")
-        options = RuntimeOptions("cpu", settings.resolved_threads(self.instances), settings.ort_spinning)
-        self.model = OnnxModel(spec.variant_path(choose_variant(spec.variants, "cpu", None)), options)
-        codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
-        feeds = [codec.encode(text).feeds for text in texts]
-        self.batches = [codec.collate(feeds[i : i + BATCH]) for i in range(0, len(feeds) - BATCH + 1, BATCH)]
-        self.model.run(self.batches[0])  # warm
-
-    def cpu_ms_per_sequence(self, seconds: float) -> float:
-        """CPU ms per sequence of session.run at batch 16, the batches in turn."""
-        runs = run_concurrently(
-            lambda k: self.model.run(self.batches[k % len(self.batches)]), self.instances, seconds
-        )
-        return runs.cpu_s * 1000.0 / (runs.calls * BATCH)
 
 
 def lua_script(texts: list[str]) -> str:
@@ -110,9 +79,12 @@ def main() -> None:
     args = parser.parse_args()
     texts = sentences()
     print(cpu_line())
-    raw = RawModel(args.served, texts)
+    bare = BareFillMask(args.served, ServiceSettings(), texts)
+    bare.bare(0)
+    bare.raw(0)
     service_ms: list[float] = []
     raw_ms: list[float] = []
+    bare_ms: list[float] = []
     with (
         tempfile.TemporaryDirectory(prefix="gmlp-fill-mask-cpu-") as tmp,
         server(args.served, Path(tmp)) as proc,
@@ -123,20 +95,25 @@ def main() -> None:
         script.write_text(lua_script(texts))
         wrk.run(url + "/fill-mask", script, CONNECTIONS, 2.0)  # warm-up
         for round_ in range(1, args.rounds + 1):
-            raw_ms.append(raw.cpu_ms_per_sequence(args.seconds))
+            raw_ms.append(timed(bare.raw, bare.instances, args.seconds, bare.batch).cpu_ms_per_request)
+            bare_ms.append(timed(bare.bare, bare.instances, args.seconds, bare.batch).cpu_ms_per_request)
             cpu0 = tree_cpu_seconds(proc.pid)
             result = wrk.run(url + "/fill-mask", script, CONNECTIONS, args.seconds)
             ms = (tree_cpu_seconds(proc.pid) - cpu0) * 1000.0 / max(1, result.requests)
             service_ms.append(ms)
             print(
                 f"round {round_}: service {result.rps:.0f} req/s, {ms:.2f} CPU ms/request "
-                f"({result.errors} errors); raw {raw_ms[-1]:.2f} CPU ms/sequence"
+                f"({result.errors} errors); raw {raw_ms[-1]:.2f}, bare pipeline {bare_ms[-1]:.2f}"
+                " CPU ms/sequence"
             )
     ratios = [s / r for s, r in zip(service_ms, raw_ms, strict=True)]
+    bare_ratios = [s / b for s, b in zip(service_ms, bare_ms, strict=True)]
     print(
         f"median: service {statistics.median(service_ms):.2f} CPU ms/request, model "
         f"{statistics.median(raw_ms):.2f} CPU ms/sequence, ratio {statistics.median(ratios):.2f} "
-        f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); bare pipeline "
+        f"{statistics.median(bare_ms):.2f} CPU ms/sequence, ratio {statistics.median(bare_ratios):.2f} "
+        f"(rounds: {', '.join(f'{r:.2f}' for r in bare_ratios)})"
     )
 
 

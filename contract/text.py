@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MASK_TOKEN
-from contract.scores import top_probabilities
+from contract.scores import log_normalisers, top_probabilities
 from contract.spec import SpecError
 
 # Batches of texts are padded to a multiple of this many tokens (see `FillMaskCodec.padded_length`).
@@ -155,13 +155,21 @@ class FillMaskCodec:
         return ids
 
     def decode(
-        self, encoded: EncodedText, logits: np.ndarray, top_k: int, target_ids: list[int] | None = None
+        self,
+        encoded: EncodedText,
+        logits: np.ndarray,
+        top_k: int,
+        target_ids: list[int] | None = None,
+        log_z: np.ndarray | None = None,
     ) -> list[list[dict[str, Any]]]:
-        """logits [slots, vocab] (slots >= the text's masks) -> one ranked list per [MASK], in order."""
+        """logits [slots, vocab] (slots >= the text's masks) -> one ranked list per [MASK], in order.
+
+        `log_z`: the normalisers of the text's mask rows, when computed already (`decode_batch`)."""
         candidates = None if target_ids is None else np.asarray(target_ids)
         results = []
         for slot, position in enumerate(encoded.mask_positions):
-            ids, probs = top_probabilities(logits[slot], top_k, candidates)
+            z = None if log_z is None else float(log_z[slot])
+            ids, probs = top_probabilities(logits[slot], top_k, candidates, z)
             results.append(
                 [
                     self._prediction(encoded, position, int(i), float(p))
@@ -169,6 +177,24 @@ class FillMaskCodec:
                 ]
             )
         return results
+
+    def decode_batch(
+        self,
+        encoded: Sequence[EncodedText],
+        logits: Sequence[np.ndarray],
+        top_k: Sequence[int],
+        target_ids: Sequence[list[int] | None],
+    ) -> list[list[list[dict[str, Any]]]]:
+        """`decode` of a batch's texts (each with its logits [slots, vocab], top_k and targets): the
+        full-vocabulary normalisers of all their mask rows in one pass, then each text's top k.
+        The answers are `decode`'s, text by text."""
+        counts = [len(e.mask_positions) for e in encoded]
+        rows = np.concatenate([row[:n] for row, n in zip(logits, counts, strict=True)])
+        log_z = np.split(log_normalisers(np.asarray(rows, dtype=np.float32)), np.cumsum(counts)[:-1])
+        return [
+            self.decode(e, row, k, t, z)
+            for e, row, k, t, z in zip(encoded, logits, top_k, target_ids, log_z, strict=True)
+        ]
 
     def _prediction(self, encoded: EncodedText, position: int, token_id: int, score: float) -> dict[str, Any]:
         filled = list(encoded.ids)

@@ -1,1 +1,1 @@
-"""The `gmlp` command line: convert-timm, info, export, train, eval, model-card, serve and loadtest."""
+"""The `gmlp` command line: convert-timm, info, export, train, eval, model-card, serve, loadtest and tune."""

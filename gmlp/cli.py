@@ -21,6 +21,7 @@ _REGISTRARS = [
     ("gmlp.train_commands", "register", "train"),
     ("gmlp.serve_command", "register", "serve"),
     ("loadtests.cli", "register", "loadtest"),
+    ("gmlp.tune.command", "register", "serve"),
 ]
 
 

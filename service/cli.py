@@ -97,6 +97,11 @@ def serve(settings: ServiceSettings) -> None:
     # In explicit mode an empty repository is fine: models arrive through the repository API.
     models = (scan if settings.model_control == "explicit" else require_sources)(settings.model_repository)
     log.info("serving %s from %s", ", ".join(sorted(models)), settings.model_repository)
+    if settings.server == "granian":  # the worker process Granian starts builds the app itself
+        from service.granian_server import serve_granian
+
+        serve_granian(settings)
+        return
     app = create_app(settings)
     config = uvicorn.Config(
         app,

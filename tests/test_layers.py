@@ -30,7 +30,7 @@ ALLOWED = {
 # Inside `service/` the same rule, by layer. A module's layer is the first entry its name falls
 # under (the name itself or below it); the composition root is named module by module, so that a
 # new module at the top of `service/` has to be placed in a layer.
-SERVICE_ROOT = ("service", "service.app", "service.cli", "service.healthcheck")
+SERVICE_ROOT = ("service", "service.app", "service.cli", "service.granian_server", "service.healthcheck")
 SERVICE_LAYER_OF = (
     ("core", "service.core"),
     ("http", "service.http"),

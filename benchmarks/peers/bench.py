@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
+from benchmarks.bare_pipeline import run_argv as bare_run_argv
 from benchmarks.harness import REPO
-from benchmarks.peers.model import PeerModel
+from benchmarks.peers.model import VARIANT, PeerModel, instances, intra_op_threads
 from benchmarks.peers.peers import Peer
 from benchmarks.peers.server import Running, classify, request_body, running, wait_ready
 from benchmarks.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
@@ -66,11 +67,18 @@ class Plan:
 class Results:
     rows: list[Row] = field(default_factory=list)
     raw: list[dict[str, float]] = field(default_factory=list)
+    # The bare /classify pipeline (benchmarks.bare_pipeline), one run per round beside raw ORT.
+    bare: list[dict[str, Any]] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     reference: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"rows": [asdict(r) for r in self.rows], "raw": self.raw, "failed": self.failed}
+        return {
+            "rows": [asdict(r) for r in self.rows],
+            "raw": self.raw,
+            "bare": self.bare,
+            "failed": self.failed,
+        }
 
 
 def test_images() -> dict[str, bytes]:
@@ -154,6 +162,18 @@ def raw_ort(model_dir: Path, seconds: float) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
+    """One round of the bare /classify pipeline with the peers' settings (instances, threads,
+    variant), in its own process so that its CPU is its own."""
+    extra = ["--instances", str(instances()), "--intra-op-threads", str(intra_op_threads())]
+    argv = bare_run_argv("classify", model_dir, seconds, extra=[*extra, "--variant", VARIANT])
+    cmd = [sys.executable, "-m", "benchmarks.bare_pipeline", *argv]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bare pipeline run failed: {done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_peer(
     peer: Peer,
     rnd: int,
@@ -193,7 +213,7 @@ def run_peer(
 
 
 def run_rounds(plan: Plan, work: Path, model_dir: Path, log: Callable[[str], None] = print) -> Results:
-    """Every round: raw ORT, then each peer (rotated order) at every level."""
+    """Every round: raw ORT, the bare pipeline, then each peer (rotated order) at every level."""
     results = Results()
     images = test_images()
     photo = large_photo(images["cifar10-test-03000-cat.jpg"], work / f"{LARGE}.jpg")
@@ -205,6 +225,12 @@ def run_rounds(plan: Plan, work: Path, model_dir: Path, log: Callable[[str], Non
         log(
             f"  raw session.run b16: {raw['images_per_s']:.1f} images/s,"
             f" {raw['cpu_ms_per_image']:.2f} CPU ms/image"
+        )
+        bare = bare_pipeline(model_dir, plan.raw_seconds)
+        results.bare.append({"round": rnd, **bare["bare"], "raw": bare["raw"]})
+        log(
+            f"  bare pipeline b16: {bare['bare']['requests_per_s']:.1f} images/s,"
+            f" {bare['bare']['cpu_ms_per_request']:.2f} CPU ms/image"
         )
         order = plan.peers[rnd % len(plan.peers) :] + plan.peers[: rnd % len(plan.peers)]
         for peer in order:

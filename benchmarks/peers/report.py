@@ -71,13 +71,17 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
         cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "cpu_ms_per_request"), 2))
         cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "others_cpu_pct")))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    raw = results.get("raw") or []
-    if raw:
-        ips = stat(r["images_per_s"] for r in raw)
-        cpu = stat(r["cpu_ms_per_image"] for r in raw)
-        empty = " |" * (len(TABLE_LEVELS) - 2)
-        raw_cells = f"|{empty} {_cell(ips)} images/s | | {_cell(cpu, 2)} per image | |"
-        lines.append(f"| raw `session.run`, batch 16 (no HTTP) | {raw_cells}")
+    # The floors beside the servers (no HTTP): raw ORT, and the bare pipeline when it was run.
+    floors = (
+        ("raw `session.run`, batch 16 (no HTTP)", "raw", "images_per_s", "cpu_ms_per_image"),
+        ("bare pipeline: decode, batch 16, rank (no HTTP)", "bare", "requests_per_s", "cpu_ms_per_request"),
+    )
+    for label, key, rate, cpu in floors:
+        runs = results.get(key) or []
+        if runs:
+            empty = " |" * (len(TABLE_LEVELS) - 2)
+            rps, ms = stat(r[rate] for r in runs), stat(r[cpu] for r in runs)
+            lines.append(f"| {label} | |{empty} {_cell(rps)} images/s | | {_cell(ms, 2)} per image | |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -127,6 +131,15 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
         cpu = statistics.median(r["cpu_ms_per_image"] for r in raw)
         out.append(f"c={CPU_LEVEL} req/s: {mine32.median / ips:.2f}x raw session.run images/s")
         out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x raw ORT CPU per image")
+    bare = results.get("bare") or []
+    if bare and mine32 and cpu32:
+        rps = statistics.median(r["requests_per_s"] for r in bare)
+        cpu = statistics.median(r["cpu_ms_per_request"] for r in bare)
+        out.append(f"c={CPU_LEVEL} req/s: {mine32.median / rps:.2f}x the bare pipeline's images/s")
+        out.append(
+            f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x"
+            " the bare pipeline's CPU per image"
+        )
     return out
 
 

@@ -160,7 +160,11 @@ gmlp-serve, medians:
 
 Preprocessing alone (decode + resize + normalise, one CIFAR-10 JPEG) costs {pre:.2f} ms of CPU per
 image on this machine; the rest of a server's CPU per request beyond raw ORT's per image is the
-server's own (HTTP, queueing, serialisation).
+server's own (HTTP, queueing, serialisation). The bare pipeline (`benchmarks.bare_pipeline`, run
+each round beside raw ORT with the same instances, threads and variant) does a request's
+unavoidable work and nothing else: decode and transform the same JPEG, batches of 16 from as
+many threads, softmax and top 5 of every row; its images/s and CPU per image are the limit the
+served figures are read against.
 
 {large_photo_line(results)}
 

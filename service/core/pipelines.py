@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,13 +20,14 @@ from contract.check import run_check
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
-from contract.scores import SCORE_FUNCTIONS, ScoreFunction, ranked
+from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
+from service.core.jobs import Decoding, Done, Job, Ranking, decode_rows, rank_rows
 from service.core.metrics import DEFAULT_VERSION, ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
@@ -72,7 +74,7 @@ class Pipeline:
             spinning=settings.ort_spinning,
         )
         self.runtime = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
-        self.batcher: DynamicBatcher[Feeds, Feeds] = DynamicBatcher(
+        self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
             self.run_batch,
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
@@ -96,13 +98,26 @@ class Pipeline:
         values of a metric's label (a masked LM's vocabulary)."""
         return None
 
-    def batch_attributes(self, items: list[Feeds]) -> dict[str, Any]:
+    def batch_attributes(self, items: list[Job]) -> dict[str, Any]:
         """What a batch's span says of the batch besides its size and instance."""
         return {"gmlp.model.variant": self.variant}
 
-    def run_batch(self, items: list[Feeds]) -> list[Feeds]:
-        """What the batcher runs: the requests' feeds in one session run (blocking)."""
+    def run_batch(self, jobs: list[Job]) -> list[Done]:
+        """What the batcher runs (blocking, in the batch thread): the requests' feeds in one session
+        run, then the answers they ask for and the quality metrics, once for the whole batch."""
+        outputs = self.run_rows([job.feeds for job in jobs])
+        start = time.monotonic()
+        answers = self.finish(jobs, outputs)
+        finished = (start, time.monotonic())
+        return [Done(out, answer, finished) for out, answer in zip(outputs, answers, strict=True)]
+
+    def run_rows(self, items: list[Feeds]) -> list[Feeds]:
+        """The requests' feeds in one session run, the outputs split per request."""
         return self.runtime.run_batch(items)
+
+    def finish(self, jobs: list[Job], outputs: list[Feeds]) -> list[Any]:
+        """Each job's answer (None where it asks for the outputs alone), vectorised over the rows."""
+        return [None] * len(jobs)
 
     def warmup_feeds(self) -> list[Feeds]:
         """One request per input shape the service will run (the largest last)."""
@@ -116,9 +131,9 @@ class Pipeline:
         a shape allocate ORT's memory arenas, which should not happen on a client's request."""
         shapes = self.warmup_feeds()
         for feeds in shapes:
-            self.check_outputs(feeds, self.run_batch([feeds])[0])
+            self.check_outputs(feeds, self.run_rows([feeds])[0])
         if self.settings.max_batch_size > 1:
-            self.check_outputs(shapes[-1], self.run_batch([shapes[-1]] * self.settings.max_batch_size)[0])
+            self.check_outputs(shapes[-1], self.run_rows([shapes[-1]] * self.settings.max_batch_size)[0])
 
     def verify(self) -> None:
         """Raise SpecError unless the chosen variant answers the export's recorded check as the export
@@ -162,7 +177,7 @@ class Pipeline:
 
     async def infer(self, feeds: Feeds, deadline: Deadline) -> Feeds:
         """One request's model outputs, run in whatever batch the batcher forms."""
-        return await self.batcher.submit(feeds, deadline)
+        return (await self.batcher.submit(Job(feeds), deadline)).outputs
 
 
 class VisionPipeline(Pipeline):
@@ -196,17 +211,27 @@ class VisionPipeline(Pipeline):
                 f"model {self.name}: logits {outputs['logits'].shape} but {len(self.labels)} labels"
             )
 
+    def finish(self, jobs: list[Job], outputs: list[Feeds]) -> list[Any]:
+        """The ranked labels of the rows that ask for them, one vectorised pass per score function
+        (at the largest top_k among its rows; each row keeps its own prefix of the ranking)."""
+        observed = [out["logits"] for job, out in zip(jobs, outputs, strict=True) if job.observed]
+        if observed:
+            self.predictions.observe(np.stack(observed))
+        return rank_rows(jobs, outputs, self.labels)
+
     async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
         """The logits of one encoded image, through the model's own transform and the batcher."""
+        return (await self._submit(image, deadline, None)).outputs["logits"]
+
+    async def _submit(self, image: bytes, deadline: Deadline, answer: Ranking | None) -> Done:
+        """One encoded image through the model's own transform and the batcher."""
         with self.batcher.arriving(), tracing.span("preprocess"):
             img = self.transform.open(image)  # the header only: cheap whatever the image
             if img.width * img.height <= INLINE_DECODE_PIXELS:
                 pixels = self.transform.finish(img)
             else:
                 pixels = await before(asyncio.to_thread(self.transform.finish, img), deadline)
-        logits = (await self.infer({"pixel_values": pixels}, deadline))["logits"]
-        self.predictions.observe(logits)
-        return logits
+        return await self.batcher.submit(Job({"pixel_values": pixels}, answer, observed=True), deadline)
 
     async def classify(
         self, image: bytes, top_k: int, deadline: Deadline, function: ScoreFunction = "softmax"
@@ -218,10 +243,10 @@ class VisionPipeline(Pipeline):
                 ErrorCode.INVALID_TOP_K,
                 f"top_k must be between 1 and {len(self.labels)} (the number of labels)",
             )
-        logits = await self.logits(image, deadline)
-        with tracing.span("postprocess"):
-            scores = SCORE_FUNCTIONS[function](logits)
-            return [{"label": self.labels[i], "score": float(scores[i])} for i in ranked(scores, top_k)]
+        done = await self._submit(image, deadline, Ranking(top_k, function))
+        tracing.span_after("postprocess", *done.finished)
+        answer: list[dict[str, Any]] = done.answer
+        return answer
 
 
 class FillMaskPipeline(Pipeline):
@@ -248,8 +273,20 @@ class FillMaskPipeline(Pipeline):
     def collate(self, items: Sequence[Feeds]) -> Feeds:
         return self.codec.collate(items, fixed=self.fixed_length)
 
-    def run_batch(self, items: list[Feeds]) -> list[Feeds]:
+    def run_rows(self, items: list[Feeds]) -> list[Feeds]:
         return self.runtime.run_batch(items, self.collate)
+
+    def finish(self, jobs: list[Job], outputs: list[Feeds]) -> list[Any]:
+        """The quality metrics of the task requests' mask rows, and the decoded predictions of those
+        that ask for them (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
+        observed = [
+            out["logits"][: len(job.feeds["mask_positions"])]
+            for job, out in zip(jobs, outputs, strict=True)
+            if job.observed
+        ]
+        if observed:
+            self.predictions.observe(np.concatenate(observed))
+        return decode_rows(jobs, outputs, self.codec)
 
     def warmup_feeds(self) -> list[Feeds]:
         """[MASK]-only texts at every padded length a batch can have, one mask, then the largest."""
@@ -267,8 +304,10 @@ class FillMaskPipeline(Pipeline):
         if outputs["logits"].shape != expected:
             raise ValueError(f"model {self.name}: logits {outputs['logits'].shape}, expected {expected}")
 
-    def batch_attributes(self, items: list[Feeds]) -> dict[str, Any]:
-        length = self.codec.padded_length(max(len(i["input_ids"]) for i in items), fixed=self.fixed_length)
+    def batch_attributes(self, items: list[Job]) -> dict[str, Any]:
+        length = self.codec.padded_length(
+            max(len(i.feeds["input_ids"]) for i in items), fixed=self.fixed_length
+        )
         return {**super().batch_attributes(items), "gmlp.batch.padded_length": length}
 
     def check_run(self, feeds: Feeds) -> Feeds:
@@ -287,23 +326,38 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
-        encoded, target_ids, logits = await self.masked_logits(text, deadline, targets)
-        with tracing.span("postprocess"):
-            return self.codec.decode(encoded, logits, top_k, target_ids)
+        _, _, done = await self._submit(text, deadline, targets, top_k)
+        tracing.span_after("postprocess", *done.finished)
+        answer: list[list[dict[str, Any]]] = done.answer
+        return answer
 
-    async def masked_logits(
-        self, text: str, deadline: Deadline, targets: list[str] | None = None
-    ) -> tuple[EncodedText, list[int] | None, np.ndarray]:
-        """The tokenised text, the target ids (if any) and the logits of its [MASK]s [slots, vocab]."""
+    async def decoded_text(self, text: str, top_k: int, deadline: Deadline) -> tuple[np.ndarray, Any]:
+        """A text's [MASK] logits [slots, vocab] and its top_k per mask, decoded in the batch thread
+        (the v2 protocol's text input)."""
+        _, _, done = await self._submit(text, deadline, None, top_k)
+        return done.outputs["logits"], done.answer
+
+    async def infer_decoded(self, feeds: Feeds, top_k: int, deadline: Deadline) -> Done:
+        """A token-id request's outputs and its top_k per mask, decoded in the batch thread (the v2
+        protocol's graph inputs with the predictions output asked for)."""
+        ids, positions = feeds["input_ids"].tolist(), feeds["mask_positions"].tolist()
+        answer = Decoding(EncodedText(ids, positions, feeds), top_k)
+        return await self.batcher.submit(Job(feeds, answer), deadline)
+
+    async def _submit(
+        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None
+    ) -> tuple[EncodedText, list[int] | None, Done]:
+        """A text through the model's tokenizer and the batcher; decoded in the batch thread when
+        `top_k` is given."""
         with self.batcher.arriving(), tracing.span("preprocess"):
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)
             else:
                 encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
             target_ids = None if targets is None else self.codec.target_ids(targets)
-        logits = (await self.infer(encoded.feeds, deadline))["logits"]
-        self.predictions.observe(logits[: len(encoded.mask_positions)])
-        return encoded, target_ids, logits
+        answer = None if top_k is None else Decoding(encoded, top_k, target_ids)
+        done = await self.batcher.submit(Job(encoded.feeds, answer, observed=True), deadline)
+        return encoded, target_ids, done
 
 
 PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: FillMaskPipeline}

@@ -170,6 +170,17 @@ def span(name: str) -> AbstractContextManager[Any]:
     return request.tracer.tracer.start_as_current_span(name)
 
 
+def span_after(name: str, start: float, end: float) -> None:
+    """A child span of the current request's span between two `time.monotonic()` instants measured
+    elsewhere (its batch thread's work for it); nothing when the request is not sampled."""
+    request = requests.current()
+    if not sampled(request):
+        return
+    assert request is not None
+    to_ns = epoch_ns()
+    request.tracer.span_between(name, request.span, to_ns(start), to_ns(end))
+
+
 def sampled(request: requests.RequestContext | None) -> bool:
     return request is not None and request.span is not None and request.span.is_recording()
 

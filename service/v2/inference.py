@@ -37,7 +37,6 @@ import numpy as np
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
-from contract.text import EncodedText
 from service.core import requests
 from service.core.deadline import Deadline
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
@@ -258,18 +257,10 @@ def _output_names(served: Pipeline) -> list[str]:
     return [*names, PREDICTIONS_OUTPUT] if isinstance(served, FillMaskPipeline) else names
 
 
-def _predictions(
-    served: FillMaskPipeline,
-    encoded: Sequence[EncodedText],
-    logits: Sequence[np.ndarray],
-    top_k: int,
-    shape: Sequence[int],
-) -> Tensor:
-    """The JSON of `/fill-mask` for each row, as a BYTES tensor of `shape` (one element per row)."""
-    items = [
-        json.dumps(served.codec.decode(e, row, top_k), ensure_ascii=False).encode("utf-8")
-        for e, row in zip(encoded, logits, strict=True)
-    ]
+def _predictions(answers: Sequence[Any], shape: Sequence[int]) -> Tensor:
+    """The JSON of `/fill-mask` for each row (decoded in the batch thread), as a BYTES tensor of
+    `shape` (one element per row)."""
+    items = [json.dumps(answer, ensure_ascii=False).encode("utf-8") for answer in answers]
     return bytes_tensor(PREDICTIONS_OUTPUT, items, shape)
 
 
@@ -294,16 +285,16 @@ async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> d
         decode = isinstance(served, FillMaskPipeline) and PREDICTIONS_OUTPUT in request.outputs
         top_k = _top_k(request.parameters) if decode else 0
         rows = _graph_rows(served, request.inputs)
-        results = await gather_or_cancel([served.infer(row, deadline) for row in rows])
+        if decode:
+            assert isinstance(served, FillMaskPipeline)
+            done = await gather_or_cancel([served.infer_decoded(row, top_k, deadline) for row in rows])
+            results = [d.outputs for d in done]
+        else:
+            results = await gather_or_cancel([served.infer(row, deadline) for row in rows])
         stacked = {name: np.stack([r[name] for r in results]) for name in served.runtime.output_names}
         produced = {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacked.items()}
         if decode:
-            assert isinstance(served, FillMaskPipeline)
-            encoded = [
-                EncodedText(row["input_ids"].tolist(), row["mask_positions"].tolist(), row) for row in rows
-            ]
-            row_logits = [r["logits"] for r in results]
-            produced[PREDICTIONS_OUTPUT] = _predictions(served, encoded, row_logits, top_k, [len(rows), 1])
+            produced[PREDICTIONS_OUTPUT] = _predictions([d.answer for d in done], [len(rows), 1])
         return produced
     if isinstance(served, VisionPipeline) and names == [IMAGE_INPUT]:
         _check_outputs(request.outputs, ["logits"])
@@ -314,11 +305,9 @@ async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> d
         _check_outputs(request.outputs, _output_names(served))
         top_k = _top_k(request.parameters)
         texts = [_utf8(item) for item in _encoded_items(request.inputs[0], served)]
-        runs = await gather_or_cancel([served.masked_logits(t, deadline) for t in texts])
-        encoded, row_logits = [run[0] for run in runs], [run[2] for run in runs]
-        produced = {
-            PREDICTIONS_OUTPUT: _predictions(served, encoded, row_logits, top_k, request.inputs[0].shape)
-        }
+        runs = await gather_or_cancel([served.decoded_text(t, top_k, deadline) for t in texts])
+        row_logits = [run[0] for run in runs]
+        produced = {PREDICTIONS_OUTPUT: _predictions([run[1] for run in runs], request.inputs[0].shape)}
         if "logits" in request.outputs:
             produced["logits"] = _stacked_logits(row_logits)
         return produced

@@ -203,6 +203,22 @@ def test_ratios_against_the_best_peer_and_raw_ort():
     assert "c=32 server CPU per request: 1.50x raw ORT CPU per image" in lines
 
 
+def test_bare_pipeline_row_and_ratios():
+    """The bare pipeline's rounds become a table row and served/bare ratios (medians over rounds)."""
+    results = _results()
+    results["bare"] = [
+        {"round": r, "requests_per_s": rps, "cpu_ms_per_request": cpu}
+        for r, (rps, cpu) in enumerate(((500.0, 2.4), (480.0, 2.5), (520.0, 2.6)))
+    ]
+    bare_row = report.table(results, LABELS).splitlines()[-1]
+    assert bare_row.startswith("| bare pipeline")
+    assert "500 (480-520) images/s" in bare_row and "2.50 (2.40-2.60) per image" in bare_row
+    lines = report.ratios(results, LABELS)
+    assert "c=32 req/s: 0.80x the bare pipeline's images/s" in lines
+    assert "c=32 server CPU per request: 1.20x the bare pipeline's CPU per image" in lines
+    assert not any("bare" in line for line in report.ratios(_results(), LABELS))
+
+
 def test_section_is_replaced_between_markers_and_appended_once():
     doc = "# Benchmarks\n\nintro\n"
     once = report.replace_section(doc, "first")

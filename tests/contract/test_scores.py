@@ -9,7 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.scores import k_largest, top_probabilities
+from contract.scores import (
+    SCORE_FUNCTIONS,
+    k_largest,
+    log_normaliser,
+    log_normalisers,
+    ranked,
+    ranked_labels,
+    ranked_rows,
+    softmax,
+    softmax_rows,
+    top_probabilities,
+)
 
 
 def _reference(logits: np.ndarray, k: int, candidates: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -72,3 +83,47 @@ def test_k_largest_leaves_out_nothing_larger(row: np.ndarray, k: int, block: int
     assert row[chosen].min() == kth
     left_out = np.setdiff1d(np.arange(row.shape[0]), chosen)
     assert (row[left_out] <= kth).all()
+
+
+def _rows(seed: int, m: int, n: int, ties: bool) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rows = rng.normal(scale=4.0, size=(m, n)).astype(np.float32)
+    # Rounded to a few values, most rows hold ties, also at the top and across the k-th place.
+    return np.round(rows / 2.0).astype(np.float32) if ties else rows
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_batch_ranking_equals_the_per_request_ranking(seed: int, ties: bool) -> None:
+    """`ranked_labels` over a batch's rows gives every row exactly what one request's scores and
+    `ranked` give it (labels, order, and the very same floats), for every score function."""
+    m, n = 1 + seed * 3, (2, 10, 37)[seed % 3]
+    rows = _rows(seed, m, n, ties)
+    labels = [f"label-{i}" for i in range(n)]
+    for function, score in SCORE_FUNCTIONS.items():
+        for k in {1, min(5, n), n}:
+            batch = ranked_labels(rows, labels, k, function)
+            for row, answer in zip(rows, batch, strict=True):
+                scores = score(row)
+                assert answer == [{"label": labels[i], "score": float(scores[i])} for i in ranked(scores, k)]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("n", [10, 30522])
+def test_batch_normalisers_equal_the_per_row_ones(n: int, ties: bool) -> None:
+    """The normalisers of a batch's rows in one pass are bit for bit each row's own, so the
+    probabilities a batch decodes are those one request would get."""
+    rows = _rows(n, 12, n, ties)
+    together = log_normalisers(rows)
+    assert [float(z) for z in together] == [log_normaliser(row) for row in rows]
+    np.testing.assert_array_equal(softmax_rows(rows), np.stack([softmax(row) for row in rows]))
+    for row, z in zip(rows, together, strict=True):
+        for got, want in zip(
+            top_probabilities(row, 5, log_z=float(z)), top_probabilities(row, 5), strict=True
+        ):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_batch_ranking_keeps_ties_in_index_order() -> None:
+    rows = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]], dtype=np.float32)
+    assert ranked_rows(rows, 3).tolist() == [[1, 2, 0], [0, 1, 2]]

@@ -79,7 +79,7 @@ def _served(pipeline: FillMaskPipeline, texts: list[Feeds], batch: int) -> list[
     out = []
     for start in range(0, len(texts), batch):
         chunk = texts[start : start + batch]
-        for text, result in zip(chunk, pipeline.run_batch(chunk), strict=True):
+        for text, result in zip(chunk, pipeline.run_rows(chunk), strict=True):
             out.append(result["logits"][: len(text["mask_positions"])])
     return out
 
@@ -141,9 +141,9 @@ def test_a_short_and_a_long_text_batched_as_alone(tiny_mlm_served: Path) -> None
     codec = pipeline.codec
     short, long = _texts(codec.n, codec.max_predictions, codec.vocab_size, count=2, seed=2)
     assert (len(short["input_ids"]), len(long["input_ids"])) == (3, codec.n)
-    together = pipeline.run_batch([short, long])
+    together = pipeline.run_rows([short, long])
     for text, result in zip((short, long), together, strict=True):
-        (alone,) = pipeline.run_batch([text])
+        (alone,) = pipeline.run_rows([text])
         masks = len(text["mask_positions"])
         np.testing.assert_allclose(result["logits"][:masks], alone["logits"][:masks], rtol=0, atol=1e-5)
 

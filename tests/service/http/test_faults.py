@@ -44,6 +44,7 @@ from service.core.deadline import Deadline
 from service.core.metrics import ServiceMetrics
 from service.core.pipelines import FillMaskPipeline, load_pipeline
 from service.core.settings import ServiceSettings
+from svc_harness import SERVER_ARGS, TEST_SERVER
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer
@@ -256,8 +257,8 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     server = gmlp_serve(
         repository,
         log_path=tmp_path / "server.log",
-        serve_args=["--intra-op-threads", "1", "--max-batch-size", "64", "--max-queue-delay-ms", "8000"]
-        + ["--queue-delay-policy", "always"],
+        serve_args=[*SERVER_ARGS, "--intra-op-threads", "1", "--max-batch-size", "64"]
+        + ["--max-queue-delay-ms", "8000", "--queue-delay-policy", "always"],
         ready_timeout_s=90,
     )
     images, texts = cifar_images[:8], [*GOOD_TEXTS, *GOOD_TEXTS, *GOOD_TEXTS[:2]]
@@ -294,4 +295,5 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     # (143 in a shell) after a complete, graceful shutdown.
     assert exit_status in (0, -signal.SIGTERM), server.log_tail()
     log = server.log_tail()
-    assert "drained and closed 2 models" in log and "Application shutdown complete" in log, log
+    finished = {"uvicorn": "Application shutdown complete", "granian": "Granian shutdown completed"}
+    assert "drained and closed 2 models" in log and finished[TEST_SERVER] in log, log

@@ -94,13 +94,13 @@ def test_short_and_long_texts_give_the_codec_s_encoding(
     # Over the inline bound in characters, still within the model's window in tokens.
     long = "[MASK]" + " " * (pipelines.INLINE_ENCODE_CHARS + 10) + "sat."
     seen: list[Any] = []
-    original = pipeline.infer
+    original = pipeline.batcher.submit
 
-    async def recording(feeds: Any, deadline: Deadline) -> Any:
-        seen.append(feeds)
-        return await original(feeds, deadline)
+    async def recording(job: Any, deadline: Deadline | None = None) -> Any:
+        seen.append(job.feeds)
+        return await original(job, deadline)
 
-    monkeypatch.setattr(pipeline, "infer", recording)
+    monkeypatch.setattr(pipeline.batcher, "submit", recording)
     _run(
         pipeline,
         lambda: asyncio.gather(*(pipeline.fill_mask(t, 3, None, Deadline.after(30)) for t in (short, long))),

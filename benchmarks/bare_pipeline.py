@@ -1,0 +1,280 @@
+"""The limit a server is measured against: each task's unavoidable work in one process, nothing else.
+
+    .venv/bin/python -m benchmarks.bare_pipeline                       # both tasks, 3 rounds x 10 s
+    .venv/bin/python -m benchmarks.bare_pipeline --task classify --seconds 5 --rounds 1
+
+No HTTP, no event loop, no queue: threads, as many as the service runs execution instances
+(each with the service's intra-op threads, as `ServiceSettings` resolves them from the
+environment, or `--instances` / `--intra-op-threads`), each calling one ONNX Runtime session
+built by the product's own `OnnxModel`, batch after batch of 16 requests:
+
+- **classify** ("bare"): decode and preprocess 16 JPEGs with the model's own `contract.image`
+  transform (the peer benchmark's /classify image on every request, unless `--all-images`), run
+  them as one batch, rank the scores of every row (softmax, top 5, labels: the batch's rows at
+  once, `contract.scores.ranked_labels`, as the service's batch threads do).
+- **fill-mask** ("bare"): tokenise 16 masked sentences (`loadtests/data/sentences.tsv`, in turn)
+  with the model's own `contract.text` codec, run them at the batch's padded length, take the
+  top 5 of every [MASK] with the token strings and filled-in sequences a response carries
+  (`FillMaskCodec.decode_batch`, what the service's batch threads run).
+- **raw**, beside each: `session.run` alone on a batch prepared once (the model's own cost).
+
+Rounds alternate bare and raw, so that drift in the machine's speed hits both alike. CPU is
+getrusage of the whole process (ORT's threads included) over each run, divided by the requests
+(images or sentences) it answered. Prints one JSON object per task (one line each) with the
+machine, the settings, every round and the medians; `benchmarks.peers.run` and
+`benchmarks.fill_mask_cpu` run it between their server rows, for served/bare ratios from one run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.harness import REPO, command_line, cpu_facts, cpu_line
+from benchmarks.peers.raw_ort import run_concurrently
+from contract.image import ImageTransform
+from contract.scores import ranked_labels
+from contract.spec import ModelSpec, read_spec
+from contract.text import FillMaskCodec
+from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES
+from service.core.runtime import OnnxModel, RuntimeOptions, choose_variant
+from service.core.settings import ServiceSettings
+
+BATCH = 16
+TOP_K = 5
+TASKS = ("classify", "fill-mask")
+DEFAULT_MODELS = {
+    "classify": REPO / "models" / "cifar10-gmlp",
+    "fill-mask": REPO / "models" / "gutenberg-gmlp-mlm",
+}
+
+
+def peer_images() -> list[bytes]:
+    """The bundled CIFAR-10 test JPEGs in the peer benchmark's order (its request is the first)."""
+    return [p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))]
+
+
+def sentences() -> list[str]:
+    """The bundled masked sentences (Project Gutenberg, one [MASK] each)."""
+    lines = BUNDLED_SENTENCES.read_text().splitlines()
+    return [line.split("\t", 1)[1] for line in lines if line and not line.startswith("#")]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One timed run: batches and requests answered, wall and CPU seconds, and the two figures."""
+
+    batches: int
+    requests: int
+    wall_s: float
+    cpu_s: float
+    requests_per_s: float
+    cpu_ms_per_request: float
+
+
+def timed(run: Callable[[int], object], threads: int, seconds: float, batch: int) -> Rate:
+    """`run(k)` (one batch of `batch` requests) from `threads` threads for `seconds`."""
+    runs = run_concurrently(run, threads, seconds)
+    requests = runs.calls * batch
+    return Rate(
+        runs.calls,
+        requests,
+        runs.wall_s,
+        runs.cpu_s,
+        requests / runs.wall_s,
+        runs.cpu_s * 1000.0 / max(requests, 1),
+    )
+
+
+class Bare:
+    """One served model as the service runs it (variant, instances, threads), and its task's work."""
+
+    task = ""
+
+    def __init__(self, model_dir: Path, settings: ServiceSettings, batch: int = BATCH) -> None:
+        spec = read_spec(model_dir)
+        if spec is None:
+            raise SystemExit(f"{model_dir} is not a served-model directory (run gmlp export)")
+        self.spec: ModelSpec = spec
+        self.batch = batch
+        self.variant = choose_variant(spec.variants, "cpu", settings.variant)
+        self.instances = settings.resolved_instances("cpu")
+        options = RuntimeOptions("cpu", settings.resolved_threads(self.instances), settings.ort_spinning)
+        self.model = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
+
+    def bare(self, k: int) -> list[Any]:
+        """Batch number `k` of the whole task: the inputs as a request brings them -> answers."""
+        raise NotImplementedError
+
+    def raw(self, k: int) -> object:
+        """Batch number `k` of `session.run` alone, on inputs prepared once."""
+        raise NotImplementedError
+
+    def inputs(self) -> int:
+        """How many distinct inputs the batches cycle through."""
+        raise NotImplementedError
+
+    def settings(self) -> dict[str, Any]:
+        """What the measured work was: model, variant, threads, batch and distinct inputs."""
+        return {
+            "inputs": self.inputs(),
+            "task": self.task,
+            "model": self.spec.name,
+            "variant": self.variant,
+            "instances": self.instances,
+            "intra_op_threads": self.model.options.intra_op_threads,
+            "batch": self.batch,
+        }
+
+
+class BareClassify(Bare):
+    """Decode + transform each JPEG, one session run per batch, softmax and top 5 of every row."""
+
+    task = "classify"
+
+    def __init__(
+        self, model_dir: Path, settings: ServiceSettings, images: Sequence[bytes], batch: int = BATCH
+    ) -> None:
+        super().__init__(model_dir, settings, batch)
+        self.transform = ImageTransform.for_model(
+            self.spec.config, settings.max_image_pixels, settings.jpeg_draft
+        )
+        self.labels = self.spec.labels()
+        self.images = list(images)
+        self.pixels = np.stack([self.transform(self._image(0, i)) for i in range(batch)])
+
+    def _image(self, k: int, i: int) -> bytes:
+        return self.images[(k * self.batch + i) % len(self.images)]
+
+    def bare(self, k: int) -> list[Any]:
+        pixels = np.stack([self.transform(self._image(k, i)) for i in range(self.batch)])
+        logits = self.model.run({"pixel_values": pixels})["logits"]
+        return ranked_labels(logits, self.labels, min(TOP_K, len(self.labels)))
+
+    def raw(self, k: int) -> object:
+        return self.model.run({"pixel_values": self.pixels})
+
+    def inputs(self) -> int:
+        return len(self.images)
+
+
+class BareFillMask(Bare):
+    """Tokenise each sentence, one session run per batch at its padded length, top 5 per [MASK]."""
+
+    task = "fill-mask"
+
+    def __init__(
+        self, model_dir: Path, settings: ServiceSettings, texts: Sequence[str], batch: int = BATCH
+    ) -> None:
+        super().__init__(model_dir, settings, batch)
+        self.codec = FillMaskCodec(
+            self.spec.tokenizer_path(), self.spec.model_config, model_name=self.spec.name
+        )
+        static = any(d is not None for d in self.model.static_dims("input_ids")[1:])
+        self.fixed = settings.fixed_length or static
+        # The texts that fit the model's window (all of the bundled ones for the demo model).
+        self.texts = [t for t in texts if len(self.codec.tokenizer.encode(t).ids) <= self.codec.n]
+        if not self.texts:
+            raise SystemExit(f"no text fits the {self.codec.n}-token window of {self.spec.name}")
+        # Whole batches of the texts in turn, collated once for the raw runs.
+        feeds = [self.codec.encode(t).feeds for t in self.texts]
+        starts = range(0, max(1, len(feeds) - batch + 1), batch)
+        self.batches = [self.codec.collate(self._wrap(feeds, s), fixed=self.fixed) for s in starts]
+
+    def _wrap(self, items: Sequence[Any], start: int) -> list[Any]:
+        return [items[(start + i) % len(items)] for i in range(self.batch)]
+
+    def bare(self, k: int) -> list[Any]:
+        encoded = [self.codec.encode(t) for t in self._wrap(self.texts, k * self.batch)]
+        logits = self.model.run(self.codec.collate([e.feeds for e in encoded], fixed=self.fixed))["logits"]
+        return self.codec.decode_batch(encoded, list(logits), [TOP_K] * len(encoded), [None] * len(encoded))
+
+    def raw(self, k: int) -> object:
+        return self.model.run(self.batches[k % len(self.batches)])
+
+    def inputs(self) -> int:
+        return len(self.texts)
+
+
+def measure(bare: Bare, seconds: float, rounds: int) -> dict[str, Any]:
+    """Rounds of bare then raw (after one untimed batch of each); per round and medians."""
+    bare.bare(0)
+    bare.raw(0)
+    per_round: list[dict[str, Any]] = []
+    for rnd in range(rounds):
+        b = timed(bare.bare, bare.instances, seconds, bare.batch)
+        r = timed(bare.raw, bare.instances, seconds, bare.batch)
+        per_round.append({"round": rnd, "bare": asdict(b), "raw": asdict(r)})
+    medians = {
+        kind: {
+            key: statistics.median(p[kind][key] for p in per_round)
+            for key in ("requests_per_s", "cpu_ms_per_request")
+        }
+        for kind in ("bare", "raw")
+    }
+    return {**bare.settings(), "seconds": seconds, "rounds": per_round, **medians}
+
+
+def build(task: str, model_dir: Path, settings: ServiceSettings, all_images: bool = False) -> Bare:
+    if task == "classify":
+        images = peer_images()
+        return BareClassify(model_dir, settings, images if all_images else images[:1])
+    return BareFillMask(model_dir, settings, sentences())
+
+
+def service_settings(
+    instances: int | None, intra_op_threads: int | None, variant: str | None
+) -> ServiceSettings:
+    """The service's settings from the environment, with the command line's overrides."""
+    overrides: dict[str, Any] = {
+        "instances": instances,
+        "intra_op_threads": intra_op_threads,
+        "variant": variant,
+    }
+    return ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def run_argv(
+    task: str, model_dir: Path, seconds: float, *, rounds: int = 1, extra: Sequence[str] = ()
+) -> list[str]:
+    """The command's arguments (after `python -m benchmarks.bare_pipeline`) for one task."""
+    return [
+        *("--task", task, "--model-dir", str(model_dir)),
+        *("--seconds", str(seconds), "--rounds", str(rounds)),
+        *extra,
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = command_line(__doc__)
+    parser.add_argument("--task", choices=(*TASKS, "both"), default="both")
+    parser.add_argument(
+        "--model-dir", type=Path, help="served-model directory (default: models/ demo of the task)"
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per timed run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--instances", type=int, help="threads running batches (default: the service's)")
+    parser.add_argument(
+        "--intra-op-threads", type=int, help="ORT threads per instance (default: the service's)"
+    )
+    parser.add_argument("--variant", help="model variant (default: the service's choice)")
+    parser.add_argument("--all-images", action="store_true", help="classify: all 8 bundled JPEGs in turn")
+    args = parser.parse_args(argv)
+    if args.task == "both" and args.model_dir is not None:
+        raise SystemExit("--model-dir needs --task classify or --task fill-mask")
+    settings = service_settings(args.instances, args.intra_op_threads, args.variant)
+    machine = cpu_line(cpu_facts())
+    for task in TASKS if args.task == "both" else (args.task,):
+        bare = build(task, args.model_dir or DEFAULT_MODELS[task], settings, args.all_images)
+        result = measure(bare, args.seconds, args.rounds)
+        print(json.dumps({"machine": machine, **result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

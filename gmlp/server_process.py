@@ -1,0 +1,196 @@
+"""A server as a child process on 127.0.0.1: started in its own session, probed until ready,
+stopped with its whole process tree.
+
+`ServerProcess` runs any server command (SIGTERM, then SIGKILL, to every process of the tree,
+since some frameworks leave helpers behind a plain kill of the root); `gmlp_serve` builds the one
+for `gmlp serve`. `gmlp tune` starts its candidates with it and the benchmark programs their
+servers. Standard library only (plus `gmlp.proc`): it runs wherever the serving install does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+from gmlp.proc import alive, tree_pids
+
+HOST = "127.0.0.1"
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel's choice for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def link_repository(work: Path, model_dir: Path) -> Path:
+    """`work/repository`, a model repository holding `model_dir` as a link: a server started on it
+    serves exactly that model, whatever else lies beside it."""
+    repository = work / "repository"
+    repository.mkdir(exist_ok=True)
+    link = repository / model_dir.name
+    if not link.exists():
+        link.symlink_to(model_dir.resolve())
+    return repository
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> bytes:
+    """The body of a GET that answered 2xx (urllib raises OSError subclasses otherwise)."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.read()
+
+
+class ServerProcess:
+    """A server child process on 127.0.0.1; as a context manager it is started and ready inside.
+
+    `argv` is the whole command; `url` is `http://127.0.0.1:PORT` plus `path` (the URL measured).
+    The output goes to `log_path`; `log_tail()` shows it when the server dies or never gets ready.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        port: int,
+        log_path: Path,
+        path: str = "",
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        ready_timeout_s: float = 90.0,
+    ) -> None:
+        self.argv = list(argv)
+        self.port = port
+        self.base_url = f"http://{HOST}:{port}"
+        self.url = self.base_url + path
+        self.log_path = log_path
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def start(self) -> None:
+        """Start the command in its own session; the log file is the child's stdout and stderr."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=self.cwd,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def health(self) -> bytes:
+        """GET /health/ready: the default readiness probe (raises until the server is ready)."""
+        return http_get(f"{self.base_url}/health/ready")
+
+    def wait_ready(self, probe: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Call `probe` until it returns (an OSError, ValueError or KeyError means "not yet");
+        return what it returned. Fails early (RuntimeError) if the process exits, late
+        (TimeoutError) if it never answers."""
+        assert self.proc is not None, "not started"
+        limit = self.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.argv[0]} exited with {self.proc.returncode} before it was ready "
+                    f"({self.log_path}):\n{self.log_tail()}"
+                )
+            try:
+                return probe()
+            except (OSError, ValueError, KeyError) as exc:  # not listening, not ready, no answer yet
+                last = exc
+                time.sleep(0.25)
+        raise TimeoutError(
+            f"{self.argv[0]} was not ready within {limit:.0f} s ({last}; {self.log_path}):\n{self.log_tail()}"
+        )
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM every process of the tree (a server drains), SIGKILL what is left after `grace_s`."""
+        if self.proc is None or self.proc.poll() is not None:
+            return  # never started, or ended and reaped: its pid may belong to another process now
+        pids = tree_pids(self.proc.pid) | {self.proc.pid}
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                self.proc.poll()  # reap the root, so that it does not linger as a zombie
+                pids = {pid for pid in pids if alive(pid)}
+                if not pids:
+                    return
+                time.sleep(0.1)
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        try:
+            self.wait_ready(self.health)
+        except BaseException:
+            self.stop()  # __exit__ does not run when __enter__ raises
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def serve_argv(repository: Path, port: int, *flags: str) -> list[str]:
+    """`gmlp serve` of exactly `repository` (no start-up export of checkpoints into it), HTTP only
+    on `port` (a fixed gRPC port would clash between servers on one machine)."""
+    return [
+        *(sys.executable, "-m", "gmlp", "serve", "--host", HOST, "--port", str(port)),
+        *("--model-repository", str(repository), "--checkpoint-dir", "", "--grpc-port", "0"),
+        *flags,
+    ]
+
+
+def gmlp_serve(
+    repository: Path,
+    *,
+    log_path: Path,
+    serve_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = 90.0,
+) -> ServerProcess:
+    """A `ServerProcess` of `gmlp serve` on a free port (not started yet)."""
+    port = free_port()
+    return ServerProcess(
+        serve_argv(repository, port, *serve_args),
+        port=port,
+        log_path=log_path,
+        env=env,
+        ready_timeout_s=ready_timeout_s,
+    )
+
+
+__all__ = ["HOST", "ServerProcess", "free_port", "gmlp_serve", "http_get", "link_repository", "serve_argv"]
