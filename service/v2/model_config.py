@@ -14,11 +14,9 @@ server parses the same dicts into its messages, so both transports answer alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from contract.errors import ErrorCode, ModelNotFound
-from service.core.pipelines import Pipeline
 from service.core.state import ServiceState
 from service.core.statistics import Duration, ModelCounters
 from service.v2 import inference
@@ -26,15 +24,6 @@ from service.v2.tensors import BYTES
 
 BACKEND = "onnxruntime"
 NS = 1_000_000_000
-
-
-def single_version_policy(served: Pipeline) -> dict[str, Any]:
-    """The version policy of a repository that serves one version of each model."""
-    return {"latest": {"num_versions": 1}}
-
-
-# What `model_config` reports as the version policy; a repository with versions replaces it.
-version_policy: Callable[[Pipeline], dict[str, Any]] = single_version_policy
 
 
 def _data_type(datatype: str) -> str:
@@ -56,7 +45,8 @@ def model_config(state: ServiceState, name: str, version: str = "") -> dict[str,
         "name": served.name,
         "platform": inference.PLATFORM,
         "backend": BACKEND,
-        "version_policy": version_policy(served),
+        # The model's own policy (its policy.json, a load call's config, or GMLP_VERSION_POLICY).
+        "version_policy": state.table.policy_of(served.name).triton(),
         "max_batch_size": batcher.max_batch_size,
         "input": [
             {
@@ -143,4 +133,4 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
     return {"model_stats": [_model_statistics(counters(n, version or inference.VERSION)) for n in names]}
 
 
-__all__ = ["model_config", "model_statistics", "version_policy", "single_version_policy"]
+__all__ = ["model_config", "model_statistics"]

@@ -29,6 +29,16 @@ pytestmark = pytest.mark.timeout(180)
 BOTH = {"specific": {"versions": [1, 2]}}
 
 
+def _policy(client: Any, name: str) -> dict[str, Any]:
+    """The version policy in the model configuration, through a stock client (versions as ints:
+    gRPC's JSON writes int64 as strings)."""
+    config = client.get_model_config(name, **({"as_json": True} if is_grpc(client) else {}))
+    policy = (config["config"] if is_grpc(client) else config)["version_policy"]
+    if "specific" in policy:
+        policy = {"specific": {"versions": [int(v) for v in policy["specific"]["versions"]]}}
+    return dict(policy)
+
+
 @pytest.fixture(scope="module")
 def repo(
     tmp_path_factory: pytest.TempPathFactory, tiny_vision_served: Path, tiny_vision_v2_served: Path
@@ -96,6 +106,7 @@ def test_load_pin_unload(server: RunningServer, cifar_images: list[bytes], trans
     # Both versions side by side (the config's version_policy, as Triton's clients send it).
     client.load_model("tiny-vision", config=json.dumps({"version_policy": BOTH}))
     assert states(client) == {"1": "READY", "2": "READY"}
+    assert _policy(client, "tiny-vision") == BOTH  # the model configuration reports it
     version, oldest = infer(client, image, "1")
     assert version == "1" and not np.allclose(oldest, newest)
     assert infer(client, image)[0] == "2"  # no version: the newest READY one
