@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness import command_line, cpu_line, gmlp_serve
-from service.core.keys import digest, new_key
+from service.core.keys import key_line, new_key
 
 Sample = tuple[float, float, bool]  # start (monotonic), latency s, ok
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         repo = Path(tmp) / "models"
         shutil.copytree(args.model, repo / name / "1")
         keys = Path(tmp) / "api-keys"
-        keys.write_text(f"operator infer,admin,metrics {digest(KEY)}\n")
+        keys.write_text(key_line("operator", "infer,admin,metrics", KEY) + "\n")
         server = gmlp_serve(
             repo,
             log_path=Path(tmp) / "server.log",

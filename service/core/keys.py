@@ -53,6 +53,11 @@ def digest(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
+def key_line(name: str, scopes: str, key: str, *options: str) -> str:
+    """The keys file's line for `key` (stored as its digest): `NAME SCOPES sha256:... [OPTIONS]`."""
+    return " ".join([name, scopes, digest(key), *options])
+
+
 def presented_key(fields: Iterable[tuple[str, str]]) -> str | None:
     """The key among a request's header or metadata fields (lower-case names): a Bearer
     `authorization`, else `x-api-key`; None when neither is sent."""
@@ -294,7 +299,7 @@ def main(argv: list[str]) -> int:
         return 2
     _, name, scopes, *options = argv
     key = new_key()
-    line = " ".join([name, scopes, digest(key), *options])
+    line = key_line(name, scopes, key, *options)
     try:
         parse_keys(line, "the new line")
     except ValueError as exc:

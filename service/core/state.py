@@ -292,11 +292,6 @@ class ServiceState:
         """Served models of `task`, for refusals (listed only then, off the per-request path)."""
         return sorted(n for n, m in self.models.items() if m.task == task or not task)
 
-    def resolve(self, name: str | None, kind: type[P]) -> P:
-        """The `kind` pipeline a request names (or the task's default), without a lease."""
-        with self.serving(name, kind) as model:
-            return model
-
     def not_ready_error(self) -> NotReady:
         if self.phase == FAILED:
             return NotReady(

@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from service.core.keys import digest, new_key
+from service.core.keys import key_line, new_key
 
 
 def keys_file_text(keys: dict[str, str], scopes: dict[str, str]) -> str:
     """The keys file's lines for `keys` (name -> key) with `scopes` (name -> "SCOPES [options]")."""
     lines = ["# name scopes digest [options]"]
     for name, key in keys.items():
-        scope_list, _, options = scopes[name].partition(" ")
-        lines.append(" ".join(part for part in (name, scope_list, digest(key), options) if part))
+        scope_list, *options = scopes[name].split()
+        lines.append(key_line(name, scope_list, key, *options))
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ repository API needs credentials, they are added here and nowhere else.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ from svc_harness import RunningServer, free_port
 # The repository API is an admin route: closed unless an admin key is configured. Every server
 # these tests start holds one key with every scope, in a keys file of its own.
 _KEYS_DIR = Path(tempfile.mkdtemp(prefix="gmlp-repository-keys-"))
+atexit.register(shutil.rmtree, _KEYS_DIR, True)
 _KEYS_FILE = _KEYS_DIR / "api-keys"
 _OPERATOR_KEY = write_keys(_KEYS_FILE, operator="admin,infer,metrics")["operator"]
 
