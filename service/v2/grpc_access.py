@@ -2,7 +2,7 @@
 
 The key comes as the `authorization` metadata (`Bearer KEY`, what tritonclient sends from its
 `headers`) or as `x-api-key`; the scope a method needs is the one table's (`service.core.access`).
-A refused call never reaches the servicer: UNAUTHENTICATED, PERMISSION_DENIED, or
+A refused call never reaches the servicer (`service.v2.grpc_calls`): UNAUTHENTICATED, PERMISSION_DENIED, or
 RESOURCE_EXHAUSTED with a `retry-after` trailer over the key's rate, each with the message REST
 clients read. TLS comes from the same files as HTTPS (`service.core.tls`), re-read when they
 change: gRPC asks for the current certificate at each new connection's handshake.
@@ -10,16 +10,12 @@ change: gRPC asks for the current certificate at each new connection's handshake
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
-from grpc import aio
 
-from contract.errors import PermissionDenied, RateLimited, RequestError, Unauthenticated
-from service.core.access import grpc_scope
-from service.core.keys import KeyStore, presented_key
-from service.core.metrics import ServiceMetrics
+from service.core.keys import presented_key
 from service.core.settings import ServiceSettings
 from service.core.tls import TlsFiles
 
@@ -27,41 +23,6 @@ from service.core.tls import TlsFiles
 def metadata_credential(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
     """The key in a call's metadata (`presented_key`); binary metadata is never a key."""
     return presented_key((name, value) for name, value in metadata or () if isinstance(value, str))
-
-
-def _refusal(error: RequestError, status: grpc.StatusCode) -> grpc.RpcMethodHandler:
-    trailer = (("retry-after", str(error.retry_after_s)),) if isinstance(error, RateLimited) else ()
-
-    async def refuse(request: Any, context: aio.ServicerContext) -> Any:
-        await context.abort(status, error.message, trailing_metadata=trailer)
-
-    return grpc.unary_unary_rpc_method_handler(refuse)
-
-
-class AccessInterceptor(aio.ServerInterceptor):
-    """Refuses calls without the key their method needs, before the servicer runs; `status` is
-    the server's table of error types to status codes."""
-
-    def __init__(
-        self, keys: KeyStore, metrics: ServiceMetrics, status: Callable[[type[RequestError]], grpc.StatusCode]
-    ) -> None:
-        self.keys = keys
-        self.metrics = metrics
-        self.status = status
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        needed = grpc_scope(details.method)
-        if needed is not None:
-            try:
-                self.keys.authorize(metadata_credential(details.invocation_metadata), needed, "grpc")
-            except (Unauthenticated, PermissionDenied, RateLimited) as exc:
-                self.metrics.refused("grpc", exc.code)
-                return _refusal(exc, self.status(type(exc)))
-        return await continuation(details)
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -105,4 +66,4 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
     ]
 
 
-__all__ = ["AccessInterceptor", "metadata_credential", "server_credentials", "connection_options"]
+__all__ = ["metadata_credential", "server_credentials", "connection_options"]

@@ -11,8 +11,7 @@ messages are the ones REST clients read.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -37,14 +36,13 @@ from contract.errors import (
 from service.core import requests
 from service.core.deadline import Deadline
 from service.core.keys import KeyStore
-from service.core.metrics import ServiceMetrics
-from service.core.requests import REQUEST_ID_HEADER, RequestContext
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
 from service.core.tls import TlsFiles
 from service.core.tracing import Tracing
 from service.v2 import inference, repository
-from service.v2.grpc_access import AccessInterceptor, connection_options, server_credentials
+from service.v2.grpc_access import connection_options, server_credentials
+from service.v2.grpc_calls import CallHandling
 from service.v2.inference import InferRequest
 from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb
@@ -53,6 +51,7 @@ from service.v2.tensors import BYTES, Tensor, from_items, from_json, from_raw
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 GRPC_STATUS: Mapping[type[RequestError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
@@ -248,106 +247,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, unload())
 
 
-UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
-
-
-class UnaryInterceptor(aio.ServerInterceptor):
-    """An interceptor that wraps the behaviour of every unary call (`wrap`)."""
-
-    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
-        raise NotImplementedError
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        return grpc.unary_unary_rpc_method_handler(
-            self.wrap(handler.unary_unary, details.method.rsplit("/", 1)[-1], details),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
-async def finished(
-    call: UnaryCall, request: Any, context: aio.ServicerContext, done: Callable[[grpc.StatusCode], None]
-) -> Any:
-    """Run `call`, then `done(code)` with its final status code (OK, or the code it failed with)."""
-    code = grpc.StatusCode.OK
-    try:
-        return await call(request, context)
-    except BaseException:
-        code = context.code() or grpc.StatusCode.UNKNOWN
-        raise
-    finally:
-        done(code)
-
-
-class CallMetrics(UnaryInterceptor):
-    """Counts and times every unary call by method and final status code (the gRPC side of what
-    the HTTP metrics middleware does), so an operator sees both transports."""
-
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.metrics = metrics
-
-    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
-        metrics = self.metrics
-
-        async def timed(request: Any, context: aio.ServicerContext) -> Any:
-            start = time.perf_counter()
-
-            def done(code: grpc.StatusCode) -> None:
-                metrics.grpc_call(method, code.name, time.perf_counter() - start)
-
-            return await finished(call, request, context, done)
-
-        return timed
-
-
-class CallObservation(UnaryInterceptor):
-    """The request id (`x-request-id` metadata: the client's when acceptable, else generated; sent
-    back in the initial metadata of every call) and, with tracing on, the call's SERVER span
-    continuing a `traceparent` in the metadata: the gRPC side of `service.http.observe`."""
-
-    def __init__(self, tracing: Tracing | None) -> None:
-        self.tracing = tracing
-
-    def wrap(self, call: UnaryCall, method: str, details: grpc.HandlerCallDetails) -> UnaryCall:
-        metadata = {key: value for key, value in details.invocation_metadata or () if isinstance(value, str)}
-        tracing = self.tracing
-
-        async def observed(request: Any, context: aio.ServicerContext) -> Any:
-            given = metadata.get(REQUEST_ID_HEADER)
-            call_context = RequestContext(
-                requests.accepted_request_id(given), "grpc", method=method, route=method
-            )
-            await context.send_initial_metadata(((REQUEST_ID_HEADER, call_context.request_id),))
-            if tracing is None:
-                with requests.open_request(call_context):
-                    return await call(request, context)
-            attributes = {
-                "rpc.system": "grpc",
-                "rpc.method": method,
-                "gmlp.request_id": call_context.request_id,
-            }
-            call_context.span = tracing.start_server_span(details.method.lstrip("/"), metadata, attributes)
-            call_context.tracer = tracing
-            token = tracing.activate(call_context.span)
-
-            def done(code: grpc.StatusCode) -> None:
-                status = {"rpc.grpc.status_code": code.value[0]}
-                tracing.end_server_span(call_context, code.name, status, failed=code != grpc.StatusCode.OK)
-                tracing.deactivate(token)
-
-            with requests.open_request(call_context):
-                return await finished(call, request, context, done)
-
-        return observed
-
-
 class GrpcServer:
     """A `grpc.aio` server on the running event loop, started and stopped by the app's lifespan;
     with `keys`, calls need the key their method's scope asks for; with `tls`, TLS (or mutual TLS)."""
@@ -361,13 +260,11 @@ class GrpcServer:
         tls: TlsFiles | None = None,
         tracing: Tracing | None = None,
     ) -> None:
-        # The observation outermost, so that the metrics' handling runs inside the request; then the
-        # metrics, so that they also count the calls access control refuses.
-        interceptors: list[aio.ServerInterceptor] = [CallObservation(tracing), CallMetrics(state.metrics)]
-        if keys is not None:
-            interceptors.append(AccessInterceptor(keys, state.metrics, grpc_status))
-        self.server = aio.server(interceptors=interceptors, options=connection_options(settings))
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), self.server)
+        handling = CallHandling(state.metrics, grpc_status, service=SERVICE_NAME, keys=keys, tracing=tracing)
+        self.server = aio.server(options=connection_options(settings))
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+            handling.servicer(InferenceServicer(state)), self.server
+        )
         self.address = f"{settings.host}:{settings.grpc_port}"
         self.tls = tls
         self.port = 0
@@ -389,8 +286,6 @@ class GrpcServer:
 
 __all__ = [
     "GrpcServer",
-    "CallMetrics",
-    "CallObservation",
     "InferenceServicer",
     "GRPC_STATUS",
     "grpc_status",

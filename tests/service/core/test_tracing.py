@@ -142,13 +142,13 @@ def test_grpc_continues_the_traceparent_and_returns_the_request_id(
             metadata=[("traceparent", header), ("x-request-id", "grpc-call-1")],
         )
         assert reply.name == "tiny-vision"
-        assert ("x-request-id", "grpc-call-1") in tuple(call.initial_metadata())
+        assert ("x-request-id", "grpc-call-1") in tuple(call.trailing_metadata())
         with pytest.raises(grpc.RpcError) as refused:
             stub.ModelMetadata(
                 pb.ModelMetadataRequest(name="no-such-model"), metadata=[("traceparent", header)]
             )
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
-    assert any(key == "x-request-id" for key, _ in refused.value.initial_metadata())
+    assert any(key == "x-request-id" for key, _ in refused.value.trailing_metadata())
     spans = [s for s in spans_of(sink, trace_id, 2) if s.kind == SERVER_KIND]
     assert {s.parent_span_id for s in spans} == {parent}
     ok, failed = sorted(spans, key=lambda s: s.status_code)
