@@ -47,6 +47,7 @@ from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
+from gmlp.proc import tree_cpu_seconds
 
 DATA = REPO / "loadtests" / "data"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -126,13 +127,35 @@ def _us(row: dict[str, str], key: str) -> float:
     return float(row.get(key) or 0.0)
 
 
-def table_row(model: str, transport: str, data: str, load: str, row: dict[str, str]) -> str:
+def table_row(
+    model: str, transport: str, data: str, load: str, row: dict[str, str], cpu_ms: float | None = None
+) -> str:
+    """One table line; `cpu_ms`: the server's CPU per inference over the run (blank when unknown)."""
     server = _us(row, "Server Queue") + _us(row, "Server Compute Input") + _us(row, "Server Compute Infer")
+    cpu = "" if cpu_ms is None else f"{cpu_ms:.2f}"
     return (
         f"| {model} | {transport} | {data} | {load} | {float(row['Inferences/Second']):.0f} "
         f"| {_us(row, 'p50 latency') / 1000:.1f} | {_us(row, 'p99 latency') / 1000:.1f} "
-        f"| {_us(row, 'Server Queue') / 1000:.2f} | {server / 1000:.2f} |"
+        f"| {_us(row, 'Server Queue') / 1000:.2f} | {server / 1000:.2f} | {cpu} |"
     )
+
+
+class ServerCost:
+    """The server's CPU per inference across one perf_analyzer run: user + system time of its
+    process tree (/proc) over the inferences its statistics extension counted meanwhile, warm-up
+    and unstable windows included, which perf_analyzer's own figures leave out."""
+
+    def __init__(self, pid: int, base_url: str, model: str) -> None:
+        self.pid, self.url = pid, f"{base_url}/v2/models/{model}/stats"
+        self.start = self._now()
+
+    def _now(self) -> tuple[float, int]:
+        stats = _get(self.url)["model_stats"]
+        return tree_cpu_seconds(self.pid), sum(int(s["inference_count"]) for s in stats)
+
+    def ms_per_inference(self) -> float | None:
+        (cpu0, count0), (cpu1, count1) = self.start, self._now()
+        return 1000 * (cpu1 - cpu0) / (count1 - count0) if count1 > count0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--models", type=Path, default=REPO / "models", help="model repository (default ./models)"
     )
-    parser.add_argument("--concurrency", default="1,4,16", help="closed-loop clients (default 1,4,16)")
+    parser.add_argument("--concurrency", default="1,8,32", help="closed-loop clients (default 1,8,32)")
     parser.add_argument(
         "--rate-fractions", default="0.5,0.9", help="open-loop rates, of the best closed-loop"
     )
@@ -187,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
                     runs = [("c", c, ["--concurrency-range", c]) for c in args.concurrency.split(",")]
                     for kind, level, load in runs:
                         stem = args.out / f"{name}-{transport}-{data}-{kind}{level}"
+                        cost = ServerCost(server.pid, server.base_url, name)
                         row = run_perf_analyzer(
                             command, [*base, *load], stem.with_suffix(".txt"), stem.with_suffix(".csv"), 600
                         )
                         if row:
                             best = max(best, float(row["Inferences/Second"]))
-                            rows.append(table_row(name, transport, data, f"{level} clients", row))
+                            cpu_ms = cost.ms_per_inference()
+                            rows.append(table_row(name, transport, data, f"{level} clients", row, cpu_ms))
                     for fraction in args.rate_fractions.split(",") if best else []:
                         rate = max(1, round(best * float(fraction)))
                         load = [
@@ -203,12 +228,20 @@ def main(argv: list[str] | None = None) -> int:
                             "--async",
                         ]
                         stem = args.out / f"{name}-{transport}-{data}-r{fraction.replace('.', '_')}"
+                        cost = ServerCost(server.pid, server.base_url, name)
                         row = run_perf_analyzer(
                             command, [*base, *load], stem.with_suffix(".txt"), stem.with_suffix(".csv"), 600
                         )
                         if row:
                             rows.append(
-                                table_row(name, transport, data, f"Poisson {rate}/s ({fraction}x)", row)
+                                table_row(
+                                    name,
+                                    transport,
+                                    data,
+                                    f"Poisson {rate}/s ({fraction}x)",
+                                    row,
+                                    cost.ms_per_inference(),
+                                )
                             )
     given = " ".join(sys.argv[1:] if argv is None else argv)
     section = "\n".join(
@@ -216,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows; {cpu_line()}. "
             f"Command: `python -m benchmarks.perf_analyzer {given}`.",
             "",
-            "| model | transport | data | load | infer/s | p50 ms | p99 ms | queue ms | server ms |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| model | transport | data | load | infer/s | p50 ms | p99 ms | queue ms | server ms "
+            "| server CPU ms/inference |",
+            "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
         ]
     )
