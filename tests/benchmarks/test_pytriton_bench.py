@@ -9,7 +9,6 @@ import csv
 import json
 import statistics
 import sysconfig
-from pathlib import Path
 
 import pytest
 
@@ -31,7 +30,9 @@ def _runs() -> list[report.Run]:
         server, transport, load = rest.rsplit("-", 2)
         load = report.POISSON if load == report.POISSON else load.replace("c", "c=")
         runs.append(
-            report.Run.from_csv_row(csv_row(path), round=int(rnd), server=server, transport=transport, load=load)
+            report.Run.from_csv_row(
+                csv_row(path), round=int(rnd), server=server, transport=transport, load=load
+            )
         )
     return runs
 
@@ -55,7 +56,9 @@ def test_the_committed_run_has_both_servers_transports_and_loads_in_two_rounds()
     for server in (report.GMLP, report.PYTRITON):
         for transport in ("http", "grpc"):
             for load in ("c=1", report.POISSON):
-                rounds = {r.round for r in runs if (r.server, r.transport, r.load) == (server, transport, load)}
+                rounds = {
+                    r.round for r in runs if (r.server, r.transport, r.load) == (server, transport, load)
+                }
                 assert rounds == {0, 1}, (server, transport, load)
     assert all(r.rate > 0 for r in runs if r.load == report.POISSON)
     assert all(r.rate == 0 for r in runs if r.load != report.POISSON)
@@ -79,7 +82,8 @@ def test_the_poisson_row_names_the_rate_each_server_was_sent() -> None:
     table = report.table(_runs(), ["http"], ["c=1", report.POISSON], 0.6)
     cells = _row(table, "REST", "Poisson")
     rates = [
-        statistics.median(_raw(s, "http", report.POISSON, "Request Rate")) for s in (report.GMLP, report.PYTRITON)
+        statistics.median(_raw(s, "http", report.POISSON, "Request Rate"))
+        for s in (report.GMLP, report.PYTRITON)
     ]
     assert cells[1] == f"Poisson, 0.6x capacity ({rates[0]:.0f} / {rates[1]:.0f} per s)"
 
@@ -124,9 +128,16 @@ def test_the_command_line_defaults_and_refusals() -> None:
     args = bench.parse_args([])
     assert (args.rounds, args.concurrency, args.rate_fraction) == (3, [1, 8, 32], 0.6)
     assert (args.transports, args.instances, args.no_docs) == ("http,grpc", 2, False)
-    args = bench.parse_args(["--concurrency", "1,4", "--rounds", "1", "--no-docs", "--measurement-ms", "1000"])
+    args = bench.parse_args(
+        ["--concurrency", "1,4", "--rounds", "1", "--no-docs", "--measurement-ms", "1000"]
+    )
     assert (args.concurrency, args.rounds, args.no_docs, args.measurement_ms) == ([1, 4], 1, True, 1000)
-    for bad in (["--concurrency", "0,8"], ["--max-trials", "2"], ["--transports", "http,quic"], ["--rounds", "0"]):
+    for bad in (
+        ["--concurrency", "0,8"],
+        ["--max-trials", "2"],
+        ["--transports", "http,quic"],
+        ["--rounds", "0"],
+    ):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
 
