@@ -22,6 +22,7 @@ versions and the command) replaces the "Against PyTriton" section of docs/benchm
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -86,7 +87,7 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def parser() -> Any:
+def parser() -> argparse.ArgumentParser:
     p = command_line(__doc__)
     p.add_argument(
         "--model", type=Path, default=MODEL, help="served classifier directory (default models/cifar10-gmlp)"
@@ -113,7 +114,7 @@ def parser() -> Any:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> Any:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     if args.max_trials < 3:
