@@ -119,6 +119,11 @@ def run_perf_analyzer(
     if not csv_path.exists():
         print(f"perf_analyzer failed ({log}):\n{(done.stdout + done.stderr)[-2000:]}", file=sys.stderr)
         return {}
+    return csv_row(csv_path)
+
+
+def csv_row(csv_path: Path) -> dict[str, str]:
+    """The measured row of perf_analyzer's `-f` CSV (empty when the file has none)."""
     with csv_path.open() as f:
         return next(csv.DictReader(f), {})
 
