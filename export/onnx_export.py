@@ -93,7 +93,8 @@ class _TopKHead(nn.Module):
 
     Selected on the logits, not on probabilities: float32 probabilities can tie where the logits
     do not, and the service's full-row ranking orders by the logits (ONNX TopK breaks exact ties
-    by the lower index, as the service does). Computed in float32, also behind fp16 compute."""
+    by the lower index, as the service does). Computed from float32 logits, also behind fp16
+    compute, with the normaliser accumulated in float64 as the service's full-row path does."""
 
     def __init__(self, graph: nn.Module, k: int) -> None:
         super().__init__()
@@ -105,14 +106,20 @@ class _TopKHead(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = self.inner(*(x for x in (first, second) if x is not None)).float()
         top, ids = torch.topk(logits, self.k, dim=-1)
-        scores = torch.exp(top - torch.logsumexp(logits, dim=-1, keepdim=True))
+        # The normaliser in float64: float32 sums over a 30,522-entry row lose ~1e-4 of a score.
+        log_z = torch.logsumexp(logits.double(), dim=-1, keepdim=True)
+        scores = torch.exp(top.double() - log_z).float()
         return logits, ids, scores
 
 
 def graph_top_k(config: GMLPConfig, top_k: int) -> int:
     """K of the top-k outputs for a requested `top_k` (0: none): at most the row's length (the
     vocabulary, or the classes)."""
-    width = config.vocab_size if isinstance(config, GMLPMaskedLMConfig) else config.num_classes
+    if isinstance(config, GMLPMaskedLMConfig):
+        width = config.vocab_size
+    else:
+        assert isinstance(config, GMLPVisionConfig)
+        width = config.num_classes
     return max(0, min(top_k, width))
 
 

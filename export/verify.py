@@ -103,8 +103,9 @@ def check_parity(model: GMLPModel, path: str | Path, variant: str) -> ParityRepo
     for i, case in enumerate(cases):
         inputs = example_inputs(model.config, seed=100 + i, **case)
         expected = torch_logits(model, inputs)
+        feeds = {k: v.numpy() for k, v in inputs.items()}
         try:
-            outputs = dict(zip(names, sess.run(names, {k: v.numpy() for k, v in inputs.items()}), strict=True))
+            outputs = dict(zip(names, sess.run(names, feeds), strict=True))
         except ORT_RUN_ERRORS as exc:  # e.g. a graph that does not really take this length
             raise ExportCheckError(f"{variant}: ONNX Runtime failed on inputs of {case}: {exc}") from exc
         got = outputs["logits"]
