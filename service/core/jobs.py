@@ -15,13 +15,13 @@ rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
+from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.scores import ScoreFunction, ranked_labels
 from contract.text import EncodedText, FillMaskCodec
 from service.core.runtime import Feeds
@@ -58,6 +58,13 @@ class Job:
 
 TOP_K_OUTPUTS = frozenset({TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT})
 NOTHING: frozenset[str] = frozenset()
+
+
+def graph_top_k(config: Mapping[str, Any], output_names: Sequence[str]) -> int:
+    """K of a served graph's top-k outputs: config.json's `graph_top_k` where the graph has both
+    outputs; 0 for a directory exported without them."""
+    k = config.get(GRAPH_TOP_K_KEY)
+    return k if isinstance(k, int) and set(output_names) >= TOP_K_OUTPUTS else 0
 
 
 def from_top_k(answer: Ranking | Decoding | None, k: int) -> bool:
@@ -177,6 +184,7 @@ __all__ = [
     "rank_rows",
     "decode_rows",
     "from_top_k",
+    "graph_top_k",
     "outputs_to_run",
     "observed_rows",
     "TOP_K_OUTPUTS",

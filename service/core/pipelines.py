@@ -18,35 +18,17 @@ import numpy as np
 
 from contract.check import run_check
 from contract.errors import ErrorCode, InvalidInput
-from contract.formats import (
-    GRAPH_TOP_K_KEY,
-    MAX_FILL_MASK_TOP_K,
-    MLM_TASK,
-    TOP_K_IDS_OUTPUT,
-    TOP_K_SCORES_OUTPUT,
-    VISION_TASK,
-)
+from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, VISION_TASK
 from contract.image import ImageTransform
 from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
+from service.core import jobs as batch_jobs
 from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
-from service.core.jobs import (
-    NOTHING,
-    TOP_K_OUTPUTS,
-    Decoding,
-    Done,
-    Job,
-    Ranking,
-    decode_rows,
-    from_top_k,
-    observed_rows,
-    outputs_to_run,
-    rank_rows,
-)
+from service.core.jobs import NOTHING, Decoding, Done, Job, Ranking
 from service.core.metrics import DEFAULT_VERSION, ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
@@ -93,10 +75,7 @@ class Pipeline:
             spinning=settings.ort_spinning,
         )
         self.runtime = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
-        # K of the graph's top-k outputs (0: none, or a directory exported without them).
-        k = spec.config.get(GRAPH_TOP_K_KEY)
-        has_top_k = set(self.runtime.output_names) >= TOP_K_OUTPUTS
-        self.graph_top_k = k if has_top_k and isinstance(k, int) else 0
+        self.graph_top_k = batch_jobs.graph_top_k(spec.config, self.runtime.output_names)
         self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
             self.run_batch,
             max_batch_size=settings.max_batch_size,
@@ -130,8 +109,8 @@ class Pipeline:
         run, asking only for the outputs the batch needs (`jobs.outputs_to_run`: the top-k pair
         alone when every row is answered from it), then the answers they ask for and the quality
         metrics, once for the whole batch."""
-        top = [from_top_k(job.answer, self.graph_top_k) for job in jobs]
-        names = outputs_to_run(jobs, top, self.runtime.output_names)
+        top = [batch_jobs.from_top_k(job.answer, self.graph_top_k) for job in jobs]
+        names = batch_jobs.outputs_to_run(jobs, top, self.runtime.output_names)
         outputs = self.run_rows([job.feeds for job in jobs], names)
         start = time.monotonic()
         answers = self.finish(jobs, outputs, top)
@@ -139,8 +118,7 @@ class Pipeline:
         return [Done(out, answer, finished) for out, answer in zip(outputs, answers, strict=True)]
 
     def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
-        """The requests' feeds in one session run, the outputs `names` (default: all) split per
-        request."""
+        """The requests' feeds in one session run, the outputs `names` (default: all) per request."""
         return self.runtime.run_batch(items, names=names)
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
@@ -150,23 +128,16 @@ class Pipeline:
 
     def observe(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> None:
         """The quality metrics of the batch's observed rows (`jobs.observed_rows`)."""
-        logits, ranked = observed_rows(jobs, outputs, top, self.predicted_rows)
-        if logits:
-            self.predictions.observe(np.concatenate(logits))
-        if ranked:
-            ids, scores = zip(*ranked, strict=True)
-            self.predictions.observe_top(np.concatenate(ids), np.concatenate(scores))
+        self.predictions.observe_rows(*batch_jobs.observed_rows(jobs, outputs, top, self.predicted_rows))
 
     def predicted_rows(self, job: Job) -> int:
-        """How many leading rows of a job's outputs are its predictions."""
-        return 1
+        return 1  # how many leading rows of a job's outputs are its predictions
 
-    def check_top_k(self, rows: int, outputs: Feeds) -> None:
-        """Raise if the top-k outputs of a run do not have `rows` rows of K (`graph_top_k`)."""
-        for name in (TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT) if self.graph_top_k else ():
-            shape = outputs[name].shape
-            if shape[-1] != self.graph_top_k or (shape[:-1] != (rows,) and rows):
-                raise ValueError(f"model {self.name}: {name} {shape}, expected K = {self.graph_top_k}")
+    def check_top_k(self, rows: tuple[int, ...], outputs: Feeds) -> None:
+        """Raise if the top-k outputs of a run are not `rows` rows of K (`graph_top_k`)."""
+        for name in batch_jobs.TOP_K_OUTPUTS if self.graph_top_k else ():
+            if outputs[name].shape != (*rows, self.graph_top_k):
+                raise ValueError(f"model {self.name}: {name} {outputs[name].shape}, K = {self.graph_top_k}")
 
     def warmup_feeds(self) -> list[Feeds]:
         """One request per input shape the service will run (the largest last)."""
@@ -226,8 +197,7 @@ class Pipeline:
         }
 
     async def infer(self, feeds: Feeds, deadline: Deadline, names: frozenset[str] | None = None) -> Feeds:
-        """One request's model outputs (`names`; default: all), run in whatever batch the batcher
-        forms."""
+        """One request's model outputs (`names`; default: all), in whatever batch forms."""
         return (await self.batcher.submit(Job(feeds, reads=names), deadline)).outputs
 
 
@@ -261,14 +231,14 @@ class VisionPipeline(Pipeline):
             raise ValueError(
                 f"model {self.name}: logits {outputs['logits'].shape} but {len(self.labels)} labels"
             )
-        self.check_top_k(0, outputs)
+        self.check_top_k((), outputs)
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
         """The ranked labels of the rows that ask for them: from the top-k outputs where `top`
         says, else one vectorised pass per score function (at the largest top_k among its rows;
         each row keeps its own prefix of the ranking)."""
         self.observe(jobs, outputs, top)
-        return rank_rows(jobs, outputs, self.labels, top)
+        return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
 
     async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
         """The logits of one encoded image, through the model's own transform and the batcher."""
@@ -341,7 +311,7 @@ class FillMaskPipeline(Pipeline):
         that ask for them: from the top-k outputs where `top` says, else from the logits
         (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
         self.observe(jobs, outputs, top)
-        return decode_rows(jobs, outputs, self.codec, top)
+        return batch_jobs.decode_rows(jobs, outputs, self.codec, top)
 
     def warmup_feeds(self) -> list[Feeds]:
         """[MASK]-only texts at every padded length a batch can have, one mask, then the largest."""
@@ -358,7 +328,7 @@ class FillMaskPipeline(Pipeline):
         expected = (slots, self.codec.vocab_size)
         if outputs["logits"].shape != expected:
             raise ValueError(f"model {self.name}: logits {outputs['logits'].shape}, expected {expected}")
-        self.check_top_k(slots, outputs)
+        self.check_top_k((slots,), outputs)
 
     def batch_attributes(self, items: list[Job]) -> dict[str, Any]:
         length = self.codec.padded_length(
@@ -403,12 +373,7 @@ class FillMaskPipeline(Pipeline):
         return await self.batcher.submit(Job(feeds, answer, reads=names), deadline)
 
     async def _submit(
-        self,
-        text: str,
-        deadline: Deadline,
-        targets: list[str] | None,
-        top_k: int | None,
-        reads: frozenset[str] = NOTHING,
+        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None, reads=NOTHING
     ) -> tuple[EncodedText, list[int] | None, Done]:
         """A text through the model's tokenizer and the batcher; decoded in the batch thread when
         `top_k` is given."""

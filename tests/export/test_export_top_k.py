@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from top_k_models import tied_checkpoint
 
 from contract.check import run_check, write_check
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
@@ -18,7 +19,6 @@ from export import export_served_model
 from export.onnx_export import example_inputs
 from export.verify import session, torch_logits
 from model import load_checkpoint
-from top_k_models import tied_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from contract.scores import SCORE_FUNCTIONS, ranked
-from helpers import assert_same_answers
 from contract.spec import read_spec
+from helpers import assert_same_answers
 from service.core.jobs import Decoding, Job, Ranking
 from service.core.metrics import ServiceMetrics
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline, load_pipeline
