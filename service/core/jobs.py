@@ -56,8 +56,9 @@ class Job:
     reads: frozenset[str] | None = None
 
 
-TOP_K_OUTPUTS = frozenset({TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT})
-NOTHING: frozenset[str] = frozenset()
+Reads = frozenset[str]  # names of graph outputs
+TOP_K_OUTPUTS: Reads = frozenset({TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT})
+NOTHING: Reads = frozenset()
 
 
 def graph_top_k(config: Mapping[str, Any], output_names: Sequence[str]) -> int:
@@ -189,4 +190,5 @@ __all__ = [
     "observed_rows",
     "TOP_K_OUTPUTS",
     "NOTHING",
+    "Reads",
 ]

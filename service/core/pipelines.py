@@ -28,7 +28,7 @@ from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
-from service.core.jobs import NOTHING, Decoding, Done, Job, Ranking
+from service.core.jobs import NOTHING, Decoding, Done, Job, Ranking, Reads
 from service.core.metrics import DEFAULT_VERSION, ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
@@ -249,7 +249,7 @@ class VisionPipeline(Pipeline):
         return (await self._submit(image, deadline, None, names)).outputs
 
     async def _submit(
-        self, image: bytes, deadline: Deadline, answer: Ranking | None, reads: frozenset[str] = NOTHING
+        self, image: bytes, deadline: Deadline, answer: Ranking | None, reads: Reads = NOTHING
     ) -> Done:
         """One encoded image through the model's own transform and the batcher."""
         with self.batcher.arriving(), tracing.span("preprocess"):
@@ -352,7 +352,7 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
-        _, _, done = await self._submit(text, deadline, targets, top_k)
+        _, _, done = await self._submit(text, deadline, targets, top_k, NOTHING)
         tracing.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
@@ -360,8 +360,7 @@ class FillMaskPipeline(Pipeline):
     async def decoded_text(self, text: str, top_k: int, deadline: Deadline, names: frozenset[str]) -> Done:
         """A text's graph outputs `names` (rows [slots, ...]) and its top_k per mask, decoded in the
         batch thread (the v2 protocol's text input)."""
-        _, _, done = await self._submit(text, deadline, None, top_k, names)
-        return done
+        return (await self._submit(text, deadline, None, top_k, names))[2]
 
     async def infer_decoded(
         self, feeds: Feeds, top_k: int, deadline: Deadline, names: frozenset[str] | None = None
@@ -373,7 +372,7 @@ class FillMaskPipeline(Pipeline):
         return await self.batcher.submit(Job(feeds, answer, reads=names), deadline)
 
     async def _submit(
-        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None, reads=NOTHING
+        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None, reads: Reads
     ) -> tuple[EncodedText, list[int] | None, Done]:
         """A text through the model's tokenizer and the batcher; decoded in the batch thread when
         `top_k` is given."""
