@@ -18,6 +18,7 @@ from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUT
 from export import export_served_model
 from export.onnx_export import example_inputs
 from export.verify import session, torch_logits
+from gmlp.cli import main as gmlp
 from model import load_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
@@ -104,11 +105,30 @@ def test_quantisation_leaves_the_top_k_tail_in_float(tied_mlm: Path) -> None:
         assert not halves, (file, halves)
 
 
-def test_an_export_without_top_k_has_logits_alone(tmp_path: Path, tiny_vision_checkpoint: Path) -> None:
-    export_served_model(tiny_vision_checkpoint, tmp_path / "plain", ["fp32"], top_k=0)
-    config = json.loads((tmp_path / "plain" / "config.json").read_text())
-    assert GRAPH_TOP_K_KEY not in config and [o["name"] for o in config["outputs"]] == ["logits"]
-    assert [o.name for o in session(tmp_path / "plain" / "model.onnx").get_outputs()] == ["logits"]
+def test_export_command_sets_or_drops_k(tmp_path: Path, tiny_vision_checkpoint: Path, capsys) -> None:
+    """`--top-k 3` gives K = 3, `--top-k 0` `logits` alone (no `graph_top_k`), a negative K is refused."""
+    for k, names in ((3, ["logits", TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT]), (0, ["logits"])):
+        out = tmp_path / f"k{k}"
+        argv = [
+            "export",
+            str(tiny_vision_checkpoint),
+            "--out",
+            str(out),
+            "--variants",
+            "fp32",
+            "--top-k",
+            str(k),
+        ]
+        assert gmlp(argv) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert config.get(GRAPH_TOP_K_KEY) == (k or None) and [o["name"] for o in config["outputs"]] == names
+        sess = session(out / "model.onnx")
+        assert [o.name for o in sess.get_outputs()] == names
+        assert all(o.shape[-1] == k for o in sess.get_outputs()[1:])
+    assert "top-3 outputs checked" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        gmlp(["export", str(tiny_vision_checkpoint), "--out", str(tmp_path / "never"), "--top-k", "-1"])
+    assert "--top-k takes a whole number >= 0" in capsys.readouterr().err
 
 
 def test_the_recorded_check_allows_tied_reorderings_only(tmp_path: Path) -> None:
