@@ -31,7 +31,12 @@ def _check(ids: np.ndarray, scores: np.ndarray, logits: np.ndarray) -> None:
     assert top_k_mismatch(ids, scores, probabilities, 1e-6) is None
 
 
-def test_metadata_and_configuration_list_the_top_k_outputs(triton_clients: dict[str, Any]) -> None:
+def test_metadata_and_configuration_list_the_top_k_outputs(
+    triton_server: Any, triton_clients: dict[str, Any]
+) -> None:
+    with triton_server.client() as http:
+        models = {m["name"]: m["graph_top_k"] for m in http.get("/models").json()["models"]}
+    assert models == {"tiny-mlm": 32, "tiny-vision": 10}
     client = triton_clients["http"]
     mlm = {t["name"]: t for t in client.get_model_metadata("tiny-mlm")["outputs"]}
     assert mlm[TOP_K_IDS_OUTPUT] == {"name": TOP_K_IDS_OUTPUT, "datatype": "INT64", "shape": [-1, -1, 32]}
