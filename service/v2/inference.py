@@ -267,7 +267,7 @@ def _predictions(answers: Sequence[Any], shape: Sequence[int]) -> Tensor:
 
 
 def _stacked(name: str, rows: Sequence[np.ndarray]) -> Tensor:
-    """A graph output of a request's texts (their [MASK] rows), as one tensor."""
+    """A graph output of a request's rows (images, or texts with their [MASK] rows), as one tensor."""
     if len({row.shape for row in rows}) != 1:
         raise InvalidInput(
             ErrorCode.INVALID_OUTPUTS,
