@@ -6,6 +6,10 @@ example inputs, at the batch and lengths a request can have) and stores inputs a
 service lets a version take traffic it runs the variant it chose on the same inputs and compares:
 a graph whose answers moved since it was exported (a re-exported or retrained file under an old
 config, a corrupted copy) is refused. Arrays are stored as `CASE/INPUT` and `VARIANT/CASE/OUTPUT`.
+
+Float outputs are compared within a tolerance; the ids of the top-k outputs are equal to the
+recorded ones except where the recorded scores are tied within that tolerance (rounding may then
+order them either way), or at the last rank, whose runner-up was not recorded.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
+
+from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 
 CHECK_FILE = "check.npz"
 # Outputs agree when max |got - recorded| <= ATOL + RTOL[variant] * max |recorded|: float graphs
@@ -68,13 +74,47 @@ def run_check(directory: Path, entry: Mapping, variant: str, run: Callable[[Arra
             if name not in got or got[name].shape != expected.shape:
                 shape = None if name not in got else got[name].shape
                 return f"case {case}: output {name} has shape {shape}, recorded {expected.shape}"
+            if name == TOP_K_IDS_OUTPUT:
+                scores = arrays.get(output_key(variant, case, TOP_K_SCORES_OUTPUT))
+                problem = _ids_differ(got[name], expected, scores, variant)
+                if problem is not None:
+                    return f"case {case}: output {name} {problem}"
+                continue
             diff = float(np.abs(got[name].astype(np.float64) - expected).max())
-            allowed = ATOL + RTOL.get(variant, RTOL["fp16"]) * float(np.abs(expected).max())
+            allowed = _allowed(expected, variant)
             if diff > allowed:
                 return (
                     f"case {case}: output {name} differs from the export's recorded check by "
                     f"{diff:.3g} (allowed {allowed:.3g})"
                 )
+    return None
+
+
+def _allowed(expected: np.ndarray, variant: str) -> float:
+    return ATOL + RTOL.get(variant, RTOL["fp16"]) * float(np.abs(expected).max())
+
+
+def _ids_differ(got: np.ndarray, expected: np.ndarray, scores: np.ndarray | None, variant: str) -> str | None:
+    """None when top-k ids equal the recorded ones wherever the recorded scores (best first) are
+    not tied within the check's tolerance, else what differs."""
+    if scores is None or scores.shape != expected.shape:
+        return "was recorded without its scores"
+    k = expected.shape[-1]
+    rows, recorded = got.reshape(-1, k), expected.reshape(-1, k)
+    ranked = scores.reshape(-1, k).astype(np.float64)
+    allowed = _allowed(scores, variant)
+    gaps = np.abs(np.diff(ranked, axis=1)) <= allowed  # rank j tied with rank j + 1
+    tied = np.zeros(ranked.shape, dtype=bool)
+    tied[:, 1:] |= gaps
+    tied[:, :-1] |= gaps
+    tied[:, -1] = True
+    differ = (rows != recorded) & ~tied
+    if differ.any():
+        row, rank = (int(x[0]) for x in np.nonzero(differ))
+        return (
+            f"names id {int(rows[row, rank])} at rank {rank} of row {row}, the export recorded "
+            f"{int(recorded[row, rank])} (not tied within {allowed:.3g})"
+        )
     return None
 
 

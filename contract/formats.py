@@ -27,6 +27,15 @@ MASK_TOKEN = "[MASK]"
 MAX_FILL_MASK_TOP_K = 100
 
 
+# The graph's top-k outputs (docs/formats.md): for every predicted position (masked LM) or image
+# (classifier), the ids of the K highest logits, best first (ties: the lower id first), and their
+# softmax probabilities over the whole row. config.json records K under GRAPH_TOP_K_KEY; a
+# directory without that key has `logits` alone and is served from the full rows.
+TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT = "topk_ids", "topk_scores"
+GRAPH_TOP_K_KEY = "graph_top_k"
+DEFAULT_GRAPH_TOP_K = 32
+
+
 def package_version() -> str:
     """The installed gmlp-serve version (pyproject.toml is the one place it is written)."""
     try:
@@ -48,5 +57,9 @@ __all__ = [
     "DEFAULT_EXPORT_VARIANTS",
     "MASK_TOKEN",
     "MAX_FILL_MASK_TOP_K",
+    "TOP_K_IDS_OUTPUT",
+    "TOP_K_SCORES_OUTPUT",
+    "GRAPH_TOP_K_KEY",
+    "DEFAULT_GRAPH_TOP_K",
     "package_version",
 ]

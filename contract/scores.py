@@ -104,6 +104,35 @@ def ranked_rows(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=1, kind="stable")[:, :k]
 
 
+def top_k_mismatch(
+    ids: np.ndarray, scores: np.ndarray, probabilities: np.ndarray, tolerance: float
+) -> str | None:
+    """None when top-k outputs (`ids`, `scores` [..., K], best first) fit reference
+    `probabilities` [..., n] of the same rows, else what does not.
+
+    Fitting: the ids of a row are distinct and in range, each score is the reference probability
+    of its id within `tolerance`, and the j-th id is as probable as the reference's j-th most
+    probable entry within `tolerance`; so ids equal the reference's wherever its probabilities
+    are not tied within the tolerance, and tied ones may come in either order."""
+    k, n = ids.shape[-1], probabilities.shape[-1]
+    rows, ranks = ids.reshape(-1, k), scores.reshape(-1, k).astype(np.float64)
+    reference = probabilities.reshape(-1, n).astype(np.float64)
+    if rows.shape[0] != reference.shape[0] or ranks.shape != rows.shape:
+        return f"top-k shapes {ids.shape} / {scores.shape} do not fit the rows {probabilities.shape}"
+    if rows.min() < 0 or rows.max() >= n:
+        return f"top-k ids outside [0, {n})"
+    if k > 1 and (np.diff(np.sort(rows, axis=1), axis=1) == 0).any():
+        return "a row's top-k ids repeat"
+    picked = np.take_along_axis(reference, rows, axis=1)
+    best = -np.sort(-reference, axis=1)[:, :k]
+    score_diff, rank_diff = float(np.abs(ranks - picked).max()), float(np.abs(picked - best).max())
+    if score_diff > tolerance:
+        return f"top-k scores differ from the probabilities of their ids by {score_diff:.3g}"
+    if rank_diff > tolerance:
+        return f"top-k ids are not the most probable: off by {rank_diff:.3g} in probability"
+    return None
+
+
 def sigmoid(logits: np.ndarray) -> np.ndarray:
     """Element-wise logistic in float64 (multi-label style scores, when a client asks for them)."""
     return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
@@ -150,6 +179,7 @@ __all__ = [
     "softmax_rows",
     "ranked_rows",
     "ranked_labels",
+    "top_k_mismatch",
     "sigmoid",
     "ScoreFunction",
     "SCORE_FUNCTIONS",

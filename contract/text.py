@@ -196,6 +196,17 @@ class FillMaskCodec:
             for e, row, k, t, z in zip(encoded, logits, top_k, target_ids, log_z, strict=True)
         ]
 
+    def decode_top(
+        self, encoded: EncodedText, ids: np.ndarray, scores: np.ndarray, top_k: int
+    ) -> list[list[dict[str, Any]]]:
+        """`decode` from a graph's top-k outputs: ids and probabilities [slots, K], best first, of
+        which each [MASK] takes its first `top_k` (<= K)."""
+        best, probabilities = ids[:, :top_k].tolist(), scores[:, :top_k].tolist()
+        return [
+            [self._prediction(encoded, position, i, p) for i, p in zip(ids_, ps, strict=True)]
+            for position, ids_, ps in zip(encoded.mask_positions, best, probabilities, strict=False)
+        ]
+
     def _prediction(self, encoded: EncodedText, position: int, token_id: int, score: float) -> dict[str, Any]:
         filled = list(encoded.ids)
         filled[position] = token_id

@@ -12,11 +12,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from contract.formats import CONFIG_FILE, MLM_TASK, SERVED_FORMAT, VARIANT_FILES
+from contract.formats import (
+    CONFIG_FILE,
+    DEFAULT_GRAPH_TOP_K,
+    GRAPH_TOP_K_KEY,
+    MLM_TASK,
+    SERVED_FORMAT,
+    VARIANT_FILES,
+)
 from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
 from model.configs import GMLPMaskedLMConfig
 
-from .onnx_export import DEFAULT_OPSET, export_onnx, io_spec, metadata_for
+from .onnx_export import DEFAULT_OPSET, export_onnx, graph_top_k, io_spec, metadata_for
 from .variants import quantize_int8
 from .verify import (
     ExportCheckError,
@@ -43,12 +50,15 @@ def export_served_model(
     opset: int = DEFAULT_OPSET,
     calibration: str | Path | None = None,
     calibration_samples: int = 256,
+    top_k: int = DEFAULT_GRAPH_TOP_K,
 ) -> dict[str, ParityReport]:
     """Export, verify and write a served-model directory; returns the parity report per variant.
 
     `calibration` (images or prose, see export/calibration.py; default: the checkpoint's own
     calibration set, if it has one) makes the int8 variant statically quantised, so the service can
-    batch it; without any, int8 is dynamic.
+    batch it; without any, int8 is dynamic. `top_k` > 0 gives every variant the top-k outputs
+    (`topk_ids`, `topk_scores`; K = min(top_k, the row's length), recorded in config.json as
+    `graph_top_k`); 0 exports `logits` alone.
     Raises ExportCheckError (and writes nothing) if the fp32 graph breaks its contract, fp32
     parity exceeds 1e-4, or a variant's top-1 agreement with PyTorch is too low.
     """
@@ -65,13 +75,14 @@ def export_served_model(
     reports: dict[str, ParityReport] = {}
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
         staging = Path(tmp)
-        fp32 = export_onnx(model, staging / VARIANT_FILES["fp32"], opset=opset, metadata=metadata)
+        k = graph_top_k(config, top_k)
+        fp32 = export_onnx(model, staging / VARIANT_FILES["fp32"], opset=opset, metadata=metadata, top_k=k)
         check_fused_graph(fp32, config)
         check_optimized_graph(fp32, config)
         reports["fp32"] = check_parity(model, fp32, "fp32")
         if reports["fp32"].max_abs_diff > FP32_TOLERANCE:
             raise ExportCheckError(f"fp32 parity failed: {reports['fp32']} (tolerance {FP32_TOLERANCE})")
-        served = _served_config(info, config, variants, sha, opset, name or out_dir.name)
+        served = _served_config(info, config, variants, sha, opset, name or out_dir.name, k)
         if "int8" in variants:
             source, feeds = calibration_feeds(calibration, served, checkpoint_dir, calibration_samples)
             served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
@@ -81,7 +92,9 @@ def export_served_model(
                 staging / VARIANT_FILES["int8"], {**metadata, "gmlp.int8": served["int8_quantization"]}
             )
         if "fp16" in variants:
-            export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, opset=opset, metadata=metadata)
+            export_onnx(
+                model, staging / VARIANT_FILES["fp16"], float16=True, opset=opset, metadata=metadata, top_k=k
+            )
         for variant in variants:
             if variant == "fp32":
                 continue
@@ -129,8 +142,8 @@ def calibration_feeds(
     return source, image_feeds(source, served, count)
 
 
-def _served_config(info: dict, config, variants, sha: str, opset: int, name: str) -> dict:
-    inputs, outputs = io_spec(config)
+def _served_config(info: dict, config, variants, sha: str, opset: int, name: str, top_k: int) -> dict:
+    inputs, outputs = io_spec(config, top_k)
     served = {
         "format": SERVED_FORMAT,
         "format_version": 2,
@@ -145,6 +158,8 @@ def _served_config(info: dict, config, variants, sha: str, opset: int, name: str
         "source_sha256": sha,
         "opset": opset,
     }
+    if top_k:
+        served[GRAPH_TOP_K_KEY] = top_k
     if isinstance(config, GMLPMaskedLMConfig):
         served.update(
             tokenizer=info["tokenizer"],

@@ -19,6 +19,7 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
+from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig
 from model.layers import GMLPBlock, SpatialGatingUnit
@@ -86,14 +87,59 @@ class _Float16Compute(nn.Module):
         return self.inner(*(x.half() if x.is_floating_point() else x for x in inputs)).float()
 
 
-def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False) -> nn.Module:
-    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), MLM wrapped."""
+class _TopKHead(nn.Module):
+    """The graph's outputs beside its logits: per row (the last axis), the ids of the `k` largest
+    logits, best first, and their probabilities, softmax over the whole row.
+
+    Selected on the logits, not on probabilities: float32 probabilities can tie where the logits
+    do not, and the service's full-row ranking orders by the logits (ONNX TopK breaks exact ties
+    by the lower index, as the service does). Computed from float32 logits, also behind fp16
+    compute, with the normaliser accumulated in float64 as the service's full-row path does."""
+
+    def __init__(self, graph: nn.Module, k: int) -> None:
+        super().__init__()
+        self.inner = graph
+        self.k = k
+
+    def forward(
+        self, first: torch.Tensor, second: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.inner(*(x for x in (first, second) if x is not None)).float()
+        top, ids = torch.topk(logits, self.k, dim=-1)
+        # The normaliser in float64: float32 sums over a 30,522-entry row lose ~1e-4 of a score.
+        log_z = torch.logsumexp(logits.double(), dim=-1, keepdim=True)
+        scores = torch.exp(top.double() - log_z).float()
+        return logits, ids, scores
+
+
+def graph_top_k(config: GMLPConfig, top_k: int) -> int:
+    """K of the top-k outputs for a requested `top_k` (0: none): at most the row's length (the
+    vocabulary, or the classes)."""
+    if isinstance(config, GMLPMaskedLMConfig):
+        width = config.vocab_size
+    else:
+        assert isinstance(config, GMLPVisionConfig)
+        width = config.num_classes
+    return max(0, min(top_k, width))
+
+
+def output_names(top_k: int) -> list[str]:
+    """The graph's outputs, in order: `logits`, then the top-k pair when `top_k` > 0."""
+    return ["logits", TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT] if top_k else ["logits"]
+
+
+def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, top_k: int = 0) -> nn.Module:
+    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), MLM wrapped,
+    with the top-k outputs when `top_k` > 0 (K = `graph_top_k`)."""
     copied = copy.deepcopy(model).float().eval()
     if fused:
         for block in cast("list[GMLPBlock]", copied.blocks):
             block.register_module("sgu", _SymbolicSGU(block.sgu))
     graph: nn.Module = _MaskedLMGraph(copied) if isinstance(copied.config, GMLPMaskedLMConfig) else copied
-    return _Float16Compute(graph) if float16 else graph
+    if float16:
+        graph = _Float16Compute(graph)
+    k = graph_top_k(copied.config, top_k)
+    return _TopKHead(graph, k) if k else graph
 
 
 def example_inputs(
@@ -127,10 +173,11 @@ def example_inputs(
 BATCH_AXIS, SEQ_AXIS, PREDICTIONS_AXIS = "batch", "seq", "predictions"
 
 
-def io_spec(config: GMLPConfig) -> tuple[list[dict], list[dict]]:
+def io_spec(config: GMLPConfig, top_k: int = 0) -> tuple[list[dict], list[dict]]:
     """Input and output descriptions for config.json (docs/formats.md): a string names a dynamic
     axis, an int is fixed. A masked LM's `seq` runs from 1 to n and `predictions` from 1 to
-    max_predictions; a classifier's patch grid, and so its image size, is fixed."""
+    max_predictions; a classifier's patch grid, and so its image size, is fixed. With `top_k`,
+    the top-k outputs follow `logits`, shaped like it with K in place of the row."""
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
     if isinstance(config, GMLPMaskedLMConfig):
@@ -152,6 +199,13 @@ def io_spec(config: GMLPConfig) -> tuple[list[dict], list[dict]]:
             {"name": "pixel_values", "dtype": "float32", "shape": [BATCH_AXIS, config.in_chans, size, size]}
         ]
         outputs = [{"name": "logits", "dtype": "float32", "shape": [BATCH_AXIS, config.num_classes]}]
+    k = graph_top_k(config, top_k)
+    if k:
+        rows = outputs[0]["shape"][:-1]
+        outputs += [
+            {"name": TOP_K_IDS_OUTPUT, "dtype": "int64", "shape": [*rows, k]},
+            {"name": TOP_K_SCORES_OUTPUT, "dtype": "float32", "shape": [*rows, k]},
+        ]
     return inputs, outputs
 
 
@@ -173,15 +227,17 @@ def export_onnx(
     float16: bool = False,
     opset: int = DEFAULT_OPSET,
     metadata: dict[str, str] | None = None,
+    top_k: int = 0,
 ) -> Path:
     """Export `model` (vision or MLM) to `path`; returns the path.
 
     With `fused`, every block's SGU is one `gmlp::SpatialGatingUnit` node; otherwise it is
     exported as ordinary ops (the "plain export" the benchmark compares against). With
-    `float16`, weights and compute are fp16 and the inputs/outputs stay float32.
+    `float16`, weights and compute are fp16 and the inputs/outputs stay float32. With `top_k`,
+    the graph also outputs `topk_ids` and `topk_scores` (`_TopKHead`, K = `graph_top_k`).
     """
     config = model.config
-    graph = graph_module(model, fused=fused, float16=float16)
+    graph = graph_module(model, fused=fused, float16=float16, top_k=top_k)
     inputs = example_inputs(config, batch=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -191,7 +247,7 @@ def export_onnx(
             dynamo=True,
             opset_version=opset,
             input_names=list(inputs),
-            output_names=["logits"],
+            output_names=output_names(graph_top_k(config, top_k)),
             dynamic_shapes=_dynamic_shapes(config),
             optimize=True,
             verbose=False,

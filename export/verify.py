@@ -20,6 +20,8 @@ from torch import nn
 
 from contract.check import CHECK_FILE, write_check
 from contract.errors import UserError
+from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
+from contract.scores import top_k_mismatch
 from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
@@ -30,6 +32,11 @@ from .sgu_function import DOMAIN, OP_TYPE
 class ExportCheckError(UserError):
     """An exported model failed a check; the message names the check."""
 
+
+# The top-k outputs against the softmax of the same run's logits (float32 rounding of the graph's
+# tail), and, for fp32, against PyTorch's (whose logits differ by up to the fp32 parity bound).
+TOP_K_OWN_TOLERANCE = 1e-5
+TOP_K_TORCH_TOLERANCE = 3e-4
 
 # What `InferenceSession.run` raises for inputs the graph cannot take.
 ORT_RUN_ERRORS = (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.RuntimeException)
@@ -42,12 +49,14 @@ class ParityReport:
     top1_agreement: float
     samples: int
     lengths: tuple[int, ...] = ()  # the sequence lengths checked (masked LM)
+    top_k: int = 0  # K of the top-k outputs checked (0: the graph has none)
 
     def __str__(self) -> str:
         at = f" at L = {'/'.join(map(str, self.lengths))}" if self.lengths else ""
+        top = f", top-{self.top_k} outputs checked" if self.top_k else ""
         return (
             f"{self.variant}: max |logit diff| {self.max_abs_diff:.2e}, "
-            f"top-1 agreement {100 * self.top1_agreement:.1f}% over {self.samples} samples{at}"
+            f"top-1 agreement {100 * self.top1_agreement:.1f}% over {self.samples} samples{at}{top}"
         )
 
 
@@ -85,17 +94,21 @@ def parity_cases(config: GMLPConfig) -> list[dict[str, int]]:
 
 def check_parity(model: GMLPModel, path: str | Path, variant: str) -> ParityReport:
     """Max abs logit difference and top-1 agreement between ORT (CPU) and PyTorch fp32 (at the
-    fixed window), over `parity_cases`."""
+    fixed window), over `parity_cases`; the top-k outputs, where the graph has them, checked by
+    `check_top_k`."""
     sess = session(path)
-    diffs, agree, total = [], 0, 0
+    names = [o.name for o in sess.get_outputs()]
+    diffs, agree, total, k = [], 0, 0, 0
     cases = parity_cases(model.config)
     for i, case in enumerate(cases):
         inputs = example_inputs(model.config, seed=100 + i, **case)
         expected = torch_logits(model, inputs)
+        feeds = {k: v.numpy() for k, v in inputs.items()}
         try:
-            got = sess.run(["logits"], {k: v.numpy() for k, v in inputs.items()})[0]
+            outputs = dict(zip(names, sess.run(names, feeds), strict=True))
         except ORT_RUN_ERRORS as exc:  # e.g. a graph that does not really take this length
             raise ExportCheckError(f"{variant}: ONNX Runtime failed on inputs of {case}: {exc}") from exc
+        got = outputs["logits"]
         if got.shape != expected.shape:
             raise ExportCheckError(
                 f"{variant}: output shape {got.shape} for {case}, PyTorch gives {expected.shape}"
@@ -103,8 +116,31 @@ def check_parity(model: GMLPModel, path: str | Path, variant: str) -> ParityRepo
         diffs.append(float(np.abs(got - expected).max()))
         agree += int((got.argmax(-1) == expected.argmax(-1)).sum())
         total += expected.argmax(-1).size
+        if TOP_K_IDS_OUTPUT in outputs:
+            k = check_top_k(outputs, expected if variant == "fp32" else None, f"{variant} on {case}")
     lengths = tuple(sorted({c["length"] for c in cases if "length" in c}))
-    return ParityReport(variant, max(diffs), agree / total, total, lengths)
+    return ParityReport(variant, max(diffs), agree / total, total, lengths, k)
+
+
+def check_top_k(outputs: dict[str, np.ndarray], torch_reference: np.ndarray | None, what: str) -> int:
+    """Raise ExportCheckError unless a run's `topk_ids` / `topk_scores` are the top k of
+    PyTorch's softmax over the run's own logits (and over `torch_reference`, PyTorch's logits of
+    the same inputs, when given) within tolerance (`contract.scores.top_k_mismatch`); returns K."""
+    ids, scores = outputs[TOP_K_IDS_OUTPUT], outputs[TOP_K_SCORES_OUTPUT]
+    if ids.dtype != np.int64 or scores.dtype != np.float32 or ids.shape != scores.shape:
+        raise ExportCheckError(
+            f"{what}: top-k outputs are {ids.dtype} {ids.shape} / {scores.dtype} {scores.shape}; "
+            "expected int64 and float32 of one shape"
+        )
+    references = [(outputs["logits"], TOP_K_OWN_TOLERANCE, "its own logits")]
+    if torch_reference is not None:
+        references.append((torch_reference, TOP_K_TORCH_TOLERANCE, "PyTorch's logits"))
+    for logits, tolerance, source in references:
+        probabilities = torch.softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
+        problem = top_k_mismatch(ids, scores, probabilities, tolerance)
+        if problem is not None:
+            raise ExportCheckError(f"{what}: against the softmax of {source}: {problem}")
+    return int(ids.shape[-1])
 
 
 def check_fused_graph(path: str | Path, config: GMLPConfig) -> None:
@@ -124,7 +160,8 @@ def check_fused_graph(path: str | Path, config: GMLPConfig) -> None:
     if isinstance(config, GMLPMaskedLMConfig):
         values = (*proto.graph.input, *proto.graph.output)
         axes = {v.name: v.type.tensor_type.shape.dim[1].dim_param for v in values}
-        wanted = {"input_ids": SEQ_AXIS, "mask_positions": PREDICTIONS_AXIS, "logits": PREDICTIONS_AXIS}
+        wanted = {"input_ids": SEQ_AXIS, "mask_positions": PREDICTIONS_AXIS}
+        wanted.update({v.name: PREDICTIONS_AXIS for v in proto.graph.output})
         if axes != wanted:
             raise ExportCheckError(f"{path}: axis 1 of inputs/outputs is {axes}, expected dynamic {wanted}")
 

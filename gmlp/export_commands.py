@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from contract.formats import DEFAULT_EXPORT_VARIANTS, VARIANTS
+from contract.formats import DEFAULT_EXPORT_VARIANTS, DEFAULT_GRAPH_TOP_K, VARIANTS
 
 
 def _variants(text: str) -> list[str]:
@@ -14,6 +14,16 @@ def _variants(text: str) -> list[str]:
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown variants {unknown}; choose from {','.join(VARIANTS)}")
     return variants
+
+
+def _top_k(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--top-k takes a whole number >= 0, got {text!r}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or a .txt/.txt.gz of prose for a masked LM; without it int8 is dynamically quantised",
     )
     p.add_argument("--calibration-samples", type=int, default=256, help="calibration inputs to use")
+    p.add_argument(
+        "--top-k",
+        type=_top_k,
+        default=DEFAULT_GRAPH_TOP_K,
+        help="K of the graph's topk_ids/topk_scores outputs (at most the vocabulary or classes; "
+        f"default {DEFAULT_GRAPH_TOP_K}); 0 exports logits alone",
+    )
     p.set_defaults(handler=export)
 
 
@@ -48,6 +65,7 @@ def export(args: argparse.Namespace) -> int:
         name=args.name,
         calibration=args.calibration,
         calibration_samples=args.calibration_samples,
+        top_k=args.top_k,
     )
     for report in reports.values():
         print(f"verified {report}")

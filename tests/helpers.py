@@ -57,3 +57,27 @@ def tiny_mlm_config(**overrides):
     from model import get_config
 
     return get_config("gmlp_mlm_small", **{"depth": 2, "d_model": 32, "d_ffn": 64, "n": 32, **overrides})
+
+
+# Scores of one answer computed two ways (a graph's float32 top-k outputs, the service's float64
+# softmax of the logits) agree within this relative tolerance.
+SCORE_RTOL = 1e-5
+
+
+def assert_same_answers(got, expected) -> None:
+    """Answers (nested lists of prediction dicts, as the task routes return them) are the same:
+    every field equal except the scores, which agree within `SCORE_RTOL`."""
+    import pytest
+
+    def strip(answer):
+        if isinstance(answer, dict):
+            return {k: v for k, v in answer.items() if k != "score"}
+        return [strip(a) for a in answer]
+
+    def scores(answer):
+        if isinstance(answer, dict):
+            return [answer["score"]]
+        return [s for a in answer for s in scores(a)]
+
+    assert strip(got) == strip(expected)
+    assert scores(got) == pytest.approx(scores(expected), rel=SCORE_RTOL, abs=1e-9)

@@ -280,6 +280,24 @@ class PredictionMetrics:
             for index in np.argmax(rows, axis=-1):
                 self._top1[int(index)].inc()
 
+    def observe_rows(self, logits: list[np.ndarray], ranked: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """A batch's predictions: `logits` rows, and (ids, probabilities) from top-k outputs."""
+        if logits:
+            self.observe(np.concatenate(logits))
+        if ranked:
+            ids, probabilities = zip(*ranked, strict=True)
+            self.observe_top(np.concatenate(ids), np.concatenate(probabilities))
+
+    def observe_top(self, ids: np.ndarray, probabilities: np.ndarray) -> None:
+        """The same from a graph's top-k outputs ([rows, K], best first, K >= 2): the top-1 id
+        and probability, and its margin over the second."""
+        for first, second in probabilities[:, :2].astype(np.float64).tolist():
+            self._confidence.observe(first)
+            self._margin.observe(first - second)
+        if self._top1:
+            for index in ids[:, 0].tolist():
+                self._top1[int(index)].inc()
+
 
 class LifecycleMetrics:
     """`LifecycleObserver` of the version table (`service.core.versions`)."""

@@ -23,11 +23,12 @@ from contract.image import ImageTransform
 from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
+from service.core import jobs as batch_jobs
 from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
-from service.core.jobs import Decoding, Done, Job, Ranking, decode_rows, rank_rows
+from service.core.jobs import NOTHING, Decoding, Done, Job, Ranking, Reads
 from service.core.metrics import DEFAULT_VERSION, ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
@@ -74,6 +75,7 @@ class Pipeline:
             spinning=settings.ort_spinning,
         )
         self.runtime = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
+        self.graph_top_k = batch_jobs.graph_top_k(spec.config, self.runtime.output_names)
         self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
             self.run_batch,
             max_batch_size=settings.max_batch_size,
@@ -104,20 +106,38 @@ class Pipeline:
 
     def run_batch(self, jobs: list[Job]) -> list[Done]:
         """What the batcher runs (blocking, in the batch thread): the requests' feeds in one session
-        run, then the answers they ask for and the quality metrics, once for the whole batch."""
-        outputs = self.run_rows([job.feeds for job in jobs])
+        run, asking only for the outputs the batch needs (`jobs.outputs_to_run`: the top-k pair
+        alone when every row is answered from it), then the answers they ask for and the quality
+        metrics, once for the whole batch."""
+        top = [batch_jobs.from_top_k(job.answer, self.graph_top_k) for job in jobs]
+        names = batch_jobs.outputs_to_run(jobs, top, self.runtime.output_names)
+        outputs = self.run_rows([job.feeds for job in jobs], names)
         start = time.monotonic()
-        answers = self.finish(jobs, outputs)
+        answers = self.finish(jobs, outputs, top)
         finished = (start, time.monotonic())
         return [Done(out, answer, finished) for out, answer in zip(outputs, answers, strict=True)]
 
-    def run_rows(self, items: list[Feeds]) -> list[Feeds]:
-        """The requests' feeds in one session run, the outputs split per request."""
-        return self.runtime.run_batch(items)
+    def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
+        """The requests' feeds in one session run, the outputs `names` (default: all) per request."""
+        return self.runtime.run_batch(items, names=names)
 
-    def finish(self, jobs: list[Job], outputs: list[Feeds]) -> list[Any]:
-        """Each job's answer (None where it asks for the outputs alone), vectorised over the rows."""
+    def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
+        """Each job's answer (None where it asks for the outputs alone), vectorised over the rows;
+        `top` marks the rows answered from the graph's top-k outputs."""
         return [None] * len(jobs)
+
+    def observe(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> None:
+        """The quality metrics of the batch's observed rows (`jobs.observed_rows`)."""
+        self.predictions.observe_rows(*batch_jobs.observed_rows(jobs, outputs, top, self.predicted_rows))
+
+    def predicted_rows(self, job: Job) -> int:
+        return 1  # how many leading rows of a job's outputs are its predictions
+
+    def check_top_k(self, rows: tuple[int, ...], outputs: Feeds) -> None:
+        """Raise if the top-k outputs of a run are not `rows` rows of K (`graph_top_k`)."""
+        for name in batch_jobs.TOP_K_OUTPUTS if self.graph_top_k else ():
+            if outputs[name].shape != (*rows, self.graph_top_k):
+                raise ValueError(f"model {self.name}: {name} {outputs[name].shape}, K = {self.graph_top_k}")
 
     def warmup_feeds(self) -> list[Feeds]:
         """One request per input shape the service will run (the largest last)."""
@@ -165,6 +185,7 @@ class Pipeline:
             "instances": self.batcher.instances,
             "intra_op_threads": self.runtime.options.intra_op_threads,
             "rows_batched": self.runtime.row_independent,
+            "graph_top_k": self.graph_top_k,
             "ready": self.ready,
             "batching": {
                 "max_batch_size": self.batcher.max_batch_size,
@@ -175,9 +196,9 @@ class Pipeline:
             "card": self.card,
         }
 
-    async def infer(self, feeds: Feeds, deadline: Deadline) -> Feeds:
-        """One request's model outputs, run in whatever batch the batcher forms."""
-        return (await self.batcher.submit(Job(feeds), deadline)).outputs
+    async def infer(self, feeds: Feeds, deadline: Deadline, names: frozenset[str] | None = None) -> Feeds:
+        """One request's model outputs (`names`; default: all), in whatever batch forms."""
+        return (await self.batcher.submit(Job(feeds, reads=names), deadline)).outputs
 
 
 class VisionPipeline(Pipeline):
@@ -210,20 +231,26 @@ class VisionPipeline(Pipeline):
             raise ValueError(
                 f"model {self.name}: logits {outputs['logits'].shape} but {len(self.labels)} labels"
             )
+        self.check_top_k((), outputs)
 
-    def finish(self, jobs: list[Job], outputs: list[Feeds]) -> list[Any]:
-        """The ranked labels of the rows that ask for them, one vectorised pass per score function
-        (at the largest top_k among its rows; each row keeps its own prefix of the ranking)."""
-        observed = [out["logits"] for job, out in zip(jobs, outputs, strict=True) if job.observed]
-        if observed:
-            self.predictions.observe(np.stack(observed))
-        return rank_rows(jobs, outputs, self.labels)
+    def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
+        """The ranked labels of the rows that ask for them: from the top-k outputs where `top`
+        says, else one vectorised pass per score function (at the largest top_k among its rows;
+        each row keeps its own prefix of the ranking)."""
+        self.observe(jobs, outputs, top)
+        return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
 
     async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
         """The logits of one encoded image, through the model's own transform and the batcher."""
-        return (await self._submit(image, deadline, None)).outputs["logits"]
+        return (await self.image_outputs(image, deadline, frozenset({"logits"})))["logits"]
 
-    async def _submit(self, image: bytes, deadline: Deadline, answer: Ranking | None) -> Done:
+    async def image_outputs(self, image: bytes, deadline: Deadline, names: frozenset[str]) -> Feeds:
+        """The graph outputs `names` of one encoded image (the v2 protocol's image input)."""
+        return (await self._submit(image, deadline, None, names)).outputs
+
+    async def _submit(
+        self, image: bytes, deadline: Deadline, answer: Ranking | None, reads: Reads = NOTHING
+    ) -> Done:
         """One encoded image through the model's own transform and the batcher."""
         with self.batcher.arriving(), tracing.span("preprocess"):
             img = self.transform.open(image)  # the header only: cheap whatever the image
@@ -231,7 +258,7 @@ class VisionPipeline(Pipeline):
                 pixels = self.transform.finish(img)
             else:
                 pixels = await before(asyncio.to_thread(self.transform.finish, img), deadline)
-        return await self.batcher.submit(Job({"pixel_values": pixels}, answer, observed=True), deadline)
+        return await self.batcher.submit(Job({"pixel_values": pixels}, answer, True, reads), deadline)
 
     async def classify(
         self, image: bytes, top_k: int, deadline: Deadline, function: ScoreFunction = "softmax"
@@ -273,20 +300,18 @@ class FillMaskPipeline(Pipeline):
     def collate(self, items: Sequence[Feeds]) -> Feeds:
         return self.codec.collate(items, fixed=self.fixed_length)
 
-    def run_rows(self, items: list[Feeds]) -> list[Feeds]:
-        return self.runtime.run_batch(items, self.collate)
+    def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
+        return self.runtime.run_batch(items, self.collate, names)
 
-    def finish(self, jobs: list[Job], outputs: list[Feeds]) -> list[Any]:
+    def predicted_rows(self, job: Job) -> int:
+        return len(job.feeds["mask_positions"])
+
+    def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
         """The quality metrics of the task requests' mask rows, and the decoded predictions of those
-        that ask for them (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
-        observed = [
-            out["logits"][: len(job.feeds["mask_positions"])]
-            for job, out in zip(jobs, outputs, strict=True)
-            if job.observed
-        ]
-        if observed:
-            self.predictions.observe(np.concatenate(observed))
-        return decode_rows(jobs, outputs, self.codec)
+        that ask for them: from the top-k outputs where `top` says, else from the logits
+        (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
+        self.observe(jobs, outputs, top)
+        return batch_jobs.decode_rows(jobs, outputs, self.codec, top)
 
     def warmup_feeds(self) -> list[Feeds]:
         """[MASK]-only texts at every padded length a batch can have, one mask, then the largest."""
@@ -303,6 +328,7 @@ class FillMaskPipeline(Pipeline):
         expected = (slots, self.codec.vocab_size)
         if outputs["logits"].shape != expected:
             raise ValueError(f"model {self.name}: logits {outputs['logits'].shape}, expected {expected}")
+        self.check_top_k((slots,), outputs)
 
     def batch_attributes(self, items: list[Job]) -> dict[str, Any]:
         length = self.codec.padded_length(
@@ -315,8 +341,8 @@ class FillMaskPipeline(Pipeline):
         static shapes), the recorded slots read back."""
         ids, positions = feeds["input_ids"], feeds["mask_positions"]
         rows = [{"input_ids": i, "mask_positions": p} for i, p in zip(ids, positions, strict=True)]
-        logits = self.runtime.run(self.collate(rows))["logits"]
-        return {"logits": logits[:, : positions.shape[1]]}
+        outputs = self.runtime.run(self.collate(rows))
+        return {name: out[:, : positions.shape[1]] for name, out in outputs.items()}
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fixed_length": self.fixed_length, "length_multiple": LENGTH_MULTIPLE}
@@ -326,26 +352,27 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
-        _, _, done = await self._submit(text, deadline, targets, top_k)
+        _, _, done = await self._submit(text, deadline, targets, top_k, NOTHING)
         tracing.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
 
-    async def decoded_text(self, text: str, top_k: int, deadline: Deadline) -> tuple[np.ndarray, Any]:
-        """A text's [MASK] logits [slots, vocab] and its top_k per mask, decoded in the batch thread
-        (the v2 protocol's text input)."""
-        _, _, done = await self._submit(text, deadline, None, top_k)
-        return done.outputs["logits"], done.answer
+    async def decoded_text(self, text: str, top_k: int, deadline: Deadline, names: frozenset[str]) -> Done:
+        """A text's graph outputs `names` (rows [slots, ...]) and its top_k per mask, decoded in the
+        batch thread (the v2 protocol's text input)."""
+        return (await self._submit(text, deadline, None, top_k, names))[2]
 
-    async def infer_decoded(self, feeds: Feeds, top_k: int, deadline: Deadline) -> Done:
-        """A token-id request's outputs and its top_k per mask, decoded in the batch thread (the v2
-        protocol's graph inputs with the predictions output asked for)."""
+    async def infer_decoded(
+        self, feeds: Feeds, top_k: int, deadline: Deadline, names: frozenset[str] | None = None
+    ) -> Done:
+        """A token-id request's outputs `names` (default: all) and its top_k per mask, decoded in
+        the batch thread (the v2 protocol's graph inputs with the predictions output asked for)."""
         ids, positions = feeds["input_ids"].tolist(), feeds["mask_positions"].tolist()
         answer = Decoding(EncodedText(ids, positions, feeds), top_k)
-        return await self.batcher.submit(Job(feeds, answer), deadline)
+        return await self.batcher.submit(Job(feeds, answer, reads=names), deadline)
 
     async def _submit(
-        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None
+        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None, reads: Reads
     ) -> tuple[EncodedText, list[int] | None, Done]:
         """A text through the model's tokenizer and the batcher; decoded in the batch thread when
         `top_k` is given."""
@@ -356,7 +383,7 @@ class FillMaskPipeline(Pipeline):
                 encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
             target_ids = None if targets is None else self.codec.target_ids(targets)
         answer = None if top_k is None else Decoding(encoded, top_k, target_ids)
-        done = await self.batcher.submit(Job(encoded.feeds, answer, observed=True), deadline)
+        done = await self.batcher.submit(Job(encoded.feeds, answer, True, reads), deadline)
         return encoded, target_ids, done
 
 

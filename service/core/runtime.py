@@ -128,20 +128,22 @@ class OnnxModel:
             "" if self.row_independent else " (per-tensor dynamic quantisation: rows run one at a time)",
         )
 
-    def run(self, feeds: Feeds) -> Feeds:
-        """One session run over already batched inputs."""
+    def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
+        """One session run over already batched inputs, returning the outputs `names` (default:
+        all); outputs not asked for are not copied out of the session."""
+        names = list(names or self.output_names)
         if not self.use_io_binding:
-            outputs = self.session.run(self.output_names, feeds)
-            return dict(zip(self.output_names, outputs, strict=True))
+            outputs = self.session.run(names, feeds)
+            return dict(zip(names, outputs, strict=True))
         # IO binding: inputs are copied to the GPU once, outputs stay there until one copy back,
         # instead of ORT allocating and copying per run.
         binding = self.session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        for name in self.output_names:
+        for name in names:
             binding.bind_output(name, "cuda")
         self.session.run_with_iobinding(binding)
-        return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
+        return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
 
     def static_dims(self, name: str) -> list[int | None]:
         """An input's shape as the graph declares it: an int where fixed, None where dynamic."""
@@ -152,13 +154,16 @@ class OnnxModel:
         """The default collation: per-request feeds of equal shapes, stacked on a new batch axis."""
         return {name: np.stack([item[name] for item in items]) for name in self.input_names}
 
-    def run_batch(self, items: Sequence[Feeds], collate: Collate | None = None) -> list[Feeds]:
-        """Collate per-request feeds (default: stack), run once, split the outputs per request."""
+    def run_batch(
+        self, items: Sequence[Feeds], collate: Collate | None = None, names: Sequence[str] | None = None
+    ) -> list[Feeds]:
+        """Collate per-request feeds (default: stack), run once, split the outputs `names`
+        (default: all) per request."""
         if not items:
             return []
         if not self.row_independent and len(items) > 1:
-            return [self.run_batch([item], collate)[0] for item in items]
-        outputs = self.run((collate or self.stack)(items))
+            return [self.run_batch([item], collate, names)[0] for item in items]
+        outputs = self.run((collate or self.stack)(items), names)
         return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 

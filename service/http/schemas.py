@@ -183,6 +183,11 @@ class ModelInfo(BaseModel):
     instances: int = Field(description="batches of this model that may run at once (setting instances)")
     intra_op_threads: int = Field(description="ONNX Runtime intra-op threads of each instance")
     rows_batched: bool = Field(description="false when the variant runs batch rows one at a time")
+    graph_top_k: int = Field(
+        0,
+        description="K of the graph's topk_ids/topk_scores outputs, from which requests for at most K "
+        "candidates are answered (0: the graph has none; every answer comes from the logits)",
+    )
     ready: bool
     batching: BatchingInfo
     fixed_length: bool | None = Field(

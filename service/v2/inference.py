@@ -17,8 +17,10 @@ output gets an answer, the graph's tensors are the required inputs and the encod
 optional alternative (a request has one form or the other, never both: 400); BYTES tensors have a
 per-row dimension (`[-1, 1]`, `[-1]` is accepted too); and each form produces every output of the
 model: a masked LM's raw token ids can ask for `predictions` (decoded from the logits) and its
-texts for `logits` (of their [MASK]s). Without a list of outputs, a request gets its form's own
-(`logits` for the graph's tensors and images, `predictions` for texts).
+texts and images for the graph's outputs (`logits`, and `topk_ids` / `topk_scores` where the graph
+has them; a text's rows are its [MASK]s). Without a list of outputs, a request gets its form's own
+(every graph output for the graph's tensors, `logits` for images, `predictions` for texts). A row
+runs the session for the outputs asked for only, so a request for the top-k pair copies no logits.
 
 Every row is queued on its own in the model's dynamic batcher, so v2 rows share batches with the
 task routes' requests.
@@ -264,15 +266,22 @@ def _predictions(answers: Sequence[Any], shape: Sequence[int]) -> Tensor:
     return bytes_tensor(PREDICTIONS_OUTPUT, items, shape)
 
 
-def _stacked_logits(logits: Sequence[np.ndarray]) -> Tensor:
-    if len({row.shape for row in logits}) != 1:
+def _stacked(name: str, rows: Sequence[np.ndarray]) -> Tensor:
+    """A graph output of a request's rows (images, or texts with their [MASK] rows), as one tensor."""
+    if len({row.shape for row in rows}) != 1:
         raise InvalidInput(
             ErrorCode.INVALID_OUTPUTS,
-            "output logits needs the same number of [MASK] tokens in every text of a request; "
+            f"output {name} needs the same number of [MASK] tokens in every text of a request; "
             "ask for predictions only, or send the texts in separate requests",
         )
-    stacked = np.stack(logits)
-    return Tensor("logits", datatype_of(stacked.dtype), stacked)
+    stacked = np.stack(rows)
+    return Tensor(name, datatype_of(stacked.dtype), stacked)
+
+
+def _graph_outputs(served: Pipeline, requested: list[str], default: list[str]) -> list[str]:
+    """The graph outputs a request asks for, in the graph's order (`default` when it names none)."""
+    names = served.runtime.output_names
+    return [n for n in names if n in requested] if requested else [n for n in names if n in default]
 
 
 async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> dict[str, Tensor]:
@@ -285,31 +294,36 @@ async def _run(served: Pipeline, request: InferRequest, deadline: Deadline) -> d
         decode = isinstance(served, FillMaskPipeline) and PREDICTIONS_OUTPUT in request.outputs
         top_k = _top_k(request.parameters) if decode else 0
         rows = _graph_rows(served, request.inputs)
+        graph = _graph_outputs(served, request.outputs, served.runtime.output_names)
+        reads = frozenset(graph)
         if decode:
             assert isinstance(served, FillMaskPipeline)
-            done = await gather_or_cancel([served.infer_decoded(row, top_k, deadline) for row in rows])
+            done = await gather_or_cancel([served.infer_decoded(row, top_k, deadline, reads) for row in rows])
             results = [d.outputs for d in done]
         else:
-            results = await gather_or_cancel([served.infer(row, deadline) for row in rows])
-        stacked = {name: np.stack([r[name] for r in results]) for name in served.runtime.output_names}
+            results = await gather_or_cancel([served.infer(row, deadline, reads) for row in rows])
+        stacked = {name: np.stack([r[name] for r in results]) for name in graph}
         produced = {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacked.items()}
         if decode:
             produced[PREDICTIONS_OUTPUT] = _predictions([d.answer for d in done], [len(rows), 1])
         return produced
     if isinstance(served, VisionPipeline) and names == [IMAGE_INPUT]:
-        _check_outputs(request.outputs, ["logits"])
+        _check_outputs(request.outputs, served.runtime.output_names)
         images = _encoded_items(request.inputs[0], served)
-        logits = np.stack(await gather_or_cancel([served.logits(image, deadline) for image in images]))
-        return {"logits": Tensor("logits", datatype_of(logits.dtype), logits)}
+        graph = _graph_outputs(served, request.outputs, ["logits"])
+        reads = frozenset(graph)
+        results = await gather_or_cancel([served.image_outputs(image, deadline, reads) for image in images])
+        return {name: _stacked(name, [r[name] for r in results]) for name in graph}
     if isinstance(served, FillMaskPipeline) and names == [TEXT_INPUT]:
         _check_outputs(request.outputs, _output_names(served))
         top_k = _top_k(request.parameters)
         texts = [_utf8(item) for item in _encoded_items(request.inputs[0], served)]
-        runs = await gather_or_cancel([served.decoded_text(t, top_k, deadline) for t in texts])
-        row_logits = [run[0] for run in runs]
-        produced = {PREDICTIONS_OUTPUT: _predictions([run[1] for run in runs], request.inputs[0].shape)}
-        if "logits" in request.outputs:
-            produced["logits"] = _stacked_logits(row_logits)
+        graph = _graph_outputs(served, request.outputs, [])
+        reads = frozenset(graph)
+        runs = await gather_or_cancel([served.decoded_text(t, top_k, deadline, reads) for t in texts])
+        produced = {PREDICTIONS_OUTPUT: _predictions([run.answer for run in runs], request.inputs[0].shape)}
+        for name in graph:
+            produced[name] = _stacked(name, [run.outputs[name][: len(run.answer)] for run in runs])
         return produced
     accepted = [graph_inputs, [IMAGE_INPUT] if isinstance(served, VisionPipeline) else [TEXT_INPUT]]
     raise InvalidInput(

@@ -109,6 +109,8 @@ def test_every_variant_file_has_dynamic_axes_and_takes_several_lengths(amlp_vari
             "input_ids": ["batch", "seq"],
             "mask_positions": ["batch", "predictions"],
             "logits": ["batch", "predictions", config.vocab_size],
+            "topk_ids": ["batch", "predictions", cfg["graph_top_k"]],
+            "topk_scores": ["batch", "predictions", cfg["graph_top_k"]],
         }, variant
         assert sum(n.op_type == "SpatialGatingUnit" for n in proto.graph.node) == config.depth, variant
         agree, total = 0, 0

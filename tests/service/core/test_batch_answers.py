@@ -11,6 +11,7 @@ import numpy as np
 
 from contract.scores import SCORE_FUNCTIONS, ranked
 from contract.spec import read_spec
+from helpers import assert_same_answers
 from service.core.jobs import Decoding, Job, Ranking
 from service.core.metrics import ServiceMetrics
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline, load_pipeline
@@ -57,7 +58,7 @@ def test_classifier_batch_answers_equal_per_request_ranking(
         expected = [
             {"label": pipeline.labels[i], "score": float(scores[i])} for i in ranked(scores, job.answer.top_k)
         ]
-        assert row.answer == expected
+        assert_same_answers(row.answer, expected)
         start, end = row.finished
         assert 0 < start <= end
 
@@ -81,7 +82,7 @@ def test_masked_lm_batch_answers_equal_per_request_decoding(
     assert done[2].answer is None
     answered = [d for j, d in zip(jobs, done, strict=True) if j.answer is not None]
     for e, k, t, row in zip(encoded, top_ks, targets, answered, strict=True):
-        assert row.answer == codec.decode(e, row.outputs["logits"], k, t)
+        assert_same_answers(row.answer, codec.decode(e, row.outputs["logits"], k, t))
         assert [len(per_mask) for per_mask in row.answer] == [min(k, len(t or range(k)))] * len(
             e.mask_positions
         )

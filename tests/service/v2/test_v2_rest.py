@@ -81,7 +81,7 @@ def test_health_and_metadata(triton: httpclient.InferenceServerClient) -> None:
         ("mask_positions", [-1, -1]),
         ("text", [-1, 1]),
     ]
-    assert [t["name"] for t in mlm["outputs"]] == ["logits", "predictions"]
+    assert [t["name"] for t in mlm["outputs"]] == ["logits", "topk_ids", "topk_scores", "predictions"]
     with pytest.raises(InferenceServerException) as missing:
         triton.get_model_metadata("tiny-vision", model_version="7")
     assert missing.value.status() == "404" and "has no version '7'" in missing.value.message()
