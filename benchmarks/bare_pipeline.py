@@ -18,6 +18,10 @@ built by the product's own `OnnxModel`, batch after batch of 16 requests:
   (`FillMaskCodec.decode_batch`, what the service's batch threads run).
 - **raw**, beside each: `session.run` alone on a batch prepared once (the model's own cost).
 
+A graph exported with top-k outputs (`topk_ids`, `topk_scores`; docs/formats.md) is asked for
+those alone, by both bare and raw runs, and the answers are built from them, as the service builds
+them; an older graph's answers come from its logits.
+
 Rounds alternate bare and raw, so that drift in the machine's speed hits both alike. CPU is
 getrusage of the whole process (ORT's threads included) over each run, divided by the requests
 (images or sentences) it answered. Prints one JSON object per task (one line each) with the
@@ -38,11 +42,13 @@ import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_facts, cpu_line
 from benchmarks.peers.raw_ort import run_concurrently
+from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.image import ImageTransform
 from contract.scores import ranked_labels
 from contract.spec import ModelSpec, read_spec
 from contract.text import FillMaskCodec
 from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES
+from service.core.jobs import TOP_K_OUTPUTS, graph_top_k
 from service.core.runtime import OnnxModel, RuntimeOptions, choose_variant
 from service.core.settings import ServiceSettings
 
@@ -107,6 +113,10 @@ class Bare:
         self.instances = settings.resolved_instances("cpu")
         options = RuntimeOptions("cpu", settings.resolved_threads(self.instances), settings.ort_spinning)
         self.model = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
+        # A graph exported with top-k outputs answers from them, as the service does (the logits
+        # never leave the session); an older graph from its logits.
+        self.from_top_k = graph_top_k(spec.config, self.model.output_names) >= TOP_K
+        self.outputs = sorted(TOP_K_OUTPUTS) if self.from_top_k else ["logits"]
 
     def bare(self, k: int) -> list[Any]:
         """Batch number `k` of the whole task: the inputs as a request brings them -> answers."""
@@ -130,6 +140,7 @@ class Bare:
             "instances": self.instances,
             "intra_op_threads": self.model.options.intra_op_threads,
             "batch": self.batch,
+            "outputs": self.outputs,
         }
 
 
@@ -154,11 +165,18 @@ class BareClassify(Bare):
 
     def bare(self, k: int) -> list[Any]:
         pixels = np.stack([self.transform(self._image(k, i)) for i in range(self.batch)])
-        logits = self.model.run({"pixel_values": pixels})["logits"]
-        return ranked_labels(logits, self.labels, min(TOP_K, len(self.labels)))
+        out = self.model.run({"pixel_values": pixels}, self.outputs)
+        k = min(TOP_K, len(self.labels))
+        if not self.from_top_k:
+            return ranked_labels(out["logits"], self.labels, k)
+        ids, scores = out[TOP_K_IDS_OUTPUT][:, :k].tolist(), out[TOP_K_SCORES_OUTPUT][:, :k].tolist()
+        return [
+            [{"label": self.labels[c], "score": v} for c, v in zip(row, values, strict=True)]
+            for row, values in zip(ids, scores, strict=True)
+        ]
 
     def raw(self, k: int) -> object:
-        return self.model.run({"pixel_values": self.pixels})
+        return self.model.run({"pixel_values": self.pixels}, self.outputs)
 
     def inputs(self) -> int:
         return len(self.images)
@@ -192,11 +210,16 @@ class BareFillMask(Bare):
 
     def bare(self, k: int) -> list[Any]:
         encoded = [self.codec.encode(t) for t in self._wrap(self.texts, k * self.batch)]
-        logits = self.model.run(self.codec.collate([e.feeds for e in encoded], fixed=self.fixed))["logits"]
-        return self.codec.decode_batch(encoded, list(logits), [TOP_K] * len(encoded), [None] * len(encoded))
+        feeds = self.codec.collate([e.feeds for e in encoded], fixed=self.fixed)
+        out = self.model.run(feeds, self.outputs)
+        if not self.from_top_k:
+            logits = list(out["logits"])
+            return self.codec.decode_batch(encoded, logits, [TOP_K] * len(encoded), [None] * len(encoded))
+        ids, scores = out[TOP_K_IDS_OUTPUT], out[TOP_K_SCORES_OUTPUT]
+        return [self.codec.decode_top(e, ids[i], scores[i], TOP_K) for i, e in enumerate(encoded)]
 
     def raw(self, k: int) -> object:
-        return self.model.run(self.batches[k % len(self.batches)])
+        return self.model.run(self.batches[k % len(self.batches)], self.outputs)
 
     def inputs(self) -> int:
         return len(self.texts)

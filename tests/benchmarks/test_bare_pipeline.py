@@ -54,18 +54,28 @@ def test_fill_mask_run_is_well_formed(capsys, tiny_mlm_served):
     _check_counts(result)
 
 
-def test_bare_classify_answers_as_the_service_ranks(tiny_vision_served):
-    """The bare batch's top 5 per image are the per-image softmax and ranking of its logits."""
+@pytest.mark.parametrize("from_top_k", [True, False], ids=["graph top-k", "logits"])
+def test_bare_classify_answers_as_the_service_ranks(tiny_vision_served, from_top_k):
+    """The bare batch's top 5 per image are the per-image softmax and ranking of its logits,
+    whether built from the graph's top-k outputs (float32 scores) or from the logits (exact)."""
     images = bare_pipeline.peer_images()
     bare = bare_pipeline.BareClassify(tiny_vision_served, ServiceSettings(), images)
+    assert bare.from_top_k, "the tiny classifier is exported with top-k outputs"
+    if not from_top_k:
+        bare.from_top_k, bare.outputs = False, ["logits"]
     answers = bare.bare(0)
     assert len(answers) == bare.batch
     pixels = np.stack([bare.transform(images[i % len(images)]) for i in range(bare.batch)])
-    logits = bare.model.run({"pixel_values": pixels})["logits"]
+    logits = bare.model.run({"pixel_values": pixels}, ["logits"])["logits"]
     for answer, row in zip(answers, logits, strict=True):
         probs = softmax(row)
         expected = [{"label": bare.labels[j], "score": float(probs[j])} for j in ranked(probs, len(answer))]
-        assert answer == expected
+        assert [a["label"] for a in answer] == [e["label"] for e in expected]
+        scores = [a["score"] for a in answer]
+        if from_top_k:
+            assert scores == pytest.approx([e["score"] for e in expected], rel=1e-5)
+        else:
+            assert answer == expected
 
 
 def test_bare_fill_mask_answers_every_mask(tiny_mlm_served):
