@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_line, free_port, gmlp_serve
-from benchmarks.peers.report import replace_section
+from benchmarks.peers.report import publish
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec
@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             *rows,
         ]
     )
-    print(section)
-    if not args.no_doc:
-        DOC.write_text(replace_section(DOC.read_text(), section, BEGIN, END, HEADING))
+    publish(section, DOC, BEGIN, END, HEADING, write=not args.no_doc)
     return 0 if rows else 1
 
 

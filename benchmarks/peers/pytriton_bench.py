@@ -45,7 +45,7 @@ from benchmarks.harness import (
 from benchmarks.peers import pytriton_report as report
 from benchmarks.peers.model import INSTANCES_ENV, MODEL_ENV
 from benchmarks.peers.peers import PEERS, Peer, Ports, ensure_venv
-from benchmarks.peers.report import replace_section
+from benchmarks.peers.report import publish
 from benchmarks.perf_analyzer import input_data, run_perf_analyzer
 from benchmarks.perf_analyzer_install import VERSION as PERF_ANALYZER_VERSION
 from benchmarks.perf_analyzer_install import perf_analyzer_command
@@ -255,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps([r.as_dict() for r in runs], indent=1))
     (args.out / "configs.json").write_text(json.dumps(configs, indent=1))
     text = section(runs, args, configs, " ".join(sys.argv[1:] if argv is None else argv))
-    print(text)
-    if not args.no_docs:
-        DOC.write_text(replace_section(DOC.read_text(), text, BEGIN, END, HEADING))
+    publish(text, DOC, BEGIN, END, HEADING, write=not args.no_docs)
     return 0 if runs else 1
 
 
