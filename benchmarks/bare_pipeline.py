@@ -44,7 +44,7 @@ from benchmarks.harness import REPO, command_line, cpu_facts, cpu_line
 from benchmarks.peers.raw_ort import run_concurrently
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.image import ImageTransform
-from contract.scores import ranked_labels
+from contract.scores import labelled_rows, ranked_labels
 from contract.spec import ModelSpec, read_spec
 from contract.text import FillMaskCodec
 from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES
@@ -169,11 +169,7 @@ class BareClassify(Bare):
         k = min(TOP_K, len(self.labels))
         if not self.from_top_k:
             return ranked_labels(out["logits"], self.labels, k)
-        ids, scores = out[TOP_K_IDS_OUTPUT][:, :k].tolist(), out[TOP_K_SCORES_OUTPUT][:, :k].tolist()
-        return [
-            [{"label": self.labels[c], "score": v} for c, v in zip(row, values, strict=True)]
-            for row, values in zip(ids, scores, strict=True)
-        ]
+        return labelled_rows(out[TOP_K_IDS_OUTPUT][:, :k], out[TOP_K_SCORES_OUTPUT][:, :k], self.labels)
 
     def raw(self, k: int) -> object:
         return self.model.run({"pixel_values": self.pixels}, self.outputs)

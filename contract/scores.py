@@ -154,6 +154,15 @@ ROW_SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def labelled_rows(ids: np.ndarray, scores: np.ndarray, labels: Sequence[str]) -> list[list[dict[str, Any]]]:
+    """Rows of class ids and their scores [m, k], best first, as the answers' `{"label", "score"}`
+    lists: what ranking the logits and reading a graph's top-k outputs both end in."""
+    return [
+        [{"label": labels[i], "score": v} for i, v in zip(row, vals, strict=True)]
+        for row, vals in zip(np.asarray(ids).tolist(), np.asarray(scores).tolist(), strict=True)
+    ]
+
+
 def ranked_labels(
     logits: np.ndarray, labels: Sequence[str], k: int, function: str = "softmax"
 ) -> list[list[dict[str, Any]]]:
@@ -162,11 +171,7 @@ def ranked_labels(
     per row as `SCORE_FUNCTIONS[function]` and `ranked` give it."""
     scores = ROW_SCORE_FUNCTIONS[function](np.asarray(logits))
     top = ranked_rows(scores, k)
-    values = np.take_along_axis(scores, top, axis=1).tolist()
-    return [
-        [{"label": labels[i], "score": v} for i, v in zip(row, vals, strict=True)]
-        for row, vals in zip(top.tolist(), values, strict=True)
-    ]
+    return labelled_rows(top, np.take_along_axis(scores, top, axis=1), labels)
 
 
 __all__ = [
@@ -179,6 +184,7 @@ __all__ = [
     "softmax_rows",
     "ranked_rows",
     "ranked_labels",
+    "labelled_rows",
     "top_k_mismatch",
     "sigmoid",
     "ScoreFunction",

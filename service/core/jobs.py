@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
-from contract.scores import ScoreFunction, ranked_labels
+from contract.scores import ScoreFunction, labelled_rows, ranked_labels
 from contract.text import EncodedText, FillMaskCodec
 from service.core.runtime import Feeds
 
@@ -115,8 +115,7 @@ def rank_rows(
         if top and top[i]:
             ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
             k = job.answer.top_k
-            pairs = zip(ids[:k].tolist(), scores[:k].tolist(), strict=True)
-            answers[i] = [{"label": labels[c], "score": v} for c, v in pairs]
+            answers[i] = labelled_rows(ids[None, :k], scores[None, :k], labels)[0]
         else:
             groups.setdefault(job.answer.function, []).append((i, job.answer.top_k))
     for function, asks in groups.items():
