@@ -15,6 +15,7 @@ repository, a setting). The CLI prints its message and exits non-zero.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum, unique
 from typing import Any, TypeVar
@@ -28,14 +29,57 @@ class UserError(ValueError):
     A ValueError, so that code which validates values keeps working; the CLI catches this type only."""
 
 
+# Characters that end or break a line somewhere (a terminal, a log shipper, str.splitlines): C0
+# controls, DEL, C1 controls, and the Unicode line and paragraph separators.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# The most characters of a client's value that a message echoes, and the most characters of a
+# whole message (its own text and the lists it names included).
+ECHO_LIMIT = 200
+MESSAGE_LIMIT = 2000
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    return _ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as a Python escape (`\\n`, `\\x1b`, `\\u2028`), so
+    that it stays on one line wherever it is written."""
+    return CONTROL_CHARACTERS.sub(_escape, text)
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, with a marker that says how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def echo(value: object, limit: int = ECHO_LIMIT) -> str:
+    """A client's value as a message quotes it: its first `limit` characters, quoted and escaped
+    as `repr` writes a string, with its length when it was cut. Every message that repeats what a
+    client sent goes through this, so no value makes an error long or breaks a line."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 class RequestError(Exception):
     """Base of everything a request can be refused for: a code of `ErrorCode`, the type's own (a
     TypeError otherwise, since the transports' statuses and the documented table follow from it),
-    a message that says what was wrong and what is accepted, and optional structured details."""
+    a message that says what was wrong and what is accepted, and optional structured details.
+
+    The message is kept on one line and to `MESSAGE_LIMIT` characters whatever went into it (the
+    fields a message quotes are cut to `ECHO_LIMIT` by `echo`), so no request can make its own
+    error, its log line or a gRPC status large."""
 
     def __init__(self, code: ErrorCode, message: str, *, details: list[Any] | None = None) -> None:
         if not isinstance(code, ErrorCode) or code.error is not type(self):
             raise TypeError(f"{type(self).__name__} with code {code!r}: not a code of that type in ErrorCode")
+        message = shorten(escape_controls(message), MESSAGE_LIMIT)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -152,7 +196,8 @@ class ErrorCode(StrEnum):
     BAD_REQUEST = (
         "bad_request",
         MalformedRequest,
-        "the HTTP framework could not parse the request (a malformed multipart body)",
+        "the HTTP framework could not parse the request (a malformed multipart body), or an HTTP/1.1 "
+        "request without exactly one Host header",
     )
     EMPTY_BODY = "empty_body", InvalidInput, "the body is empty"
     UNSUPPORTED_MEDIA_TYPE = (
@@ -351,6 +396,12 @@ def most_specific(table: Mapping[Any, S], kind: type, default: S) -> S:
 
 __all__ = [
     "ErrorCode",
+    "echo",
+    "escape_controls",
+    "shorten",
+    "ECHO_LIMIT",
+    "MESSAGE_LIMIT",
+    "CONTROL_CHARACTERS",
     "most_specific",
     "UserError",
     "RequestError",

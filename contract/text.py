@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from contract.errors import ErrorCode, InvalidInput
+from contract.errors import ErrorCode, InvalidInput, echo
 from contract.formats import MASK_TOKEN
 from contract.scores import log_normalisers, top_probabilities
 from contract.spec import SpecError
@@ -147,7 +147,7 @@ class FillMaskCodec:
                 pieces = self.tokenizer.encode(target, add_special_tokens=False).ids
                 if not pieces:
                     raise InvalidInput(
-                        ErrorCode.INVALID_TARGET, f"target {target!r} does not tokenize to any token"
+                        ErrorCode.INVALID_TARGET, f"target {echo(target)} does not tokenize to any token"
                     )
                 token_id = pieces[0]
             if token_id not in ids:

@@ -47,9 +47,11 @@ from service.http.errors import (
     error_handlers,
     install_error_handlers,
 )
+from service.http.head import RequestHeadMiddleware
 from service.http.limits import BodyLimitMiddleware
 from service.http.metrics import HttpMetricsMiddleware
 from service.http.observe import RequestObservationMiddleware
+from service.http.scopes import RouteIndex
 from service.v2 import repository_rest
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer
@@ -152,7 +154,6 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
     app.state.keys = KeyStore(settings.api_keys_file, metrics)
     app.state.tls = tls_files(settings, metrics)
-    secure_openapi(app, app.state.keys)
     app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
     direct_routes = [route for router in ROUTERS for route in router.routes]
     # Each route renders its refusals with its own API's table; so do the paths below a router's
@@ -165,24 +166,30 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     )
     handlers = error_handlers(errors)
     install_error_handlers(app, handlers)
+    framework_routes = list(app.routes)  # FastAPI's own: the OpenAPI document
     for router in ROUTERS:
         app.include_router(router)
     # The playground's files and the API docs' scripts, under /ui/.
+    mounted = len(app.routes)
     playground.mount_assets(app)
+    # Every route in the router's order (FastAPI's, the routers' as included, the mounts) with the
+    # key scope it declares: what access control and the OpenAPI document read (an undeclared
+    # route stops the app here). No trailing-slash redirects: `/metrics/` is no alias of a route.
+    app.router.redirect_slashes = False
+    index = RouteIndex([*framework_routes, *direct_routes, *app.routes[mounted:]])
+    secure_openapi(app, app.state.keys, index)
     # Each middleware wraps those added before it. From the inside out: the direct dispatch, which
-    # answers the routers' direct routes before FastAPI's router would; body and header limits; the
-    # connection cap, whose 503 comes before anything else of ours runs (the protocol marks those
-    # requests, service.http.connections); the metrics, which see every answer, including early 413s
-    # and 503s; unexpected errors, answered (and counted as 500s) wherever in ours they arise.
+    # answers the routers' direct routes before FastAPI's router would; the body limit; access
+    # control; the request head's checks (size, Host, path form); the connection cap, whose 503
+    # comes before anything else of ours runs (the protocol marks those requests,
+    # service.http.connections); the metrics, which see every answer, including early refusals;
+    # unexpected errors, answered (and counted as 500s) wherever in ours they arise.
     app.add_middleware(DirectDispatchMiddleware, routes=direct_routes, handlers=handlers)
-    app.add_middleware(
-        BodyLimitMiddleware,
-        max_bytes=settings.max_upload_bytes,
-        errors=errors,
-        max_header_bytes=settings.max_header_bytes,
-    )
-    # Access control: before anything reads the body, after the connection cap's 503.
-    app.add_middleware(AccessMiddleware, keys=app.state.keys, errors=errors)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes, errors=errors)
+    # Access control: before anything reads the body, after the checks of the request head.
+    app.add_middleware(AccessMiddleware, keys=app.state.keys, errors=errors, index=index)
+    # The request head (size, Host, path form): before access control, after the connection cap's 503.
+    app.add_middleware(RequestHeadMiddleware, errors=errors, max_header_bytes=settings.max_header_bytes)
     app.add_middleware(ConnectionCapMiddleware, errors=errors)
     # CORS (opt-in): answers preflights before access control, and adds its headers to refusals.
     if settings.cors_origin_list():

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
+from contract.errors import escape_controls
 from service.core import requests
 from service.core.settings import ServiceSettings
 
@@ -69,6 +70,15 @@ def request_fields() -> dict[str, Any]:
     return fields
 
 
+# What JSON may leave raw (ensure_ascii off) but some readers take for a line break (NEL, U+2028,
+# U+2029, as str.splitlines does): written as JSON escapes, so a line stays one line for all.
+_JSON_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _one_line(text: str) -> str:
+    return text.translate(_JSON_BREAKS)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line."""
 
@@ -88,14 +98,22 @@ class JsonFormatter(logging.Formatter):
             line["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
+        return _one_line(json.dumps(line, ensure_ascii=False, default=str))
 
 
 class TextFormatter(logging.Formatter):
-    """The plain format, with the request id appended to the lines a request caused."""
+    """The plain format, with the request id appended to the lines a request caused.
+
+    The line itself (time, level, logger, message) has its control characters escaped
+    (`contract.errors.escape_controls`: CR, LF, the other C0 and C1 controls, U+2028/U+2029), so
+    that whatever a client sent into a message (a model name with `%0A`, a path) cannot start a
+    line of its own; a traceback that follows keeps its lines."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import TypeVar
 
-from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady, echo
 from contract.formats import MLM_TASK, TASKS, VISION_TASK
 from contract.spec import SpecError
 from service.core import requests
@@ -160,7 +160,7 @@ class ServiceState:
             (MLM_TASK, self.settings.default_fill_mask),
         ):
             if name is not None and (name not in served or served[name].task != task):
-                raise ValueError(f"default {task} model {name!r} is not a served {task} model")
+                raise ValueError(f"default {task} model {echo(name)} is not a served {task} model")
 
     async def _poll(self) -> None:
         """Rescan every `repository_poll_s`; apply a model's versions once its directories looked
@@ -218,7 +218,7 @@ class ServiceState:
         if source is None:
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
-                f"model {name!r} is not in the repository {self.settings.model_repository}; "
+                f"model {echo(name)} is not in the repository {self.settings.model_repository}; "
                 f"models: {list(sources)}",
             )
         failures = await self.table.apply(source, policy, retry=True)
@@ -228,7 +228,7 @@ class ServiceState:
             problems = failures or {v: s.problem for v, s in source.versions.items() if s.problem}
             raise InvalidInput(
                 ErrorCode.LOAD_FAILED,
-                f"failed to load model {name!r} (policy {self.table.policy_of(name, source)}): "
+                f"failed to load model {echo(name)} (policy {self.table.policy_of(name, source)}): "
                 + ("; ".join(f"version {v}: {r}" for v, r in problems.items()) or "no complete version"),
             )
 
@@ -277,13 +277,13 @@ class ServiceState:
                 raise
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
-                f"model {name!r} is not served; {task or 'served'} models: {self._of_task(task)}",
+                f"model {echo(name)} is not served; {task or 'served'} models: {self._of_task(task)}",
             ) from None
         with self.table.hold(chosen) as (_, model):
             if not isinstance(model, kind):
                 raise InvalidInput(
                     ErrorCode.WRONG_TASK,
-                    f"model {name!r} is a {model.task} model; {task} models: {self._of_task(task)}",
+                    f"model {echo(name)} is a {model.task} model; {task} models: {self._of_task(task)}",
                 )
             requests.note_model(model.name)
             yield model

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady, echo
 from service.core.batching import DynamicBatcher
 from service.core.repository import Fingerprint, ModelSource, VersionPolicy, VersionSource
 
@@ -161,12 +161,12 @@ class VersionTable(Generic[S]):
         if record is None or not record.versions:
             served = sorted(n for n in self.models if self.serving(n) is not None)
             raise ModelNotFound(
-                ErrorCode.MODEL_NOT_FOUND, f"model {name!r} is not served; served models: {served}"
+                ErrorCode.MODEL_NOT_FOUND, f"model {echo(name)} is not served; served models: {served}"
             )
         if version is not None and version not in record.versions:
             raise ModelNotFound(
                 ErrorCode.VERSION_NOT_FOUND,
-                f"model {name!r} has no version {str(version)!r}; versions: "
+                f"model {echo(name)} has no version {echo(version)}; versions: "
                 f"{[str(v) for v in sorted(record.versions)]}",
             )
         return record
@@ -178,7 +178,7 @@ class VersionTable(Generic[S]):
             chosen = record.versions[version]
             if chosen.state != READY:
                 raise _unavailable(
-                    f"version {version} of model {name!r} is {chosen.state} ({chosen.reason})", chosen
+                    f"version {version} of model {echo(name)} is {chosen.state} ({chosen.reason})", chosen
                 )
             return chosen
         ready = [v for v in record.versions.values() if v.state == READY]
@@ -187,10 +187,10 @@ class VersionTable(Generic[S]):
         states = "; ".join(f"{v.number}: {v.state} ({v.reason})" for v in record.versions.values())
         if all(v.state == UNAVAILABLE and not v.failed for v in record.versions.values()):
             raise ModelNotFound(
-                ErrorCode.MODEL_NOT_FOUND, f"model {name!r} is not loaded (versions {states})"
+                ErrorCode.MODEL_NOT_FOUND, f"model {echo(name)} is not loaded (versions {states})"
             )
         busy = next((v for v in record.versions.values() if v.state != UNAVAILABLE), None)
-        raise _unavailable(f"model {name!r} has no READY version: {states}", busy)
+        raise _unavailable(f"model {echo(name)} has no READY version: {states}", busy)
 
     @contextmanager
     def lease(self, name: str, version: int | None = None) -> Iterator[tuple[int, S]]:
@@ -282,7 +282,7 @@ class VersionTable(Generic[S]):
         """Drain and close every loaded version of `name` (ModelNotFound when unknown)."""
         record = self.models.get(name)
         if record is None:
-            raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, f"model {name!r} is not in the repository")
+            raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, f"model {echo(name)} is not in the repository")
         async with record.lock:
             await asyncio.gather(*(self._retire(v) for v in record.versions.values() if v.loaded is not None))
 

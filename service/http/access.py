@@ -5,7 +5,9 @@ send) or as `x-api-key: KEY` (for clients that cannot set Authorization). `Acces
 decides before anything reads the body, so a refused request never reaches a route, a decoder
 or a batch: 401 with `WWW-Authenticate: Bearer` without a valid key, 403 when the key lacks the
 scope, 429 with `Retry-After` over the key's rate, each in the shape of the API the path belongs
-to. The scope comes from the one table in `service.core.access`.
+to. The scope is the one declared on the route that will answer (`service.http.scopes`): the
+request is matched against the app's routes as the router matches it, so no form of a path reaches
+a route under another route's scope.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated
 from service.core.access import Scope as KeyScope
-from service.core.access import http_scope
 from service.core.keys import KeyStore, presented_key
 from service.http.asgi import HttpMiddleware
 from service.http.errors import ErrorResponder
+from service.http.scopes import UNMATCHED_SCOPE, RouteIndex
 
 # The key's name, for whatever comes after (logs, metrics): scope["state"] is per request.
 KEY_NAME = "gmlp.key_name"
@@ -37,15 +39,16 @@ def credential(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 class AccessMiddleware(HttpMiddleware):
-    """Refuses requests without the key their path needs, before any route runs."""
+    """Refuses requests without the key their route needs (`index`), before any route runs."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore, errors: ErrorResponder) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore, errors: ErrorResponder, index: RouteIndex) -> None:
         super().__init__(app)
         self.keys = keys
         self.errors = errors
+        self.index = index
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        needed = http_scope(get_route_path(scope))
+        needed = self.index.scope(scope["method"], get_route_path(scope))
         if needed is None:
             await self.app(scope, receive, send)
             return
@@ -76,10 +79,10 @@ REFUSALS = {
 }
 
 
-def secure_openapi(app: FastAPI, keys: KeyStore) -> None:
+def secure_openapi(app: FastAPI, keys: KeyStore, index: RouteIndex) -> None:
     """Declare both ways of sending a key in the OpenAPI document, on every operation that needs
     one as the server is configured (with keys: all but the open ones, health among them; without:
-    admin only), with the scope in `x-required-scope`."""
+    admin only), with the scope its route declares (`index`) in `x-required-scope`."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -87,13 +90,14 @@ def secure_openapi(app: FastAPI, keys: KeyStore) -> None:
             return app.openapi_schema
         schema = build()
         schema.setdefault("components", {})["securitySchemes"] = SCHEMES
+        declared = index.operation_scopes()
         for path, operations in schema.get("paths", {}).items():
-            needed = http_scope(path)
-            if not keys.enabled and needed is not KeyScope.ADMIN:
-                needed = None
-            for operation in operations.values():
+            for method, operation in operations.items():
                 if not isinstance(operation, dict):
                     continue
+                needed = declared.get((path, method), UNMATCHED_SCOPE)
+                if not keys.enabled and needed is not KeyScope.ADMIN:
+                    needed = None
                 operation["security"] = [] if needed is None else [{"bearer": []}, {"apiKey": []}]
                 if needed is not None:
                     operation["x-required-scope"] = str(needed)

@@ -32,6 +32,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import (
+    ECHO_LIMIT,
     ClientGone,
     DeadlineExceeded,
     ErrorCode,
@@ -50,7 +51,9 @@ from contract.errors import (
     Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
+    escape_controls,
     most_specific,
+    shorten,
 )
 from service.core import requests
 from service.http.asgi import HttpMiddleware
@@ -201,9 +204,22 @@ def client_gone() -> ClientGone:
     return ClientGone(ErrorCode.CLIENT_CLOSED_REQUEST, "the client disconnected")
 
 
+# The most validation errors a refusal lists (a body with thousands of unknown fields gets these).
+MAX_DETAILS = 20
+
+
+def _location(part: Any) -> Any:
+    """A part of an error's location as echoed: a client's key is cut and escaped like any echo."""
+    return part if isinstance(part, int) else shorten(escape_controls(str(part)), ECHO_LIMIT)
+
+
 def validation_error(errors: list[Any], where: str) -> InvalidInput:
-    """FastAPI's or pydantic's error list as one InvalidInput (without echoing the input back)."""
-    details = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+    """FastAPI's or pydantic's error list as one InvalidInput (without echoing the input back; the
+    first `MAX_DETAILS` errors, their locations, which may be a client's keys, cut as echoes are)."""
+    details = [
+        {"loc": [_location(p) for p in e["loc"]], "msg": e["msg"], "type": e["type"]}
+        for e in errors[:MAX_DETAILS]
+    ]
     summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or 'body'}: {d['msg']}" for d in details)
     return InvalidInput(ErrorCode.INVALID_REQUEST, f"{where} is invalid: {summary}", details=details)
 

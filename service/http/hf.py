@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.formats import MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION
+from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
 from service.http.direct import DirectRoute, get_state
@@ -39,6 +40,7 @@ from service.http.schemas import (
     error_responses,
     inline_schema,
 )
+from service.http.scopes import requires
 
 
 def hf_body(error: RequestError) -> dict[str, Any]:
@@ -156,6 +158,7 @@ async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline:
     openapi_extra=_BODY,
     summary="Hugging Face inference API (fill-mask, image classification)",
 )
+@requires(Scope.INFER)
 async def hf_inference(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)

@@ -1,17 +1,16 @@
-"""The request size limits: request line plus headers, and body, refused before a route reads them."""
+"""The body size limit, applied before a route reads the body (the request line and headers:
+`service.http.head`)."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contract.errors import ErrorCode, HeadersTooLarge
 from service.http.asgi import HttpMiddleware
 from service.http.errors import BODY_PENDING, ErrorResponder, payload_too_large
 
 
 class BodyLimitMiddleware(HttpMiddleware):
-    """431 for a request line plus headers over `max_header_bytes`; 413 for bodies over `max_bytes`,
-    early from Content-Length and by counting what is read.
+    """413 for bodies over `max_bytes`, early from Content-Length and by counting what is read.
 
     The Content-Length check rejects honest clients before they upload; the count catches chunked
     uploads and lying headers, so no request can make us buffer more than the limit. (uvicorn's
@@ -21,24 +20,12 @@ class BodyLimitMiddleware(HttpMiddleware):
     passes then is the client's slowness, answered 408 with the connection closed, not 504.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, errors: ErrorResponder, max_header_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, errors: ErrorResponder) -> None:
         super().__init__(app)
         self.max_bytes = max_bytes
-        self.max_header_bytes = max_header_bytes
         self.errors = errors
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        header_bytes = len(scope.get("raw_path") or b"") + sum(
-            len(k) + len(v) + 4 for k, v in scope["headers"]
-        )
-        if header_bytes > self.max_header_bytes:
-            error = HeadersTooLarge(
-                ErrorCode.HEADERS_TOO_LARGE,
-                f"the request line and headers are {header_bytes} bytes; at most {self.max_header_bytes} "
-                "are accepted",
-            )
-            await self.errors.response(scope, error)(scope, receive, send)
-            return
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType
+from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType, echo
 from contract.image import ACCEPTED_DESCRIPTION
 from service.http.errors import validation_error
 from service.http.schemas import ClassifyJSONRequest
@@ -55,7 +55,7 @@ def query_parameters(schema: type[BaseModel]) -> list[dict[str, Any]]:
 
 def unsupported_media_type(got: str | None, accepted: str) -> UnsupportedMediaType:
     return UnsupportedMediaType(
-        ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"content type {got or '(none)'!r} is not accepted; {accepted}"
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"content type {echo(got or '(none)')} is not accepted; {accepted}"
     )
 
 

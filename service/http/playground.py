@@ -24,9 +24,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from contract.formats import package_version
+from service.core.access import Scope
 from service.core.stats import StatsHistory
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.schemas import ModelStatus, StatsResponse
+from service.http.scopes import declare, public, requires
 
 STATIC = Path(__file__).resolve().parent / "static"
 VENDOR = Path(str(files("fastapi_offline") / "static"))
@@ -62,6 +64,7 @@ def _index(request: Request) -> dict[str, Any]:
 
 
 @router.get("/", include_in_schema=False)
+@public
 async def home(request: Request) -> Response:
     settings = get_state(request).settings
     headers = {"Vary": "Accept"}
@@ -77,6 +80,7 @@ async def home(request: Request) -> Response:
     tags=["health"],
     summary="Readiness and recent traffic (rate, latency, queue, batches) as JSON",
 )
+@requires(Scope.INFER)
 async def stats(request: Request) -> JSONResponse:
     """The figures of the playground's status view, from the same series as /metrics over the
     last `stats_window_s` seconds. Probes, scrapes and these stats are not counted as requests."""
@@ -88,12 +92,14 @@ async def stats(request: Request) -> JSONResponse:
 
 
 @router.get("/favicon.ico", include_in_schema=False)
+@public
 async def favicon(request: Request) -> Response:
     """The page's icon, for browsers that ask for it at the root whatever the page declares."""
     return Response((STATIC / "favicon.svg").read_bytes(), media_type="image/svg+xml")
 
 
 @router.get(DOCS, include_in_schema=False)
+@public
 async def swagger_ui(request: Request) -> HTMLResponse:
     prefix = _prefix(request)
     return get_swagger_ui_html(
@@ -109,11 +115,13 @@ async def swagger_ui(request: Request) -> HTMLResponse:
 
 
 @router.get(OAUTH2_REDIRECT, include_in_schema=False)
+@public
 async def swagger_ui_redirect(request: Request) -> HTMLResponse:
     return get_swagger_ui_oauth2_redirect_html()
 
 
 @router.get(REDOC, include_in_schema=False)
+@public
 async def redoc(request: Request) -> HTMLResponse:
     prefix = _prefix(request)
     page = get_redoc_html(
@@ -131,9 +139,16 @@ async def redoc(request: Request) -> HTMLResponse:
 
 def mount_assets(app: FastAPI) -> None:
     """Serve the page's files under /ui/ and the docs' scripts under /ui/vendor/ (the more
-    specific mount first: the first match wins)."""
+    specific mount first: the first match wins), open to all (`service.http.scopes`)."""
     app.mount(VENDOR_ASSETS, StaticFiles(directory=VENDOR), name="vendor")
     app.mount(ASSETS, StaticFiles(directory=STATIC), name="ui")
+    # The files are open like the pages that load them, and so is FastAPI's own OpenAPI document.
+    for route in app.routes:
+        if (
+            getattr(route, "name", None) in ("vendor", "ui")
+            or getattr(route, "path", None) == app.openapi_url
+        ):
+            declare(route, None)
 
 
 __all__ = ["router", "mount_assets", "STATIC", "PAGE_POLICY"]

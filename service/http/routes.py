@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from contract.image import ACCEPTED_DESCRIPTION
+from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.core.pipelines import FillMaskPipeline, VisionPipeline
 from service.core.state import FAILED
@@ -30,6 +31,7 @@ from service.http.schemas import (
     ModelsResponse,
     VersionState,
 )
+from service.http.scopes import public, requires
 
 # Every endpoint here reads its own request and builds its own response (DirectRoute); refusals
 # take the REST error shape (REST_ERRORS, DirectRoute's own table).
@@ -72,6 +74,7 @@ _FILL_MASK_BODY: dict[str, Any] = {
     summary="Classify an image",
     tags=["tasks"],
 )
+@requires(Scope.INFER)
 async def classify(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
@@ -90,6 +93,7 @@ async def classify(request: Request) -> JSONResponse:
     summary="Predict the [MASK] tokens of a text",
     tags=["tasks"],
 )
+@requires(Scope.INFER)
 async def fill_mask(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
@@ -124,6 +128,7 @@ _UNHEALTHY: dict[int | str, dict[str, Any]] = {
     tags=["health"],
     summary="Liveness probe",
 )
+@public
 async def live(request: Request) -> JSONResponse:
     """200 while the process works; 503 only if loading the models failed (restart won't hurt)."""
     state = get_state(request)
@@ -139,6 +144,7 @@ async def live(request: Request) -> JSONResponse:
     tags=["health"],
     summary="Readiness probe",
 )
+@public
 async def ready(request: Request) -> JSONResponse:
     """200 only when every model is loaded and warmed up; 503 while loading, failed or draining."""
     state = get_state(request)
@@ -155,6 +161,7 @@ async def ready(request: Request) -> JSONResponse:
 @router.get(
     "/models", response_model=ModelsResponse, tags=["models"], summary="Served models and their settings"
 )
+@requires(Scope.INFER)
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
     models = [ModelInfo.model_validate(m.describe()) for m in state.models.values()]
@@ -163,6 +170,7 @@ async def list_models(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics", include_in_schema=False)
+@requires(Scope.METRICS)
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     return Response(state.metrics.render(), media_type=state.metrics.content_type)

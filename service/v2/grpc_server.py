@@ -31,6 +31,7 @@ from contract.errors import (
     Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
+    echo,
     most_specific,
 )
 from service.core import requests
@@ -107,7 +108,7 @@ def _input(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> 
     if field is None:
         raise InvalidInput(
             ErrorCode.INVALID_INPUTS,
-            f"input {tensor.name}: {tensor.datatype!r} data must be sent in raw_input_contents",
+            f"input {tensor.name}: {echo(tensor.datatype)} data must be sent in raw_input_contents",
         )
     values = list(getattr(tensor.contents, field))
     if tensor.datatype == BYTES:

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from contract.errors import ErrorCode, InvalidInput, ModelNotFound
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound, echo
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
 from service.core import requests
 from service.core.deadline import Deadline
@@ -94,7 +94,7 @@ def version_number(state: ServiceState, name: str, version: str) -> int | None:
     known = state.table.models.get(name)
     raise ModelNotFound(
         ErrorCode.VERSION_NOT_FOUND,
-        f"model {name!r} has no version {version!r}; versions: "
+        f"model {echo(name)} has no version {echo(version)}; versions: "
         f"{[str(v) for v in sorted(known.versions)] if known else []}",
     )
 

@@ -13,8 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, ValidationError
 
+from service.core.access import Scope
 from service.http.direct import DirectRoute, get_state
 from service.http.errors import validation_error
+from service.http.scopes import requires
 from service.v2 import repository
 from service.v2.rest import V2_ERRORS
 from service.v2.schemas import ERROR_RESPONSES
@@ -55,12 +57,14 @@ async def _body(request: Request, schema: type[Any]) -> Any:
 
 
 @router.post("/index", response_model=list[IndexEntry], responses=ERROR_RESPONSES, summary="Repository index")
+@requires(Scope.ADMIN)
 async def repository_index(request: Request) -> JSONResponse:
     body = await _body(request, IndexRequest)
     return JSONResponse(repository.index(get_state(request), body.ready))
 
 
 @router.post("/models/{name}/load", responses=ERROR_RESPONSES, summary="Load a model")
+@requires(Scope.ADMIN)
 async def load_model(request: Request, name: str) -> Response:
     body = await _body(request, ControlRequest)
     await repository.load(get_state(request), name, body.parameters)
@@ -68,6 +72,7 @@ async def load_model(request: Request, name: str) -> Response:
 
 
 @router.post("/models/{name}/unload", responses=ERROR_RESPONSES, summary="Unload a model")
+@requires(Scope.ADMIN)
 async def unload_model(request: Request, name: str) -> Response:
     await _body(request, ControlRequest)
     await repository.unload(get_state(request), name)

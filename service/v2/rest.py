@@ -18,13 +18,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from contract.errors import ErrorCode, InvalidInput, RequestError
+from contract.errors import ErrorCode, InvalidInput, RequestError, echo
+from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable, validation_error
 from service.http.parsing import RAW_TYPES, media_type, unsupported_media_type
 from service.http.schemas import inline_schema
+from service.http.scopes import public, requires
 from service.v2 import inference
 from service.v2.inference import InferRequest, InferResult
 from service.v2.model_config import model_config, model_statistics
@@ -107,11 +109,13 @@ def _false(body: type, description: str) -> dict[int | str, dict[str, Any]]:
 
 
 @router.get("", response_model=ServerMetadata, summary="Server metadata")
+@requires(Scope.INFER)
 async def server_metadata(request: Request) -> JSONResponse:
     return model_response(ServerMetadata.model_validate(inference.server_metadata()))
 
 
 @router.get("/health/live", response_model=Live, responses=_false(Live, "not live"), summary="Server live")
+@public
 async def live(request: Request) -> JSONResponse:
     ok = inference.server_live(get_state(request))
     return _flag(ok, {"live": ok})
@@ -120,6 +124,7 @@ async def live(request: Request) -> JSONResponse:
 @router.get(
     "/health/ready", response_model=Ready, responses=_false(Ready, "not ready"), summary="Server ready"
 )
+@public
 async def ready(request: Request) -> JSONResponse:
     ok = get_state(request).ready
     return _flag(ok, {"ready": ok})
@@ -145,11 +150,13 @@ def _statistics(request: Request, name: str, version: str) -> JSONResponse:
 
 # Before /models/{name}: "stats" is no model name here, as in Triton.
 @router.get("/models/stats", response_model=ModelStatisticsBody, summary="Statistics of every model")
+@requires(Scope.INFER)
 async def all_statistics(request: Request) -> JSONResponse:
     return _statistics(request, "", "")
 
 
 @router.get("/models/{name}", response_model=ModelMetadata, responses=_NOT_FOUND, summary="Model metadata")
+@requires(Scope.INFER)
 async def model_metadata(request: Request, name: str) -> JSONResponse:
     return _metadata(request, name, "")
 
@@ -160,6 +167,7 @@ async def model_metadata(request: Request, name: str) -> JSONResponse:
     responses=_NOT_FOUND,
     summary="Model metadata (a version)",
 )
+@requires(Scope.INFER)
 async def model_version_metadata(request: Request, name: str, version: str) -> JSONResponse:
     return _metadata(request, name, version)
 
@@ -167,6 +175,7 @@ async def model_version_metadata(request: Request, name: str, version: str) -> J
 @router.get(
     "/models/{name}/ready", response_model=ModelReadyBody, responses=_READY_RESPONSES, summary="Model ready"
 )
+@public
 async def model_ready(request: Request, name: str) -> JSONResponse:
     return _model_ready(request, name, "")
 
@@ -177,6 +186,7 @@ async def model_ready(request: Request, name: str) -> JSONResponse:
     responses=_READY_RESPONSES,
     summary="Model ready (a version)",
 )
+@public
 async def model_version_ready(request: Request, name: str, version: str) -> JSONResponse:
     return _model_ready(request, name, version)
 
@@ -191,6 +201,7 @@ def _config(request: Request, name: str, version: str) -> JSONResponse:
     responses=_NOT_FOUND,
     summary="Model configuration",
 )
+@requires(Scope.INFER)
 async def config(request: Request, name: str) -> JSONResponse:
     return _config(request, name, "")
 
@@ -201,6 +212,7 @@ async def config(request: Request, name: str) -> JSONResponse:
     responses=_NOT_FOUND,
     summary="Model configuration (a version)",
 )
+@requires(Scope.INFER)
 async def version_config(request: Request, name: str, version: str) -> JSONResponse:
     return _config(request, name, version)
 
@@ -211,6 +223,7 @@ async def version_config(request: Request, name: str, version: str) -> JSONRespo
     responses=_NOT_FOUND,
     summary="Model statistics",
 )
+@requires(Scope.INFER)
 async def statistics(request: Request, name: str) -> JSONResponse:
     return _statistics(request, name, "")
 
@@ -221,6 +234,7 @@ async def statistics(request: Request, name: str) -> JSONResponse:
     responses=_NOT_FOUND,
     summary="Model statistics (a version)",
 )
+@requires(Scope.INFER)
 async def version_statistics(request: Request, name: str, version: str) -> JSONResponse:
     return _statistics(request, name, version)
 
@@ -232,7 +246,7 @@ def _binary_length(request: Request, size: int) -> int | None:
     if not value.isdigit() or int(value) > size:
         raise InvalidInput(
             ErrorCode.INVALID_HEADER,
-            f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {value!r}",
+            f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {echo(value)}",
         )
     return int(value)
 
@@ -328,11 +342,13 @@ _INFER_ROUTE: dict[str, Any] = {
 
 
 @router.post("/models/{name}/infer", summary="Inference", **_INFER_ROUTE)
+@requires(Scope.INFER)
 async def infer(request: Request, name: str) -> Response:
     return await _infer(request, name, "")
 
 
 @router.post("/models/{name}/versions/{version}/infer", summary="Inference (a version)", **_INFER_ROUTE)
+@requires(Scope.INFER)
 async def infer_version(request: Request, name: str, version: str) -> Response:
     return await _infer(request, name, version)
 

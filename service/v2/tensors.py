@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from contract.errors import ErrorCode, InvalidInput
+from contract.errors import ErrorCode, InvalidInput, echo
 
 # The protocol's datatypes that numpy represents exactly (BF16 has no numpy type: refused).
 NUMPY_TYPES: dict[str, np.dtype] = {
@@ -79,7 +79,7 @@ def _check_header(name: str, datatype: str, shape: Sequence[int]) -> int:
     if datatype not in DATATYPES:
         raise InvalidInput(
             ErrorCode.INVALID_DATATYPE,
-            f"input {name}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}",
+            f"input {name}: datatype {echo(datatype)} is not one of {', '.join(DATATYPES)}",
         )
     if any(d < 0 for d in shape):
         raise InvalidInput(

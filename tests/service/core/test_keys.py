@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated, UserError
-from service.core.access import Scope, grpc_scope, http_scope
+from service.core.access import Scope, grpc_scope
 from service.core.keys import KeyStore, TokenBucket, digest, main, new_key, parse_keys
 from service.core.metrics import ServiceMetrics
 
@@ -113,13 +113,6 @@ def test_rate_limited_keys_answer_with_the_wait(tmp_path: Path) -> None:
 
 
 def test_the_scope_table() -> None:
-    assert http_scope("/health/ready") is None and http_scope("/v2/models/m/versions/1/ready") is None
-    assert http_scope("/ui/app.js") is None and http_scope("/openapi.json") is None
-    assert http_scope("/v2/repository/index") is Scope.ADMIN
-    assert http_scope("/v2/repository/models/m/load") is Scope.ADMIN
-    assert http_scope("/v2/repositoryx") is Scope.INFER
-    assert http_scope("/metrics") is Scope.METRICS
-    assert http_scope("/v2/models/m/infer") is Scope.INFER and http_scope("/stats") is Scope.INFER
     assert grpc_scope("/inference.GRPCInferenceService/RepositoryModelLoad") is Scope.ADMIN
     assert grpc_scope("/inference.GRPCInferenceService/ModelReady") is None
     assert grpc_scope("/inference.GRPCInferenceService/ModelInfer") is Scope.INFER
