@@ -70,7 +70,7 @@ class VersionPolicy:
         {"all": {}}, {"specific": {"versions": [1, 3]}})."""
         try:
             if isinstance(value, str):
-                kind, _, rest = value.strip().partition(":")
+                kind, _, rest = value.partition(":")
                 if kind == "all" and not rest:
                     return cls("all")
                 if kind == "latest":
