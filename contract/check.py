@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
+from contract.spec import confined
 
 CHECK_FILE = "check.npz"
 # Outputs agree when max |got - recorded| <= ATOL + RTOL[variant] * max |recorded|: float graphs
@@ -61,7 +62,7 @@ def run_check(directory: Path, entry: Mapping, variant: str, run: Callable[[Arra
     failure too: the check cannot vouch for it."""
     if variant not in entry.get("variants", []):
         return f"the recorded check has no outputs of variant {variant} (has {entry.get('variants')})"
-    with np.load(directory / str(entry["file"])) as data:
+    with np.load(confined(directory, entry["file"], "check file")) as data:
         arrays = {k: data[k] for k in data.files}
     for case in entry.get("cases", []):
         prefix = f"{case}/"

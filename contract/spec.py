@@ -4,13 +4,19 @@ A served-model directory is any directory whose `config.json` has `"format": "gm
 (docs/formats.md). A model repository is a directory of those (or one itself). Models are named by
 their config `name`; two directories claiming the same name is a configuration error, not something
 to resolve silently.
+
+A config is read from outside (whoever can write to the repository), so reading it is bounded and
+strict: at most `MAX_CONFIG_BYTES`, UTF-8 JSON, a printable `name`, and every file it names
+(variants, labels, tokenizer, recorded check; the defaults too) confined to the model's directory:
+a relative path without `..` whose real path, symlinks followed, stays inside the directory
+(`confined`). The accessors check again at use, so a link swapped after the scan reaches nothing.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from contract.errors import UserError
@@ -19,6 +25,43 @@ from contract.formats import CHECKPOINT_FORMAT, CONFIG_FILE, SERVED_FORMAT, TASK
 
 class SpecError(UserError):
     """A directory or repository cannot be served as it is; the message says how to fix it."""
+
+
+MAX_CONFIG_BYTES = 1 << 20  # an export's config.json is a few KiB
+MAX_NAME_CHARS = 200
+DEFAULT_LABELS, DEFAULT_TOKENIZER = "labels.json", "tokenizer.json"
+
+
+def confined(directory: Path, name: object, what: str = "file") -> Path:
+    """`directory / name`, refused (SpecError) unless `name` is a relative path without `..` whose
+    real path (symlinks followed) stays inside `directory`'s real path. Existence is not checked."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise SpecError(f"{what} {name!r}: expected a file name relative to the model's directory")
+    relative = PurePosixPath(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise SpecError(
+            f"{what} {name[:200]!r}: must be a path inside the model's directory (no '/...', no '..')"
+        )
+    try:
+        root = directory.resolve()
+        path = (root / relative).resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise SpecError(f"{what} {name[:200]!r}: cannot be resolved ({exc})") from None
+    if not path.is_relative_to(root):
+        raise SpecError(f"{what} {name[:200]!r}: resolves outside the model's directory (a symlink)")
+    return path
+
+
+def model_name_problem(name: object) -> str | None:
+    """Why `name` cannot name a model (it appears in URL paths, logs and metrics), or None."""
+    if not isinstance(name, str) or not name:
+        return f"a model name is a non-empty string, not {name!r}"[:300]
+    if len(name) > MAX_NAME_CHARS or not name.isprintable() or "/" in name:
+        return (
+            f"model name {name[:60]!r}: at most {MAX_NAME_CHARS} printable characters, without '/' "
+            "(not valid UTF-8 or holding control characters otherwise)"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -55,20 +98,35 @@ class ModelSpec:
         return self.config.get("seq_len")
 
     def variant_path(self, variant: str) -> Path:
-        return self.path / self.variants[variant]
+        return confined(self.path, self.variants[variant], f"variant {variant}")
 
     def labels(self) -> list[str]:
         """Class names (classifiers): the `labels` file, in index order."""
-        labels_file = self.path / str(self.config.get("labels", "labels.json"))
+        labels_file = confined(self.path, self.config.get("labels") or DEFAULT_LABELS, "labels")
         labels = json.loads(labels_file.read_text())
         if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
             raise SpecError(f"{labels_file}: expected a JSON list of class names")
         return labels
 
     def tokenizer_path(self) -> Path:
-        return self.path / str(
-            self.model_config.get("tokenizer") or self.config.get("tokenizer") or "tokenizer.json"
+        name = self.model_config.get("tokenizer") or self.config.get("tokenizer") or DEFAULT_TOKENIZER
+        return confined(self.path, name, "tokenizer")
+
+    def check_path(self) -> Path | None:
+        """The recorded check's file, if the config names one."""
+        entry = self.config.get("check")
+        return confined(self.path, entry["file"], "check file") if isinstance(entry, dict) else None
+
+    def named_files(self) -> dict[str, object]:
+        """Every file the config names, by what it is (the defaults included)."""
+        files: dict[str, object] = {f"variant {v}": f for v, f in self.variants.items()}
+        files["labels"] = self.config.get("labels") or DEFAULT_LABELS
+        files["tokenizer"] = (
+            self.model_config.get("tokenizer") or self.config.get("tokenizer") or DEFAULT_TOKENIZER
         )
+        if isinstance(self.config.get("check"), dict):
+            files["check file"] = self.config["check"].get("file")
+        return files
 
 
 def read_format(directory: Path) -> str | None:
@@ -84,20 +142,44 @@ def is_checkpoint(directory: Path) -> bool:
     return read_format(directory) == CHECKPOINT_FORMAT
 
 
+def _read_config(config_file: Path) -> object:
+    """The parsed config.json: bounded, UTF-8, JSON (SpecError otherwise, never another error)."""
+    try:
+        with config_file.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise SpecError(f"{config_file}: larger than {MAX_CONFIG_BYTES} bytes")
+        return json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
+        raise SpecError(
+            f"{config_file}: unreadable config ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+
+
+def _check_config(directory: Path, config: dict[str, Any]) -> None:
+    """The shapes read_spec relies on, and every named file inside the directory (SpecError)."""
+    for key, kind in (("variants", dict), ("model", dict), ("preprocessing", dict), ("check", dict)):
+        if config.get(key) is not None and not isinstance(config[key], kind):
+            raise SpecError(f"{directory / CONFIG_FILE}: {key!r} must be a JSON object")
+    for what, name in ModelSpec(str(config.get("name")), "", directory, config).named_files().items():
+        confined(directory, name, what)
+
+
 def read_spec(directory: Path) -> ModelSpec | None:
     """The spec of `directory` if it is a served-model directory, else None; malformed -> SpecError."""
     config_file = directory / CONFIG_FILE
     if not config_file.is_file():
         return None
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"{config_file}: unreadable config ({exc})") from exc
+    config = _read_config(confined(directory, CONFIG_FILE, "config"))
     if not isinstance(config, dict) or config.get("format") != SERVED_FORMAT:
         return None
     name, task = config.get("name") or directory.name, config.get("task")
+    problem = model_name_problem(name)
+    if problem is not None:
+        raise SpecError(f"{config_file}: {problem}")
     if task not in TASKS:
-        raise SpecError(f"{config_file}: task {task!r} is not one of {list(TASKS)}")
+        raise SpecError(f"{config_file}: task {str(task)[:60]!r} is not one of {list(TASKS)}")
+    _check_config(directory, config)
     variants = config.get("variants") or {}
     missing = [f for f in variants.values() if not (directory / f).is_file()]
     if not variants or missing:
@@ -142,6 +224,9 @@ def require_models(repository: Path) -> dict[str, ModelSpec]:
 __all__ = [
     "ModelSpec",
     "SpecError",
+    "confined",
+    "model_name_problem",
+    "MAX_CONFIG_BYTES",
     "read_format",
     "is_checkpoint",
     "read_spec",

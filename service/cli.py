@@ -90,7 +90,7 @@ def serve(settings: ServiceSettings) -> None:
 
     from service.app import create_app
     from service.core.logs import uvicorn_log_config
-    from service.core.repository import require_sources, scan
+    from service.core.scan import require_sources, scan
 
     # Fail fast, before listening: a missing or empty repository is a configuration error the
     # operator must see at once, not a pod that never becomes ready.

@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _model_and_variants(repository: Path, model: str | None) -> tuple[str, list[str]]:
     """The model to tune and the variants its newest complete version has."""
     from contract.errors import UserError
-    from service.core.repository import require_sources
+    from service.core.scan import require_sources
 
     sources = require_sources(repository)
     names = sorted(name for name, source in sources.items() if source.complete_versions())

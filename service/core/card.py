@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from contract.spec import SpecError, confined
+
 CARD_FILE = "README.md"
 _JSON_BLOCK = re.compile(r"```json\n(.*?)\n```", re.DOTALL)
 _ACCURACY_KEY = re.compile(r"^(top\d+|acc|accuracy)$")
@@ -58,10 +60,10 @@ def card_summary(directory: Path, variant: str) -> dict[str, Any] | None:
 
     `title` and `description` are the heading and first paragraph; `accuracy` the figures and
     `measured` what they are of ("int8" for the served variant's own, "training" otherwise)."""
-    path = directory / CARD_FILE
     try:
+        path = confined(directory, CARD_FILE, "card")  # a link out of the directory shows nothing
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, SpecError):
         return None
     lines = text.strip().splitlines()
     title = lines[0].lstrip("# ").strip() if lines and lines[0].startswith("# ") else None

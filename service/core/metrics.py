@@ -9,6 +9,7 @@ itself stays free of Prometheus. Nothing here knows a transport.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from service.core.batch_run import BatchRun
 from service.core.statistics import DEFAULT_VERSION, StatisticsSeries
 
+MV = ["model", "version"]
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -63,8 +65,10 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # The three gauges of a version's batcher are labelled by version: two versions are loaded
+        # at once during a swap (and with latest:N, all), and each has its own queue and sessions.
         self.queue_depth = Gauge(
-            "gmlp_queue_depth", "requests waiting in the batch queue", ["model"], registry=r
+            "gmlp_queue_depth", "requests waiting in the batch queue of a model version", MV, registry=r
         )
         self.batch_size = Histogram(
             "gmlp_batch_size",
@@ -144,14 +148,14 @@ class ServiceMetrics:
         # --- what the alert rules compare with (deploy/observability/rules.yml) ---
         self.queue_capacity = Gauge(
             "gmlp_queue_capacity",
-            "waiting requests per model before 503 (max_queue_size)",
-            ["model"],
+            "waiting requests per model version before 503 (max_queue_size)",
+            MV,
             registry=r,
         )
         self.model_instances = Gauge(
             "gmlp_model_instances",
-            "execution instances of the model (batches run at once)",
-            ["model"],
+            "execution instances of the model version (batches run at once)",
+            MV,
             registry=r,
         )
         self.request_timeout = Gauge(
@@ -184,8 +188,26 @@ class ServiceMetrics:
             ["model", "version"],
             registry=r,
         )
+        # --- the model repository (service.core.scan, service.core.poller) ---
+        self.repository_problems = Gauge(
+            "gmlp_repository_problems",
+            "problems the latest repository scan found (models and versions listed UNAVAILABLE with "
+            "the reason: malformed or incomplete directories, duplicate names, ignored entries)",
+            registry=r,
+        )
+        self.poller_restarts = Counter(
+            "gmlp_repository_poller_restarts",
+            "times the repository poller failed and was restarted (poll model control)",
+            registry=r,
+        )
         for state in ("READY", "LOADING", "UNLOADING", "UNAVAILABLE"):
             self.model_versions.labels(state).set(0)
+
+    def version_closed(self, model: str, version: str) -> None:
+        """A version was retired: its batcher's gauges go (not left behind at their last value)."""
+        for gauge in (self.queue_depth, self.queue_capacity, self.model_instances):
+            with suppress(KeyError):
+                gauge.remove(model, version)
 
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
@@ -227,7 +249,7 @@ class ModelObserver:
     """`BatchObserver` for one model."""
 
     def __init__(self, metrics: ServiceMetrics, model: str, version: str = DEFAULT_VERSION) -> None:
-        self._depth = metrics.queue_depth.labels(model)
+        self._depth = metrics.queue_depth.labels(model, version)
         self._batch = metrics.batch_size.labels(model)
         self._wait = metrics.queue_wait.labels(model)
         self._inference = metrics.inference.labels(model)
@@ -316,6 +338,9 @@ class LifecycleMetrics:
 
     def unloaded(self, model: str) -> None:
         self._metrics.version_unloads.labels(model).inc()
+
+    def closed(self, model: str, version: int) -> None:
+        self._metrics.version_closed(model, str(version))
 
     def refused(self, model: str, reason: str) -> None:
         self._metrics.version_refusals.labels(model, reason).inc()

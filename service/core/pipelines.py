@@ -92,8 +92,8 @@ class Pipeline:
         self.version = version  # the repository version it was loaded from
         self.card = card_summary(spec.path, self.variant)
         self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec), version)
-        metrics.queue_capacity.labels(spec.name).set(settings.max_queue_size)
-        metrics.model_instances.labels(spec.name).set(instances)
+        metrics.queue_capacity.labels(spec.name, version).set(settings.max_queue_size)
+        metrics.model_instances.labels(spec.name, version).set(instances)
 
     def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
         """The labels the top-1 answers are counted by; None where there are too many to be the

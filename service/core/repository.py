@@ -1,46 +1,54 @@
-"""What the model repository holds on disk: models, their versions, and which versions to serve.
-
-Two layouts, side by side in one repository (Triton's, and the flat one of a single export):
-
-    models/NAME/1/config.json ...   versioned: each numbered directory is one exported version
-    models/NAME/config.json ...     flat: the export itself is version 1
-
-The model's name is the directory's name in the versioned layout, the config's `name` in the flat
-one. A version directory is *complete* when its `config.json` exists and every file the config
-names (variants, labels, tokenizer, recorded check) is there: an export written in place must
-write `config.json` last (`gmlp export` moves a verified directory into place whole, which is the
-same). The poller also waits until a directory looks the same in two scans running
-`GMLP_REPOSITORY_POLL_S` apart (`fingerprint`: names, sizes and modification times), so a copy
-that writes `config.json` early is still not loaded half-written.
+"""Which versions of a model to serve (the version policy), and what a version number is.
 
 The version policy (Triton's): `latest:N` (the N highest complete versions), `all`, or
 `specific:1,3`; server-wide from `GMLP_VERSION_POLICY`, per model from `NAME/policy.json`
 (`{"version_policy": "latest:2"}`, or Triton's `{"latest": {"num_versions": 2}}` form), or from
-the `config` parameter of a repository load call. Nothing here loads a model.
+the `config` parameter of a repository load call.
+
+A version number has one spelling wherever it enters (a REST path, a gRPC request, a version
+directory's name, a policy string or file): `parse_version`, 1 to `MAX_VERSION_DIGITS` ASCII
+digits without a sign, whitespace or leading zero. `str.isdigit` and `int` are both looser (`int`
+takes "+1", " 1", "1_0" and Arabic-Indic digits; `isdigit` takes superscripts, which `int`
+refuses), so neither is used on a version anywhere. What is on disk is read by
+`service.core.scan`; nothing here loads a model.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from contract.formats import CONFIG_FILE, SERVED_FORMAT
-from contract.spec import ModelSpec, SpecError, export_command, read_spec
+from contract.errors import echo
 
 POLICY_FILE = "policy.json"
-FLAT_VERSION = 1
+# int64, as Triton's versions are: 18 digits always fit.
+MAX_VERSION_DIGITS = 18
+VERSION_FORM = f"1 to {MAX_VERSION_DIGITS} ASCII digits (0-9), no sign, space or leading zero"
+_VERSION = re.compile(rf"[1-9][0-9]{{0,{MAX_VERSION_DIGITS - 1}}}")
 
-Fingerprint = tuple[tuple[str, int, int], ...]
+
+class VersionError(ValueError):
+    """Text that is not a version number; the message says what one is."""
+
+
+def parse_version(text: object) -> int:
+    """The version number `text` spells (see the module docstring); VersionError otherwise.
+    A JSON integer (not a bool) in range is taken as well, for Triton's JSON policy forms."""
+    if isinstance(text, int) and not isinstance(text, bool) and 0 < text < 10**MAX_VERSION_DIGITS:
+        return text
+    if isinstance(text, str) and _VERSION.fullmatch(text):
+        return int(text)
+    raise VersionError(f"a version is {VERSION_FORM}")
 
 
 class PolicyError(ValueError):
     """A version policy that cannot be read; the message says which forms are accepted."""
 
 
-POLICY_FORMS = "latest:N (N >= 1), all, or specific:V[,V...] (versions >= 1)"
+POLICY_FORMS = f"latest:N, all, or specific:V[,V...] (N and each V: {VERSION_FORM})"
 
 
 @dataclass(frozen=True)
@@ -57,25 +65,25 @@ class VersionPolicy:
         {"all": {}}, {"specific": {"versions": [1, 3]}})."""
         try:
             if isinstance(value, str):
-                kind, _, rest = value.strip().partition(":")
+                kind, _, rest = value.partition(":")
                 if kind == "all" and not rest:
                     return cls("all")
                 if kind == "latest":
-                    return cls._checked("latest", int(rest or 1), ())
+                    return cls._checked("latest", parse_version(rest or 1), ())
                 if kind == "specific":
-                    return cls._checked("specific", 1, tuple(int(v) for v in rest.split(",")))
+                    return cls._checked("specific", 1, tuple(map(parse_version, rest.split(","))))
             elif isinstance(value, dict) and len(value) == 1:
                 ((kind, body),) = value.items()
                 body = body or {}
                 if kind == "all":
                     return cls("all")
                 if kind == "latest":
-                    return cls._checked("latest", int(body.get("num_versions", 1)), ())
+                    return cls._checked("latest", parse_version(body.get("num_versions", 1)), ())
                 if kind == "specific":
-                    return cls._checked("specific", 1, tuple(int(v) for v in body.get("versions", [])))
+                    return cls._checked("specific", 1, tuple(map(parse_version, body.get("versions", []))))
         except (ValueError, TypeError, AttributeError):
             pass
-        raise PolicyError(f"version policy {value!r}: expected {POLICY_FORMS}")
+        raise PolicyError(f"version policy {echo(value, 80)}: expected {POLICY_FORMS}")
 
     @classmethod
     def _checked(
@@ -123,145 +131,14 @@ def policy_from_config(config: str) -> VersionPolicy | None:
     return None if value is None else VersionPolicy.parse(value)
 
 
-@dataclass(frozen=True)
-class VersionSource:
-    """One version directory as it is on disk now: its spec when complete, else why not."""
-
-    model: str
-    version: int
-    path: Path
-    spec: ModelSpec | None
-    problem: str | None = None
-    fingerprint: Fingerprint = ()
-
-    @property
-    def complete(self) -> bool:
-        return self.spec is not None
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """One model as the repository holds it: its versions and its own policy file, if any."""
-
-    name: str
-    versions: dict[int, VersionSource] = field(default_factory=dict)
-    policy: VersionPolicy | None = None
-
-    def complete_versions(self) -> list[int]:
-        return sorted(v for v, source in self.versions.items() if source.complete)
-
-
-def fingerprint(directory: Path) -> Fingerprint:
-    """Every file below `directory` with its size and modification time: equal in two scans means
-    no writer touched the directory in between."""
-    entries = []
-    for path in sorted(directory.rglob("*")):
-        try:
-            stat = path.stat()
-        except OSError:  # removed while we looked: the next scan sees the change
-            continue
-        if path.is_file():
-            entries.append((str(path.relative_to(directory)), stat.st_size, stat.st_mtime_ns))
-    return tuple(entries)
-
-
-def _named_files(spec: ModelSpec) -> list[str]:
-    """Files a served config refers to besides the variants (read_spec checks those)."""
-    config = spec.config
-    names = [config.get("labels"), config.get("tokenizer"), (config.get("check") or {}).get("file")]
-    return [str(n) for n in names if n]
-
-
-def read_version(model: str, version: int, directory: Path) -> VersionSource:
-    """A version directory: complete (config.json and every file it names), or why not."""
-    print_ = fingerprint(directory)
-    if not (directory / CONFIG_FILE).is_file():
-        problem = f"incomplete: {directory} has no {CONFIG_FILE} yet (it is written last)"
-        return VersionSource(model, version, directory, None, problem, print_)
-    try:
-        spec = read_spec(directory)
-    except SpecError as exc:
-        return VersionSource(model, version, directory, None, f"incomplete or malformed: {exc}", print_)
-    if spec is None:
-        problem = f"{directory / CONFIG_FILE} is not a served-model config"
-        return VersionSource(model, version, directory, None, problem, print_)
-    missing = [n for n in _named_files(spec) if not (directory / n).is_file()]
-    if missing:
-        problem = f"incomplete: {directory} lacks {missing}, which its {CONFIG_FILE} names"
-        return VersionSource(model, version, directory, None, problem, print_)
-    return VersionSource(model, version, directory, replace(spec, name=model), None, print_)
-
-
-def _policy_file(directory: Path) -> VersionPolicy | None:
-    path = directory / POLICY_FILE
-    if not path.is_file():
-        return None
-    try:
-        document = json.loads(path.read_text())
-        return VersionPolicy.parse(document["version_policy"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SpecError(f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})') from None
-
-
-def _version_dirs(directory: Path) -> list[tuple[int, Path]]:
-    return sorted(
-        (int(p.name), p) for p in directory.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0
-    )
-
-
-def scan(repository: Path) -> dict[str, ModelSource]:
-    """Every model of the repository with its versions, in directory order (SpecError when the
-    repository is missing, two models share a name, or a policy file is unreadable)."""
-    if not repository.is_dir():
-        raise SpecError(f"model repository {repository} does not exist or is not a directory")
-    models: dict[str, ModelSource] = {}
-
-    def add(source: ModelSource) -> None:
-        if source.name in models:
-            raise SpecError(f"two served models are named {source.name!r} in {repository}")
-        models[source.name] = source
-
-    flat = read_spec(repository)
-    if flat is not None:  # the repository is itself one export
-        add(ModelSource(flat.name, {FLAT_VERSION: read_version(flat.name, FLAT_VERSION, repository)}))
-        return models
-    for directory in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        spec = read_spec(directory)
-        if spec is not None:
-            add(ModelSource(spec.name, {FLAT_VERSION: read_version(spec.name, FLAT_VERSION, directory)}))
-            continue
-        numbered = _version_dirs(directory)
-        if numbered:
-            name = directory.name
-            versions = {v: read_version(name, v, path) for v, path in numbered}
-            add(ModelSource(name, versions, _policy_file(directory)))
-    return models
-
-
-def require_sources(repository: Path) -> dict[str, ModelSource]:
-    """`scan`, refusing a repository without any complete version (the message says what to do)."""
-    models = scan(repository)
-    if not any(m.complete_versions() for m in models.values()):
-        problems = [s.problem for m in models.values() for s in m.versions.values() if s.problem]
-        raise SpecError(
-            f"no served models (directories with a {SERVED_FORMAT} config.json: NAME/ or its "
-            f"versions NAME/1/, NAME/2/...) in {repository}; create one with "
-            f"`{export_command(Path('CHECKPOINT_DIR'), repository / 'NAME')}`"
-            + (f"; {'; '.join(problems)}" if problems else "")
-        )
-    return models
-
-
 __all__ = [
     "VersionPolicy",
     "PolicyError",
-    "VersionSource",
-    "ModelSource",
+    "VersionError",
+    "parse_version",
     "policy_from_config",
-    "fingerprint",
-    "read_version",
-    "scan",
-    "require_sources",
     "POLICY_FILE",
     "POLICY_FORMS",
+    "VERSION_FORM",
+    "MAX_VERSION_DIGITS",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import TypeVar
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady, echo
@@ -27,16 +27,10 @@ from contract.spec import SpecError
 from service.core import requests
 from service.core.metrics import ServiceMetrics
 from service.core.pipelines import Pipeline, load_pipeline
-from service.core.repository import (
-    ModelSource,
-    PolicyError,
-    VersionPolicy,
-    VersionSource,
-    policy_from_config,
-    require_sources,
-    scan,
-)
+from service.core.poller import RepositoryPoller, ScanReport
+from service.core.repository import PolicyError, VersionPolicy, policy_from_config
 from service.core.runtime import resolve_device
+from service.core.scan import ModelSource, VersionSource, require_sources, scan
 from service.core.settings import ServiceSettings
 from service.core.versions import IndexEntry, VersionTable
 
@@ -73,7 +67,15 @@ class ServiceState:
         self.phase = LOADING
         self.error: str | None = None
         self._device = "cpu"
-        self._poller: asyncio.Task[None] | None = None
+        self.report = ScanReport(metrics)
+        self._poller = RepositoryPoller(
+            self.table,
+            settings.model_repository,
+            settings.repository_poll_s,
+            metrics,
+            report=self.report,
+            after_scan=self._update_ready_gauges,
+        )
 
     @property
     def ready(self) -> bool:
@@ -115,21 +117,25 @@ class ServiceState:
             sources = await asyncio.to_thread(
                 scan if explicit else require_sources, settings.model_repository
             )
+            self.report(sources)
             names = settings.startup_models if explicit else list(sources)
             unknown = [n for n in names if n not in sources]
             if unknown:
                 raise SpecError(
                     f"--load-model names {unknown}, not in {settings.model_repository}: {list(sources)}"
                 )
+            strict = settings.model_control == "none"  # every model must load
             for name, source in sources.items():
-                if name not in names:
+                if source.problem is not None:
+                    if strict:
+                        raise SpecError(f"model {name}: {source.problem}")
+                    self.table.note(source)  # listed with its reason; the other models load
+                elif name not in names:
                     self.table.register(source)
-                    continue
-                failures = await self.table.apply(source)
-                if settings.model_control == "none" and (failures or self.table.serving(name) is None):
-                    raise SpecError(
-                        f"model {name}: {failures or 'no version selected by the version policy'}"
-                    )
+                else:
+                    failures = await self.table.apply(source)
+                    if strict and (failures or self.table.serving(name) is None):
+                        raise SpecError(f"model {name}: {failures or _why_not(source)}")
             self._check_defaults()
         except asyncio.CancelledError:
             raise
@@ -149,7 +155,7 @@ class ServiceState:
             or "no model loaded",
         )
         if settings.model_control == "poll":
-            self._poller = asyncio.create_task(self._poll(), name="poll-repository")
+            self._poller.start()
 
     def _check_defaults(self) -> None:
         if self.settings.model_control != "none":
@@ -161,35 +167,6 @@ class ServiceState:
         ):
             if name is not None and (name not in served or served[name].task != task):
                 raise ValueError(f"default {task} model {echo(name)} is not a served {task} model")
-
-    async def _poll(self) -> None:
-        """Rescan every `repository_poll_s`; apply a model's versions once its directories looked
-        the same in two scans in a row (so nothing half-written is loaded), unload removed models."""
-        previous: dict[str, ModelSource] = {}
-        while True:
-            await asyncio.sleep(self.settings.repository_poll_s)
-            try:
-                sources = await asyncio.to_thread(scan, self.settings.model_repository)
-            except SpecError as exc:
-                log.warning("repository scan skipped: %s", exc)
-                continue
-            for name, source in sources.items():
-                before = previous.get(name)
-                stable = before is not None and {v: s.fingerprint for v, s in before.versions.items()} == {
-                    v: s.fingerprint for v, s in source.versions.items()
-                }
-                if stable:
-                    await self._apply_logged(source)
-            for name in [n for n in self.table.models if n not in sources]:
-                await self._apply_logged(ModelSource(name))
-            previous = sources
-            self._update_ready_gauges()
-
-    async def _apply_logged(self, source: ModelSource) -> None:
-        try:
-            await self.table.apply(source)
-        except InvalidInput as exc:  # refused (too many versions): the index says so
-            log.warning("model %s: %s", source.name, exc.message)
 
     def _update_ready_gauges(self) -> None:
         for name in self.table.models:
@@ -214,6 +191,7 @@ class ServiceState:
             except PolicyError as exc:
                 raise InvalidInput(ErrorCode.INVALID_VERSION_POLICY, str(exc)) from None
         sources = await asyncio.to_thread(scan, self.settings.model_repository)
+        self.report(sources)
         source = sources.get(name)
         if source is None:
             raise ModelNotFound(
@@ -221,6 +199,9 @@ class ServiceState:
                 f"model {echo(name)} is not in the repository {self.settings.model_repository}; "
                 f"models: {list(sources)}",
             )
+        if source.problem is not None:
+            self.table.note(source)
+            raise InvalidInput(ErrorCode.LOAD_FAILED, f"model {name!r} cannot be loaded: {source.problem}")
         failures = await self.table.apply(source, policy, retry=True)
         self._update_ready_gauges()
         wanted = self.table.policy_of(name, source).select(source.complete_versions())
@@ -307,15 +288,21 @@ class ServiceState:
     async def shutdown(self) -> None:
         """Stop watching and accepting, finish queued and running requests, release the sessions."""
         self.phase = DRAINING
-        if self._poller is not None:
-            self._poller.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._poller
+        await self._poller.stop()
         count = len(self.models)
         await self.table.close()
         for name in self.table.models:
             self.metrics.model_ready.labels(name).set(0)
         log.info("drained and closed %d models", count)
+
+
+def _why_not(source: ModelSource) -> str:
+    """Why a model has no version to serve, from what its directory holds."""
+    problems = [
+        *source.problems(),
+        *(f"version {v}: {s.problem}" for v, s in source.versions.items() if s.problem),
+    ]
+    return "; ".join(problems) or "no version selected by the version policy"
 
 
 __all__ = ["ServiceState", "LOADING", "READY_PHASE", "FAILED", "DRAINING"]

@@ -28,93 +28,30 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady, echo
-from service.core.batching import DynamicBatcher
-from service.core.repository import Fingerprint, ModelSource, VersionPolicy, VersionSource
+from service.core.repository import VersionPolicy
+from service.core.scan import ModelSource, VersionSource
+from service.core.version_records import (
+    LOADING,
+    NOT_LOADED,
+    READY,
+    STATES,
+    UNAVAILABLE,
+    UNLOADED,
+    UNLOADING,
+    IndexEntry,
+    LifecycleObserver,
+    Loaded,
+    ModelRecord,
+    NullObserver,
+    S,
+    Servable,
+    Version,
+)
 
 log = logging.getLogger(__name__)
-
-READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
-STATES = (READY, LOADING, UNLOADING, UNAVAILABLE)
-NOT_LOADED, UNLOADED = "not loaded", "unloaded"
-
-
-class Servable(Protocol):
-    task: str
-    batcher: DynamicBatcher[Any, Any]
-
-
-S = TypeVar("S", bound=Servable)
-
-
-class LifecycleObserver(Protocol):
-    """What the table reports, for metrics; implemented in `service.core.metrics`."""
-
-    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None: ...
-
-    def loaded(self, model: str) -> None: ...
-
-    def unloaded(self, model: str) -> None: ...
-
-    def refused(self, model: str, reason: str) -> None: ...
-
-    def leased(self, model: str, version: int) -> None: ...
-
-
-class _NullObserver:
-    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
-        pass
-
-    def loaded(self, model: str) -> None:
-        pass
-
-    def unloaded(self, model: str) -> None:
-        pass
-
-    def refused(self, model: str, reason: str) -> None:
-        pass
-
-    def leased(self, model: str, version: int) -> None:
-        pass
-
-
-@dataclass(eq=False)
-class Loaded(Generic[S]):
-    """One loaded session of a version and the requests holding it."""
-
-    served: S
-    leases: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass(eq=False)
-class Version(Generic[S]):
-    model: str
-    number: int
-    state: str = UNAVAILABLE
-    reason: str = NOT_LOADED
-    loaded: Loaded[S] | None = None
-    failed: bool = False  # the last load or check of `fingerprint` failed: not retried by itself
-    fingerprint: Fingerprint = ()
-
-
-@dataclass(eq=False)
-class ModelRecord(Generic[S]):
-    name: str
-    versions: dict[int, Version[S]] = field(default_factory=dict)
-    policy: VersionPolicy | None = None  # from a load call's config; wins over the policy file
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-@dataclass(frozen=True)
-class IndexEntry:
-    name: str
-    version: str
-    state: str
-    reason: str
 
 
 class VersionTable(Generic[S]):
@@ -133,7 +70,7 @@ class VersionTable(Generic[S]):
         self.policy = policy
         self.drain_timeout_s = drain_timeout_s
         self.max_loaded = max_loaded
-        self.observer: LifecycleObserver = observer or _NullObserver()
+        self.observer: LifecycleObserver = observer or NullObserver()
         self.models: dict[str, ModelRecord[S]] = {}
 
     # -- requests ----------------------------------------------------------------------------------
@@ -160,8 +97,9 @@ class VersionTable(Generic[S]):
         record = self.models.get(name)
         if record is None or not record.versions:
             served = sorted(n for n in self.models if self.serving(n) is not None)
+            why = f" ({'; '.join(record.problems)})" if record is not None and record.problems else ""
             raise ModelNotFound(
-                ErrorCode.MODEL_NOT_FOUND, f"model {echo(name)} is not served; served models: {served}"
+                ErrorCode.MODEL_NOT_FOUND, f"model {echo(name)} is not served{why}; served models: {served}"
             )
         if version is not None and version not in record.versions:
             raise ModelNotFound(
@@ -214,13 +152,18 @@ class VersionTable(Generic[S]):
                 loaded.idle.set()
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        """Every known version with its state and (unless READY) the reason."""
-        return [
-            IndexEntry(record.name, str(v.number), v.state, "" if v.state == READY else v.reason)
-            for record in self.models.values()
-            for v in sorted(record.versions.values(), key=lambda v: v.number)
-            if not ready_only or v.state == READY
-        ]
+        """Every known version with its state and (unless READY) the reason; each model-level
+        problem as an UNAVAILABLE entry without a version."""
+        entries = []
+        for record in self.models.values():
+            if not ready_only:
+                entries += [IndexEntry(record.name, "", UNAVAILABLE, problem) for problem in record.problems]
+            entries += [
+                IndexEntry(record.name, str(v.number), v.state, "" if v.state == READY else v.reason)
+                for v in sorted(record.versions.values(), key=lambda v: v.number)
+                if not ready_only or v.state == READY
+            ]
+        return entries
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -232,6 +175,11 @@ class VersionTable(Generic[S]):
         """Know a model and its versions without loading any (explicit mode's other models)."""
         record = self.models.setdefault(source.name, ModelRecord(source.name))
         self._record_versions(record, source)
+
+    def note(self, source: ModelSource) -> None:
+        """Record the problems of a model that cannot be applied as it is on disk (`source.problem`):
+        listed in the index, while its versions stay as they are (nothing loads or unloads)."""
+        self.models.setdefault(source.name, ModelRecord(source.name)).problems = source.problems()
 
     async def apply(
         self, source: ModelSource, policy: VersionPolicy | None = None, *, retry: bool = False
@@ -274,7 +222,7 @@ class VersionTable(Generic[S]):
             for number in [n for n in record.versions if n not in source.versions]:
                 version = record.versions.pop(number)
                 self.observer.state_changed(source.name, number, version.state, None)
-            if not record.versions:
+            if not record.versions and not record.problems:
                 del self.models[source.name]
             return failures
 
@@ -293,6 +241,7 @@ class VersionTable(Generic[S]):
     # -- internals ---------------------------------------------------------------------------------
 
     def _record_versions(self, record: ModelRecord[S], source: ModelSource) -> None:
+        record.problems = source.problems()
         for number, on_disk in source.versions.items():
             version = record.versions.get(number)
             if version is None:
@@ -372,6 +321,7 @@ class VersionTable(Generic[S]):
         if version.loaded is loaded:
             version.loaded = None
             self._set(version, UNAVAILABLE, UNLOADED)
+            self.observer.closed(version.model, version.number)
 
     async def _drain(self, model: str, loaded: Loaded[S]) -> None:
         """Wait (bounded) until no request holds `loaded`, then close its batcher."""

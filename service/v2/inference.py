@@ -42,6 +42,7 @@ from contract.formats import MAX_FILL_MASK_TOP_K, package_version
 from service.core import requests
 from service.core.deadline import Deadline
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
+from service.core.repository import VersionError, parse_version
 from service.core.state import FAILED, ServiceState
 from service.core.statistics import DEFAULT_VERSION
 from service.v2.tensors import BYTES, Tensor, bytes_tensor, datatype_of
@@ -89,14 +90,15 @@ def version_number(state: ServiceState, name: str, version: str) -> int | None:
     version no model has."""
     if version == "":
         return None
-    if version.isdigit() and int(version) > 0:
-        return int(version)
-    known = state.table.models.get(name)
-    raise ModelNotFound(
-        ErrorCode.VERSION_NOT_FOUND,
-        f"model {echo(name)} has no version {echo(version)}; versions: "
-        f"{[str(v) for v in sorted(known.versions)] if known else []}",
-    )
+    try:
+        return parse_version(version)
+    except VersionError as exc:
+        known = state.table.models.get(name)
+        raise ModelNotFound(
+            ErrorCode.VERSION_NOT_FOUND,
+            f"model {echo(name)} has no version {echo(version)} ({exc}); versions: "
+            f"{[str(v) for v in sorted(known.versions)] if known else []}",
+        ) from None
 
 
 def model(state: ServiceState, name: str, version: str = "", *, loaded_only: bool = False) -> Pipeline:

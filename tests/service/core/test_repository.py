@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from contract.spec import SpecError
-from service.core.repository import (
-    PolicyError,
-    VersionPolicy,
-    fingerprint,
-    policy_from_config,
-    require_sources,
-    scan,
-)
+from service.core.repository import PolicyError, VersionPolicy, policy_from_config
+from service.core.scan import fingerprint, require_sources, scan
 
 
 @pytest.mark.parametrize(
@@ -86,9 +80,9 @@ def test_repositories_that_cannot_be_served(tmp_path: Path, tiny_vision_served: 
         require_sources(tmp_path / "empty")
     shutil.copytree(tiny_vision_served, tmp_path / "two" / "tiny-vision" / "1")
     shutil.copytree(tiny_vision_served, tmp_path / "two" / "copy")  # flat, also named tiny-vision
-    with pytest.raises(SpecError, match="two served models are named 'tiny-vision'"):
-        scan(tmp_path / "two")
+    (both,) = scan(tmp_path / "two").values()  # neither is chosen silently: the model is held
+    assert both.versions == {} and "2 directories claim the model name 'tiny-vision'" in (both.problem or "")
     (tmp_path / "two" / "tiny-vision" / "policy.json").write_text("latest:2")
     shutil.rmtree(tmp_path / "two" / "copy")
-    with pytest.raises(SpecError, match="policy.json"):
-        scan(tmp_path / "two")
+    (held,) = scan(tmp_path / "two").values()
+    assert held.complete_versions() == [1] and "policy.json" in (held.problem or "")

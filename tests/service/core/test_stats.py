@@ -60,7 +60,7 @@ def test_report_window_and_series_from_the_metrics() -> None:
     metrics.grpc_latency.labels("ModelInfer", "OK").observe(0.02)
     for size in (4, 2, 1):
         metrics.batch_size.labels("m").observe(size)
-    metrics.queue_depth.labels("m").set(3)
+    metrics.queue_depth.labels("m", "1").set(3)
     history.snapshots.append(take_snapshot(metrics))
     report = history.report()
     window = report["window"]

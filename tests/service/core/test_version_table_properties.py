@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from contract.errors import InvalidInput, ModelNotFound, NotReady
 from contract.spec import ModelSpec
 from service.core.batching import DynamicBatcher
-from service.core.repository import ModelSource, VersionPolicy, VersionSource
+from service.core.repository import VersionPolicy
+from service.core.scan import ModelSource, VersionSource
 from service.core.versions import READY, VersionTable
 
 pytestmark = pytest.mark.timeout(300)

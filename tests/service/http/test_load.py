@@ -129,7 +129,9 @@ def test_full_queue_is_refused_with_503_and_retry_after(
     rejected_before = slow_server.metric("gmlp_rejections_total", model="tiny-vision", reason="queue_full")
     with ThreadPoolExecutor(2) as pool:
         waiting = [pool.submit(classify, slow_server, cifar_images[i]) for i in range(2)]
-        slow_server.wait_for(lambda: slow_server.metric("gmlp_queue_depth", model="tiny-vision") == 2)
+        slow_server.wait_for(
+            lambda: slow_server.metric("gmlp_queue_depth", model="tiny-vision", version="1") == 2
+        )
         refused = classify(slow_server, cifar_images[2])
         results = [f.result(timeout=60) for f in waiting]
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
@@ -156,7 +158,9 @@ def test_disconnected_client_is_dropped_before_its_request_runs(
     cancelled = slow_server.metric("gmlp_rejections_total", model="tiny-vision", reason="cancelled")
     with socket.create_connection(("127.0.0.1", slow_server.port), timeout=10) as sock:
         sock.sendall(_request_bytes(cifar_images[3]))
-        slow_server.wait_for(lambda: slow_server.metric("gmlp_queue_depth", model="tiny-vision") == 1)
+        slow_server.wait_for(
+            lambda: slow_server.metric("gmlp_queue_depth", model="tiny-vision", version="1") == 1
+        )
     # The client is gone: the server notices, withdraws the request and records a 499.
     slow_server.wait_for(
         lambda: (
@@ -164,7 +168,7 @@ def test_disconnected_client_is_dropped_before_its_request_runs(
             == cancelled + 1
         )
     )
-    assert slow_server.metric("gmlp_queue_depth", model="tiny-vision") == 0
+    assert slow_server.metric("gmlp_queue_depth", model="tiny-vision", version="1") == 0
     assert classify(slow_server, cifar_images[4]).status_code == 200
     # Exactly one more batch, holding only the request that stayed.
     assert batches(slow_server, "tiny-vision") == (count + 1, size + 1)
@@ -191,8 +195,8 @@ def test_graceful_shutdown_finishes_queued_requests(start_server: Any, cifar_ima
         pending.append(pool.submit(fill_mask, server, TEXTS[0]))
 
         def queued() -> float:
-            return server.metric("gmlp_queue_depth", model="tiny-vision") + server.metric(
-                "gmlp_queue_depth", model="tiny-mlm"
+            return sum(
+                server.metric("gmlp_queue_depth", model=m, version="1") for m in ("tiny-vision", "tiny-mlm")
             )
 
         server.wait_for(lambda: queued() == 3)

@@ -193,7 +193,7 @@ def test_deadline_and_overload(start_server: Any) -> None:
 
     thread = threading.Thread(target=held)
     thread.start()
-    held_server.wait_for(lambda: held_server.metric("gmlp_queue_depth", model="tiny-mlm") == 1)
+    held_server.wait_for(lambda: held_server.metric("gmlp_queue_depth", model="tiny-mlm", version="1") == 1)
     refused = status_of(lambda: client.infer("tiny-mlm", [tensor], client_timeout=30.0))
     thread.join(30)
     assert (
@@ -201,7 +201,7 @@ def test_deadline_and_overload(start_server: Any) -> None:
         and "queue of model tiny-mlm is full" in refused.message()
     )
     assert outcome["held"].status() == "StatusCode.DEADLINE_EXCEEDED"
-    held_server.wait_for(lambda: held_server.metric("gmlp_queue_depth", model="tiny-mlm") == 0)
+    held_server.wait_for(lambda: held_server.metric("gmlp_queue_depth", model="tiny-mlm", version="1") == 0)
 
 
 def test_committed_stubs_match_the_proto() -> None:
