@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from contract.formats import CONFIG_FILE, SERVED_FORMAT
 from contract.spec import ModelSpec, SpecError, export_command, read_spec
+from service.core import strict_json
 
 POLICY_FILE = "policy.json"
 FLAT_VERSION = 1
@@ -114,9 +115,9 @@ def policy_from_config(config: str) -> VersionPolicy | None:
     """The version policy in a load call's `config` parameter (a JSON model configuration, as
     Triton's clients send it), or None when it has none."""
     try:
-        document = json.loads(config)
-    except ValueError:
-        raise PolicyError("the config parameter must be a JSON object (a model configuration)") from None
+        document = strict_json.loads(config)
+    except strict_json.JSONError as exc:
+        raise PolicyError(f"the config parameter is not a JSON model configuration: {exc.message}") from None
     if not isinstance(document, dict):
         raise PolicyError("the config parameter must be a JSON object (a model configuration)")
     value = document.get("version_policy")
