@@ -141,6 +141,9 @@ def from_json(name: str, datatype: str, shape: Sequence[int], data: Any) -> Tens
     return Tensor(name, datatype, array.reshape(shape))
 
 
+_EXPECTED: dict[tuple[type, ...], str] = {(bool,): "true or false", (int,): "integers", (str,): "strings"}
+
+
 def _check_kinds(name: str, datatype: str, flat: list[Any]) -> None:
     """Every element of the JSON `data` a value of `datatype`'s kind; else name the first that is not
     (numpy would take null as NaN, true as 1 and "5" as 5)."""
@@ -148,7 +151,7 @@ def _check_kinds(name: str, datatype: str, flat: list[Any]) -> None:
     if all(kind in kinds for kind in set(map(type, flat))):
         return
     index, item = next((i, x) for i, x in enumerate(flat) if type(x) not in kinds)
-    expected = {(bool,): "true or false", (int,): "integers", (str,): "strings"}.get(kinds, "numbers")
+    expected = _EXPECTED.get(kinds, "numbers")
     raise InvalidInput(
         ErrorCode.INVALID_TENSOR_DATA,
         f"input {name}: element {index} is {_json_kind(item)}; {datatype} data must be {expected}",
@@ -163,7 +166,8 @@ def _json_kind(item: Any) -> str:
         return "true" if item else "false"
     if isinstance(item, int | float):
         return repr(item)[:32]
-    return {str: "a string", dict: "an object", bytes: "bytes"}.get(type(item), type(item).__name__)
+    names: dict[type, str] = {str: "a string", dict: "an object", bytes: "bytes"}
+    return names.get(type(item), type(item).__name__)
 
 
 def _flatten(data: Any) -> list[Any]:
