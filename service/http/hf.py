@@ -20,7 +20,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.errors import ErrorCode, InvalidInput, RequestError
-from contract.formats import MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION
 from service.core.deadline import Deadline, before
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
@@ -38,11 +37,11 @@ from service.http.parsing import (
 from service.http.schemas import (
     MAX_TARGETS,
     MAX_TEXT_LENGTH,
-    JSONInt,
     LabelScore,
     MaskPrediction,
     MessageError,
     Target,
+    TopK,
     error_responses,
     inline_schema,
 )
@@ -63,12 +62,7 @@ router = APIRouter(
 
 class HFParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    top_k: JSONInt | None = Field(
-        None,
-        ge=1,
-        le=MAX_FILL_MASK_TOP_K,
-        description="results (per [MASK]); classifiers cap it at their labels",
-    )
+    top_k: TopK | None = Field(None, description="results (per [MASK]); classifiers cap it at their labels")
     targets: list[Target] | None = Field(
         None,
         min_length=1,

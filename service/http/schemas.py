@@ -23,7 +23,19 @@ MASK_PATTERN = r"\[MASK\]"
 # Integers are strict in every API: a JSON integer (not 5.0, "5" or true, which pydantic's lax mode
 # would turn into 5 or 1), and in a query string decimal ASCII digits (not "5.0", "true" or "٥"), as
 # gRPC's typed parameters are.
-JSONInt = Annotated[int, Strict()]
+JSON_INTEGER = 'a JSON integer is expected (5, not 5.0, "5" or true)'
+
+
+def json_integer(value: Any) -> Any:
+    """A JSON integer as it is; anything else (a float even when integral, which JSON Schema's
+    `integer` would let through, a string, a boolean) refused with its own error type."""
+    if type(value) is not int:
+        raise PydanticCustomError("json_integer", JSON_INTEGER)
+    return value
+
+
+# A JSON integer's constraints go before its validator, so that the JSON schema states them.
+TopK = Annotated[int, Field(ge=1, le=MAX_FILL_MASK_TOP_K), BeforeValidator(json_integer)]
 _DIGITS = re.compile(r"-?[0-9]{1,18}")  # any int64
 
 
@@ -92,7 +104,7 @@ class FillMaskRequest(BaseModel):
         json_schema_extra={"pattern": MASK_PATTERN},
         description="text with one or more [MASK] tokens (at most the model's window of tokens)",
     )
-    top_k: JSONInt = Field(5, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK]")
+    top_k: TopK = Field(5, description="predictions per [MASK]")
     targets: list[Target] | None = Field(
         None,
         min_length=1,
