@@ -287,11 +287,17 @@ class ErrorCode(StrEnum):
     )
     INVALID_BATCH = "invalid_batch", InvalidInput, "v2: fewer than 1 or more than `GMLP_MAX_BATCH_SIZE` rows"
     INVALID_DATATYPE = "invalid_datatype", InvalidInput, "v2: a datatype that is not one of the protocol's"
-    INVALID_SHAPE = "invalid_shape", InvalidInput, "v2: a shape with a negative dimension"
+    INVALID_SHAPE = (
+        "invalid_shape",
+        InvalidInput,
+        "v2: a shape with a negative dimension, more than 16 dimensions, or non-zero dimensions "
+        "multiplying to more than 2^31-1",
+    )
     INVALID_TENSOR_DATA = (
         "invalid_tensor_data",
         InvalidInput,
-        "v2: a tensor's data do not match its datatype or shape",
+        "v2: a tensor's data do not match its datatype or shape (an element of another kind: null, "
+        "a boolean or a string for a number; a value out of the datatype's range); the message names it",
     )
     INVALID_HEADER = (
         "invalid_header",

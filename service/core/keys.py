@@ -19,6 +19,15 @@ The keys file (`GMLP_API_KEYS_FILE`) holds one key per line; `#` starts a commen
 The file is re-read when it changes and on SIGHUP (`service.core.watch`); a file that does not
 parse keeps the keys in force, and says why in the log and in `gmlp_file_reloads_total`. A
 presented key is hashed and compared with every digest in constant time (`hmac.compare_digest`).
+
+A file rewritten in place (truncated, then written) is read half-written by a watcher that looks
+at the wrong moment: empty, or with only its first lines. So the watcher applies a change at once
+only when it cannot take a valid key away (the file was replaced by a new one, as `mv` and a
+Secret volume do; or every key in force is still there, unchanged); a change that removes or
+alters a key is applied once the file has read the same for `SETTLE_S`. And a file that reads
+empty (nothing but white space) never replaces keys in force: a file meant to hold no key holds a
+comment (`# no keys`). SIGHUP applies the file as it reads at that moment (the operator says it is
+complete), except that rule.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+SETTLE_S = 1.0  # how long a change that removes or alters a key must read the same before it applies
 ANONYMOUS = "anonymous"  # the metrics' name for requests without a key where none is needed
 INVALID = "invalid"  # ... and for requests with a key that matches none
 
@@ -184,6 +194,8 @@ class KeyStore:
         self.keys: list[ApiKey] = []
         self.buckets: dict[str, TokenBucket] = {}
         self.seen: Signature = ()
+        self.pending: tuple[str, float] | None = None  # a change read in place, since when
+        self.vetted: tuple[Signature, str] | None = None  # what `changed` found ready to apply
         if path is not None and not self.reload():
             raise UserError(f"GMLP_API_KEYS_FILE {path} cannot be used; the log says why")
 
@@ -199,15 +211,54 @@ class KeyStore:
         return [self.path] if self.path is not None else []
 
     def changed(self) -> bool:
-        return signature(self.paths) != self.seen
+        """The watcher's question: True when the file changed and the change may be applied now
+        (`reload` then applies what was read here); a change that would remove or alter a key of
+        a file rewritten in place waits until it has read the same for SETTLE_S."""
+        now = signature(self.paths)
+        if now == self.seen or self.path is None:
+            return False
+        try:
+            text = self.path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return True  # reload says why
+        if not self._safe_now(now, text):
+            if self.pending is None or self.pending[0] != text:
+                self.pending = (text, time.monotonic())
+                log.debug("API keys file %s changed in place; applied once it reads the same", self.path)
+                return False
+            if time.monotonic() - self.pending[1] < SETTLE_S:
+                return False
+        self.vetted = (now, text)
+        return True
+
+    def _safe_now(self, now: Signature, text: str) -> bool:
+        """Whether `text` may be applied at once: a new file (inode), a file that does not parse
+        (reload keeps the keys and says why), or one that keeps every key in force as it is."""
+        replaced = [s and s[2:] for s in now] != [s and s[2:] for s in self.seen]
+        if replaced:
+            return True
+        try:
+            keys = parse_keys(text, str(self.path))
+        except ValueError:
+            return True
+        return bool(text.strip()) and set(self.keys) <= set(keys)
 
     def reload(self) -> bool:
-        """Re-read the file; on failure keep the keys in force and log why."""
+        """Re-read the file (what `changed` read just before, for the watcher); on failure, or when
+        it reads empty while keys are in force, keep the keys in force and log why."""
         if self.path is None:
             return True
-        self.seen = signature(self.paths)
+        vetted, self.vetted = self.vetted, None
+        self.pending = None
+        self.seen = vetted[0] if vetted is not None else signature(self.paths)
         try:
-            keys = parse_keys(self.path.read_text(), str(self.path))
+            text = vetted[1] if vetted is not None else self.path.read_text()
+            if not text.strip() and self.keys:
+                raise ValueError(
+                    f"{self.path} reads empty (truncated while rewritten?); to remove every key, write a "
+                    "comment line such as '# no keys'"
+                )
+            keys = parse_keys(text, str(self.path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             log.error("API keys not re-read, the %d in force stay: %s", len(self.keys), exc)
             self._observe(ok=False)

@@ -15,13 +15,13 @@ refuses), so neither is used on a version anywhere. What is on disk is read by
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from contract.errors import echo
+from service.core import strict_json
 
 POLICY_FILE = "policy.json"
 # int64, as Triton's versions are: 18 digits always fit.
@@ -122,9 +122,9 @@ def policy_from_config(config: str) -> VersionPolicy | None:
     """The version policy in a load call's `config` parameter (a JSON model configuration, as
     Triton's clients send it), or None when it has none."""
     try:
-        document = json.loads(config)
-    except ValueError:
-        raise PolicyError("the config parameter must be a JSON object (a model configuration)") from None
+        document = strict_json.loads(config)
+    except strict_json.JSONError as exc:
+        raise PolicyError(f"the config parameter is not a JSON model configuration: {exc.message}") from None
     if not isinstance(document, dict):
         raise PolicyError("the config parameter must be a JSON object (a model configuration)")
     value = document.get("version_policy")

@@ -13,23 +13,28 @@ for one [MASK] (a list of such lists for several), which is what the client pars
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from contract.errors import ErrorCode, InvalidInput, RequestError
-from contract.formats import MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION
 from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
 from service.http.direct import DirectRoute, get_state
 from service.http.disconnect import unless_disconnected
-from service.http.errors import REST_ERRORS, ErrorTable, validation_error
-from service.http.parsing import RAW_TYPES, decode_base64, media_type, unsupported_media_type
+from service.http.errors import REST_ERRORS, ErrorTable
+from service.http.parsing import (
+    RAW_TYPES,
+    decode_base64,
+    json_body,
+    media_type,
+    unsupported_media_type,
+    validated,
+)
 from service.http.schemas import (
     MAX_TARGETS,
     MAX_TEXT_LENGTH,
@@ -37,6 +42,7 @@ from service.http.schemas import (
     MaskPrediction,
     MessageError,
     Target,
+    TopK,
     error_responses,
     inline_schema,
 )
@@ -58,12 +64,7 @@ router = APIRouter(
 
 class HFParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    top_k: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_FILL_MASK_TOP_K,
-        description="results (per [MASK]); classifiers cap it at their labels",
-    )
+    top_k: TopK | None = Field(None, description="results (per [MASK]); classifiers cap it at their labels")
     targets: list[Target] | None = Field(
         None,
         min_length=1,
@@ -110,7 +111,7 @@ async def _read(request: Request, served: Pipeline) -> tuple[HFRequest | None, b
     """The JSON request; else the raw body: a classifier's image, a masked LM's UTF-8 text."""
     mime = media_type(request)
     if mime == "application/json" or mime.endswith("+json"):
-        return _validated(await request.body()), b""
+        return json_body(await request.body(), HFRequest, "the JSON body"), b""
     if mime not in RAW_TYPES and not mime.startswith(("image/", "text/")):
         raise unsupported_media_type(mime, 'send JSON {"inputs": ..., "parameters": {...}} or the raw input')
     data = await request.body()
@@ -118,17 +119,11 @@ async def _read(request: Request, served: Pipeline) -> tuple[HFRequest | None, b
         raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send the image or the text")
     if isinstance(served, FillMaskPipeline):
         try:
-            return _validated(json.dumps({"inputs": data.decode("utf-8")}).encode()), b""
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidInput(ErrorCode.INVALID_TEXT, "a raw text body must be UTF-8") from None
+        return validated(HFRequest, {"inputs": text}, "the JSON body"), b""
     return None, data
-
-
-def _validated(raw: bytes) -> HFRequest:
-    try:
-        return HFRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise validation_error(list(exc.errors()), "the JSON body") from None
 
 
 async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline: Deadline) -> Any:

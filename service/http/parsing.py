@@ -2,7 +2,10 @@
 
 Bodies are parsed here rather than by FastAPI's `File`/`Body` parameters because FastAPI turns any
 error raised while reading a body into a bare 400; we want 413 for too large, 415 for a wrong
-content type and 422 for bad JSON, each with a message that says what is accepted.
+content type and 422 for bad JSON, each with a message that says what is accepted. Every JSON body
+of every API is parsed by `json_document` (the strict parser of `service.core.strict_json`: finite
+numbers, bounded nesting) and then validated as a Python document, so that no door accepts what
+another refuses.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType, echo
 from contract.image import ACCEPTED_DESCRIPTION
+from service.core import strict_json
 from service.http.errors import validation_error
 from service.http.schemas import ClassifyJSONRequest
 
@@ -119,10 +123,31 @@ async def read_json(request: Request, schema: type[M]) -> M:
     body = await request.body()
     if not body:
         raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send a JSON object")
+    return json_body(body, schema, "the JSON body")
+
+
+def json_body(raw: bytes, schema: type[M], where: str) -> M:
+    """The JSON document `raw` (`json_document`) validated against `schema` (`validated`)."""
+    return validated(schema, json_document(raw, where), where)
+
+
+def json_document(raw: bytes | str, where: str) -> Any:
+    """The JSON document in `raw` (strict: `service.core.strict_json`); InvalidInput
+    `invalid_request` saying what is wrong and where, as a schema's refusal does."""
     try:
-        return schema.model_validate_json(body)
+        return strict_json.loads(raw)
+    except strict_json.JSONError as exc:
+        details = [{"loc": list(exc.loc), "msg": exc.message, "type": "json_invalid"}]
+        message = f"{where} is invalid: {exc.message}"
+        raise InvalidInput(ErrorCode.INVALID_REQUEST, message, details=details) from None
+
+
+def validated(schema: type[M], document: Any, where: str) -> M:
+    """`document` (parsed by `json_document`) validated against `schema`; 422 `invalid_request`."""
+    try:
+        return schema.model_validate(document)
     except ValidationError as exc:
-        raise validation_error(list(exc.errors()), "the JSON body") from None
+        raise validation_error(list(exc.errors()), where) from None
 
 
 __all__ = [
@@ -130,6 +155,9 @@ __all__ = [
     "query_parameters",
     "read_image",
     "read_json",
+    "json_body",
+    "json_document",
+    "validated",
     "media_type",
     "decode_base64",
     "RAW_TYPES",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+from pydantic_core import PydanticCustomError
 
 from contract.errors import ErrorCode
 from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
@@ -18,6 +20,35 @@ Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
 BASE64_PATTERN = r"^(data:[^,]*;base64,)?([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 # A text is refused without one (the codec checks the tokens; this states it in the schema).
 MASK_PATTERN = r"\[MASK\]"
+# Integers are strict in every API: a JSON integer (not 5.0, "5" or true, which pydantic's lax mode
+# would turn into 5 or 1), and in a query string decimal ASCII digits (not "5.0", "true" or "٥"), as
+# gRPC's typed parameters are.
+JSON_INTEGER = 'a JSON integer is expected (5, not 5.0, "5" or true)'
+
+
+def json_integer(value: Any) -> Any:
+    """A JSON integer as it is; anything else (a float even when integral, which JSON Schema's
+    `integer` would let through, a string, a boolean) refused with its own error type."""
+    if type(value) is not int:
+        raise PydanticCustomError("json_integer", JSON_INTEGER)
+    return value
+
+
+# A JSON integer's constraints go before its validator, so that the JSON schema states them.
+TopK = Annotated[int, Field(ge=1, le=MAX_FILL_MASK_TOP_K), BeforeValidator(json_integer)]
+_DIGITS = re.compile(r"-?[0-9]{1,18}")  # any int64
+
+
+def _query_int(value: Any) -> Any:
+    """A query string's integer: an optional minus and up to 18 ASCII digits."""
+    if isinstance(value, str):
+        if not _DIGITS.fullmatch(value):
+            raise PydanticCustomError("int_parsing", "an integer is expected (decimal digits, e.g. 5)")
+        return int(value)
+    return value
+
+
+QueryInt = Annotated[int, Strict(), BeforeValidator(_query_int)]
 # A 1x1 PNG: an example request that really works.
 TINY_PNG_BASE64 = (
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGM4IScHAAK2AQU0pnWqAAAAAElFTkSuQmCC"
@@ -47,7 +78,7 @@ class ClassifyResponse(BaseModel):
 class ClassifyQuery(BaseModel):
     """The query string of /classify."""
 
-    top_k: int = Field(5, ge=1, description="number of labels to return (at most the number of labels)")
+    top_k: QueryInt = Field(5, ge=1, description="number of labels to return (at most the number of labels)")
     model: str | None = Field(None, description="served model name; default: the service's classifier")
 
 
@@ -73,7 +104,7 @@ class FillMaskRequest(BaseModel):
         json_schema_extra={"pattern": MASK_PATTERN},
         description="text with one or more [MASK] tokens (at most the model's window of tokens)",
     )
-    top_k: int = Field(5, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK]")
+    top_k: TopK = Field(5, description="predictions per [MASK]")
     targets: list[Target] | None = Field(
         None,
         min_length=1,

@@ -11,11 +11,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StrictBool
 
 from service.core.access import Scope
 from service.http.direct import DirectRoute, get_state
-from service.http.errors import validation_error
+from service.http.parsing import json_body
 from service.http.scopes import requires
 from service.v2 import repository
 from service.v2.rest import V2_ERRORS
@@ -31,7 +31,7 @@ router = APIRouter(
 
 
 class IndexRequest(BaseModel):
-    ready: bool = Field(False, description="true: only the READY versions")
+    ready: StrictBool = Field(False, description="true: only the READY versions")
 
 
 class ControlRequest(BaseModel):
@@ -50,10 +50,9 @@ class IndexEntry(BaseModel):
 
 async def _body(request: Request, schema: type[Any]) -> Any:
     raw = await request.body()
-    try:
-        return schema.model_validate_json(raw) if raw.strip() else schema()
-    except ValidationError as exc:
-        raise validation_error(list(exc.errors()), "the request body") from None
+    if not raw.strip():
+        return schema()
+    return json_body(raw, schema, "the request body")
 
 
 @router.post("/index", response_model=list[IndexEntry], responses=ERROR_RESPONSES, summary="Repository index")

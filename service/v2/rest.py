@@ -16,15 +16,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from contract.errors import ErrorCode, InvalidInput, RequestError, echo
 from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
-from service.http.errors import REST_ERRORS, ErrorTable, validation_error
-from service.http.parsing import RAW_TYPES, media_type, unsupported_media_type
+from service.http.errors import REST_ERRORS, ErrorTable
+from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
 from service.http.schemas import inline_schema
 from service.http.scopes import public, requires
 from service.v2 import inference
@@ -243,7 +242,8 @@ def _binary_length(request: Request, size: int) -> int | None:
     value = request.headers.get(HEADER_LENGTH)
     if value is None:
         return None
-    if not value.isdigit() or int(value) > size:
+    # ASCII digits only ("²".isdigit() is true, and int() refuses it), at most those of any length.
+    if not (value.isascii() and value.isdigit() and len(value) <= 19) or int(value) > size:
         raise InvalidInput(
             ErrorCode.INVALID_HEADER,
             f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {echo(value)}",
@@ -261,10 +261,7 @@ async def read_infer_request(request: Request, name: str, version: str) -> tuple
     head, tail = (raw, b"") if length is None else (raw[:length], raw[length:])
     if not head:
         raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send a JSON inference request")
-    try:
-        body = InferRequestBody.model_validate_json(head)
-    except ValidationError as exc:
-        raise validation_error(list(exc.errors()), "the inference request") from None
+    body = json_body(head, InferRequestBody, "the inference request")
     inputs, offset = [], 0
     for tensor in body.inputs:
         size = tensor.parameters.binary_data_size if tensor.parameters else None

@@ -1,31 +1,33 @@
 """The Open Inference Protocol's REST bodies (pydantic), with every constraint the server checks
-before it looks at a model: datatypes, non-negative shapes, the parameters it reads. Boolean
-parameters are strict: JSON true or false, as the schema says (no 0/1, no "true")."""
+before it looks at a model: datatypes, shapes within their limits, the parameters it reads.
+Booleans and integers are strict: JSON true or false, JSON integers, as the schema says (no 0/1,
+no "true", no 5.0 or "5")."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
-from contract.formats import MAX_FILL_MASK_TOP_K
-from service.http.schemas import MessageError, error_responses
-from service.v2.tensors import DATATYPES
+from service.http.schemas import MessageError, TopK, error_responses, json_integer
+from service.v2.tensors import DATATYPES, MAX_DIMS, MAX_ELEMENTS, SHAPE_LIMITS
 
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
 Scalar = str | int | float | bool
+Dimension = Annotated[int, Field(ge=0, le=MAX_ELEMENTS), BeforeValidator(json_integer)]
+ByteCount = Annotated[int, Field(ge=0), BeforeValidator(json_integer)]
 
 
 class TensorParameters(BaseModel):
     """Tensor parameters; `binary_data_size` says the tensor's data follow the JSON as raw bytes."""
 
     model_config = ConfigDict(extra="allow")
-    binary_data_size: int | None = Field(None, ge=0, description="bytes of this tensor after the JSON")
+    binary_data_size: ByteCount | None = Field(None, description="bytes of this tensor after the JSON")
 
 
 class InputTensor(BaseModel):
     name: str = Field(min_length=1)
-    shape: list[Annotated[int, Field(ge=0)]] = Field(description="dimensions")
+    shape: list[Dimension] = Field(max_length=MAX_DIMS, description=f"dimensions: {SHAPE_LIMITS}")
     datatype: Datatype
     parameters: TensorParameters | None = None
     data: list[Any] | None = Field(
@@ -46,9 +48,7 @@ class RequestedOutput(BaseModel):
 class RequestParameters(BaseModel):
     model_config = ConfigDict(extra="allow")
     binary_data_output: StrictBool | None = Field(None, description="default of every output's binary_data")
-    top_k: int | None = Field(
-        None, ge=1, le=MAX_FILL_MASK_TOP_K, description="predictions per [MASK] for a `text` input"
-    )
+    top_k: TopK | None = Field(None, description="predictions per [MASK] for a `text` input")
 
 
 class InferRequestBody(BaseModel):

@@ -36,6 +36,26 @@ NUMPY_TYPES: dict[str, np.dtype] = {
 }
 BYTES = "BYTES"
 DATATYPES: tuple[str, ...] = (*NUMPY_TYPES, BYTES)
+# Shape limits, checked in Python integers before numpy sees a shape: at most MAX_DIMS dimensions
+# (the models take 2 to 4; numpy itself stops at 64), and the product of the non-zero dimensions
+# at most MAX_ELEMENTS (so that no dimension exceeds it either, and an empty tensor such as
+# [2**64, 0] cannot overflow numpy's size arithmetic; any tensor a body within the upload limit can
+# carry is far smaller).
+MAX_DIMS = 16
+MAX_ELEMENTS = 2**31 - 1
+SHAPE_LIMITS = (
+    f"at most {MAX_DIMS} dimensions, each >= 0, the non-zero ones multiplying to at most {MAX_ELEMENTS}"
+)
+# What JSON `data` may hold per datatype: integers for the integer types, integers or decimals
+# for the floating ones, true/false for BOOL, strings for BYTES; never null, nor a string or a
+# boolean for a number.
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    **{
+        name: (bool,) if name == "BOOL" else (int, float) if dtype.kind == "f" else (int,)
+        for name, dtype in NUMPY_TYPES.items()
+    },
+    BYTES: (str,),
+}
 _BY_NUMPY = {dtype.newbyteorder("="): name for name, dtype in NUMPY_TYPES.items()}
 _LENGTH = struct.Struct("<I")
 
@@ -68,10 +88,15 @@ class Tensor:
         return np.ascontiguousarray(self.array, dtype=NUMPY_TYPES[self.datatype]).tobytes()
 
     def json_data(self) -> list[Any]:
-        """Row-major flat data for JSON: numbers, booleans, or (BYTES) UTF-8 strings."""
+        """Row-major flat data for JSON: numbers, booleans, or (BYTES) UTF-8 strings. JSON has no
+        NaN or Infinity: a non-finite element is null, as JavaScript's JSON.stringify writes it
+        (numpy reads null back as NaN); the binary form carries the exact values."""
         if self.datatype == BYTES:
             return [item.decode("utf-8", errors="replace") for item in self.array.ravel()]
-        return self.array.ravel().tolist()
+        flat = self.array.ravel()
+        if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+            return [x if math.isfinite(x) else None for x in flat.tolist()]
+        return flat.tolist()
 
 
 def _check_header(name: str, datatype: str, shape: Sequence[int]) -> int:
@@ -81,11 +106,11 @@ def _check_header(name: str, datatype: str, shape: Sequence[int]) -> int:
             ErrorCode.INVALID_DATATYPE,
             f"input {name}: datatype {echo(datatype)} is not one of {', '.join(DATATYPES)}",
         )
-    if any(d < 0 for d in shape):
-        raise InvalidInput(
-            ErrorCode.INVALID_SHAPE, f"input {name}: shape {list(shape)} has a negative dimension"
-        )
-    return math.prod(shape)  # Python integers: a client's absurd shape must not overflow int64
+    # Python integers throughout: a client's absurd shape must not overflow int64.
+    if len(shape) > MAX_DIMS or any(d < 0 for d in shape) or math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        shown = list(shape) if len(shape) <= MAX_DIMS else f"of {len(shape)} dimensions"
+        raise InvalidInput(ErrorCode.INVALID_SHAPE, f"input {name}: shape {shown} is refused: {SHAPE_LIMITS}")
+    return math.prod(shape)
 
 
 def _mismatch(name: str, shape: Sequence[int], got: str) -> InvalidInput:
@@ -97,30 +122,66 @@ def _mismatch(name: str, shape: Sequence[int], got: str) -> InvalidInput:
 def from_json(name: str, datatype: str, shape: Sequence[int], data: Any) -> Tensor:
     """A tensor from JSON `data`: a flat or nested row-major list (BYTES: strings)."""
     count = _check_header(name, datatype, shape)
+    flat = _flatten(data)
+    _check_kinds(name, datatype, flat)
     if datatype == BYTES:
-        flat = _flatten(data)
-        if not all(isinstance(item, str) for item in flat):
-            raise InvalidInput(ErrorCode.INVALID_TENSOR_DATA, f"input {name}: BYTES data must be strings")
         return from_items(name, shape, [item.encode("utf-8") for item in flat])
-    if datatype == "BOOL" and not all(isinstance(x, bool) for x in _flatten(data)):
-        raise InvalidInput(ErrorCode.INVALID_TENSOR_DATA, f"input {name}: BOOL data must be true or false")
+    if len(flat) != count:
+        raise _mismatch(name, shape, f"{len(flat)} elements")
+    dtype = NUMPY_TYPES[datatype]
     try:
-        array = np.asarray(data, dtype=NUMPY_TYPES[datatype])
-    except (ValueError, TypeError, OverflowError) as exc:
+        with np.errstate(over="raise"):
+            array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise InvalidInput(
-            ErrorCode.INVALID_TENSOR_DATA, f"input {name}: data are not {datatype} values ({exc})"
+            ErrorCode.INVALID_TENSOR_DATA,
+            f"input {name}: data are not {datatype} values (a value out of its range, or nested "
+            f"unevenly: {exc})",
         ) from None
-    if array.size != count:
-        raise _mismatch(name, shape, f"{array.size} elements")
     return Tensor(name, datatype, array.reshape(shape))
 
 
+_EXPECTED: dict[tuple[type, ...], str] = {(bool,): "true or false", (int,): "integers", (str,): "strings"}
+
+
+def _check_kinds(name: str, datatype: str, flat: list[Any]) -> None:
+    """Every element of the JSON `data` a value of `datatype`'s kind; else name the first that is not
+    (numpy would take null as NaN, true as 1 and "5" as 5)."""
+    kinds = _JSON_KINDS[datatype]
+    if all(kind in kinds for kind in set(map(type, flat))):
+        return
+    index, item = next((i, x) for i, x in enumerate(flat) if type(x) not in kinds)
+    expected = _EXPECTED.get(kinds, "numbers")
+    raise InvalidInput(
+        ErrorCode.INVALID_TENSOR_DATA,
+        f"input {name}: element {index} is {_json_kind(item)}; {datatype} data must be {expected}",
+    )
+
+
+def _json_kind(item: Any) -> str:
+    """An element as JSON names it (nothing of a client's string is echoed)."""
+    if item is None:
+        return "null"
+    if isinstance(item, bool):
+        return "true" if item else "false"
+    if isinstance(item, int | float):
+        return repr(item)[:32]
+    names: dict[type, str] = {str: "a string", dict: "an object", bytes: "bytes"}
+    return names.get(type(item), type(item).__name__)
+
+
 def _flatten(data: Any) -> list[Any]:
+    """The elements of flat or nested `data`, row-major (a flat list as it is, not copied)."""
     if not isinstance(data, list):
         return [data]
+    if list not in set(map(type, data)):
+        return data
     flat: list[Any] = []
     for item in data:
-        flat.extend(_flatten(item))
+        if isinstance(item, list):
+            flat.extend(_flatten(item))
+        else:
+            flat.append(item)
     return flat
 
 
@@ -174,6 +235,9 @@ def bytes_tensor(name: str, items: Sequence[bytes], shape: Sequence[int] | None 
 __all__ = [
     "Tensor",
     "DATATYPES",
+    "MAX_DIMS",
+    "MAX_ELEMENTS",
+    "SHAPE_LIMITS",
     "NUMPY_TYPES",
     "BYTES",
     "datatype_of",

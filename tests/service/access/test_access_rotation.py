@@ -1,5 +1,6 @@
 """Keys rotate without a restart: added, removed and a broken file, under a bounded load with a
-valid key that must never fail; SIGHUP re-reads at once; no key ever reaches a log line or metric."""
+valid key that must never fail, whether the file is replaced or rewritten in place; SIGHUP re-reads
+at once; no key ever reaches a log line or metric."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +18,7 @@ import httpx
 import pytest
 from keys import bearer, keys_file_text, replace_file
 
-from service.core.keys import new_key
+from service.core.keys import SETTLE_S, new_key
 
 if TYPE_CHECKING:
     from svc_harness import RunningServer
@@ -139,3 +141,52 @@ def test_sighup_rereads_the_keys_at_once(repository: Path, tmp_path: Path, poll:
         process.terminate()
         output = process.communicate(timeout=60)[0].decode()
     assert "API keys loaded" in output and first not in output and second not in output
+
+
+def _write_in_place(path: Path, text: str, pause: float) -> None:
+    """Rewrite `path` as many tools do: truncate it, then write it a line at a time."""
+    with path.open("w") as handle:
+        for line in text.splitlines(keepends=True):
+            handle.write(line)
+            handle.flush()
+            time.sleep(pause)
+
+
+def test_a_keys_file_rewritten_in_place_never_drops_a_valid_key(
+    start_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Truncate-then-slow-write rewrites, in a bounded loop, while a client sends a valid key every
+    few milliseconds and the watcher looks every 20 ms: not one 401. A removal made in place still
+    applies once the file reads the same; a file left empty keeps the keys, a comment empties it."""
+    caplog.set_level(logging.INFO)
+    path = tmp_path / "keys"
+    keys = {"steady": new_key(), "old": new_key(), "ops": new_key()}
+    scopes = {"steady": "infer", "old": "infer", "ops": "metrics"}
+    text = keys_file_text(keys, scopes)
+    replace_file(path, text)
+    server = start_server(
+        api_keys_file=path, reload_interval_s=0.02, client_options={"headers": bearer(keys["ops"])}
+    )
+    with Load(server.url, keys["steady"]) as load:
+        deadline = time.monotonic() + 6
+        rounds = 0
+        while time.monotonic() < deadline and rounds < 40:
+            _write_in_place(path, text, pause=0.03)
+            rounds += 1
+            time.sleep(0.05)
+        server.wait_for(lambda: len(load.statuses) > 100)
+        # A removal written in place applies once the file has settled.
+        old = keys.pop("old")
+        _write_in_place(path, keys_file_text(keys, scopes), pause=0.03)
+        server.wait_for(lambda: _status(server, old) == 401)
+        # Left empty (truncated, never written): the keys in force stay, and the log says why.
+        path.write_text("")
+        time.sleep(SETTLE_S + 0.5)
+        assert _status(server, keys["steady"]) == 200
+    assert rounds >= 5 and load.statuses and set(load.statuses) == {200}, (
+        f"{load.statuses.count(401)} of {len(load.statuses)} valid-key requests refused"
+    )
+    assert "reads empty" in caplog.text and "# no keys" in caplog.text
+    # Emptied on purpose: a comment line, written in place, locks the service once it settles.
+    path.write_text("# no keys\n")
+    server.wait_for(lambda: _status(server, keys["steady"]) == 401)
