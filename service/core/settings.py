@@ -95,8 +95,8 @@ class ServiceSettings(BaseSettings):
         1000,
         ge=1,
         description="open HTTP connections (counted from accept, TLS handshakes included) or requests in "
-        "flight beyond which a newcomer gets 503 at once (under TLS: is closed); at the cap the oldest idle keep-alive "
-        "connection is closed to make room first",
+        "flight beyond which a newcomer gets 503 at once (under TLS: is closed); at the cap the oldest "
+        "idle keep-alive connection is closed to make room first",
     )
     max_header_bytes: int = Field(16384, ge=1024, description="largest request line plus headers; 431 above")
     max_upload_bytes: int = Field(
@@ -181,6 +181,12 @@ class ServiceSettings(BaseSettings):
     )
     grpc_max_connection_idle_s: float = Field(
         300.0, gt=0, description="a gRPC connection without calls is closed after this"
+    )
+    grpc_max_connections: int = Field(
+        1000,
+        ge=1,
+        description="open gRPC connections (counted from accept, TLS handshakes included) beyond which a "
+        "new one is closed at once, before any handshake",
     )
 
     # --- observability ---
