@@ -22,6 +22,7 @@ request are not idle: they are bounded by the header deadline instead.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl
 import weakref
 from collections.abc import Coroutine
@@ -48,16 +49,22 @@ def observe(app_state: dict[str, Any], key: str, *args: str) -> None:
         observer(*args)
 
 
-def _idle_since(protocol: Any) -> float | None:
-    """When an idle keep-alive connection's wait began (its keep-alive timer's deadline, the same
-    offset for all), or None when it is not idle: uvicorn's protocols arm that timer once a response
-    is complete and drop it at the next byte."""
-    timer = getattr(protocol, "timeout_keep_alive_task", None)
-    transport = getattr(protocol, "transport", None)
-    if timer is None or transport is None or transport.is_closing():
+# Stamps the order in which connections became idle (a timer's deadline cannot: uvloop's clock
+# ticks in milliseconds, and several answers fit in one).
+idle_order = itertools.count()
+
+
+def _idle_since(protocol: Any) -> int | None:
+    """When an idle keep-alive connection's wait began (its `idle_stamp`, taken from `idle_order`
+    as its answer completed), or None when it is not idle: uvicorn's protocols arm their
+    keep-alive timer once a response is complete and drop it at the next byte."""
+    if getattr(protocol, "timeout_keep_alive_task", None) is None:
         return None
-    when: float = timer.when()
-    return when
+    transport = getattr(protocol, "transport", None)
+    if transport is None or transport.is_closing():
+        return None
+    stamp: int | None = getattr(protocol, "idle_stamp", None)
+    return stamp
 
 
 def evict_idle(server_state: ServerState, app_state: dict[str, Any]) -> bool:
@@ -230,6 +237,7 @@ __all__ = [
     "TlsHandshake",
     "admit",
     "evict_idle",
+    "idle_order",
     "observe",
     "refuse",
     "tls_protocol",

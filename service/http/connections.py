@@ -33,7 +33,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from contract.errors import ErrorCode, RequestError, RequestTimeout, Unavailable
-from service.http.admission import REFUSAL_OBSERVER, admit, observe, refuse
+from service.http.admission import REFUSAL_OBSERVER, admit, idle_order, observe, refuse
 from service.http.asgi import HttpMiddleware
 from service.http.errors import CONNECTION_ERRORS, ErrorResponder, rest_body
 
@@ -159,6 +159,10 @@ class ConnectionCap:
             self.header_timeout_s or REFUSAL_LINGER_S,
         )
         observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.TOO_MANY_CONNECTIONS)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self.idle_stamp = next(idle_order)  # for eviction, oldest idle first
 
     def over_cap(self) -> bool:
         """uvicorn's test on requests in flight. The running request's own task is already among
