@@ -37,7 +37,8 @@ from service.core.tracing import Tracing
 from service.core.watch import Reloadable, reload_all, watch
 from service.http import hf, playground, routes
 from service.http.access import AccessMiddleware, secure_openapi
-from service.http.connections import REFUSAL_OBSERVER, ConnectionCapMiddleware
+from service.http.admission import CLOSE_OBSERVER, REFUSAL_OBSERVER
+from service.http.connections import ConnectionCapMiddleware
 from service.http.direct import error_namespaces
 from service.http.dispatch import DirectDispatchMiddleware
 from service.http.errors import (
@@ -87,7 +88,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     # The status view's sampling of the metrics (/stats).
     sampler = asyncio.create_task(app.state.stats.run(), name="stats")
     try:
-        yield {REFUSAL_OBSERVER: state.metrics.refused}
+        yield {REFUSAL_OBSERVER: state.metrics.refused, CLOSE_OBSERVER: state.metrics.connection_closed}
     finally:
         sampler.cancel()
         watcher.cancel()

@@ -119,22 +119,27 @@ def serve(settings: ServiceSettings) -> None:
 def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]:
     """uvicorn's options that enforce the service's settings (shared with the test harness); with
     the `app`, also its TLS context (`app.state.tls`, re-read in place when the files change)."""
-    from service.http.connections import http_protocol  # imports uvicorn: not for `gmlp --help`
+    # These import uvicorn: not for `gmlp --help`.
+    from service.http.admission import tls_protocol
+    from service.http.connections import http_protocol
 
+    http = http_protocol(settings.header_timeout_s)
     tls = getattr(getattr(app, "state", None), "tls", None)
-    options: dict[str, Any] = {}
     if tls is not None:
-        options["ssl_context_factory"] = lambda config, default: tls.context
-    return options | {
+        # TLS is the protocol's own (uvicorn listens in plain TCP), so that a connection is counted
+        # against the cap from accept and its handshake bounded by header_timeout_s.
+        http = tls_protocol(http, tls.context, settings.header_timeout_s)
+    return {
         # In-flight requests get their full deadline to finish on shutdown, then some slack.
         "timeout_graceful_shutdown": int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
-        # Beyond this many connections or in-flight requests uvicorn refuses a request at once, so idle
-        # or slow clients cannot exhaust file descriptors or memory; its protocol is ours so that
-        # the refusal is a 503 in the REST error shape, with Retry-After, and counted.
+        # Beyond this many connections (counted from accept, idle keep-alive ones evicted first) or
+        # in-flight requests a newcomer is refused at once, so idle or slow clients cannot exhaust
+        # file descriptors or memory; the protocol is ours so that the refusal is a 503 in the REST
+        # error shape, with Retry-After, and counted (service.http.admission, .connections).
         "limit_concurrency": settings.max_connections,
-        # Slow clients: headers within header_timeout_s (408 and closed, as the protocol enforces),
-        # idle kept-alive connections closed after keep_alive_timeout_s.
-        "http": http_protocol(settings.header_timeout_s),
+        # Slow clients: TLS handshake and headers each within header_timeout_s (408 and closed, as
+        # the protocol enforces), idle kept-alive connections closed after keep_alive_timeout_s.
+        "http": http,
         "timeout_keep_alive": settings.keep_alive_timeout_s,
     }
 

@@ -94,6 +94,13 @@ class ServiceMetrics:
             ["transport", "code"],
             registry=r,
         )
+        self.connections_closed = Counter(
+            "gmlp_connections_closed",
+            "connections the server closed to keep its connection caps (http, grpc) by reason "
+            "(idle_evicted: an idle keep-alive connection closed to make room for a newcomer)",
+            ["transport", "reason"],
+            registry=r,
+        )
         self.rejections = Counter(
             "gmlp_rejections",
             "requests refused or dropped by the batcher (queue_full, deadline, cancelled, shutting_down)",
@@ -212,6 +219,10 @@ class ServiceMetrics:
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
         self.refusals.labels(transport, code).inc()
+
+    def connection_closed(self, transport: str, reason: str) -> None:
+        """A connection the server closed to keep a connection cap."""
+        self.connections_closed.labels(transport, reason).inc()
 
     def grpc_call(self, method: str, code: str, seconds: float) -> None:
         """A finished gRPC call (the protocol's method name, the status code's name)."""

@@ -94,7 +94,9 @@ class ServiceSettings(BaseSettings):
     max_connections: int = Field(
         1000,
         ge=1,
-        description="open connections (or requests in flight) beyond which new requests get 503 at once",
+        description="open HTTP connections (counted from accept, TLS handshakes included) or requests in "
+        "flight beyond which a newcomer gets 503 at once (under TLS: is closed); at the cap the oldest "
+        "idle keep-alive connection is closed to make room first",
     )
     max_header_bytes: int = Field(16384, ge=1024, description="largest request line plus headers; 431 above")
     max_upload_bytes: int = Field(
@@ -167,7 +169,7 @@ class ServiceSettings(BaseSettings):
         5.0,
         gt=0,
         description="a request's line and headers must arrive within this time (408, connection closed); "
-        "also the TLS handshake limit on gRPC",
+        "also the TLS handshake limit on both ports (closed after it)",
     )
     keep_alive_timeout_s: float = Field(
         5.0, gt=0, description="an idle keep-alive connection is closed after this"
@@ -179,6 +181,12 @@ class ServiceSettings(BaseSettings):
     )
     grpc_max_connection_idle_s: float = Field(
         300.0, gt=0, description="a gRPC connection without calls is closed after this"
+    )
+    grpc_max_connections: int = Field(
+        1000,
+        ge=1,
+        description="open gRPC connections (counted from accept, TLS handshakes included) beyond which a "
+        "new one is closed at once, before any handshake",
     )
 
     # --- observability ---

@@ -7,7 +7,10 @@ the HTTP protocol uvicorn runs is a small subclass of its own (httptools or h11,
 "auto" picks): it keeps uvicorn's test, on uvicorn's own sets of connections and tasks, but instead
 of answering, it marks the request's scope; `ConnectionCapMiddleware`, outermost in the app,
 answers marked requests from the error table before anything else runs, with `Connection: close`
-so that the refused connection is released at once.
+so that the refused connection is released at once. The cap on connections themselves is applied
+when a connection is accepted, before any request (`service.http.admission`: idle keep-alive
+connections evicted first, TLS handshakes counted); what is tested per request here is uvicorn's
+other half, requests in flight.
 
 The same protocols bound how long a client may take to send its request line and headers
 (`HeaderDeadline`): from the connection's start, and from the first byte of each following
@@ -22,22 +25,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from contract.errors import ErrorCode, RequestTimeout, Unavailable
+from contract.errors import ErrorCode, RequestError, RequestTimeout, Unavailable
+from service.http.admission import REFUSAL_OBSERVER, admit, idle_order, observe, refuse
 from service.http.asgi import HttpMiddleware
 from service.http.errors import CONNECTION_ERRORS, ErrorResponder, rest_body
 
 # Scope extension set on a request that arrived over the cap; its value is the cap.
 OVER_CAP = "gmlp.connection_cap"
-# Key, in the lifespan state uvicorn hands its protocols, of the callable that counts a refusal
-# made by the protocol itself: `(transport, code)`, as `ServiceMetrics.refused`.
-REFUSAL_OBSERVER = "gmlp.refused"
+# How long a connection refused at accept may linger when no header deadline is set.
+REFUSAL_LINGER_S = 5.0
+
+
+def raw_answer(status: str, error: RequestError, headers: dict[str, str] | None = None) -> bytes:
+    """An HTTP/1.1 answer in the REST error shape with `Connection: close`, as bytes: for what the
+    protocols answer themselves, outside any request's cycle."""
+    body = json.dumps(rest_body(error)).encode()
+    fields = {"content-type": "application/json", "connection": "close", **(headers or {})}
+    fields["content-length"] = str(len(body))
+    head = f"HTTP/1.1 {status}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"
+    return head.encode() + body
 
 
 class HeaderDeadline:
@@ -92,30 +105,31 @@ class HeaderDeadline:
                 f"the request line and headers did not arrive within {self.header_timeout_s:g} s "
                 "(header_timeout_s); the connection is closed",
             )
-            body = json.dumps(rest_body(error)).encode()
-            head = (
-                "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                f"content-length: {len(body)}\r\n\r\n"
-            )
-            self.transport.write(head.encode() + body)
+            self.transport.write(raw_answer("408 Request Timeout", error))
         self.transport.close()
-        observe = self.app_state.get(REFUSAL_OBSERVER)
-        if observe is not None:
-            observe("http", ErrorCode.REQUEST_TIMEOUT)
+        observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.REQUEST_TIMEOUT)
 
 
 class ConnectionCap:
-    """Mixin for uvicorn's HTTP protocols: uvicorn's `limit_concurrency` test, answered by the app.
+    """Mixin for uvicorn's HTTP protocols: the cap on connections applied at accept, and uvicorn's
+    `limit_concurrency` test on requests in flight answered by the app.
 
-    uvicorn tests the cap just before it starts a request's task and answers with its fixed
-    plain-text app; here its own test is switched off (`limit_concurrency = None`) and made when
-    the task runs, on the same sets, and the request goes on to the app marked with `OVER_CAP`.
+    A plain connection is admitted (or refused with a 503 at once) when it is made
+    (`service.http.admission`); one that arrives through TLS was admitted before its handshake
+    (`admitted`). uvicorn tests the cap on requests in flight just before it starts a request's
+    task and answers with its fixed plain-text app; here its own test is switched off
+    (`limit_concurrency = None`) and made when the task runs, on the same set, and the request goes
+    on to the app marked with `OVER_CAP`.
     """
 
     connections: set[Any]
     tasks: set[asyncio.Task[None]]
     limit_concurrency: int | None
     app: ASGIApp
+    server_state: ServerState
+    app_state: dict[str, Any]
+    header_timeout_s: ClassVar[float | None] = None
+    admitted = False
 
     def __init__(
         self,
@@ -130,11 +144,31 @@ class ConnectionCap:
         self.inner_app = self.app
         self.app = self.capped_app
 
-    def over_cap(self) -> bool:
-        """uvicorn's test. The running request's own task is already among `tasks` here, whereas
-        uvicorn tests before adding it; its connection is among `connections` in both."""
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         cap = self.connection_cap
-        return cap is not None and (len(self.connections) >= cap or len(self.tasks) - 1 >= cap)
+        if self.admitted or admit(cap, self.server_state, self.app_state):
+            super().connection_made(transport)  # type: ignore[misc]
+            return
+        assert cap is not None
+        answer = raw_answer("503 Service Unavailable", too_many_connections(cap), {"retry-after": "1"})
+        refuse(
+            cast(asyncio.Transport, transport),
+            self.server_state,
+            cap,
+            answer,
+            self.header_timeout_s or REFUSAL_LINGER_S,
+        )
+        observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.TOO_MANY_CONNECTIONS)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self.idle_stamp = next(idle_order)  # for eviction, oldest idle first
+
+    def over_cap(self) -> bool:
+        """uvicorn's test on requests in flight. The running request's own task is already among
+        `tasks` here, whereas uvicorn tests before adding it."""
+        cap = self.connection_cap
+        return cap is not None and len(self.tasks) - 1 >= cap
 
     async def capped_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.over_cap():
@@ -142,7 +176,7 @@ class ConnectionCap:
         await self.inner_app(scope, receive, send)
 
 
-class CappedH11Protocol(HeaderDeadline, ConnectionCap, H11Protocol):
+class CappedH11Protocol(ConnectionCap, HeaderDeadline, H11Protocol):
     """uvicorn's h11 protocol with the cap answered by the app and the header deadline."""
 
 
@@ -154,7 +188,7 @@ except ImportError:  # pragma: no cover - the serving image installs uvicorn[sta
     pass
 else:
 
-    class CappedHttpToolsProtocol(HeaderDeadline, ConnectionCap, HttpToolsProtocol):
+    class CappedHttpToolsProtocol(ConnectionCap, HeaderDeadline, HttpToolsProtocol):
         """uvicorn's httptools protocol with the cap answered by the app and the header deadline."""
 
     PROTOCOLS["httptools"] = CappedHttpToolsProtocol
@@ -204,4 +238,5 @@ __all__ = [
     "OVER_CAP",
     "HeaderDeadline",
     "REFUSAL_OBSERVER",
+    "raw_answer",
 ]

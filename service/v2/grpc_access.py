@@ -51,7 +51,10 @@ def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
 def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
     """The server's limits on connections: message size, keepalive pings (a client may ping at most
     every 60 s without calls; abusers are disconnected), idle and maximum age (clients reconnect,
-    which also spreads them over replicas), and the handshake's deadline."""
+    which also spreads them over replicas), the handshake's deadline, and the number of open
+    connections: gRPC core counts each from accept until it closes and closes one over
+    `grpc_max_connections` at once, before its handshake (what bounds descriptors: an HTTP/2
+    stream limit would not)."""
     ms = 1000
     return [
         ("grpc.max_receive_message_length", settings.max_upload_bytes),
@@ -63,6 +66,7 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
         ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * ms)),
         ("grpc.max_connection_age_grace_ms", int(settings.drain_timeout_s * ms)),
         ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * ms)),
+        ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
     ]
 
 
