@@ -15,10 +15,11 @@ repository, a setting). The CLI prints its message and exits non-zero.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from enum import StrEnum, unique
 from typing import Any, TypeVar
+
+from contract.messages import MESSAGE_LIMIT, escape_controls, shorten
 
 S = TypeVar("S")
 
@@ -27,44 +28,6 @@ class UserError(ValueError):
     """A file, directory or setting given to a command cannot be used; the message says how to fix it.
 
     A ValueError, so that code which validates values keeps working; the CLI catches this type only."""
-
-
-# Characters that end or break a line somewhere (a terminal, a log shipper, str.splitlines): C0
-# controls, DEL, C1 controls, and the Unicode line and paragraph separators.
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-# The most characters of a client's value that a message echoes, and the most characters of a
-# whole message (its own text and the lists it names included).
-ECHO_LIMIT = 200
-MESSAGE_LIMIT = 2000
-
-
-def _escape(found: re.Match[str]) -> str:
-    char = found.group()
-    return _ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
-
-
-def escape_controls(text: str) -> str:
-    """`text` with every control character written as a Python escape (`\\n`, `\\x1b`, `\\u2028`), so
-    that it stays on one line wherever it is written."""
-    return CONTROL_CHARACTERS.sub(_escape, text)
-
-
-def shorten(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters, with a marker that says how long it was."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"
-
-
-def echo(value: object, limit: int = ECHO_LIMIT) -> str:
-    """A client's value as a message quotes it: its first `limit` characters, quoted and escaped
-    as `repr` writes a string, with its length when it was cut. Every message that repeats what a
-    client sent goes through this, so no value makes an error long or breaks a line."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 class RequestError(Exception):
@@ -402,12 +365,6 @@ def most_specific(table: Mapping[Any, S], kind: type, default: S) -> S:
 
 __all__ = [
     "ErrorCode",
-    "echo",
-    "escape_controls",
-    "shorten",
-    "ECHO_LIMIT",
-    "MESSAGE_LIMIT",
-    "CONTROL_CHARACTERS",
     "most_specific",
     "UserError",
     "RequestError",

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from contract.errors import ErrorCode, InvalidInput, echo
+from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MASK_TOKEN
+from contract.messages import echo
 from contract.scores import log_normalisers, top_probabilities
 from contract.spec import SpecError
 

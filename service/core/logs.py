@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-from contract.errors import escape_controls
+from contract.messages import escape_controls
 from service.core import requests
 from service.core.settings import ServiceSettings
 

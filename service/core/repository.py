@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from contract.errors import echo
+from contract.messages import echo
 from service.core import strict_json
 
 POLICY_FILE = "policy.json"

@@ -36,8 +36,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from contract.errors import echo
 from contract.formats import CONFIG_FILE, SERVED_FORMAT
+from contract.messages import echo
 from contract.spec import ModelSpec, SpecError, export_command, model_name_problem, read_spec
 from service.core.repository import (
     POLICY_FILE,

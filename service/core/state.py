@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady, echo
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
 from contract.formats import MLM_TASK, TASKS, VISION_TASK
+from contract.messages import echo
 from contract.spec import SpecError
 from service.core import requests
 from service.core.metrics import ServiceMetrics

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic
 
-from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady, echo
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
+from contract.messages import echo
 from service.core.repository import VersionPolicy
 from service.core.scan import ModelSource, VersionSource
 from service.core.version_records import (

@@ -32,7 +32,6 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contract.errors import (
-    ECHO_LIMIT,
     ClientGone,
     DeadlineExceeded,
     ErrorCode,
@@ -51,10 +50,9 @@ from contract.errors import (
     Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
-    escape_controls,
     most_specific,
-    shorten,
 )
+from contract.messages import ECHO_LIMIT, escape_controls, shorten
 from service.core import requests
 from service.http.asgi import HttpMiddleware
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contract.errors import (
-    CONTROL_CHARACTERS,
     ErrorCode,
     HeadersTooLarge,
     MalformedRequest,
     RequestError,
     RouteNotFound,
 )
+from contract.messages import CONTROL_CHARACTERS
 from service.http.asgi import HttpMiddleware
 from service.http.errors import ErrorResponder
 

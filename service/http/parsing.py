@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType, echo
+from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType
 from contract.image import ACCEPTED_DESCRIPTION
+from contract.messages import echo
 from service.core import strict_json
 from service.http.errors import validation_error
 from service.http.schemas import ClassifyJSONRequest

@@ -31,9 +31,9 @@ from contract.errors import (
     Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
-    echo,
     most_specific,
 )
+from contract.messages import echo
 from service.core import requests
 from service.core.deadline import Deadline
 from service.core.keys import KeyStore

@@ -37,8 +37,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from contract.errors import ErrorCode, InvalidInput, ModelNotFound, echo
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
+from contract.messages import echo
 from service.core import requests
 from service.core.deadline import Deadline
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline

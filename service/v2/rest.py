@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from contract.errors import ErrorCode, InvalidInput, RequestError, echo
+from contract.errors import ErrorCode, InvalidInput, RequestError
+from contract.messages import echo
 from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.http.direct import DirectRoute, get_state, model_response

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from contract.errors import ErrorCode, InvalidInput, echo
+from contract.errors import ErrorCode, InvalidInput
+from contract.messages import echo
 
 # The protocol's datatypes that numpy represents exactly (BF16 has no numpy type: refused).
 NUMPY_TYPES: dict[str, np.dtype] = {
