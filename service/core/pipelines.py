@@ -217,7 +217,9 @@ class VisionPipeline(Pipeline):
     ) -> None:
         super().__init__(spec, settings, device, metrics, version)
         self.labels = spec.labels()
-        self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels, settings.jpeg_draft)
+        self.transform = ImageTransform.for_model(
+            spec.config, settings.max_image_pixels, settings.jpeg_draft, settings.max_resized_pixels
+        )
 
     def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
         return spec.labels()

@@ -177,3 +177,27 @@ def test_decompression_bombs_are_refused_before_decoding() -> None:
         assert isinstance(err, InputTooLarge) and err.code == "image_too_large"
     finally:
         Image.MAX_IMAGE_PIXELS = limit
+
+
+@pytest.mark.parametrize(("size", "fmt"), [((65000, 1), "PNG"), ((1, 65000), "PNG"), ((20000, 8), "JPEG")])
+def test_an_elongated_image_is_refused_from_its_header(size: tuple[int, int], fmt: str) -> None:
+    """A line of a few hundred bytes would resize to millions of pixels before the crop: refused
+    from the header (`finish`, the decode, is never reached), with the limit and the aspect ratio."""
+    t = ImageTransform.from_config(CIFAR_PRE, MAX_PIXELS, (32, 32), max_resized_pixels=100_000)
+    data = encode(Image.new("RGB", size, (10, 20, 30)), fmt)
+    assert len(data) < 20_000 and size[0] * size[1] <= MAX_PIXELS
+    new_w, new_h = t.resized_size(*size)
+    assert new_w * new_h > 100_000  # what the resize would have made of it
+    with pytest.raises(InputTooLarge) as err:
+        t.open(data)
+    assert err.value.code == "image_too_large"
+    assert f"{new_w}x{new_h}" in err.value.message and "100000" in err.value.message
+    assert f"{100_000 // 32**2}:1" in err.value.message
+
+
+def test_the_resize_bound_is_exact_at_the_limit() -> None:
+    """The largest accepted elongated image still resizes and crops like any other."""
+    t = ImageTransform.from_config(CIFAR_PRE, MAX_PIXELS, (32, 32), max_resized_pixels=32 * 320)
+    assert t(encode(Image.new("RGB", (320, 32), (255, 255, 255)), "PNG")).shape == (3, 32, 32)
+    with pytest.raises(InputTooLarge):
+        t(encode(Image.new("RGB", (321, 32), (255, 255, 255)), "PNG"))
