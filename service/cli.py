@@ -120,6 +120,7 @@ def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]
     """uvicorn's options that enforce the service's settings (shared with the test harness); with
     the `app`, also its TLS context (`app.state.tls`, re-read in place when the files change)."""
     from service.http.connections import http_protocol  # imports uvicorn: not for `gmlp --help`
+    from service.http.send_deadline import with_send_deadline
 
     tls = getattr(getattr(app, "state", None), "tls", None)
     options: dict[str, Any] = {}
@@ -133,8 +134,9 @@ def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]
         # the refusal is a 503 in the REST error shape, with Retry-After, and counted.
         "limit_concurrency": settings.max_connections,
         # Slow clients: headers within header_timeout_s (408 and closed, as the protocol enforces),
-        # idle kept-alive connections closed after keep_alive_timeout_s.
-        "http": http_protocol(settings.header_timeout_s),
+        # idle kept-alive connections closed after keep_alive_timeout_s, answers the client does not
+        # read dropped after send_timeout_s (service.http.send_deadline).
+        "http": with_send_deadline(http_protocol(settings.header_timeout_s), settings.send_timeout_s),
         "timeout_keep_alive": settings.keep_alive_timeout_s,
     }
 
