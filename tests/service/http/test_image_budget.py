@@ -93,11 +93,21 @@ def send(client: httpx.Client, door: str, image: bytes) -> tuple[int, str]:
     return response.status_code, error(response.json()) if response.status_code != 200 else ""
 
 
-@pytest.fixture(scope="module")
-def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def serve(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("image-budget") / "server.log"
     with gmlp_serve(repository, log_path=log, serve_args=["--intra-op-threads", "1"]) as process:
         yield process
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from serve(repository, tmp_path_factory)
+
+
+@pytest.fixture
+def fresh_server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of its own: its peak memory is that of this test's images only."""
+    yield from serve(repository, tmp_path_factory)
 
 
 @pytest.mark.parametrize("door", sorted(DOORS))
@@ -128,3 +138,23 @@ def test_hostile_images_at_once_stay_within_a_memory_bound(
     assert statuses == [413] * len(work)
     with httpx.Client(base_url=server.base_url, timeout=60) as client:  # and ordinary images still work
         assert all(send(client, door, cifar_images[1])[0] == 200 for door in DOORS)
+
+
+# What a decoded image may cost per pixel at its peak: its decoded form (up to 4 bytes a pixel in
+# Pillow) and the RGB image made of it (4), and bands of intermediates. Converted whole, a 16-bit
+# greyscale image took over 20 bytes a pixel (floating point) and a transparent one about 15.
+BYTES_PER_PIXEL_BOUND = 10
+
+
+def test_deep_and_transparent_images_cost_about_what_an_rgb_one_does(
+    fresh_server: ServerProcess, cifar_images: list[bytes]
+) -> None:
+    side = 6000  # 36 million pixels, within the decoded-pixel limit; each file is under 150 KB
+    images = [encoded((side, side), mode=mode) for mode in ("I;16", "RGBA", "LA", "RGB")]
+    with httpx.Client(base_url=fresh_server.base_url, timeout=120) as client:
+        assert send(client, "classify", cifar_images[0])[0] == 200
+        baseline = peak_rss(fresh_server.pid)
+        for image in images:
+            assert send(client, "classify", image)[0] == 200
+    growth = peak_rss(fresh_server.pid) - baseline
+    assert growth < BYTES_PER_PIXEL_BOUND * side * side, f"peak memory grew by {growth / MiB:.0f} MiB"
