@@ -72,11 +72,12 @@ def raw_bytes(tensor: Tensor) -> int:
 
 
 def json_bytes(tensor: Tensor) -> int:
-    """An upper bound of the size of `Tensor.json_data()` once encoded."""
+    """An upper bound of the size of `Tensor.json_data()` once encoded (the list's brackets too)."""
     if tensor.datatype == BYTES:
         items = tensor.array.ravel()
-        return sum(_JSON_BYTES_PER_BYTE * len(item) for item in items) + _JSON_STRING_OVERHEAD * len(items)
-    return int(tensor.array.size) * JSON_ELEMENT_BYTES[tensor.datatype]
+        strings = sum(_JSON_BYTES_PER_BYTE * len(item) for item in items) + _JSON_STRING_OVERHEAD * len(items)
+        return 2 + strings
+    return 2 + int(tensor.array.size) * JSON_ELEMENT_BYTES[tensor.datatype]
 
 
 def answer_size(outputs: Sequence[Tensor], is_raw: Callable[[str], bool], envelope: int = 0) -> AnswerSize:
