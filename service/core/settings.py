@@ -125,6 +125,13 @@ class ServiceSettings(BaseSettings):
         "height, computed from the header before decoding); 413 above. In effect an aspect-ratio limit: "
         "64:1 at a resize of 256",
     )
+    max_decoding_pixels: int = Field(
+        80_000_000,
+        ge=1,
+        description="pixels the whole process decodes at once (images decode in worker threads side by "
+        "side); a larger image waits, within its deadline, for decodes in flight to finish. Bounds the "
+        "memory of decoding to about 8 bytes a pixel of this",
+    )
     max_response_bytes: int = Field(
         DEFAULT_MAX_RESPONSE_BYTES,
         ge=1024,

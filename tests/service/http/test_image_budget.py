@@ -93,9 +93,9 @@ def send(client: httpx.Client, door: str, image: bytes) -> tuple[int, str]:
     return response.status_code, error(response.json()) if response.status_code != 200 else ""
 
 
-def serve(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def serve(repository: Path, tmp_path_factory: pytest.TempPathFactory, *flags: str) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("image-budget") / "server.log"
-    with gmlp_serve(repository, log_path=log, serve_args=["--intra-op-threads", "1"]) as process:
+    with gmlp_serve(repository, log_path=log, serve_args=["--intra-op-threads", "1", *flags]) as process:
         yield process
 
 
@@ -106,8 +106,11 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture
 def fresh_server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server of its own: its peak memory is that of this test's images only."""
-    yield from serve(repository, tmp_path_factory)
+    """A server of its own: its peak memory is that of this test's images only. It decodes one
+    image of 36 million pixels at a time, and gives a request time for several in turn."""
+    yield from serve(
+        repository, tmp_path_factory, "--max-decoding-pixels", str(36_000_000), "--request-timeout-s", "180"
+    )
 
 
 @pytest.mark.parametrize("door", sorted(DOORS))
@@ -144,12 +147,13 @@ def test_hostile_images_at_once_stay_within_a_memory_bound(
 # Pillow) and the RGB image made of it (4), and bands of intermediates. Converted whole, a 16-bit
 # greyscale image took over 20 bytes a pixel (floating point) and a transparent one about 15.
 BYTES_PER_PIXEL_BOUND = 10
+SIDE = 6000  # 36 million pixels, within the decoded-pixel limit; each file is under 150 KB
 
 
 def test_deep_and_transparent_images_cost_about_what_an_rgb_one_does(
     fresh_server: ServerProcess, cifar_images: list[bytes]
 ) -> None:
-    side = 6000  # 36 million pixels, within the decoded-pixel limit; each file is under 150 KB
+    side = SIDE
     images = [encoded((side, side), mode=mode) for mode in ("I;16", "RGBA", "LA", "RGB")]
     with httpx.Client(base_url=fresh_server.base_url, timeout=120) as client:
         assert send(client, "classify", cifar_images[0])[0] == 200
@@ -158,3 +162,28 @@ def test_deep_and_transparent_images_cost_about_what_an_rgb_one_does(
             assert send(client, "classify", image)[0] == 200
     growth = peak_rss(fresh_server.pid) - baseline
     assert growth < BYTES_PER_PIXEL_BOUND * side * side, f"peak memory grew by {growth / MiB:.0f} MiB"
+
+
+def test_the_rows_of_one_request_decode_within_the_process_budget(
+    fresh_server: ServerProcess, cifar_images: list[bytes]
+) -> None:
+    """Six large transparent PNGs in one v2 request (under 1 MB in all) would decode side by side
+    in the worker threads; within `max_decoding_pixels` (one of them here) they decode in turn,
+    and the peak is that of one."""
+    image = encoded((SIDE, SIDE), mode="RGBA")
+    rows = 6
+    element = len(image).to_bytes(4, "little") + image
+    tensor = {"name": "image", "datatype": "BYTES", "shape": [rows, 1]}
+    head = json.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": rows * len(element)}}]})
+    with httpx.Client(base_url=fresh_server.base_url, timeout=240) as client:
+        assert send(client, "v2-image", cifar_images[0])[0] == 200
+        baseline = peak_rss(fresh_server.pid)
+        response = client.post(
+            "/v2/models/tiny-vision/infer",
+            content=head.encode() + element * rows,
+            headers={"Inference-Header-Content-Length": str(len(head))},
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["shape"] == [rows, 10]
+    growth = peak_rss(fresh_server.pid) - baseline
+    assert growth < BYTES_PER_PIXEL_BOUND * SIDE * SIDE, f"peak memory grew by {growth / MiB:.0f} MiB"
