@@ -218,8 +218,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def run() -> pb.ModelInferResponse:
             inference.model(self.state, request.model_name, request.model_version)
             result = await inference.infer(self.state, decode_request(request), deadline)
-            size = result.size.total if result.size is not None else 0
-            return await encode_off_loop(lambda: encode_result(result), size)
+            return await encode_off_loop(lambda: encode_result(result), result.size.total)
 
         return await self._answer(context, run())
 

@@ -75,7 +75,7 @@ class InferResult:
     outputs: list[Tensor]
     id: str = ""
     model_version: str = VERSION
-    size: AnswerSize | None = None  # bounds of the encoded answer (`answer_budget`), once checked
+    size: AnswerSize = AnswerSize(0, 0)  # bounds of the encoded answer (`answer_budget`), checked
 
 
 def server_metadata() -> dict[str, Any]:

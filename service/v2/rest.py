@@ -322,8 +322,7 @@ async def _infer(request: Request, name: str, version: str) -> Response:
         return "*" in binary or name in binary
 
     result = await unless_disconnected(request, inference.infer(state, infer_request, deadline, is_raw))
-    size = result.size.total if result.size is not None else 0
-    return await encode_off_loop(lambda: encode_response(result, binary), size)
+    return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
 
 
 _INFER_ROUTE: dict[str, Any] = {
