@@ -39,16 +39,29 @@ def answer_json(
     head: dict[str, Any], outputs: Sequence[Tensor], raw: Callable[[Tensor], dict[str, Any] | None]
 ) -> bytes:
     """The answer document: `head` (model name, version, id), then each output's metadata and
-    either the parameters `raw` gives it (an output sent as binary data) or its JSON `data`."""
-    entries = []
+    either the parameters `raw` gives it (an output sent as binary data) or its JSON `data`.
+
+    An answer of at most `SLICE_ELEMENTS` numbers, the usual case, is encoded in one call."""
+    entries: list[dict[str, Any]] = []
+    sliced: dict[int, Tensor] = {}  # entries whose data is written slice by slice
+    small = sum(int(tensor.array.size) for tensor in outputs) <= SLICE_ELEMENTS
     for tensor in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         parameters = raw(tensor)
         if parameters is not None:
-            entries.append(_dumps({**entry, "parameters": parameters}))
+            entry["parameters"] = parameters
+        elif small:
+            entry["data"] = tensor.json_data()
         else:
-            entries.append(_dumps(entry)[:-1] + ',"data":' + json_data(tensor) + "}")
-    return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(entries) + "]}").encode()
+            sliced[len(entries)] = tensor
+        entries.append(entry)
+    if not sliced:
+        return _dumps({**head, "outputs": entries}).encode()
+    texts = [
+        _dumps(entry)[:-1] + ',"data":' + json_data(sliced[i]) + "}" if i in sliced else _dumps(entry)
+        for i, entry in enumerate(entries)
+    ]
+    return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(texts) + "]}").encode()
 
 
 __all__ = ["SLICE_ELEMENTS", "answer_json", "json_data"]
