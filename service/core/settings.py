@@ -23,10 +23,10 @@ from service.core.repository import VersionPolicy
 
 Device = Literal["auto", "cpu", "cuda"]
 
-# A JSON answer of 16 MiB is over 800 000 numbers: every ranked answer and the logits of a few hundred
-# [MASK]s of a BERT-sized vocabulary fit, while a 2 KB request for the logits of many texts is refused
-# before it costs hundreds of megabytes. Raw bytes are 4 per float32 instead of about 20: 64 MiB covers
-# 16 million such values, more than the largest batch of the shipped models produces.
+# A JSON answer of 16 MiB is about 670 000 numbers at the bound's 25 bytes: every ranked answer and the
+# logits of a text's 16 [MASK]s over a BERT-sized vocabulary fit, while a 2 KB request for the logits
+# of many texts is refused before it costs hundreds of megabytes. Raw bytes are 4 per float32 instead
+# of about 20: 64 MiB is twice the largest answer a default batch of the shipped masked LM makes.
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BINARY_RESPONSE_BYTES = 64 * 1024 * 1024
 
