@@ -284,6 +284,8 @@ class ImageTransform:
         `max_resized_pixels`: the resize to the shorter side multiplies an elongated image's
         pixels (a 65000x1 line would become 65000 times `resize_size` squared) however few it
         decodes to, and what is accepted is, in effect, an aspect ratio."""
+        if width < 1 or height < 1:  # no decoder we accept opens one; the arithmetic below divides
+            raise InvalidInput(ErrorCode.INVALID_IMAGE, f"the image is {width}x{height} pixels: it has none")
         new_w, new_h = self.resized_size(width, height)
         if new_w * new_h <= self.max_resized_pixels:
             return

@@ -239,6 +239,13 @@ def test_an_elongated_image_is_refused_from_its_header(size: tuple[int, int], fm
     assert f"{100_000 // 32**2}:1" in err.value.message
 
 
+def test_a_header_without_pixels_is_an_invalid_image() -> None:
+    for size in ((0, 5), (5, 0), (0, 0)):
+        with pytest.raises(InvalidInput) as err:
+            transform().check_resized(*size)
+        assert err.value.code == "invalid_image"
+
+
 def test_the_resize_bound_is_exact_at_the_limit() -> None:
     """The largest accepted elongated image still resizes and crops like any other."""
     t = ImageTransform.from_config(CIFAR_PRE, MAX_PIXELS, (32, 32), max_resized_pixels=32 * 320)
