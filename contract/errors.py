@@ -191,7 +191,8 @@ class ErrorCode(StrEnum):
     IMAGE_TOO_LARGE = (
         "image_too_large",
         InputTooLarge,
-        "the image has more pixels than `GMLP_MAX_IMAGE_PIXELS` (decompression bombs)",
+        "the image has more pixels than `GMLP_MAX_IMAGE_PIXELS` (decompression bombs), or its resize "
+        "before the crop would have more than `GMLP_MAX_RESIZED_PIXELS` (an extreme aspect ratio)",
     )
     MISSING_FILE = (
         "missing_file",
@@ -271,6 +272,12 @@ class ErrorCode(StrEnum):
         "invalid_binary",
         InvalidInput,
         "v2 REST: fewer or more bytes of binary tensor data than the inputs announce",
+    )
+    RESPONSE_TOO_LARGE = (
+        "response_too_large",
+        InputTooLarge,
+        "v2: the outputs asked for would exceed `GMLP_MAX_RESPONSE_BYTES` as JSON (ask for binary data) "
+        "or `GMLP_MAX_BINARY_RESPONSE_BYTES` as raw bytes",
     )
     # Load and lifecycle
     OVERLOADED = (

@@ -5,9 +5,12 @@ the torchvision/timm eval transform it was trained with: resize the shorter side
 size arithmetic), centre crop (torchvision's rounding), scale to [0, 1], normalise, CHW.
 
 Decoding is defensive because the bytes come from strangers: only the formats we accept are tried,
-the pixel count is checked from the header *before* decoding (decompression bombs), truncated files
-are errors rather than grey padding, and exotic modes (16-bit, CMYK, palette, alpha) are brought to
-8-bit RGB the way a viewer would show them.
+the pixel count is checked from the header *before* decoding (decompression bombs), and so is the
+size the image would have after the resize to the shorter side (an extreme aspect ratio, say a
+65000x1 PNG of a few hundred bytes, would otherwise grow into tens of millions of pixels before the
+crop: `resized_size`, `max_resized_pixels`), truncated files are errors rather than grey padding,
+and exotic modes (16-bit, CMYK, palette, alpha) are brought to 8-bit RGB the way a viewer would show
+them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +48,11 @@ def image_too_large(pixels: int, limit: int) -> InputTooLarge:
         ErrorCode.IMAGE_TOO_LARGE,
         f"the image has {pixels} pixels; at most {limit} (width x height) are accepted",
     )
+
+
+# Default of `max_resized_pixels`: 2048 x 2048 (12 MiB of RGB), an aspect ratio of up to 64:1 at the
+# usual resize of 256 and far beyond any photo or panorama at smaller ones.
+DEFAULT_MAX_RESIZED_PIXELS = 2048 * 2048
 
 
 def check_pixels(width: int, height: int, limit: int) -> None:
@@ -106,26 +115,74 @@ def _header_pixels(exc: Exception) -> int:
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """8-bit RGB as a viewer shows it: 16-bit scaled (not clipped), transparency over white."""
-    if img.mode in _SIXTEEN_BIT_MODES or img.mode in ("I", "F"):
-        arr = np.asarray(img, dtype=np.float64)
-        # Pillow's own convert clips I;16 to 255 (nearly white); scale the 16-bit range instead.
-        # "I" (32-bit) is what some decoders use for 16-bit data: treat it as such if it exceeds 8 bits.
-        scale = 257.0 if img.mode in _SIXTEEN_BIT_MODES or arr.max(initial=0) > 255 else 1.0
-        img = Image.fromarray(np.clip(np.rint(arr / scale), 0, 255).astype(np.uint8))
-    has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+    """8-bit RGB as a viewer shows it: 16-bit scaled (not clipped), transparency over white.
+
+    Conversions that need intermediate images several times the size of the decoded one (deep
+    greyscale, transparency) run in bands of rows (`_banded_rgb`), so that what an image costs
+    stays close to its decoded size and the RGB result, whatever its mode."""
     try:
-        if has_alpha:
-            # Transparent pixels have undefined colour; show them over white, as a browser would.
-            rgba = img.convert("RGBA")
-            background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-            background.alpha_composite(rgba)
-            return background.convert("RGB")
+        if img.mode in _SIXTEEN_BIT_MODES or img.mode == "I":
+            # "I" (32-bit) is what some decoders use for 16-bit data: such if it exceeds 8 bits.
+            scaled = img.mode in _SIXTEEN_BIT_MODES or _largest(img) > 255
+            return _banded_rgb(img, lambda band: Image.fromarray(_deep_to_8_bit(band, scaled)).convert("RGB"))
+        if img.mode == "F":
+            arr = np.asarray(img, dtype=np.float64)
+            scale = 257.0 if arr.max(initial=0) > 255 else 1.0
+            img = Image.fromarray(np.clip(np.rint(arr / scale), 0, 255).astype(np.uint8))
+        if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
+            return _banded_rgb(img, _over_white)
         return img if img.mode == "RGB" else img.convert("RGB")
     except (ValueError, OSError) as exc:
         raise InvalidInput(
             ErrorCode.INVALID_IMAGE, f"image mode {img.mode} cannot be converted to RGB"
         ) from exc
+
+
+# Pixels converted at a time by `_banded_rgb`: a few MiB of intermediate images.
+BAND_PIXELS = 1 << 20
+
+
+def _banded_rgb(img: Image.Image, convert: Callable[[Image.Image], Image.Image]) -> Image.Image:
+    """`convert` (a per-pixel conversion to RGB) of `img`, a band of rows at a time (`crop` keeps
+    the palette and the transparency information, so each band converts as the whole would)."""
+    if img.width * img.height <= BAND_PIXELS:
+        return convert(img)
+    rows = max(1, BAND_PIXELS // img.width)
+    out = Image.new("RGB", img.size)
+    for top in range(0, img.height, rows):
+        box = (0, top, img.width, min(img.height, top + rows))
+        out.paste(convert(img.crop(box)), box[:2])
+    return out
+
+
+def _over_white(img: Image.Image) -> Image.Image:
+    """Transparent pixels have undefined colour; show them over white, as a browser would."""
+    rgba = img if img.mode == "RGBA" else img.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    background.alpha_composite(rgba)
+    return background.convert("RGB")
+
+
+def _deep_to_8_bit(img: Image.Image, scaled: bool) -> np.ndarray:
+    """16-bit (or 32-bit integer) greyscale -> uint8: scaled by 257 with rounding to nearest (or
+    not: `scaled`), clipped to 0..255. Pillow's own convert clips I;16 to 255 (nearly white).
+
+    In integers, in place: `(x + 128) // 257` is `rint(x / 257)` (no integer lies halfway), where
+    floating point took several arrays of 8 bytes a pixel (a 70 KB PNG of 36 million grey pixels
+    cost 800 MiB)."""
+    dtype = np.uint32 if img.mode in _SIXTEEN_BIT_MODES else np.int64
+    arr: np.ndarray[Any, np.dtype[np.integer[Any]]] = np.asarray(img).astype(dtype)
+    if scaled:
+        np.add(arr, 128, out=arr)
+        np.floor_divide(arr, 257, out=arr)
+    np.clip(arr, 0, 255, out=arr)
+    return arr.astype(np.uint8)
+
+
+def _largest(img: Image.Image) -> float:
+    """The largest value of a single-band image, read by Pillow without copying its pixels."""
+    extrema = img.getextrema()
+    return float(extrema[1]) if isinstance(extrema, tuple) and not isinstance(extrema[0], tuple) else 0.0
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -146,6 +203,7 @@ class ImageTransform:
     std: np.ndarray
     max_pixels: int
     draft: bool = True  # JPEGs decoded at a reduced DCT scale (`decode_side`)
+    max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS  # the image between resize and crop
 
     @classmethod
     def from_config(
@@ -154,6 +212,7 @@ class ImageTransform:
         max_pixels: int,
         input_hw: tuple[int, int] | None = None,
         draft: bool = True,
+        max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS,
     ) -> ImageTransform:
         crop = _pair(preprocessing.get("crop_size") or input_hw)
         if input_hw is not None and crop != tuple(input_hw):
@@ -170,16 +229,23 @@ class ImageTransform:
             raise ValueError(f"resize_size {resize} is smaller than crop_size {crop}")
         mean = np.asarray(preprocessing.get("mean", (0.5, 0.5, 0.5)), dtype=np.float32).reshape(1, 1, 3)
         std = np.asarray(preprocessing.get("std", (0.5, 0.5, 0.5)), dtype=np.float32).reshape(1, 1, 3)
-        return cls(crop, int(resize), _RESAMPLING[interpolation], mean, std, max_pixels, draft)
+        resample = _RESAMPLING[interpolation]
+        return cls(crop, int(resize), resample, mean, std, max_pixels, draft, max_resized_pixels)
 
     @classmethod
-    def for_model(cls, served_config: dict[str, Any], max_pixels: int, draft: bool = True) -> ImageTransform:
+    def for_model(
+        cls,
+        served_config: dict[str, Any],
+        max_pixels: int,
+        draft: bool = True,
+        max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS,
+    ) -> ImageTransform:
         """The transform a served vision model declares (its `preprocessing` and input shape)."""
         inputs = served_config.get("inputs") or []
         shape = inputs[0]["shape"] if inputs else None
         input_hw = (int(shape[-2]), int(shape[-1])) if shape else None
         preprocessing = dict(served_config.get("preprocessing") or {})
-        return cls.from_config(preprocessing, max_pixels, input_hw, draft)
+        return cls.from_config(preprocessing, max_pixels, input_hw, draft, max_resized_pixels)
 
     @property
     def decode_side(self) -> int | None:
@@ -198,11 +264,39 @@ class ImageTransform:
         """The image's header only (format and size checked): `finish` does the decoding.
 
         A plain JPEG (`contract.jpeg`) is kept for libjpeg-turbo; anything else opens in Pillow."""
-        jpeg = PlainJpeg.read(data)
-        if jpeg is None:
-            return open_image(data, self.max_pixels)
-        check_pixels(jpeg.width, jpeg.height, self.max_pixels)
-        return jpeg
+        header: PlainJpeg | Image.Image | None = PlainJpeg.read(data)
+        if header is None:
+            header = open_image(data, self.max_pixels)
+        else:
+            check_pixels(header.width, header.height, self.max_pixels)
+        self.check_resized(header.width, header.height)
+        return header
+
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after torchvision's Resize(int): the shorter side to `resize_size`, the
+        longer one truncated proportionally. (A JPEG decoded at a DCT scale resizes to the same.)"""
+        if width <= height:
+            return self.resize_size, int(self.resize_size * height / width)
+        return int(self.resize_size * width / height), self.resize_size
+
+    def check_resized(self, width: int, height: int) -> None:
+        """Refuse, from the header's size alone, an image whose resize before the crop would exceed
+        `max_resized_pixels`: the resize to the shorter side multiplies an elongated image's
+        pixels (a 65000x1 line would become 65000 times `resize_size` squared) however few it
+        decodes to, and what is accepted is, in effect, an aspect ratio."""
+        if width < 1 or height < 1:  # no decoder we accept opens one; the arithmetic below divides
+            raise InvalidInput(ErrorCode.INVALID_IMAGE, f"the image is {width}x{height} pixels: it has none")
+        new_w, new_h = self.resized_size(width, height)
+        if new_w * new_h <= self.max_resized_pixels:
+            return
+        ratio = self.max_resized_pixels // (self.resize_size * self.resize_size)
+        raise InputTooLarge(
+            ErrorCode.IMAGE_TOO_LARGE,
+            f"the image is {width}x{height} pixels: with its shorter side resized to {self.resize_size} it "
+            f"would be {new_w}x{new_h} ({new_w * new_h} pixels) before the centre crop to "
+            f"{self.crop_size[1]}x{self.crop_size[0]}; at most {self.max_resized_pixels} pixels are accepted "
+            f"there, an aspect ratio of at most about {ratio}:1 for this model (max_resized_pixels)",
+        )
 
     def finish(self, img: PlainJpeg | Image.Image) -> np.ndarray:
         """An image from `open` -> float32 [3, H, W]: decode, resize, crop, normalise."""
@@ -214,11 +308,7 @@ class ImageTransform:
         """RGB image (or uint8 [H, W, 3]) -> float32 [3, H, W]: resize shorter side, centre crop,
         normalise. An image already at the model's input size is neither resized nor copied."""
         height, width = img.shape[:2] if isinstance(img, np.ndarray) else (img.height, img.width)
-        # torchvision Resize(int): shorter side -> size, longer side truncated proportionally.
-        if width <= height:
-            new_w, new_h = self.resize_size, int(self.resize_size * height / width)
-        else:
-            new_w, new_h = int(self.resize_size * width / height), self.resize_size
+        new_w, new_h = self.resized_size(width, height)
         if (new_w, new_h) != (width, height):
             pil = Image.fromarray(img) if isinstance(img, np.ndarray) else img
             img = pil.resize((new_w, new_h), self.resample)
@@ -238,6 +328,7 @@ class ImageTransform:
 
 __all__ = [
     "ImageTransform",
+    "DEFAULT_MAX_RESIZED_PIXELS",
     "decode_image",
     "open_image",
     "load_image",

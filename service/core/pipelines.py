@@ -28,6 +28,7 @@ from service.core import tracing
 from service.core.batching import DynamicBatcher
 from service.core.card import card_summary
 from service.core.deadline import Deadline, before
+from service.core.decode_budget import decode_in_thread
 from service.core.jobs import NOTHING, Decoding, Done, Job, Ranking, Reads
 from service.core.metrics import DEFAULT_VERSION, ServiceMetrics
 from service.core.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
@@ -217,7 +218,9 @@ class VisionPipeline(Pipeline):
     ) -> None:
         super().__init__(spec, settings, device, metrics, version)
         self.labels = spec.labels()
-        self.transform = ImageTransform.for_model(spec.config, settings.max_image_pixels, settings.jpeg_draft)
+        self.transform = ImageTransform.for_model(
+            spec.config, settings.max_image_pixels, settings.jpeg_draft, settings.max_resized_pixels
+        )
 
     def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
         return spec.labels()
@@ -257,7 +260,8 @@ class VisionPipeline(Pipeline):
             if img.width * img.height <= INLINE_DECODE_PIXELS:
                 pixels = self.transform.finish(img)
             else:
-                pixels = await before(asyncio.to_thread(self.transform.finish, img), deadline)
+                capacity = self.settings.max_decoding_pixels
+                pixels = await before(decode_in_thread(self.transform, img, capacity), deadline)
         return await self.batcher.submit(Job({"pixel_values": pixels}, answer, True, reads), deadline)
 
     async def classify(

@@ -18,9 +18,17 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract.formats import Variant
+from contract.image import DEFAULT_MAX_RESIZED_PIXELS
 from service.core.repository import VersionPolicy
 
 Device = Literal["auto", "cpu", "cuda"]
+
+# A JSON answer of 16 MiB is about 670 000 numbers at the bound's 25 bytes: every ranked answer and the
+# logits of a text's 16 [MASK]s over a BERT-sized vocabulary fit, while a 2 KB request for the logits
+# of many texts is refused before it costs hundreds of megabytes. Raw bytes are 4 per float32 instead
+# of about 20: 64 MiB is twice the largest answer a default batch of the shipped masked LM makes.
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_BINARY_RESPONSE_BYTES = 64 * 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +118,39 @@ class ServiceSettings(BaseSettings):
         description="decode a large JPEG at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides "
         "at least twice the resize target (a large photo costs a fraction of its full decode); off: every "
         "pixel is decoded, for models whose answers must match a full decode exactly",
+    )
+    # --- work and answer budget per request (docs/reliability.md, "Work and answer budget") ---
+    max_resized_pixels: int = Field(
+        DEFAULT_MAX_RESIZED_PIXELS,
+        ge=1,
+        description="largest image between the resize to the shorter side and the centre crop (width x "
+        "height, computed from the header before decoding); 413 above. In effect an aspect-ratio limit: "
+        "64:1 at a resize of 256",
+    )
+    max_decoding_pixels: int = Field(
+        80_000_000,
+        ge=1,
+        description="pixels the whole process decodes at once (images decode in worker threads side by "
+        "side); a larger image waits, within its deadline, for decodes in flight to finish. Bounds the "
+        "memory of decoding to about 8 bytes a pixel of this",
+    )
+    max_response_bytes: int = Field(
+        DEFAULT_MAX_RESPONSE_BYTES,
+        ge=1024,
+        description="largest JSON answer, computed from the element counts of the outputs before it is "
+        "built; 413 above, naming the binary tensor data extension (v2 binary_data_output) for big tensors",
+    )
+    max_binary_response_bytes: int = Field(
+        DEFAULT_MAX_BINARY_RESPONSE_BYTES,
+        ge=1024,
+        description="largest answer of raw tensor bytes (v2 REST binary outputs, gRPC raw contents); 413 "
+        "(gRPC RESOURCE_EXHAUSTED) above",
+    )
+    send_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="how long an HTTP answer may wait for a client that takes none of its bytes; then the "
+        "connection is dropped and its buffered answer freed",
     )
     default_classifier: str | None = Field(None, description="model used by /classify when none is named")
     default_fill_mask: str | None = Field(None, description="model used by /fill-mask when none is named")

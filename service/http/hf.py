@@ -24,6 +24,7 @@ from contract.image import ACCEPTED_DESCRIPTION
 from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
+from service.http.answers import json_answer
 from service.http.direct import DirectRoute, get_state
 from service.http.disconnect import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
@@ -160,7 +161,7 @@ async def hf_inference(request: Request, name: str) -> JSONResponse:
     with state.serving(name, Pipeline) as served:  # either task; held until the answer is back
         body, image = await before(_read(request, served), deadline)
         answer = await unless_disconnected(request, _run(served, body, image, deadline))
-    return JSONResponse(answer)
+    return await json_answer(answer, answer)
 
 
 __all__ = ["router", "HF_ERRORS", "PREFIX", "HFRequest"]

@@ -16,6 +16,7 @@ from service.core.access import Scope
 from service.core.deadline import Deadline, before
 from service.core.pipelines import FillMaskPipeline, VisionPipeline
 from service.core.state import FAILED
+from service.http.answers import json_answer
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
 from service.http.parsing import query_parameters, read_image, read_json, read_query
@@ -82,7 +83,7 @@ async def classify(request: Request) -> JSONResponse:
     with state.serving(query.model, VisionPipeline) as served:  # held until the answer is back
         image = await before(read_image(request), deadline)
         predictions = await unless_disconnected(request, served.classify(image, query.top_k, deadline))
-    return _json({"model": served.name, "predictions": predictions})
+    return await json_answer({"model": served.name, "predictions": predictions}, predictions)
 
 
 @router.post(
@@ -102,13 +103,9 @@ async def fill_mask(request: Request) -> JSONResponse:
         predictions = await unless_disconnected(
             request, served.fill_mask(body.text, body.top_k, body.targets, deadline)
         )
-    return _json({"model": served.name, "predictions": predictions})
-
-
-def _json(body: dict[str, Any]) -> JSONResponse:
-    """A task response, built by the pipelines in the documented schema (`response_model`, which
-    tests check against the OpenAPI document): serialised once, without validating it again."""
-    return JSONResponse(body)
+    # Built by the pipelines in the documented schema (`response_model`, which tests check against
+    # the OpenAPI document): serialised once, without validating it again.
+    return await json_answer({"model": served.name, "predictions": predictions}, predictions)
 
 
 def _health(ok: bool, status: str, detail: str | None = None) -> JSONResponse:

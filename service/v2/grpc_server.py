@@ -37,6 +37,7 @@ from contract.messages import echo
 from service.core import requests
 from service.core.deadline import Deadline
 from service.core.keys import KeyStore
+from service.core.offload import encode_off_loop
 from service.core.settings import ServiceSettings
 from service.core.state import ServiceState
 from service.core.tls import TlsFiles
@@ -217,7 +218,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def run() -> pb.ModelInferResponse:
             inference.model(self.state, request.model_name, request.model_version)
-            return encode_result(await inference.infer(self.state, decode_request(request), deadline))
+            result = await inference.infer(self.state, decode_request(request), deadline)
+            return await encode_off_loop(lambda: encode_result(result), result.size.total)
 
         return await self._answer(context, run())
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -46,6 +46,7 @@ from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
 from service.core.repository import VersionError, parse_version
 from service.core.state import FAILED, ServiceState
 from service.core.statistics import DEFAULT_VERSION
+from service.v2.answer_budget import AnswerSize, all_raw, answer_size, check_answer
 from service.v2.tensors import BYTES, Tensor, bytes_tensor, datatype_of
 
 T = TypeVar("T")
@@ -76,6 +77,7 @@ class InferResult:
     outputs: list[Tensor]
     id: str = ""
     model_version: str = VERSION
+    size: AnswerSize = AnswerSize(0, 0)  # bounds of the encoded answer (`answer_budget`), checked
 
 
 def server_metadata() -> dict[str, Any]:
@@ -342,12 +344,16 @@ def _utf8(item: bytes) -> str:
         raise InvalidInput(ErrorCode.INVALID_TEXT, "input text must be UTF-8 encoded") from None
 
 
-async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) -> InferResult:
+async def infer(
+    state: ServiceState, request: InferRequest, deadline: Deadline, is_raw: Callable[[str], bool] = all_raw
+) -> InferResult:
     """Run one v2 request; outputs in the order requested (default: the form's own outputs).
 
     The request holds the version that answers it until its answer is back. It counts in that
     version's statistics as a success or, refused or abandoned once the model is known, as a
-    failure (an unknown model counts nowhere: its name is the client's)."""
+    failure (an unknown model counts nowhere: its name is the client's). The answer's size, with
+    the outputs `is_raw` names as raw bytes, is checked against the limits before any transport
+    builds it (`answer_budget`): `AnswerSize` rides on the result for the transport's encoding."""
     number = version_number(state, request.model_name, request.model_version)
     # The protocol's id: the client's, else the request id (X-Request-ID / x-request-id metadata).
     context = requests.current()
@@ -358,7 +364,11 @@ async def infer(state: ServiceState, request: InferRequest, deadline: Deadline) 
         with state.serving(request.model_name, Pipeline, number) as served:  # held until the answer
             produced = await _run(served, request, deadline)
         names = request.outputs or list(produced)
-        result = InferResult(served.name, [produced[n] for n in names], id=id_, model_version=served.version)
+        outputs = [produced[n] for n in names]
+        size = answer_size(outputs, is_raw, len(served.name) + len(id_) + len(served.version))
+        settings = state.settings
+        check_answer(size, settings.max_response_bytes, settings.max_binary_response_bytes)
+        result = InferResult(served.name, outputs, id=id_, model_version=served.version, size=size)
         ok = True
         return result
     finally:

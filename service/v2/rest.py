@@ -11,7 +11,6 @@ with the statuses of `V2_ERRORS`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,6 +20,7 @@ from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.messages import echo
 from service.core.access import Scope
 from service.core.deadline import Deadline, before
+from service.core.offload import encode_off_loop
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
@@ -28,6 +28,7 @@ from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_m
 from service.http.schemas import inline_schema
 from service.http.scopes import public, requires
 from service.v2 import inference
+from service.v2.answer_json import answer_json
 from service.v2.inference import InferRequest, InferResult
 from service.v2.model_config import model_config, model_statistics
 from service.v2.schemas import (
@@ -42,7 +43,7 @@ from service.v2.schemas import (
     Ready,
     ServerMetadata,
 )
-from service.v2.tensors import from_json, from_raw
+from service.v2.tensors import Tensor, from_json, from_raw
 
 PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -298,28 +299,28 @@ async def read_infer_request(request: Request, name: str, version: str) -> tuple
 
 
 def encode_response(result: InferResult, binary: set[str]) -> Response:
-    """JSON, or JSON followed by the binary outputs (with the header that says where the JSON ends)."""
-    entries, blobs = [], []
-    for tensor in result.outputs:
-        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        if "*" in binary or tensor.name in binary:
-            blob = tensor.raw()
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            entry["data"] = tensor.json_data()
-        entries.append(entry)
-    body: dict[str, Any] = {"model_name": result.model_name, "model_version": result.model_version}
+    """JSON, or JSON followed by the binary outputs (with the header that says where the JSON ends).
+
+    Written slice by slice (`answer_json`), so that a big answer encoded in a worker thread leaves
+    the event loop free."""
+    blobs: list[bytes] = []
+
+    def raw(tensor: Tensor) -> dict[str, Any] | None:
+        if "*" not in binary and tensor.name not in binary:
+            return None
+        blobs.append(tensor.raw())
+        return {"binary_data_size": len(blobs[-1])}
+
+    head: dict[str, Any] = {"model_name": result.model_name, "model_version": result.model_version}
     if result.id:
-        body["id"] = result.id
-    body["outputs"] = entries
-    head = json.dumps(body, separators=(",", ":")).encode()
+        head["id"] = result.id
+    document = answer_json(head, result.outputs, raw)
     if not blobs:
-        return Response(head, media_type="application/json")
+        return Response(document, media_type="application/json")
     return Response(
-        head + b"".join(blobs),
+        document + b"".join(blobs),
         media_type="application/octet-stream",
-        headers={HEADER_LENGTH: str(len(head))},
+        headers={HEADER_LENGTH: str(len(document))},
     )
 
 
@@ -328,8 +329,12 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     deadline = Deadline.after(state.settings.request_timeout_s)
     inference.model(state, name, version)  # 404 / 503 before the body is read
     infer_request, binary = await before(read_infer_request(request, name, version), deadline)
-    result = await unless_disconnected(request, inference.infer(state, infer_request, deadline))
-    return encode_response(result, binary)
+
+    def is_raw(name: str) -> bool:
+        return "*" in binary or name in binary
+
+    result = await unless_disconnected(request, inference.infer(state, infer_request, deadline, is_raw))
+    return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
 
 
 _INFER_ROUTE: dict[str, Any] = {

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from contract.errors import InputTooLarge, InvalidInput, RequestError
-from contract.image import ImageTransform, decode_image
+from contract.image import ImageTransform, decode_image, to_rgb
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,6 +115,50 @@ def test_accepted_formats(fmt: str) -> None:
     np.testing.assert_allclose(out[:, 16, 16], (np.array([200, 100, 50]) / 255 - 0.5) / 0.5, atol=0.05)
 
 
+def _float_scaled(arr: np.ndarray, sixteen: bool) -> np.ndarray:
+    """The 16-bit scaling in floating point: rint(x / 257) (or x) clipped to 0..255."""
+    wide = arr.astype(np.float64)
+    scale = 257.0 if sixteen or wide.max(initial=0) > 255 else 1.0
+    return np.clip(np.rint(wide / scale), 0, 255).astype(np.uint8)
+
+
+def test_deep_greyscale_is_scaled_in_integers_exactly_as_in_floating_point() -> None:
+    """Every 16-bit value, and 32-bit integers (negative, large, within 8 bits), give the pixels
+    the floating-point formula gives, at a fraction of the memory."""
+    every = np.arange(65536, dtype=np.uint16).reshape(256, 256)
+    assert np.array_equal(np.asarray(to_rgb(Image.fromarray(every)))[..., 0], _float_scaled(every, True))
+    rng = np.random.default_rng(0)
+    wide = rng.integers(-(2**31), 2**31 - 1, size=(64, 64), dtype=np.int64).astype(np.int32)
+    wide[0, :4] = [-(2**31), 2**31 - 1, 0, 255]
+    narrow = rng.integers(-300, 256, size=(64, 64)).astype(np.int32)
+    for arr in (wide, narrow):
+        got = np.asarray(to_rgb(Image.fromarray(arr, mode="I")))[..., 0]
+        assert np.array_equal(got, _float_scaled(arr, False))
+
+
+def _modes(rng: np.random.Generator) -> list[Image.Image]:
+    """Images of random pixels in every mode whose conversion runs in bands."""
+    rgba = Image.fromarray(rng.integers(0, 256, (37, 53, 4), dtype=np.uint8))
+    palette = Image.fromarray(rng.integers(0, 256, (37, 53), dtype=np.uint8)).convert("P")
+    palette.info["transparency"] = 7
+    grey = Image.fromarray(rng.integers(0, 256, (37, 53), dtype=np.uint8))
+    grey.info["transparency"] = 200
+    deep = Image.fromarray(rng.integers(0, 65536, (37, 53), dtype=np.uint16))
+    wide = Image.fromarray(rng.integers(-(2**20), 2**20, (37, 53)).astype(np.int32), mode="I")
+    return [rgba, rgba.convert("LA"), palette, grey, deep, wide]
+
+
+def test_conversions_in_bands_give_the_pixels_of_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contract.image as image
+
+    for img in _modes(np.random.default_rng(1)):
+        whole = np.asarray(to_rgb(img.copy()))
+        monkeypatch.setattr(image, "BAND_PIXELS", 53 * 5)  # bands of 5 rows, the last one of 2
+        banded = np.asarray(to_rgb(img.copy()))
+        monkeypatch.undo()
+        assert np.array_equal(banded, whole), img.mode
+
+
 def test_modes_are_brought_to_rgb() -> None:
     grey = decode_image(encode(Image.new("L", (8, 8), 128), "PNG"), MAX_PIXELS)
     assert grey.mode == "RGB" and grey.getpixel((0, 0)) == (128, 128, 128)
@@ -177,3 +221,34 @@ def test_decompression_bombs_are_refused_before_decoding() -> None:
         assert isinstance(err, InputTooLarge) and err.code == "image_too_large"
     finally:
         Image.MAX_IMAGE_PIXELS = limit
+
+
+@pytest.mark.parametrize(("size", "fmt"), [((65000, 1), "PNG"), ((1, 65000), "PNG"), ((20000, 8), "JPEG")])
+def test_an_elongated_image_is_refused_from_its_header(size: tuple[int, int], fmt: str) -> None:
+    """A line of a few hundred bytes would resize to millions of pixels before the crop: refused
+    from the header (`finish`, the decode, is never reached), with the limit and the aspect ratio."""
+    t = ImageTransform.from_config(CIFAR_PRE, MAX_PIXELS, (32, 32), max_resized_pixels=100_000)
+    data = encode(Image.new("RGB", size, (10, 20, 30)), fmt)
+    assert len(data) < 20_000 and size[0] * size[1] <= MAX_PIXELS
+    new_w, new_h = t.resized_size(*size)
+    assert new_w * new_h > 100_000  # what the resize would have made of it
+    with pytest.raises(InputTooLarge) as err:
+        t.open(data)
+    assert err.value.code == "image_too_large"
+    assert f"{new_w}x{new_h}" in err.value.message and "100000" in err.value.message
+    assert f"{100_000 // 32**2}:1" in err.value.message
+
+
+def test_a_header_without_pixels_is_an_invalid_image() -> None:
+    for size in ((0, 5), (5, 0), (0, 0)):
+        with pytest.raises(InvalidInput) as err:
+            transform().check_resized(*size)
+        assert err.value.code == "invalid_image"
+
+
+def test_the_resize_bound_is_exact_at_the_limit() -> None:
+    """The largest accepted elongated image still resizes and crops like any other."""
+    t = ImageTransform.from_config(CIFAR_PRE, MAX_PIXELS, (32, 32), max_resized_pixels=32 * 320)
+    assert t(encode(Image.new("RGB", (320, 32), (255, 255, 255)), "PNG")).shape == (3, 32, 32)
+    with pytest.raises(InputTooLarge):
+        t(encode(Image.new("RGB", (321, 32), (255, 255, 255)), "PNG"))
