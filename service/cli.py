@@ -95,7 +95,12 @@ def serve(settings: ServiceSettings) -> None:
     # Fail fast, before listening: a missing or empty repository is a configuration error the
     # operator must see at once, not a pod that never becomes ready.
     # In explicit mode an empty repository is fine: models arrive through the repository API.
-    models = (scan if settings.model_control == "explicit" else require_sources)(settings.model_repository)
+    # Read once (model control none), every model must be sound; watched, broken directories are
+    # listed UNAVAILABLE and the rest served.
+    if settings.model_control == "explicit":
+        models = scan(settings.model_repository)
+    else:
+        models = require_sources(settings.model_repository, every_model=settings.model_control == "none")
     log.info("serving %s from %s", ", ".join(sorted(models)), settings.model_repository)
     if settings.server == "granian":  # the worker process Granian starts builds the app itself
         from service.granian_server import serve_granian

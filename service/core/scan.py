@@ -264,12 +264,25 @@ def scan(repository: Path) -> dict[str, ModelSource]:
     return models
 
 
-def require_sources(repository: Path) -> dict[str, ModelSource]:
-    """`scan`, refusing a repository without any complete version (the message says what to do)."""
+def _problems(models: dict[str, ModelSource]) -> list[str]:
+    problems = [p for m in models.values() for p in m.problems()]
+    return problems + [s.problem for m in models.values() for s in m.versions.values() if s.problem]
+
+
+def require_sources(repository: Path, *, every_model: bool = False) -> dict[str, ModelSource]:
+    """`scan`, refusing a repository without any complete version (the message says what to do).
+
+    With `every_model`, any model or version the scan could not read is refused too: a repository
+    read once at start-up (`model_control=none`) would never serve it, and a replica without one of
+    its models must not come up looking healthy (docs/reliability.md, "Two behaviours chosen");
+    the watched modes list such a directory UNAVAILABLE instead and serve the rest."""
     models = scan(repository)
+    problems = _problems(models)
+    if every_model and problems:
+        raise SpecError(
+            f"the model repository {repository} holds models that cannot be served: {'; '.join(problems)}"
+        )
     if not any(m.complete_versions() for m in models.values()):
-        problems = [p for m in models.values() for p in m.problems()]
-        problems += [s.problem for m in models.values() for s in m.versions.values() if s.problem]
         raise SpecError(
             f"no served models (directories with a {SERVED_FORMAT} config.json: NAME/ or its "
             f"versions NAME/1/, NAME/2/...) in {repository}; create one with "
