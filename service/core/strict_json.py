@@ -17,6 +17,7 @@ A refusal is a `JSONError` naming where in the document the fault is.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -55,6 +56,19 @@ def loads(data: bytes | str) -> Any:
     return document
 
 
+_NUMBERS = frozenset({int, float})
+
+
+def _finite(numbers: list[Any]) -> bool:
+    """Whether a list of JSON numbers holds no infinite or NaN float. `math.fsum` is inf or NaN when
+    an element is (ValueError for inf and -inf together); only when the exact sum of finite
+    elements overflows, or an integer is too large for a double, is each float looked at."""
+    try:
+        return math.isfinite(math.fsum(numbers))
+    except (OverflowError, ValueError):
+        return all(x - x == 0 for x in numbers if type(x) is float)
+
+
 def _fault(document: Any) -> str | None:
     """'depth' or 'number' when the document has a container too deep or a non-finite number."""
     stack: list[tuple[Any, int]] = [(document, 1)] if isinstance(document, list | dict) else []
@@ -64,6 +78,10 @@ def _fault(document: Any) -> str | None:
         node, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             return "depth"
+        if type(node) is list and _NUMBERS.issuperset(map(type, node)):
+            if not _finite(node):  # a tensor's data: checked at C speed, not number by number
+                return "number"
+            continue
         for item in node.values() if type(node) is dict else node:
             kind = type(item)
             if kind is float:
