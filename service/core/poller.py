@@ -25,22 +25,10 @@ from typing import Any
 from contract.errors import InvalidInput
 from contract.spec import SpecError
 from service.core.metrics import ServiceMetrics
-from service.core.scan import ModelSource, scan
+from service.core.scan import ModelSource, problems_of, scan
 from service.core.versions import VersionTable
 
 log = logging.getLogger(__name__)
-
-
-def problems_of(sources: dict[str, ModelSource]) -> set[str]:
-    """Every reason a scan found, model-level and per version, as log lines."""
-    found = {f"model {name}: {p}" for name, source in sources.items() for p in source.problems()}
-    found |= {
-        f"model {name} version {v}: {s.problem}"
-        for name, source in sources.items()
-        for v, s in source.versions.items()
-        if s.problem
-    }
-    return found
 
 
 class ScanReport:
@@ -51,7 +39,7 @@ class ScanReport:
         self._seen: set[str] = set()
 
     def __call__(self, sources: dict[str, ModelSource]) -> None:
-        found = problems_of(sources)
+        found = set(problems_of(sources))
         for problem in sorted(found - self._seen):
             log.warning("model repository: %s", problem)
         self._seen = found
@@ -133,4 +121,4 @@ def _prints(source: ModelSource) -> dict[int, object]:
     return {v: s.fingerprint for v, s in source.versions.items()}
 
 
-__all__ = ["RepositoryPoller", "ScanReport", "problems_of"]
+__all__ = ["RepositoryPoller", "ScanReport"]

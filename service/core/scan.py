@@ -264,9 +264,21 @@ def scan(repository: Path) -> dict[str, ModelSource]:
     return models
 
 
-def _problems(models: dict[str, ModelSource]) -> list[str]:
-    problems = [p for m in models.values() for p in m.problems()]
-    return problems + [s.problem for m in models.values() for s in m.versions.values() if s.problem]
+def problems_of(sources: dict[str, ModelSource], *, notes: bool = True) -> list[str]:
+    """Every reason a scan found, model-level and per version, as log lines, in repository order;
+    without `notes`, only those that keep a model or version from being served (not what was
+    ignored beside them)."""
+    found = [
+        f"model {name}: {p}"
+        for name, source in sources.items()
+        for p in (source.problems() if notes else (source.problem,) if source.problem else ())
+    ]
+    return found + [
+        f"model {name} version {v}: {s.problem}"
+        for name, source in sources.items()
+        for v, s in source.versions.items()
+        if s.problem
+    ]
 
 
 def require_sources(repository: Path, *, every_model: bool = False) -> dict[str, ModelSource]:
@@ -277,17 +289,18 @@ def require_sources(repository: Path, *, every_model: bool = False) -> dict[str,
     its models must not come up looking healthy (docs/reliability.md, "Two behaviours chosen");
     the watched modes list such a directory UNAVAILABLE instead and serve the rest."""
     models = scan(repository)
-    problems = _problems(models)
-    if every_model and problems:
-        raise SpecError(
-            f"the model repository {repository} holds models that cannot be served: {'; '.join(problems)}"
-        )
+    problems = problems_of(models)
     if not any(m.complete_versions() for m in models.values()):
         raise SpecError(
             f"no served models (directories with a {SERVED_FORMAT} config.json: NAME/ or its "
             f"versions NAME/1/, NAME/2/...) in {repository}; create one with "
             f"`{export_command(Path('CHECKPOINT_DIR'), repository / 'NAME')}`"
             + (f"; {'; '.join(problems)}" if problems else "")
+        )
+    unservable = problems_of(models, notes=False) if every_model else []
+    if unservable:
+        raise SpecError(
+            f"the model repository {repository} holds models that cannot be served: {'; '.join(unservable)}"
         )
     return models
 
@@ -300,5 +313,6 @@ __all__ = [
     "read_version",
     "scan",
     "require_sources",
+    "problems_of",
     "FLAT_VERSION",
 ]

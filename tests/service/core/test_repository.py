@@ -86,3 +86,18 @@ def test_repositories_that_cannot_be_served(tmp_path: Path, tiny_vision_served: 
     shutil.rmtree(tmp_path / "two" / "copy")
     (held,) = scan(tmp_path / "two").values()
     assert held.complete_versions() == [1] and "policy.json" in (held.problem or "")
+
+
+def test_a_repository_read_once_must_serve_every_model(tmp_path: Path, tiny_vision_served: Path) -> None:
+    """Model control none (`every_model`): a version that cannot be served refuses the repository,
+    naming it; what the scan only ignored beside the versions (a stray directory) does not."""
+    repo = tmp_path / "models"
+    shutil.copytree(tiny_vision_served, repo / "vision" / "1")
+    (repo / "vision" / "old").mkdir()
+    assert "old" in " ".join(repo_notes := scan(repo)["vision"].problems()), repo_notes
+    assert list(require_sources(repo, every_model=True)) == ["vision"]
+    shutil.copytree(tiny_vision_served, repo / "vision" / "2")
+    (repo / "vision" / "2" / "labels.json").unlink()
+    assert list(require_sources(repo)) == ["vision"]  # watched modes: version 2 listed UNAVAILABLE
+    with pytest.raises(SpecError, match="cannot be served: model vision version 2: .*labels.json"):
+        require_sources(repo, every_model=True)
