@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from service.v2.tensors import BYTES, Tensor
+from service.v2.tensors import Tensor
 
 # About a millisecond of conversion and encoding per slice.
 SLICE_ELEMENTS = 8192
@@ -25,13 +25,10 @@ def _dumps(value: Any) -> str:
 
 
 def json_data(tensor: Tensor) -> str:
-    """`json.dumps(tensor.json_data())`, slice by slice."""
-    if tensor.datatype == BYTES:
-        strings = tensor.json_data()  # decoded item by item: the GIL is released as it goes
-        slices = (strings[i : i + SLICE_ELEMENTS] for i in range(0, len(strings), SLICE_ELEMENTS))
-    else:
-        flat = tensor.array.ravel()
-        slices = (flat[i : i + SLICE_ELEMENTS].tolist() for i in range(0, flat.size, SLICE_ELEMENTS))
+    """`json.dumps(tensor.json_data())`, slice by slice (each slice by `Tensor.json_data`, so the
+    elements are written by the one rule, non-finite floats as null)."""
+    size = int(tensor.array.size)
+    slices = (tensor.json_data(i, i + SLICE_ELEMENTS) for i in range(0, size, SLICE_ELEMENTS))
     return "[" + ",".join(_dumps(values)[1:-1] for values in slices) + "]"
 
 

@@ -88,13 +88,14 @@ class Tensor:
             return b"".join(_LENGTH.pack(len(item)) + item for item in self.array.ravel())
         return np.ascontiguousarray(self.array, dtype=NUMPY_TYPES[self.datatype]).tobytes()
 
-    def json_data(self) -> list[Any]:
-        """Row-major flat data for JSON: numbers, booleans, or (BYTES) UTF-8 strings. JSON has no
-        NaN or Infinity: a non-finite element is null, as JavaScript's JSON.stringify writes it
-        (numpy reads null back as NaN); the binary form carries the exact values."""
+    def json_data(self, start: int = 0, stop: int | None = None) -> list[Any]:
+        """Row-major flat data for JSON (elements `start` to `stop`, for an answer written slice by
+        slice): numbers, booleans, or (BYTES) UTF-8 strings. JSON has no NaN or Infinity: a
+        non-finite element is null, as JavaScript's JSON.stringify writes it (numpy reads null back
+        as NaN); the binary form carries the exact values."""
+        flat = self.array.ravel()[start:stop]
         if self.datatype == BYTES:
-            return [item.decode("utf-8", errors="replace") for item in self.array.ravel()]
-        flat = self.array.ravel()
+            return [item.decode("utf-8", errors="replace") for item in flat]
         if flat.dtype.kind == "f" and not np.isfinite(flat).all():
             return [x if math.isfinite(x) else None for x in flat.tolist()]
         return flat.tolist()

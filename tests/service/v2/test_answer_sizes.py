@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -37,6 +37,9 @@ def bytes_tensors(draw: st.DrawFn) -> Tensor:
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(numeric_tensors(), bytes_tensors()))
+# Non-finite floats, whichever slice they fall in: JSON has no Infinity or NaN (written as null).
+@example(Tensor("out", "FP16", np.array([np.inf], dtype=np.float16)))
+@example(Tensor("out", "FP32", np.array([1.0, -np.inf, np.nan] * 3000, dtype=np.float32)))
 def test_the_json_is_standard_and_within_its_bound(tensor: Tensor) -> None:
     text = json_data(tensor)
     assert text == json.dumps(tensor.json_data(), separators=(",", ":"))
