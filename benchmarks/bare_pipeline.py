@@ -48,9 +48,9 @@ from contract.scores import labelled_rows, ranked_labels
 from contract.spec import ModelSpec, read_spec
 from contract.text import FillMaskCodec
 from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES
-from service.core.jobs import TOP_K_OUTPUTS, graph_top_k
-from service.core.runtime import OnnxModel, RuntimeOptions, choose_variant
-from service.core.settings import ServiceSettings
+from service.engine.rows import TOP_K_OUTPUTS, graph_top_k
+from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant
+from service.settings import ServiceSettings
 
 BATCH = 16
 TOP_K = 5

@@ -28,7 +28,7 @@ from benchmarks import wrk
 from benchmarks.bare_pipeline import BareFillMask, sentences, timed
 from benchmarks.harness import REPO, ServerProcess, command_line, cpu_line, gmlp_serve, link_repository
 from benchmarks.proc import tree_cpu_seconds
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 DEFAULT_SERVED = REPO / "models" / "gutenberg-gmlp-mlm"
 TOP_K = 5

@@ -36,7 +36,7 @@ from contract.spec import discover
 from loadtests.metrics_scrape import get_json
 from loadtests.runner import SweepConfig, parse_duration, run_step
 from loadtests.workload import load_images
-from service.core.runtime import OnnxModel, RuntimeOptions
+from service.engine.runtime import OnnxModel, RuntimeOptions
 
 DEFAULT_WORK_DIR = Path("loadtest-report-compare")
 

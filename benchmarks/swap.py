@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness import command_line, cpu_line, gmlp_serve
-from service.core.keys import key_line, new_key
+from service.access.keys import key_line, new_key
 
 Sample = tuple[float, float, bool]  # start (monotonic), latency s, ok
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from contract.formats import DEFAULT_EXPORT_VARIANTS
 from contract.spec import SpecError, export_command, is_checkpoint
 from service.cli import add_serve_arguments, run_serve
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-BATCH_SIZE_METRIC = "gmlp_batch_size"  # histogram labelled by model (service/core/metrics.py)
+BATCH_SIZE_METRIC = "gmlp_batch_size"  # histogram labelled by model (service/telemetry/metrics.py)
 REJECTIONS_METRIC = "gmlp_rejections"  # counter labelled by model and reason
 
 

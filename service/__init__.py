@@ -1,12 +1,12 @@
 """gmlp-serve: served-model directories -> HTTP (see docs/service.md).
 
-Three layers: `service.core` (settings, runtime, batching, pipelines, state, metrics registry;
-transport-free), the transports `service.http` (task routes, Hugging Face API) and `service.v2`
-(Open Inference Protocol over REST and gRPC), and the composition root here (`app`, `cli`,
-`healthcheck`). The data path is route -> contract image/text -> batching -> runtime ->
-postprocess -> response; below the transports nothing knows HTTP (errors are `contract.errors`
-types, mapped to status codes in one table per API), and nothing here imports torch, `model` or
-`export`.
+Wings of one concern each (`engine`, `tasks`, `lifecycle`, `access`, `telemetry`, with `settings`),
+all transport-free; the transports `service.http` (task routes, Hugging Face API) and `service.v2`
+(Open Inference Protocol over REST and gRPC); and the composition root here (`app`, `cli`,
+`healthcheck`). The data path is route -> contract image/text -> task pipeline -> batcher ->
+runtime -> postprocess -> response; below the transports nothing knows HTTP (errors are
+`contract.errors` types, mapped to status codes in one table per API), and nothing here imports
+torch, `model` or `export`.
 
 `create_app` and `ServiceSettings` are imported lazily, so that `gmlp --help` (which imports
 `service.cli`) does not pay for FastAPI and ONNX Runtime.
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return create_app
     if name == "ServiceSettings":
-        from service.core.settings import ServiceSettings
+        from service.settings import ServiceSettings
 
         return ServiceSettings
     raise AttributeError(f"module 'service' has no attribute {name!r}")

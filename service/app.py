@@ -1,6 +1,6 @@
-"""The composition root: `create_app(settings)` wires the core to the transports.
+"""The composition root: `create_app(settings)` wires the wings to the transports.
 
-The lifecycle itself (phases, loading, draining) is `service.core.state.ServiceState`; this module
+The lifecycle itself (phases, loading, draining) is `service.lifecycle.state.ServiceState`; this module
 wires it to the transports: the HTTP routers (task routes, Hugging Face API, Open Inference
 Protocol v2), their error tables and middlewares (`service.http`), and the v2 gRPC server
 (`service.v2.grpc_server`), which the lifespan runs on the same event loop so that it shares the
@@ -27,14 +27,9 @@ from PIL import Image
 
 from contract.errors import UserError
 from contract.formats import package_version
-from service.core.keys import KeyStore
-from service.core.metrics import ServiceMetrics
-from service.core.settings import ServiceSettings
-from service.core.state import ServiceState
-from service.core.stats import StatsHistory
-from service.core.tls import TlsFiles
-from service.core.tracing import Tracing
-from service.core.watch import Reloadable, reload_all, watch
+from service.access.keys import KeyStore
+from service.access.tls import TlsFiles
+from service.access.watch import Reloadable, reload_all, watch
 from service.http import hf, playground, routes
 from service.http.access import AccessMiddleware, secure_openapi
 from service.http.admission import CLOSE_OBSERVER, REFUSAL_OBSERVER
@@ -53,6 +48,11 @@ from service.http.limits import BodyLimitMiddleware
 from service.http.metrics import HttpMetricsMiddleware
 from service.http.observe import RequestObservationMiddleware
 from service.http.scopes import RouteIndex
+from service.lifecycle.state import ServiceState
+from service.settings import ServiceSettings
+from service.telemetry.metrics import ServiceMetrics
+from service.telemetry.recent import StatsHistory
+from service.telemetry.tracing import Tracing
 from service.v2 import repository_rest
 from service.v2 import rest as v2
 from service.v2.grpc_server import GrpcServer

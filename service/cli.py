@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from contract.errors import UserError
-from service.core.logs import configure_logging
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
+from service.telemetry.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,9 @@ def serve(settings: ServiceSettings) -> None:
     """Run the service in the foreground until SIGINT/SIGTERM (then drain and exit)."""
     import uvicorn
 
+    from contract.scan import require_sources, scan
     from service.app import create_app
-    from service.core.logs import uvicorn_log_config
-    from service.core.scan import require_sources, scan
+    from service.telemetry.logs import uvicorn_log_config
 
     # Fail fast, before listening: a missing or empty repository is a configuration error the
     # operator must see at once, not a pod that never becomes ready.

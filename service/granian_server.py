@@ -22,7 +22,7 @@ import logging
 import os
 from typing import Any
 
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 

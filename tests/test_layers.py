@@ -27,12 +27,17 @@ ALLOWED = {
     "benchmarks": {"contract", "model", "export", "service", "loadtests", "gmlp"},
 }
 
-# Inside `service/` the same rule, by layer. A module's layer is the first entry its name falls
+# Inside `service/` the same rule, by wing. A module's wing is the first entry its name falls
 # under (the name itself or below it); the composition root is named module by module, so that a
-# new module at the top of `service/` has to be placed in a layer.
+# new module at the top of `service/` has to be placed in a wing.
 SERVICE_ROOT = ("service", "service.app", "service.cli", "service.granian_server", "service.healthcheck")
 SERVICE_LAYER_OF = (
-    ("core", "service.core"),
+    ("settings", "service.settings"),
+    ("engine", "service.engine"),
+    ("telemetry", "service.telemetry"),
+    ("access", "service.access"),
+    ("tasks", "service.tasks"),
+    ("lifecycle", "service.lifecycle"),
     ("http", "service.http"),
     ("v2 rest", "service.v2.rest"),
     ("v2 rest", "service.v2.schemas"),
@@ -43,28 +48,38 @@ SERVICE_LAYER_OF = (
     ("v2 grpc", "service.v2.proto"),
     ("v2 semantics", "service.v2"),  # inference, tensors: anything else of v2
 )
-# The layers of `service` each layer may import (besides itself): the core no transport, the HTTP
-# transport and the gRPC server not each other, the v2 semantics only the core, and nothing below
-# the composition root the root.
+# The wings each wing may import (besides itself). The engine runs rows through sessions and knows
+# nothing else; telemetry observes the engine; access reports to telemetry; a task is a pipeline on
+# the engine; the lifecycle loads tasks. The transports may use every wing but not each other (the
+# v2 REST routes sit on the HTTP plumbing), and nothing below the composition root imports it.
+WINGS = {"settings", "engine", "telemetry", "access", "tasks", "lifecycle"}
 SERVICE_ALLOWED = {
-    "core": set(),
-    "http": {"core"},
-    "v2 semantics": {"core"},
-    "v2 rest": {"core", "http", "v2 semantics"},
-    "v2 grpc": {"core", "v2 semantics"},
-    "root": {"core", "http", "v2 semantics", "v2 rest", "v2 grpc"},
+    "settings": set(),
+    "engine": set(),
+    "telemetry": {"settings", "engine"},
+    "access": {"settings", "telemetry"},
+    "tasks": {"settings", "engine", "telemetry"},
+    "lifecycle": {"settings", "engine", "telemetry", "tasks"},
+    "http": WINGS,
+    "v2 semantics": WINGS,
+    "v2 rest": WINGS | {"http", "v2 semantics"},
+    "v2 grpc": WINGS | {"v2 semantics"},
+    "root": WINGS | {"http", "v2 semantics", "v2 rest", "v2 grpc"},
 }
 HTTP_LIBRARIES = {"fastapi", "starlette", "uvicorn"}
 GRPC_LIBRARIES = {"grpc", "google"}  # grpcio, protobuf
 # The transport libraries a layer must not import, whatever it imports them through.
 SERVICE_FORBIDDEN = {
-    "core": HTTP_LIBRARIES | GRPC_LIBRARIES,
+    **{wing: HTTP_LIBRARIES | GRPC_LIBRARIES for wing in WINGS},
     "v2 semantics": HTTP_LIBRARIES | GRPC_LIBRARIES,
     "http": GRPC_LIBRARIES,
     "v2 rest": GRPC_LIBRARIES,
     "v2 grpc": HTTP_LIBRARIES,
     "root": set(),
 }
+# A wing is a room, not a hallway: at most this many modules and about this many lines.
+WING_MAX_MODULES = 8
+WING_MAX_LINES = 1500
 
 
 def _module_name(path: Path) -> str:
@@ -119,10 +134,10 @@ def test_the_graph_was_read() -> None:
     # Guards the checks below against passing on an empty graph.
     assert (
         "service.app" in GRAPH
-        and "contract.spec" in GRAPH["service.core.pipelines"] | GRAPH["service.core.state"]
+        and "contract.spec" in GRAPH["service.tasks.pipeline"] | GRAPH["service.lifecycle.state"]
     )
     assert "model.checkpoint" in GRAPH["export.directory"]
-    assert "service.core.state" in GRAPH["service.v2.grpc_server"]
+    assert "service.lifecycle.state" in GRAPH["service.v2.grpc_server"]
     assert {"fastapi", "starlette"} <= _libraries(FILES["service.http.errors"])
     assert "grpc" in _libraries(FILES["service.v2.grpc_server"])
 
@@ -225,3 +240,36 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
                 if len(component) > 1:
                     cycles.append(sorted(component))
     assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("wing", sorted(WINGS - {"settings"}))
+def test_wings_stay_small(wing: str) -> None:
+    modules = [m for m, own in SERVICE_MODULES.items() if own == wing and FILES[m].name != "__init__.py"]
+    lines = sum(len(FILES[m].read_text().splitlines()) for m in modules)
+    assert modules, f"the {wing} wing has no module"
+    assert len(modules) <= WING_MAX_MODULES, f"{wing}: {len(modules)} modules (at most {WING_MAX_MODULES})"
+    assert lines <= WING_MAX_LINES, f"{wing}: {lines} lines (at most about {WING_MAX_LINES})"
+
+
+def test_every_service_module_is_in_the_module_map_once() -> None:
+    """docs/service.md's module map names each module of `service/` (as `wing/module.py`, or a
+    bare file name on the line of its wing) exactly once, and names nothing that does not exist."""
+    text = (ROOT / "docs" / "service.md").read_text()
+    section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    named: dict[str, int] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cell = line.split("|")[1]
+        for path in (part.strip("` ") for part in cell.split(",")):
+            if path.endswith(".py") or path.endswith("/"):
+                named[path] = named.get(path, 0) + 1
+    modules = {
+        str(FILES[m].relative_to(ROOT / "service"))
+        for m in SERVICE_MODULES
+        if FILES[m].name != "__init__.py" and not m.startswith("service.v2.proto")
+    }
+    missing = sorted(modules - set(named))
+    extra = sorted(path for path in named if path.endswith(".py") and path not in modules)
+    twice = sorted(path for path, count in named.items() if count > 1)
+    assert not missing and not extra and not twice, f"missing {missing}, unknown {extra}, twice {twice}"

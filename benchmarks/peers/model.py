@@ -2,10 +2,10 @@
 
 Every peer imports this module so that the only thing that differs between them is the serving
 framework (HTTP stack, queue, batching): the same exported file, a session built by the product's
-own `service.core.runtime.OnnxModel` (its CPU options: intra-op threads, sequential, no spinning), the
+own `service.engine.runtime.OnnxModel` (its CPU options: intra-op threads, sequential, no spinning), the
 same preprocessing (`contract.image`), the same scores (`contract.scores`) and the same response
 shape as gmlp-serve's `/classify`. It needs only numpy, Pillow, tokenizers and onnxruntime
-(`contract` and `service.core.runtime` import nothing else), which every peer venv has.
+(`contract` and `service.engine.runtime` import nothing else), which every peer venv has.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import onnxruntime as ort
 from contract.image import ImageTransform
 from contract.scores import ranked, softmax
 from contract.spec import ModelSpec, read_spec
-from service.core.runtime import OnnxModel, RuntimeOptions
+from service.engine.runtime import OnnxModel, RuntimeOptions
 
 # The batch limits every peer is configured with (gmlp-serve: --max-batch-size, --max-queue-delay-ms).
 MAX_BATCH = 16

@@ -76,7 +76,7 @@ BENCH_KEY = "gmlp_benchmark_key_for_the_authentication_overhead"
 
 def _gmlp_keyed(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
     """gmlp-serve with a keys file of one infer key, which every request presents."""
-    from service.core.keys import digest
+    from service.access.keys import digest
 
     keys = work / "api-keys"
     keys.write_text(f"bench infer {digest(BENCH_KEY)}\n")

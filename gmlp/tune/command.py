@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _model_and_variants(repository: Path, model: str | None) -> tuple[str, list[str]]:
     """The model to tune and the variants its newest complete version has."""
     from contract.errors import UserError
-    from service.core.scan import require_sources
+    from contract.scan import require_sources
 
     sources = require_sources(repository)
     names = sorted(name for name, source in sources.items() if source.complete_versions())
@@ -123,7 +123,7 @@ def run_tune(args: argparse.Namespace) -> int:
     from gmlp.tune.report import write_all
     from gmlp.tune.space import Candidate, Measured, coordinate_descent, full_grid
     from loadtests.runner import parse_users
-    from service.core.settings import ServiceSettings, available_cpus
+    from service.settings import ServiceSettings, available_cpus
 
     if args.slo_p99_ms <= 0 or args.seconds <= 0 or args.warmup < 0:
         raise UserError("--slo-p99-ms and --seconds must be > 0, --warmup >= 0")

@@ -19,8 +19,8 @@ from starlette._utils import get_route_path  # the router's own rule, as FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated
-from service.core.access import Scope as KeyScope
-from service.core.keys import KeyStore, presented_key
+from service.access.keys import KeyStore, presented_key
+from service.access.scope import Scope as KeyScope
 from service.http.asgi import HttpMiddleware
 from service.http.errors import ErrorResponder
 from service.http.scopes import UNMATCHED_SCOPE, RouteIndex

@@ -3,7 +3,7 @@
 Their size follows from what was asked (top_k labels per image; top_k predictions, or one per
 target, per [MASK]), all bounded by the request limits (top_k <= 100, at most 1000 targets, the
 model's max_predictions [MASK]s). Most answers are a few hundred bytes and are encoded in place;
-one of many ranked entries is encoded in a worker thread (`service.core.offload`), so that no
+one of many ranked entries is encoded in a worker thread (`service.engine.offload`), so that no
 answer pauses the loop that serves every other request and probe.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from service.core.offload import encode_off_loop
+from service.engine.offload import encode_off_loop
 
 # A generous bound of one ranked entry's JSON: label or token text, score, id, sequence prefix.
 ENTRY_BYTES = 256

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from service.core.state import ServiceState
 from service.http.errors import REST_ERRORS, ErrorTable
+from service.lifecycle.state import ServiceState
 
 
 class DirectRoute(APIRoute):

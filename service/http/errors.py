@@ -53,7 +53,7 @@ from contract.errors import (
     most_specific,
 )
 from contract.messages import ECHO_LIMIT, escape_controls, shorten
-from service.core import requests
+from service.engine import request_context
 from service.http.asgi import HttpMiddleware
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class ErrorResponder:
         """`error` rendered by `table` and observed under its transport."""
         if self.observe is not None:
             self.observe(table.transport, error.code)
-        requests.note_error(error.code, error.message)
+        request_context.note_error(error.code, error.message)
         return table.response(error, status=status)
 
 

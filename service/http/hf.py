@@ -21,9 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.image import ACCEPTED_DESCRIPTION
-from service.core.access import Scope
-from service.core.deadline import Deadline, before
-from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
+from service.access.scope import Scope
+from service.engine.deadline import Deadline, before
 from service.http.answers import json_answer
 from service.http.direct import DirectRoute, get_state
 from service.http.disconnect import unless_disconnected
@@ -48,6 +47,7 @@ from service.http.schemas import (
     inline_schema,
 )
 from service.http.scopes import requires
+from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline
 
 
 def hf_body(error: RequestError) -> dict[str, Any]:

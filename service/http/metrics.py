@@ -12,8 +12,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.core.metrics import ServiceMetrics
 from service.http.asgi import HttpMiddleware
+from service.telemetry.metrics import ServiceMetrics
 
 
 class HttpMetricsMiddleware(HttpMiddleware):

@@ -3,12 +3,12 @@
 The outermost of the service's middlewares, so that every answer carries the request id, the
 early refusals (connection cap, size limits) and the unexpected errors included:
 
-- `X-Request-ID`: the client's, when acceptable (`service.core.requests`), else a generated one;
+- `X-Request-ID`: the client's, when acceptable (`service.engine.request_context`), else a generated one;
   echoed on the response either way;
 - `Server-Timing: queue;dur=MS, infer;dur=MS, total;dur=MS` on the answer to every task request
   (POST): the longest queue wait and batch run of its rows, and the time to the response's start
   (`server_timing` turns it off);
-- tracing on (`service.core.tracing`): a SERVER span continuing the request's `traceparent`, the
+- tracing on (`service.telemetry.tracing`): a SERVER span continuing the request's `traceparent`, the
   current span while the request is served, with a `read body` child span (from the first read of
   the body to its last byte); the span's name and `http.route` are the route template;
 - `access_log`: one line per answered request (method, path, route, status, duration, client) in
@@ -23,10 +23,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.core import requests
-from service.core.requests import REQUEST_ID_HEADER, RequestContext
-from service.core.tracing import Tracing, epoch_ns
+from service.engine import request_context
+from service.engine.request_context import REQUEST_ID_HEADER, RequestContext
 from service.http.asgi import HttpMiddleware
+from service.telemetry.tracing import Tracing, epoch_ns
 
 access_log = logging.getLogger("service.access")
 
@@ -64,7 +64,7 @@ class RequestObservationMiddleware(HttpMiddleware):
             elif name in _TRACE_HEADERS:
                 carrier[name.decode()] = value.decode("latin-1")
         method = scope["method"]
-        request = RequestContext(requests.accepted_request_id(given), "http", method=method)
+        request = RequestContext(request_context.accepted_request_id(given), "http", method=method)
         request_id = request.request_id.encode()
         timing = self.timing and method == "POST"
         status = 500
@@ -99,7 +99,7 @@ class RequestObservationMiddleware(HttpMiddleware):
                 message = {**message, "headers": headers}
             await send(message)
 
-        with requests.open_request(request):
+        with request_context.open_request(request):
             try:
                 traced = tracing is not None and request.span.is_recording()
                 await self.app(scope, timed_receive if traced else receive, observed_send)

@@ -3,7 +3,7 @@
 Bodies are parsed here rather than by FastAPI's `File`/`Body` parameters because FastAPI turns any
 error raised while reading a body into a bare 400; we want 413 for too large, 415 for a wrong
 content type and 422 for bad JSON, each with a message that says what is accepted. Every JSON body
-of every API is parsed by `json_document` (the strict parser of `service.core.strict_json`: finite
+of every API is parsed by `json_document` (the strict parser of `contract.strict_json`: finite
 numbers, bounded nesting) and then validated as a Python document, so that no door accepts what
 another refuses.
 """
@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from contract import strict_json
 from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType
 from contract.image import ACCEPTED_DESCRIPTION
 from contract.messages import echo
-from service.core import strict_json
 from service.http.errors import validation_error
 from service.http.schemas import ClassifyJSONRequest
 
@@ -133,7 +133,7 @@ def json_body(raw: bytes, schema: type[M], where: str) -> M:
 
 
 def json_document(raw: bytes | str, where: str) -> Any:
-    """The JSON document in `raw` (strict: `service.core.strict_json`); InvalidInput
+    """The JSON document in `raw` (strict: `contract.strict_json`); InvalidInput
     `invalid_request` saying what is wrong and where, as a schema's refusal does."""
     try:
         return strict_json.loads(raw)

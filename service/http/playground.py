@@ -24,11 +24,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from contract.formats import package_version
-from service.core.access import Scope
-from service.core.stats import StatsHistory
+from service.access.scope import Scope
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.schemas import ModelStatus, StatsResponse
 from service.http.scopes import declare, public, requires
+from service.telemetry.recent import StatsHistory
 
 STATIC = Path(__file__).resolve().parent / "static"
 VENDOR = Path(str(files("fastapi_offline") / "static"))

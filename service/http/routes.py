@@ -12,10 +12,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from contract.image import ACCEPTED_DESCRIPTION
-from service.core.access import Scope
-from service.core.deadline import Deadline, before
-from service.core.pipelines import FillMaskPipeline, VisionPipeline
-from service.core.state import FAILED
+from service.access.scope import Scope
+from service.engine.deadline import Deadline, before
 from service.http.answers import json_answer
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
@@ -33,6 +31,8 @@ from service.http.schemas import (
     VersionState,
 )
 from service.http.scopes import public, requires
+from service.lifecycle.state import FAILED
+from service.tasks.pipeline import FillMaskPipeline, VisionPipeline
 
 # Every endpoint here reads its own request and builds its own response (DirectRoute); refusals
 # take the REST error shape (REST_ERRORS, DirectRoute's own table).

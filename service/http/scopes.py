@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from starlette.routing import BaseRoute, Match
 
-from service.core.access import Scope
+from service.access.scope import Scope
 
 # The attribute on an endpoint function (or a route object) that holds its declared scope.
 SCOPE_ATTRIBUTE = "gmlp_required_scope"

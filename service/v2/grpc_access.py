@@ -1,10 +1,10 @@
 """Access control and connection limits of the gRPC server: API keys, TLS, slow and idle clients.
 
 The key comes as the `authorization` metadata (`Bearer KEY`, what tritonclient sends from its
-`headers`) or as `x-api-key`; the scope a method needs is the one table's (`service.core.access`).
+`headers`) or as `x-api-key`; the scope a method needs is the one table's (`service.access.scope`).
 A refused call never reaches the servicer (`service.v2.grpc_calls`): UNAUTHENTICATED, PERMISSION_DENIED, or
 RESOURCE_EXHAUSTED with a `retry-after` trailer over the key's rate, each with the message REST
-clients read. TLS comes from the same files as HTTPS (`service.core.tls`), re-read when they
+clients read. TLS comes from the same files as HTTPS (`service.access.tls`), re-read when they
 change: gRPC asks for the current certificate at each new connection's handshake.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 
-from service.core.keys import presented_key
-from service.core.settings import ServiceSettings
-from service.core.tls import TlsFiles
+from service.access.keys import presented_key
+from service.access.tls import TlsFiles
+from service.settings import ServiceSettings
 
 
 def metadata_credential(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:

@@ -12,7 +12,7 @@ in the trailing metadata, which is sent with the status at no extra cost; the in
 would be a separate write before the answer. The layers, outermost first: observation (request
 context and, with tracing on, a SERVER span continuing a `traceparent`), metrics (every call by
 method and final status code, refused ones too), then access control (the key the method's scope
-asks for, `service.core.access`).
+asks for, `service.access.scope`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import grpc
 from grpc import aio
 
 from contract.errors import PermissionDenied, RateLimited, RequestError, Unauthenticated
-from service.core import requests
-from service.core.access import grpc_scope
-from service.core.keys import KeyStore
-from service.core.metrics import ServiceMetrics
-from service.core.requests import REQUEST_ID_HEADER, RequestContext
-from service.core.tracing import Tracing
+from service.access.keys import KeyStore
+from service.access.scope import grpc_scope
+from service.engine import request_context
+from service.engine.request_context import REQUEST_ID_HEADER, RequestContext
+from service.telemetry.metrics import ServiceMetrics
+from service.telemetry.tracing import Tracing
 from service.v2.grpc_access import metadata_credential
 
 UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
@@ -77,7 +77,7 @@ class CallHandling:
             start = time.perf_counter()
             metadata = context.invocation_metadata() or ()
             given = next((v for k, v in metadata if k == REQUEST_ID_HEADER), None)
-            request_id = requests.accepted_request_id(given)
+            request_id = request_context.accepted_request_id(given)
             call_context = RequestContext(request_id, "grpc", method=method, route=method)
             trailer: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, request_id),)
             context.set_trailing_metadata(trailer)
@@ -90,7 +90,7 @@ class CallHandling:
                 token = tracing.activate(call_context.span)
             code = grpc.StatusCode.OK
             try:
-                with requests.open_request(call_context):
+                with request_context.open_request(call_context):
                     if keys is not None:
                         await _authorize(keys, metrics, status, metadata, scope, context, trailer)
                     return await call(request, context)
@@ -124,7 +124,7 @@ async def _authorize(
         keys.authorize(metadata_credential(metadata), scope, "grpc")
     except (Unauthenticated, PermissionDenied, RateLimited) as exc:
         metrics.refused("grpc", exc.code)
-        requests.note_error(exc.code, exc.message)
+        request_context.note_error(exc.code, exc.message)
         if isinstance(exc, RateLimited):
             trailer = (*trailer, ("retry-after", str(exc.retry_after_s)))
         await context.abort(status(type(exc)), exc.message, trailing_metadata=trailer)

@@ -34,14 +34,14 @@ from contract.errors import (
     most_specific,
 )
 from contract.messages import echo
-from service.core import requests
-from service.core.deadline import Deadline
-from service.core.keys import KeyStore
-from service.core.offload import encode_off_loop
-from service.core.settings import ServiceSettings
-from service.core.state import ServiceState
-from service.core.tls import TlsFiles
-from service.core.tracing import Tracing
+from service.access.keys import KeyStore
+from service.access.tls import TlsFiles
+from service.engine import request_context
+from service.engine.deadline import Deadline
+from service.engine.offload import encode_off_loop
+from service.lifecycle.state import ServiceState
+from service.settings import ServiceSettings
+from service.telemetry.tracing import Tracing
 from service.v2 import inference, repository
 from service.v2.grpc_access import connection_options, server_credentials
 from service.v2.grpc_calls import CallHandling
@@ -158,7 +158,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return await work
         except RequestError as exc:
             self.state.metrics.refused("grpc", exc.code)
-            requests.note_error(exc.code, exc.message)
+            request_context.note_error(exc.code, exc.message)
             await context.abort(grpc_status(type(exc)), exc.message)
         except Exception:
             log.exception("unhandled error in a gRPC call")

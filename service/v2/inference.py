@@ -40,12 +40,12 @@ import numpy as np
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound
 from contract.formats import MAX_FILL_MASK_TOP_K, package_version
 from contract.messages import echo
-from service.core import requests
-from service.core.deadline import Deadline
-from service.core.pipelines import FillMaskPipeline, Pipeline, VisionPipeline
-from service.core.repository import VersionError, parse_version
-from service.core.state import FAILED, ServiceState
-from service.core.statistics import DEFAULT_VERSION
+from contract.repository import VersionError, parse_version
+from service.engine import request_context
+from service.engine.deadline import Deadline
+from service.lifecycle.state import FAILED, ServiceState
+from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline
+from service.telemetry.statistics import DEFAULT_VERSION
 from service.v2.answer_budget import AnswerSize, all_raw, answer_size, check_answer
 from service.v2.tensors import BYTES, Tensor, bytes_tensor, datatype_of
 
@@ -356,7 +356,7 @@ async def infer(
     builds it (`answer_budget`): `AnswerSize` rides on the result for the transport's encoding."""
     number = version_number(state, request.model_name, request.model_version)
     # The protocol's id: the client's, else the request id (X-Request-ID / x-request-id metadata).
-    context = requests.current()
+    context = request_context.current()
     id_ = request.id or (context.request_id if context is not None else "")
     start, ok = time.perf_counter(), False
     served: Pipeline | None = None

@@ -7,7 +7,7 @@ input marked `optional`, the alternative of the graph's tensors), `dynamic_batch
 queue delay and queue policy of the settings, the execution instances as `instance_group`, and the
 version policy. Nothing is written by hand: it comes from the served directory and the settings.
 
-`model_statistics` reports the counters of `service.core.statistics` in Triton's
+`model_statistics` reports the counters of `service.telemetry.statistics` in Triton's
 `ModelStatistics` schema. Both are plain JSON-ready dicts with numbers (the REST form); the gRPC
 server parses the same dicts into its messages, so both transports answer alike.
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from contract.errors import ErrorCode, ModelNotFound
-from service.core.state import ServiceState
-from service.core.statistics import Duration, ModelCounters
+from service.lifecycle.state import ServiceState
+from service.telemetry.statistics import Duration, ModelCounters
 from service.v2 import inference
 from service.v2.tensors import BYTES
 

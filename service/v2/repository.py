@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract.errors import ErrorCode, InvalidInput
-from service.core.state import ServiceState
+from service.lifecycle.state import ServiceState
 
 
 def index(state: ServiceState, ready_only: bool = False) -> list[dict[str, str]]:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictBool
 
-from service.core.access import Scope
+from service.access.scope import Scope
 from service.http.direct import DirectRoute, get_state
 from service.http.parsing import json_body
 from service.http.scopes import requires

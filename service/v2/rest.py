@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse, Response
 
 from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.messages import echo
-from service.core.access import Scope
-from service.core.deadline import Deadline, before
-from service.core.offload import encode_off_loop
+from service.access.scope import Scope
+from service.engine.deadline import Deadline, before
+from service.engine.offload import encode_off_loop
 from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import bare_pipeline
 from contract.scores import ranked, softmax
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

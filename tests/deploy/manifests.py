@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from helpers import REPO_ROOT
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 DEPLOY = REPO_ROOT / "deploy"
 K8S = DEPLOY / "k8s"

@@ -17,7 +17,7 @@ from manifests import (
     shutdown_budget_s,
 )
 
-from service.core.metrics import ServiceMetrics
+from service.telemetry.metrics import ServiceMetrics
 
 CORE_KINDS = {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"}
 

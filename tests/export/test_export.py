@@ -218,7 +218,7 @@ def _row_dependence(path, inputs) -> float:
 def test_static_int8_rows_are_independent_and_dynamic_ones_are_not(
     static_int8, tiny_vision_served, tiny_mlm_served, task
 ):
-    from service.core.runtime import OnnxModel, RuntimeOptions
+    from service.engine.runtime import OnnxModel, RuntimeOptions
 
     static_dir, ckpt = static_int8[task]
     dynamic_dir = {"vision": tiny_vision_served, "mlm": tiny_mlm_served}[task]  # exported without calibration

@@ -13,7 +13,7 @@ import pytest
 
 from gmlp.cli import main
 from gmlp.tune.space import Candidate, Measured, Space, coordinate_descent, parse_values
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 # Generous: the machine running the tests is shared; what is checked is the tool's own verdict.
 SLO_MS = 20_000.0

@@ -37,7 +37,7 @@ import importlib.util, json
 import service
 from gmlp.paths import IMAGENET_CLASS_INDEX
 from loadtests.workload import LoadConfig, load_images, load_sentences
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 from service.http.playground import STATIC
 
 settings = ServiceSettings()

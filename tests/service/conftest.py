@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 from svc_harness import RunningServer, wait_until
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from service.core.keys import key_line, new_key
+from service.access.keys import key_line, new_key
 
 
 def keys_file_text(keys: dict[str, str], scopes: dict[str, str]) -> str:

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.harness import free_port as free_port  # for the v2 tests' gRPC port
 from service.app import create_app
 from service.cli import server_options
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 
 def wait_until(condition: Callable[[], bool], *, timeout: float = 20.0, interval: float = 0.02) -> None:

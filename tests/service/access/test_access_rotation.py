@@ -18,7 +18,7 @@ import httpx
 import pytest
 from keys import bearer, keys_file_text, replace_file
 
-from service.core.keys import SETTLE_S, new_key
+from service.access.keys import SETTLE_S, new_key
 
 if TYPE_CHECKING:
     from svc_harness import RunningServer

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from keys import bearer
 
-from service.core.keys import new_key
+from service.access.keys import new_key
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 

@@ -14,10 +14,10 @@ from starlette.types import Receive, Scope, Send
 
 from contract.errors import ErrorCode, InvalidInput
 from service.app import create_app
-from service.core.settings import ServiceSettings
 from service.http.direct import DirectRoute, error_namespaces
 from service.http.dispatch import DirectDispatchMiddleware
 from service.http.errors import REST_ERRORS, ErrorResponder, ErrorTable, error_handlers
+from service.settings import ServiceSettings
 
 
 def test_a_direct_route_refuses_parameters_fastapi_would_inject() -> None:

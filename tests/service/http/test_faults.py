@@ -40,10 +40,10 @@ from loadtests.checks import check_classify, check_fill_mask
 from loadtests.metrics_scrape import http_get
 from service import cli
 from service.app import create_app
-from service.core.deadline import Deadline
-from service.core.metrics import ServiceMetrics
-from service.core.pipelines import FillMaskPipeline, load_pipeline
-from service.core.settings import ServiceSettings
+from service.engine.deadline import Deadline
+from service.settings import ServiceSettings
+from service.tasks.pipeline import FillMaskPipeline, load_pipeline
+from service.telemetry.metrics import ServiceMetrics
 from svc_harness import SERVER_ARGS, TEST_SERVER
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
@@ -95,7 +95,7 @@ def test_ort_failure_in_a_batch_fails_only_the_poisoned_request(
         finally:
             await pipeline.batcher.close(10)
 
-    with caplog.at_level(logging.WARNING, logger="service.core.batching"):
+    with caplog.at_level(logging.WARNING, logger="service.engine.batcher"):
         alone, together = asyncio.run(asyncio.wait_for(main(), 60))
 
     assert any("batch of 4 failed" in r.getMessage() for r in caplog.records), caplog.text

@@ -14,8 +14,8 @@ import pytest
 
 from gmlp.server_process import ServerProcess, gmlp_serve
 from loadtests.checks import check_classify
-from service.core.settings import ServiceSettings
 from service.granian_server import settings_environment
+from service.settings import ServiceSettings
 
 pytest.importorskip("granian")
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from service.app import create_app
-from service.core.settings import ServiceSettings
+from service.settings import ServiceSettings
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from svc_harness import RunningServer

@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.harness import free_port, gmlp_serve, http_get
 from benchmarks.otlp_sink import OtlpSink
-from service.core.requests import MAX_REQUEST_ID_LENGTH
+from service.engine.request_context import MAX_REQUEST_ID_LENGTH
 from svc_harness import RunningServer
 
 pytestmark = pytest.mark.timeout(180)

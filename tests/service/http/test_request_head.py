@@ -18,7 +18,7 @@ from raw_http import raw_request
 
 from contract.errors import ErrorCode, ModelNotFound
 from contract.messages import CONTROL_CHARACTERS, ECHO_LIMIT, MESSAGE_LIMIT, echo
-from service.core.logs import TextFormatter
+from service.telemetry.logs import TextFormatter
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 

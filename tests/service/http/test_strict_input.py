@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from repository_servers import CONTROL_HEADERS, start_repository_server
 
-from service.core.strict_json import MAX_JSON_DEPTH
+from contract.strict_json import MAX_JSON_DEPTH
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 

@@ -29,7 +29,7 @@ from repository_servers import (
 )
 from tritonclient.utils import InferenceServerException
 
-from service.core.repository import VersionError, parse_version
+from contract.repository import VersionError, parse_version
 from svc_harness import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
@@ -94,7 +94,7 @@ def test_poll_mode_lists_broken_directories_and_keeps_loading(
     assert "ruled" not in {e["name"] for e in _index(server) if e["state"] == "READY"}  # held, not loaded
     assert server.metric("gmlp_repository_problems") >= len(DEPLOYED_WHILE_POLLING)
     assert server.metric("gmlp_repository_poller_restarts_total") == 0
-    logged = [r.getMessage() for r in caplog.records if r.name == "service.core.poller"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "service.lifecycle.poller"]
     assert any("unreadable config" in line for line in logged) and len(logged) == len(set(logged))
     server.stop()  # drains and stops: the poller is cancelled, not dead
 

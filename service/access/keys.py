@@ -1,0 +1,378 @@
+"""API keys: the keys file, the decision for each request, per-key rate limits.
+
+The keys file (`GMLP_API_KEYS_FILE`) holds one key per line; `#` starts a comment:
+
+    # name    scopes         key digest (sha256:<64 hex digits>)   options
+    ci        infer          sha256:2c26b46b68ffc68ff99b...e7ae     rate=20 burst=40
+    operator  admin,metrics  sha256:fcde2b2edba56bf40860...8fb9
+
+(digests shortened here; a real line holds all 64 hex digits).
+
+- name: letters, digits, `.`, `_`, `-` (at most 64); unique. It labels the key's metrics and log
+  lines; the key itself appears nowhere.
+- scopes: comma-separated, from `infer`, `admin`, `metrics` (`service.access.scope`).
+- key digest: `sha256:` and the hex SHA-256 of the key, so the file holds no usable secret
+  (`python -m service.access.keys new NAME SCOPES` prints a new key and its line).
+- options: `rate=R` requests per second with `burst=B` (default: R rounded up) allowed at once;
+  beyond it 429 with `Retry-After`. No rate: unlimited.
+
+The file is re-read when it changes and on SIGHUP (`service.access.watch`); a file that does not
+parse keeps the keys in force, and says why in the log and in `gmlp_file_reloads_total`. A
+presented key is hashed and compared with every digest in constant time (`hmac.compare_digest`).
+
+A file rewritten in place (truncated, then written) is read half-written by a watcher that looks
+at the wrong moment: empty, or with only its first lines. So the watcher applies a change at once
+only when it cannot take a valid key away (the file was replaced by a new one, as `mv` and a
+Secret volume do; or every key in force is still there, unchanged); a change that removes or
+alters a key is applied once the file has read the same for `SETTLE_S`. And a file that reads
+empty (nothing but white space) never replaces keys in force: a file meant to hold no key holds a
+comment (`# no keys`). SIGHUP applies the file as it reads at that moment (the operator says it is
+complete), except that rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+import re
+import secrets
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contract.errors import ErrorCode, PermissionDenied, RateLimited, Unauthenticated, UserError
+from service.access.scope import Scope
+from service.access.watch import Signature, signature
+from service.telemetry.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+SETTLE_S = 1.0  # how long a change that removes or alters a key must read the same before it applies
+ANONYMOUS = "anonymous"  # the metrics' name for requests without a key where none is needed
+INVALID = "invalid"  # ... and for requests with a key that matches none
+
+
+def digest(key: str) -> str:
+    """The keys file's form of `key`: `sha256:` and its hex SHA-256."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_line(name: str, scopes: str, key: str, *options: str) -> str:
+    """The keys file's line for `key` (stored as its digest): `NAME SCOPES sha256:... [OPTIONS]`."""
+    return " ".join([name, scopes, digest(key), *options])
+
+
+def presented_key(fields: Iterable[tuple[str, str]]) -> str | None:
+    """The key among a request's header or metadata fields (lower-case names): a Bearer
+    `authorization`, else `x-api-key`; None when neither is sent."""
+    api_key = None
+    for name, value in fields:
+        if name == "authorization":
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+        elif name == "x-api-key" and value.strip():
+            api_key = value.strip()
+    return api_key
+
+
+def new_key() -> str:
+    """A fresh random key (256 bits)."""
+    return "gmlp_" + secrets.token_urlsafe(32)
+
+
+@dataclass
+class TokenBucket:
+    """`rate` requests per second, `burst` at once."""
+
+    rate: float
+    burst: int
+    tokens: float = field(init=False)
+    at: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.burst)
+
+    def take(self, now: float) -> float:
+        """0 when a request may pass (and is counted), else the seconds until one may."""
+        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    digest: bytes  # the raw SHA-256
+    scopes: frozenset[Scope]
+    rate: float | None = None
+    burst: int = 1
+
+
+def _options(name: str, words: list[str], where: str) -> tuple[float | None, int | None]:
+    rate: float | None = None
+    burst: int | None = None
+    for word in words:
+        key, _, value = word.partition("=")
+        try:
+            if key == "rate":
+                rate = float(value)
+                if not math.isfinite(rate) or rate <= 0:
+                    raise ValueError
+            elif key == "burst":
+                burst = int(value)
+                if burst < 1:
+                    raise ValueError
+            else:
+                raise KeyError
+        except KeyError:
+            raise ValueError(f"{where}: unknown option {key!r} of {name!r} (rate=, burst=)") from None
+        except ValueError:
+            raise ValueError(f"{where}: {key} of {name!r} must be a positive number, not {value!r}") from None
+    if burst is not None and rate is None:
+        raise ValueError(f"{where}: burst= of key {name!r} needs a rate=")
+    return rate, burst
+
+
+def parse_keys(text: str, source: str = "keys file") -> list[ApiKey]:
+    """The keys of a keys file; ValueError (with the line, never a key) for anything malformed."""
+    keys: list[ApiKey] = []
+    names: set[str] = set()
+    digests: set[bytes] = set()
+    allowed = ", ".join(s.value for s in Scope)
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{source} line {number}"
+        if len(words) < 3:
+            raise ValueError(f"{where}: expected NAME SCOPES sha256:DIGEST [rate=R] [burst=B]")
+        name, scope_list, key_digest, *rest = words
+        if not NAME.match(name) or name in (ANONYMOUS, INVALID):
+            raise ValueError(f"{where}: name {name!r} must be 1-64 letters, digits, '.', '_' or '-'")
+        if name in names:
+            raise ValueError(f"{where}: name {name!r} is used twice")
+        try:
+            scopes = frozenset(Scope(s) for s in scope_list.split(","))
+        except ValueError:
+            raise ValueError(f"{where}: scopes of {name!r} must be a comma list of {allowed}") from None
+        found = DIGEST.match(key_digest)
+        if found is None:
+            # Never echo the field: it may be a key pasted in by mistake.
+            raise ValueError(f"{where}: the key of {name!r} must be given as sha256:<64 hex digits>")
+        raw = bytes.fromhex(found.group(1))
+        if raw in digests:
+            raise ValueError(f"{where}: the key of {name!r} is also another key's")
+        rate, burst = _options(name, rest, where)
+        burst = burst if burst is not None else max(1, math.ceil(rate or 1))
+        keys.append(ApiKey(name, raw, scopes, rate, burst))
+        names.add(name)
+        digests.add(raw)
+    return keys
+
+
+class KeyStore:
+    """The keys in force and the decision for each request that needs a scope.
+
+    Without a keys file (`path` None) every scope but admin is open; with one, every scope needs a
+    key that holds it, even when the file lists no keys (emptying the file locks the service
+    rather than opening it). Admin needs an admin key in every case.
+    """
+
+    def __init__(self, path: Path | None, metrics: ServiceMetrics | None = None) -> None:
+        self.path = path
+        self.metrics = metrics
+        self.keys: list[ApiKey] = []
+        self.buckets: dict[str, TokenBucket] = {}
+        self.seen: Signature = ()
+        self.pending: tuple[str, float] | None = None  # a change read in place, since when
+        self.vetted: tuple[Signature, str] | None = None  # what `changed` found ready to apply
+        if path is not None and not self.reload():
+            raise UserError(f"GMLP_API_KEYS_FILE {path} cannot be used; the log says why")
+
+    def __repr__(self) -> str:
+        return f"API keys file {self.path}"
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    @property
+    def paths(self) -> list[Path]:
+        return [self.path] if self.path is not None else []
+
+    def changed(self) -> bool:
+        """The watcher's question: True when the file changed and the change may be applied now
+        (`reload` then applies what was read here); a change that would remove or alter a key of
+        a file rewritten in place waits until it has read the same for SETTLE_S."""
+        now = signature(self.paths)
+        if now == self.seen or self.path is None:
+            return False
+        try:
+            text = self.path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return True  # reload says why
+        if not self._safe_now(now, text):
+            if self.pending is None or self.pending[0] != text:
+                self.pending = (text, time.monotonic())
+                log.debug("API keys file %s changed in place; applied once it reads the same", self.path)
+                return False
+            if time.monotonic() - self.pending[1] < SETTLE_S:
+                return False
+        self.vetted = (now, text)
+        return True
+
+    def _safe_now(self, now: Signature, text: str) -> bool:
+        """Whether `text` may be applied at once: a new file (inode), a file that does not parse
+        (reload keeps the keys and says why), or one that keeps every key in force as it is."""
+        replaced = [s and s[2:] for s in now] != [s and s[2:] for s in self.seen]
+        if replaced:
+            return True
+        try:
+            keys = parse_keys(text, str(self.path))
+        except ValueError:
+            return True
+        return bool(text.strip()) and set(self.keys) <= set(keys)
+
+    def reload(self) -> bool:
+        """Re-read the file (what `changed` read just before, for the watcher); on failure, or when
+        it reads empty while keys are in force, keep the keys in force and log why."""
+        if self.path is None:
+            return True
+        vetted, self.vetted = self.vetted, None
+        self.pending = None
+        self.seen = vetted[0] if vetted is not None else signature(self.paths)
+        try:
+            text = vetted[1] if vetted is not None else self.path.read_text()
+            if not text.strip() and self.keys:
+                raise ValueError(
+                    f"{self.path} reads empty (truncated while rewritten?); to remove every key, write a "
+                    "comment line such as '# no keys'"
+                )
+            keys = parse_keys(text, str(self.path))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            log.error("API keys not re-read, the %d in force stay: %s", len(self.keys), exc)
+            self._observe(ok=False)
+            return False
+        old = {k.name: k for k in self.keys}
+        self.buckets = {
+            k.name: self.buckets[k.name]
+            if k.name in self.buckets and (old[k.name].rate, old[k.name].burst) == (k.rate, k.burst)
+            else TokenBucket(k.rate, k.burst)
+            for k in keys
+            if k.rate is not None
+        }
+        self.keys = keys
+        log.info("API keys loaded from %s: %s", self.path, ", ".join(k.name for k in keys) or "none")
+        self._observe(ok=True)
+        return True
+
+    def _observe(self, ok: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.file_reloaded("api_keys", ok)
+            self.metrics.api_keys.set(len(self.keys))
+
+    def find(self, credential: str) -> ApiKey | None:
+        """The key whose digest matches, comparing with every key (no early exit)."""
+        candidate = hashlib.sha256(credential.encode()).digest()
+        found = None
+        for key in self.keys:
+            if hmac.compare_digest(key.digest, candidate):
+                found = key
+        return found
+
+    def authorize(self, credential: str | None, scope: Scope, transport: str) -> str:
+        """The name of the key that may make this request (`anonymous` when none is needed);
+        Unauthenticated, PermissionDenied or RateLimited otherwise. Counted by name and outcome."""
+        name = ANONYMOUS
+        try:
+            if not self.enabled:
+                if scope is Scope.ADMIN:
+                    raise admin_closed()
+                return name
+            if not credential:
+                raise Unauthenticated(
+                    ErrorCode.UNAUTHENTICATED,
+                    "this route needs an API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                )
+            key = self.find(credential)
+            if key is None:
+                name = INVALID
+                raise Unauthenticated(ErrorCode.UNAUTHENTICATED, "the API key is not valid")
+            name = key.name
+            if scope not in key.scopes:
+                if scope is Scope.ADMIN and not any(Scope.ADMIN in k.scopes for k in self.keys):
+                    raise admin_closed()
+                held = ", ".join(sorted(key.scopes))
+                raise PermissionDenied(
+                    ErrorCode.FORBIDDEN, f"the key {name!r} has scope {held}; this route needs {scope}"
+                )
+            bucket = self.buckets.get(name)
+            wait = bucket.take(time.monotonic()) if bucket is not None else 0.0
+            if bucket is not None and wait > 0:
+                raise RateLimited(
+                    ErrorCode.RATE_LIMITED,
+                    f"the key {name!r} is limited to {bucket.rate:g} requests/s (burst {bucket.burst}); "
+                    "retry after the Retry-After delay",
+                    retry_after_s=max(1, math.ceil(wait)),
+                )
+        except (Unauthenticated, PermissionDenied, RateLimited) as exc:
+            self._count(name, transport, exc.code)  # the refusal's code is its outcome
+            raise
+        self._count(name, transport, "allowed")
+        return name
+
+    def _count(self, name: str, transport: str, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.key_request(name, transport, outcome)
+
+
+def admin_closed() -> PermissionDenied:
+    return PermissionDenied(
+        ErrorCode.FORBIDDEN,
+        "admin routes are closed: no API key with scope admin is configured (GMLP_API_KEYS_FILE)",
+    )
+
+
+def main(argv: list[str]) -> int:
+    """`python -m service.access.keys new NAME SCOPES [OPTIONS...]`: a new key and its keys-file line."""
+    if len(argv) < 3 or argv[0] != "new":
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    _, name, scopes, *options = argv
+    key = new_key()
+    line = key_line(name, scopes, key, *options)
+    try:
+        parse_keys(line, "the new line")
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"key (give it to the client; it is not stored): {key}")
+    print(f"line for GMLP_API_KEYS_FILE:\n{line}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+
+
+__all__ = [
+    "presented_key",
+    "KeyStore",
+    "ApiKey",
+    "parse_keys",
+    "digest",
+    "new_key",
+    "TokenBucket",
+    "ANONYMOUS",
+    "INVALID",
+]

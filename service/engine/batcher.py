@@ -1,0 +1,414 @@
+"""Dynamic batching: gather concurrent requests into one model run, off the event loop.
+
+The batcher is generic over `run_batch(list_of_inputs) -> list_of_outputs` and knows nothing about
+HTTP or ONNX, so it can be tested with a plain function and reused for any model. Policy (the one
+Triton, Ray Serve and TorchServe share):
+
+- requests wait in a bounded FIFO queue; a full queue rejects at once (`Overloaded`, shed load
+  early instead of letting latency grow without bound);
+- a batch runs at once with what is queued unless more requests are on their way: callers mark
+  the time a request spends before it can be queued (decoding, tokenising) with `arriving()`,
+  and only while some are, the loop waits for them, until `max_batch_size` requests wait or
+  `max_queue_delay_s` has passed since the *first* waiting one. A lone request at low load runs
+  without any delay; under load the queue that builds while a batch runs forms the next batch
+  (as Triton does with a zero queue delay), topped up with requests about to arrive.
+  `always_wait` restores the classic window: the first request always waits up to the delay;
+- up to `instances` batches of a model run at once, each in a worker thread (Triton's execution
+  instances; ONNX Runtime releases the GIL, and one session may be run from several threads);
+  a batch is formed when an instance is free, so while all of them run, the queue builds the
+  next batch, and the event loop stays free to accept and parse the next requests; what is
+  queued when several instances are free is shared out among them;
+- a request past its deadline fails with `DeadlineExceeded`; a cancelled request (client gone,
+  deadline hit) is removed from the queue and never reaches `run_batch`;
+- each request gets its own result; if a batch raises, its requests are retried one by one so one
+  poisoned input cannot fail its batch-mates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from contract.errors import Closed, ErrorCode, Overloaded
+from service.engine import request_context
+from service.engine.batch_run import BatchRun, RunClock
+from service.engine.deadline import Deadline
+from service.engine.request_context import RequestContext
+
+log = logging.getLogger(__name__)
+
+I = TypeVar("I")  # noqa: E741 - the conventional name for an input type
+O = TypeVar("O")  # noqa: E741
+
+
+class BatchObserver(Protocol):
+    """What the batcher reports to its observers: metrics and traces (`service.telemetry`)."""
+
+    def queue_depth(self, depth: int) -> None: ...
+
+    def rejected(self, reason: str) -> None: ...
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None: ...
+
+    def batch_ran(self, run: BatchRun) -> None: ...
+
+
+class _NullObserver:
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def rejected(self, reason: str) -> None:
+        pass
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
+        pass
+
+    def batch_ran(self, run: BatchRun) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Pending(Generic[I, O]):
+    item: I
+    future: asyncio.Future[O]
+    enqueued: float = field(default_factory=time.monotonic)
+    deadline: Deadline | None = None
+    # The request this row belongs to: its Server-Timing and spans get the batch's times.
+    request: RequestContext | None = field(default_factory=request_context.current)
+
+
+class DynamicBatcher(Generic[I, O]):
+    """Collects concurrently `submit`ted items into batches for `run_batch`, one model's queue.
+
+    Batching turns many small model runs into few large ones, which ONNX Runtime runs at a lower
+    cost per item; the bounded queue sheds load at once instead of letting latency grow, and each
+    request keeps its own deadline and its own result. The policy is the module docstring's;
+    `start` runs the loops on the event loop, `drain`/`close` stop it on shutdown.
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[I]], list[O]],
+        *,
+        max_batch_size: int,
+        max_queue_delay_s: float,
+        max_queue_size: int,
+        name: str = "model",
+        observer: BatchObserver | None = None,
+        always_wait: bool = False,
+        instances: int = 1,
+    ) -> None:
+        if max_batch_size < 1 or max_queue_size < 1 or max_queue_delay_s < 0 or instances < 1:
+            raise ValueError(
+                "max_batch_size, max_queue_size and instances must be >= 1, max_queue_delay_s >= 0"
+            )
+        self.run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_s
+        self.max_queue_size = max_queue_size
+        # True: the first waiting request always waits up to max_queue_delay_s for batch-mates
+        # (fuller batches at moderate load, for its latency), not only while some are arriving.
+        self.always_wait = always_wait
+        self.instances = instances
+        self.name = name
+        self.observer: BatchObserver = observer or _NullObserver()
+        self._queue: deque[_Pending[I, O]] = deque()
+        self._running = 0
+        self._arriving = 0
+        self._accepting = False
+        self._tasks: list[asyncio.Task[None]] = []  # one loop per instance
+        self._active = 0  # batches being run now
+        self._wakeup: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        # One thread per instance: a batch never waits for a thread, only for a free instance.
+        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"batch-{name}")
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        if self._tasks:
+            return
+        self._wakeup, self._idle = asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._accepting = True
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._loop(i), name=f"batcher-{self.name}-{i}") for i in range(self.instances)
+        ]
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop accepting; wait (at most `timeout` s) until queued and running requests finished.
+
+        Returns whether everything finished. Queued requests are flushed without waiting for
+        the batching window, since no batch-mates can arrive any more.
+        """
+        self._accepting = False
+        if not self._tasks or self._idle is None or self._wakeup is None:
+            return True
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Drain, then stop the loop; requests still waiting after `timeout` fail with Closed."""
+        await self.drain(timeout)
+        # A loop cancelled while its batch still runs answers that batch with the closing error.
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(self._closed())
+        self.observer.queue_depth(0)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- state -------------------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        """Requests in the batches being run now."""
+        return self._running
+
+    @property
+    def running_batches(self) -> int:
+        return self._active
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    @property
+    def arriving_now(self) -> int:
+        """Requests being prepared (inside `arriving()`) that will be submitted next."""
+        return self._arriving
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Mark a request on its way to `submit` (being decoded): a forming batch may wait for it.
+
+        Leave the block right before `submit` (no await in between), or on failure."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            if self._wakeup is not None:
+                self._wakeup.set()  # a batch waiting for this request re-checks at once
+
+    async def submit(self, item: I, deadline: Deadline | None = None) -> O:
+        """Queue `item` and wait for its result until `deadline`.
+
+        Raises Overloaded (queue full), DeadlineExceeded or Closed (not accepting); if the caller
+        is cancelled (client disconnected) the item is withdrawn and never run.
+        """
+        if not self._accepting or self._wakeup is None or self._idle is None:
+            self.observer.rejected("shutting_down")
+            raise Closed(
+                ErrorCode.CLOSED, f"model {self.name} is not accepting requests (starting or shutting down)"
+            )
+        if len(self._queue) >= self.max_queue_size:
+            self.observer.rejected("queue_full")
+            raise Overloaded(
+                ErrorCode.OVERLOADED,
+                f"the queue of model {self.name} is full ({self.max_queue_size} waiting)",
+            )
+        timeout = None if deadline is None else deadline.remaining()
+        if deadline is not None and timeout is not None and timeout <= 0:
+            self.observer.rejected("deadline")
+            raise deadline.exceeded()
+        pending: _Pending[I, O] = _Pending(
+            item, asyncio.get_running_loop().create_future(), deadline=deadline
+        )
+        self._queue.append(pending)
+        self._idle.clear()
+        self.observer.queue_depth(len(self._queue))
+        self._wakeup.set()
+        try:
+            # On timeout the scope cancels this task, and with it the awaited future, which
+            # marks the request as abandoned for the loop.
+            async with asyncio.timeout(timeout):
+                return await pending.future
+        except TimeoutError:
+            self._withdraw(pending, "deadline")
+            assert deadline is not None  # only a deadline times out
+            raise deadline.exceeded() from None
+        except asyncio.CancelledError:
+            self._withdraw(pending, "cancelled")
+            raise
+
+    def _withdraw(self, pending: _Pending[I, O], reason: str) -> None:
+        """Remove a request that gave up; counted as rejected only if it had not run yet."""
+        pending.future.cancel()
+        try:
+            self._queue.remove(pending)
+        except ValueError:  # already taken into a batch (its result is discarded) or finished
+            if reason == "deadline":
+                self.observer.rejected(reason)
+            return
+        self.observer.rejected(reason)
+        self.observer.queue_depth(len(self._queue))
+        self._set_idle_if_done()
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def _loop(self, instance: int) -> None:
+        """One instance: form a batch, run it, and at once form the next.
+
+        Each instance is its own loop so that a finished batch is followed by the next one in
+        the same task, without another trip through the event loop's queue of ready callbacks
+        (under load, each trip waits behind the parsing and decoding of many requests)."""
+        assert self._wakeup is not None
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            # Wait for batch-mates on their way, until the batch is full or the head's window ends.
+            while (
+                self._queue
+                and len(self._queue) < self.max_batch_size
+                and self._accepting
+                and (self._arriving > 0 or self.always_wait)
+            ):
+                remaining = self._queue[0].enqueued + self.max_queue_delay_s - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._wakeup.wait()
+                except TimeoutError:
+                    break
+            batch = self._take_batch()
+            if batch:
+                await self._run(batch, instance)
+            self._set_idle_if_done()
+
+    def _batch_limit(self) -> int:
+        """How many requests this instance takes: its share of the queue among the free instances.
+
+        Requests that arrived together (a burst, or the queue that built while every instance
+        was busy) are split over the instances free to take them rather than run on one while
+        another idles: at c = 8 on two single-threaded instances, two batches of 4 side by side
+        instead of one of 8 halve the time to the answers. Under steady load one instance
+        frees at a time and takes up to `max_batch_size`."""
+        free = max(1, self.instances - self._active)
+        return min(self.max_batch_size, -(-len(self._queue) // free))
+
+    def _take_batch(self) -> list[_Pending[I, O]]:
+        """Pop this instance's share of live requests (`_batch_limit`); cancelled ones are
+        skipped, expired ones failed."""
+        batch: list[_Pending[I, O]] = []
+        now = time.monotonic()
+        limit = self._batch_limit()
+        while self._queue and len(batch) < limit:
+            pending = self._queue.popleft()
+            if pending.future.done():
+                continue
+            if pending.deadline is not None and pending.deadline.passed(now):
+                pending.future.set_exception(pending.deadline.exceeded())
+                self.observer.rejected("deadline")
+                continue
+            batch.append(pending)
+        self.observer.queue_depth(len(self._queue))
+        return batch
+
+    async def _run(self, batch: list[_Pending[I, O]], instance: int = 0) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        waits = [start - p.enqueued for p in batch]
+        self._running += len(batch)
+        self._active += 1
+        timed, error = RunClock(), None
+        try:
+            outputs = await loop.run_in_executor(
+                self._executor, self._run_checked, [p.item for p in batch], timed
+            )
+        except Exception as exc:
+            error = exc
+            if len(batch) == 1:
+                _resolve(batch[0], exc=exc)
+            else:
+                log.warning(
+                    "batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc
+                )
+                await self._run_singly(batch)
+        else:
+            for pending, output in zip(batch, outputs, strict=True):
+                _resolve(pending, result=output)
+        finally:
+            # Closed while the batch ran (close() past its timeout): its requests get the closing
+            # error now rather than hanging until their deadlines; without one they never would.
+            for pending in batch:
+                _resolve(pending, exc=self._closed())
+            self._running -= len(batch)
+            self._active -= 1
+            self.observer.batch_done(len(batch), waits, time.monotonic() - start)
+            run = BatchRun.of(instance, batch, start, timed, error)
+            for pending in batch:  # each request's share of the batch: its Server-Timing
+                if pending.request is not None:
+                    pending.request.batched(start - pending.enqueued, run.run_end - run.run_start)
+            self.observer.batch_ran(run)
+
+    async def _run_singly(self, batch: list[_Pending[I, O]]) -> None:
+        loop = asyncio.get_running_loop()
+        for pending in batch:
+            if pending.future.done():
+                continue
+            try:
+                (output,) = await loop.run_in_executor(
+                    self._executor, self._run_checked, [pending.item], RunClock()
+                )
+            except Exception as exc:
+                _resolve(pending, exc=exc)
+            else:
+                _resolve(pending, result=output)
+
+    def _run_checked(self, items: list[I], timed: RunClock) -> list[O]:
+        timed.start = time.monotonic()
+        try:
+            outputs = self.run_batch(items)
+        finally:
+            timed.end = time.monotonic()
+        if len(outputs) != len(items):
+            raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(items)} inputs")
+        return outputs
+
+    def _closed(self) -> Closed:
+        return Closed(ErrorCode.CLOSED, f"model {self.name} is shutting down")
+
+    def _set_idle_if_done(self) -> None:
+        if not self._queue and not self._active and self._idle is not None:
+            self._idle.set()
+
+
+def _resolve(pending: _Pending[I, O], *, result: O | None = None, exc: BaseException | None = None) -> None:
+    """Deliver a result unless the requester already gave up."""
+    if pending.future.done():
+        return
+    if exc is not None:
+        pending.future.set_exception(exc)
+    else:
+        pending.future.set_result(result)  # type: ignore[arg-type]
+
+
+__all__ = ["DynamicBatcher", "BatchObserver", "BatchRun"]

@@ -1,0 +1,193 @@
+"""A batch's rows as the pipelines submit them, and what the batch thread hands back for each.
+
+A task request's post-processing (scores, ranking, label and token-string lookups) runs in the
+batch thread, once per batch and vectorised over its rows, not once per request on the event
+loop: a `Job` carries the request's graph inputs and what it asks of them, a `Done` the row's
+outputs and its finished answer. A raw inference request (the v2 tensor API) asks for nothing
+but its outputs.
+
+A graph exported with top-k outputs (`topk_ids`, `topk_scores`, K per row) answers a row from
+them when the row asks for no more than K candidates over the whole row with softmax scores
+(`from_top_k`); the others are answered from their full `logits` rows. Both give the same tokens
+and labels, in the same order (ties: the lower id first), and the same scores within float
+rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
+from contract.scores import ScoreFunction, labelled_rows, ranked_labels
+from contract.text import EncodedText, FillMaskCodec
+from service.engine.runtime import Feeds
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A classification request's answer: its `top_k` labels scored by `function`."""
+
+    top_k: int
+    function: ScoreFunction = "softmax"
+
+
+@dataclass(frozen=True, eq=False)
+class Decoding:
+    """A fill-mask request's answer: the `top_k` tokens of each [MASK] (among `target_ids`)."""
+
+    encoded: EncodedText
+    top_k: int
+    target_ids: list[int] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """One request's row of a batch: its graph inputs, the answer it asks for (None: the outputs
+    alone), whether its prediction counts in the quality metrics (task requests do) and the graph
+    outputs its caller reads from `Done.outputs` (None: all of them; a task request reads none)."""
+
+    feeds: Feeds
+    answer: Ranking | Decoding | None = None
+    observed: bool = False
+    reads: frozenset[str] | None = None
+
+
+Reads = frozenset[str]  # names of graph outputs
+TOP_K_OUTPUTS: Reads = frozenset({TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT})
+NOTHING: Reads = frozenset()
+
+
+def graph_top_k(config: Mapping[str, Any], output_names: Sequence[str]) -> int:
+    """K of a served graph's top-k outputs: config.json's `graph_top_k` where the graph has both
+    outputs; 0 for a directory exported without them."""
+    k = config.get(GRAPH_TOP_K_KEY)
+    return k if isinstance(k, int) and set(output_names) >= TOP_K_OUTPUTS else 0
+
+
+def from_top_k(answer: Ranking | Decoding | None, k: int) -> bool:
+    """Whether the graph's top-k outputs (K = `k`, 0: none) hold `answer`: at most K candidates,
+    chosen over the whole row (no `targets`), scored by softmax."""
+    if k < 2 or answer is None or answer.top_k > k:  # K = 1 gives no margin for the metrics
+        return False
+    if isinstance(answer, Ranking):
+        return answer.function == "softmax"
+    return answer.target_ids is None
+
+
+def outputs_to_run(jobs: Sequence[Job], top: Sequence[bool], available: Sequence[str]) -> list[str]:
+    """The graph outputs a batch's session run asks for, in the graph's order: what each caller
+    reads, and for each answer (or observed row) the top-k pair where `top` says it is answered
+    from it, else `logits`. A batch answered from the top-k outputs alone never copies logits out."""
+    wanted: set[str] = set()
+    for job, from_top in zip(jobs, top, strict=True):
+        wanted |= set(available) if job.reads is None else job.reads
+        if job.answer is not None or job.observed:
+            wanted |= TOP_K_OUTPUTS if from_top else {"logits"}
+    return [name for name in available if name in wanted]
+
+
+@dataclass(frozen=True, eq=False)
+class Done:
+    """One row's result: the graph outputs, the answer when the job asked for one, and when the
+    batch thread worked out its batch's answers (monotonic start and end: the request's
+    `postprocess` span)."""
+
+    outputs: Feeds
+    answer: Any = None
+    finished: tuple[float, float] = (0.0, 0.0)
+
+
+def rank_rows(
+    jobs: Sequence[Job], outputs: Sequence[Feeds], labels: Sequence[str], top: Sequence[bool] = ()
+) -> list[Any]:
+    """A classifier batch's answers: the ranked labels of the rows that ask for them (None for the
+    others), one vectorised pass per score function at the largest top_k among its rows, each row
+    keeping its own prefix of that ranking; rows that `top` marks, from the top-k outputs."""
+    answers: list[Any] = [None] * len(jobs)
+    groups: dict[ScoreFunction, list[tuple[int, int]]] = {}
+    for i, job in enumerate(jobs):
+        if not isinstance(job.answer, Ranking):
+            continue
+        if top and top[i]:
+            ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
+            k = job.answer.top_k
+            answers[i] = labelled_rows(ids[None, :k], scores[None, :k], labels)[0]
+        else:
+            groups.setdefault(job.answer.function, []).append((i, job.answer.top_k))
+    for function, asks in groups.items():
+        logits = np.stack([outputs[i]["logits"] for i, _ in asks])
+        ranked = ranked_labels(logits, labels, max(k for _, k in asks), function)
+        for (i, k), answer in zip(asks, ranked, strict=True):
+            answers[i] = answer[:k]
+    return answers
+
+
+def decode_rows(
+    jobs: Sequence[Job], outputs: Sequence[Feeds], codec: FillMaskCodec, top: Sequence[bool] = ()
+) -> list[Any]:
+    """A masked LM batch's answers: the decoded predictions of the rows that ask for them (None for
+    the others); rows that `top` marks from the top-k outputs (`FillMaskCodec.decode_top`), the
+    rest with the normalisers of all their mask rows in one pass (`FillMaskCodec.decode_batch`)."""
+    answers: list[Any] = [None] * len(jobs)
+    asks = []
+    for i, job in enumerate(jobs):
+        if not isinstance(job.answer, Decoding):
+            continue
+        if top and top[i]:
+            ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
+            answers[i] = codec.decode_top(job.answer.encoded, ids, scores, job.answer.top_k)
+        else:
+            asks.append((i, job.answer))
+    if asks:
+        decoded = codec.decode_batch(
+            [a.encoded for _, a in asks],
+            [outputs[i]["logits"] for i, _ in asks],
+            [a.top_k for _, a in asks],
+            [a.target_ids for _, a in asks],
+        )
+        for (i, _), answer in zip(asks, decoded, strict=True):
+            answers[i] = answer
+    return answers
+
+
+def observed_rows(
+    jobs: Sequence[Job], outputs: Sequence[Feeds], top: Sequence[bool], rows: Callable[[Job], int]
+) -> tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+    """The predictions of a batch's observed rows for the quality metrics: `logits` rows of those
+    answered from them, (ids, scores) of those answered from the top-k outputs; `rows(job)` is
+    how many leading rows of a job's outputs are its predictions."""
+    logits, ranked = [], []
+    for job, out, from_top in zip(jobs, outputs, top, strict=True):
+        if not job.observed:
+            continue
+        n = rows(job)
+
+        def lead(array: np.ndarray, n: int = n) -> np.ndarray:
+            return array[None] if array.ndim == 1 else array[:n]  # a classifier's row is 1-D
+
+        if from_top:
+            ranked.append((lead(out[TOP_K_IDS_OUTPUT]), lead(out[TOP_K_SCORES_OUTPUT])))
+        else:
+            logits.append(lead(out["logits"]))
+    return logits, ranked
+
+
+__all__ = [
+    "Job",
+    "Done",
+    "Ranking",
+    "Decoding",
+    "rank_rows",
+    "decode_rows",
+    "from_top_k",
+    "graph_top_k",
+    "outputs_to_run",
+    "observed_rows",
+    "TOP_K_OUTPUTS",
+    "NOTHING",
+    "Reads",
+]

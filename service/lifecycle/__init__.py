@@ -1,0 +1,3 @@
+"""The models' lifecycle: the version table (states, leases, loads beside the serving version,
+drains), the repository poller and `ServiceState`, which loads, swaps and resolves models.
+"""

@@ -1,0 +1,309 @@
+"""The service's domain state: the version table of its models, the per-task defaults and the phase.
+
+Models load in the background after the server starts listening, so that liveness answers at once
+and readiness turns true only when the start-up models are loaded *and* have run their warm-up
+batches (the first ORT runs allocate memory and are slow; a load balancer should not send traffic
+before). Which models load at start-up, and what happens later, is the model control mode
+(`GMLP_MODEL_CONTROL`): `none` loads every model once (any failure fails the service, as a
+misconfigured repository should), `poll` also rescans the repository and loads or unloads what
+changed, `explicit` loads only `GMLP_LOAD_MODEL` and then what the repository API asks for. Each
+version is loaded, warmed up and checked by `service.lifecycle.versions.VersionTable`. On shutdown,
+readiness turns false first, then every version drains (bounded by `drain_timeout_s`) and closes.
+
+Nothing here knows a transport: refusals are `contract.errors` errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
+from contract.formats import MLM_TASK, TASKS, VISION_TASK
+from contract.messages import echo
+from contract.repository import PolicyError, VersionPolicy, policy_from_config
+from contract.scan import ModelSource, VersionSource, require_sources, scan
+from contract.spec import SpecError
+from service.engine import request_context
+from service.engine.runtime import resolve_device
+from service.lifecycle.poller import RepositoryPoller, ScanReport
+from service.lifecycle.versions import IndexEntry, VersionTable
+from service.settings import ServiceSettings
+from service.tasks.pipeline import Pipeline, load_pipeline
+from service.telemetry.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+LOADING, FAILED, DRAINING = "loading", "failed", "draining"
+READY_PHASE = "ready"
+
+P = TypeVar("P", bound=Pipeline)
+
+
+class ServiceState:
+    """The running service as every transport sees it: settings, metrics, the version table, the
+    default model per task, and the lifecycle phase (loading, ready, failed, draining).
+
+    One instance per app, shared by the HTTP routes and the gRPC server, so that both resolve the
+    same models, feed the same batchers and turn ready and drain together. A request reaches a
+    pipeline through `serving` (a lease on a READY version, held until its answer is back), or
+    `model` for metadata; both refuse while the service is not ready and say which models or
+    versions the request could have named.
+    """
+
+    def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        metrics.request_timeout.set(settings.request_timeout_s)
+        self.table: VersionTable[Pipeline] = VersionTable(
+            self._load_version,
+            policy=VersionPolicy.parse(settings.version_policy),
+            drain_timeout_s=settings.drain_timeout_s,
+            max_loaded=settings.max_loaded_versions,
+            observer=metrics.lifecycle(),
+        )
+        self.phase = LOADING
+        self.error: str | None = None
+        self._device = "cpu"
+        self.report = ScanReport(metrics)
+        self._poller = RepositoryPoller(
+            self.table,
+            settings.model_repository,
+            settings.repository_poll_s,
+            metrics,
+            report=self.report,
+            after_scan=self._update_ready_gauges,
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == READY_PHASE
+
+    @property
+    def models(self) -> dict[str, Pipeline]:
+        """The serving pipeline (newest READY version) of every model that has one."""
+        serving = {name: self.table.serving(name) for name in self.table.models}
+        return {name: pair[1] for name, pair in serving.items() if pair is not None}
+
+    @property
+    def defaults(self) -> dict[str, str | None]:
+        """The model a task route uses when the request names none: the configured one, else the
+        first served model of the task in repository order."""
+        configured = {
+            VISION_TASK: self.settings.default_classifier,
+            MLM_TASK: self.settings.default_fill_mask,
+        }
+        served = self.models
+        return {
+            task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
+            for task in TASKS
+        }
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    def _load_version(self, source: VersionSource) -> Pipeline:
+        """The table's loader (blocking, in a thread): session, warm-up, recorded check."""
+        assert source.spec is not None
+        return load_pipeline(source.spec, self.settings, self._device, self.metrics, str(source.version))
+
+    async def load(self) -> None:
+        """Load the start-up models of the control mode; then, in poll mode, start watching."""
+        settings = self.settings
+        try:
+            self._device = resolve_device(settings.device)
+            explicit = settings.model_control == "explicit"
+            sources = await asyncio.to_thread(
+                scan if explicit else require_sources, settings.model_repository
+            )
+            self.report(sources)
+            names = settings.startup_models if explicit else list(sources)
+            unknown = [n for n in names if n not in sources]
+            if unknown:
+                raise SpecError(
+                    f"--load-model names {unknown}, not in {settings.model_repository}: {list(sources)}"
+                )
+            strict = settings.model_control == "none"  # every model must load
+            for name, source in sources.items():
+                if source.problem is not None:
+                    if strict:
+                        raise SpecError(f"model {name}: {source.problem}")
+                    self.table.note(source)  # listed with its reason; the other models load
+                elif name not in names:
+                    self.table.register(source)
+                else:
+                    failures = await self.table.apply(source)
+                    if strict and (failures or self.table.serving(name) is None):
+                        raise SpecError(f"model {name}: {failures or _why_not(source)}")
+            self._check_defaults()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.phase, self.error = FAILED, f"{type(exc).__name__}: {exc}"
+            log.exception("loading the model repository failed; the service will not become ready")
+            return
+        self._update_ready_gauges()
+        self.phase = READY_PHASE
+        log.info(
+            "ready (model control %s): %s",
+            settings.model_control,
+            ", ".join(
+                f"{m.name} v{m.version} ({m.task}, {m.variant}, {m.runtime.provider})"
+                for m in self.models.values()
+            )
+            or "no model loaded",
+        )
+        if settings.model_control == "poll":
+            self._poller.start()
+
+    def _check_defaults(self) -> None:
+        if self.settings.model_control != "none":
+            return  # models come and go: a configured default is resolved per request
+        served = self.models
+        for task, name in (
+            (VISION_TASK, self.settings.default_classifier),
+            (MLM_TASK, self.settings.default_fill_mask),
+        ):
+            if name is not None and (name not in served or served[name].task != task):
+                raise ValueError(f"default {task} model {echo(name)} is not a served {task} model")
+
+    def _update_ready_gauges(self) -> None:
+        for name in self.table.models:
+            pair = self.table.serving(name)
+            if pair is not None:
+                pair[1].ready = True
+            self.metrics.model_ready.labels(name).set(1 if pair is not None else 0)
+
+    # -- the repository API ------------------------------------------------------------------------
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return self.table.index(ready_only)
+
+    async def load_model(self, name: str, config: str | None = None) -> None:
+        """Load (or reload) `name` per its version policy (`config`: a JSON model configuration whose
+        `version_policy` replaces the model's); InvalidInput when refused or nothing loaded."""
+        self._require_explicit("load")
+        policy = None
+        if config is not None:
+            try:
+                policy = policy_from_config(config)
+            except PolicyError as exc:
+                raise InvalidInput(ErrorCode.INVALID_VERSION_POLICY, str(exc)) from None
+        sources = await asyncio.to_thread(scan, self.settings.model_repository)
+        self.report(sources)
+        source = sources.get(name)
+        if source is None:
+            raise ModelNotFound(
+                ErrorCode.MODEL_NOT_FOUND,
+                f"model {echo(name)} is not in the repository {self.settings.model_repository}; "
+                f"models: {list(sources)}",
+            )
+        if source.problem is not None:
+            self.table.note(source)
+            raise InvalidInput(ErrorCode.LOAD_FAILED, f"model {name!r} cannot be loaded: {source.problem}")
+        failures = await self.table.apply(source, policy, retry=True)
+        self._update_ready_gauges()
+        wanted = self.table.policy_of(name, source).select(source.complete_versions())
+        if not wanted or not any(v in self.table.ready_versions(name) for v in wanted):
+            problems = failures or {v: s.problem for v, s in source.versions.items() if s.problem}
+            raise InvalidInput(
+                ErrorCode.LOAD_FAILED,
+                f"failed to load model {echo(name)} (policy {self.table.policy_of(name, source)}): "
+                + ("; ".join(f"version {v}: {r}" for v, r in problems.items()) or "no complete version"),
+            )
+
+    async def unload_model(self, name: str) -> None:
+        """Drain and close every version of `name`; afterwards requests for it answer 404."""
+        self._require_explicit("unload")
+        await self.table.unload(name)
+        self._update_ready_gauges()
+
+    def _require_explicit(self, call: str) -> None:
+        if self.settings.model_control != "explicit":
+            raise InvalidInput(
+                ErrorCode.MODEL_CONTROL_DISABLED,
+                f"the repository {call} call needs GMLP_MODEL_CONTROL=explicit (this server runs "
+                f"{self.settings.model_control!r})",
+            )
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def model(self, name: str, version: int | None = None, *, loaded_only: bool = False) -> Pipeline:
+        """The READY pipeline of `name` (newest, or `version`), whatever its task; ModelNotFound lists
+        the served ones. Requests to run a model need the service ready; `loaded_only` serves
+        metadata of the models loaded so far."""
+        if not loaded_only and not self.ready:
+            raise self.not_ready_error()
+        chosen = self.table.pick(name, version)
+        assert chosen.loaded is not None
+        request_context.note_model(name)
+        return chosen.loaded.served
+
+    @contextmanager
+    def serving(self, name: str | None, kind: type[P], version: int | None = None) -> Iterator[P]:
+        """Lease the `kind` pipeline a request names (or the task's default) for the request's
+        lifetime; refused with what else is available."""
+        if not self.ready:
+            raise self.not_ready_error()
+        task = kind.task
+        if name is None:
+            name = self.defaults.get(task)
+            if name is None:
+                raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
+        try:
+            chosen = self.table.pick(name, version)
+        except ModelNotFound:
+            if self.table.known(name):
+                raise
+            raise ModelNotFound(
+                ErrorCode.MODEL_NOT_FOUND,
+                f"model {echo(name)} is not served; {task or 'served'} models: {self._of_task(task)}",
+            ) from None
+        with self.table.hold(chosen) as (_, model):
+            if not isinstance(model, kind):
+                raise InvalidInput(
+                    ErrorCode.WRONG_TASK,
+                    f"model {echo(name)} is a {model.task} model; {task} models: {self._of_task(task)}",
+                )
+            request_context.note_model(model.name)
+            yield model
+
+    def _of_task(self, task: str) -> list[str]:
+        """Served models of `task`, for refusals (listed only then, off the per-request path)."""
+        return sorted(n for n, m in self.models.items() if m.task == task or not task)
+
+    def not_ready_error(self) -> NotReady:
+        if self.phase == FAILED:
+            return NotReady(
+                ErrorCode.NOT_READY,
+                f"the service failed to load its models: {self.error}",
+                retry_after_s=None,
+            )
+        message = {LOADING: "the models are still loading", DRAINING: "the service is shutting down"}[
+            self.phase
+        ]
+        return NotReady(ErrorCode.NOT_READY, message)
+
+    async def shutdown(self) -> None:
+        """Stop watching and accepting, finish queued and running requests, release the sessions."""
+        self.phase = DRAINING
+        await self._poller.stop()
+        count = len(self.models)
+        await self.table.close()
+        for name in self.table.models:
+            self.metrics.model_ready.labels(name).set(0)
+        log.info("drained and closed %d models", count)
+
+
+def _why_not(source: ModelSource) -> str:
+    """Why a model has no version to serve, from what its directory holds."""
+    problems = [
+        *source.problems(),
+        *(f"version {v}: {s.problem}" for v, s in source.versions.items() if s.problem),
+    ]
+    return "; ".join(problems) or "no version selected by the version policy"
+
+
+__all__ = ["ServiceState", "LOADING", "READY_PHASE", "FAILED", "DRAINING"]

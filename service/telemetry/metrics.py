@@ -1,0 +1,371 @@
+"""Prometheus metrics, on a registry owned by the app (several apps in one process must not clash).
+
+`ServiceMetrics` holds every series; the transports record into it (HTTP: the metrics middleware
+of `service.http.metrics`, labelled by route template; gRPC: the wrapper of every call), and the
+batcher reports through the `BatchObserver` interface (`ModelObserver` here), so that the batcher
+itself stays free of Prometheus. Nothing here knows a transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import suppress
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from service.engine.batch_run import BatchRun
+from service.telemetry.statistics import DEFAULT_VERSION, StatisticsSeries
+
+MV = ["model", "version"]
+QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def power_of_two_buckets(max_batch_size: int) -> tuple[float, ...]:
+    """1, 2, 4, ... up to the first power of two >= max_batch_size."""
+    buckets, b = [], 1
+    while True:
+        buckets.append(float(b))
+        if b >= max_batch_size:
+            return tuple(buckets)
+        b *= 2
+
+
+class ServiceMetrics:
+    """All metrics of one app instance."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "gmlp_http_requests",
+            "HTTP requests by route, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gmlp_http_request_duration_seconds",
+            "HTTP request latency by route, method and status",
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("gmlp_http_requests_in_flight", "HTTP requests being handled", registry=r)
+        self.grpc_calls = Counter(
+            "gmlp_grpc_calls", "gRPC calls by method and status code", ["method", "code"], registry=r
+        )
+        self.grpc_latency = Histogram(
+            "gmlp_grpc_call_duration_seconds",
+            "gRPC call latency by method and status code",
+            ["method", "code"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        # The three gauges of a version's batcher are labelled by version: two versions are loaded
+        # at once during a swap (and with latest:N, all), and each has its own queue and sessions.
+        self.queue_depth = Gauge(
+            "gmlp_queue_depth", "requests waiting in the batch queue of a model version", MV, registry=r
+        )
+        self.batch_size = Histogram(
+            "gmlp_batch_size",
+            "requests per executed batch",
+            ["model"],
+            buckets=power_of_two_buckets(max_batch_size),
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gmlp_queue_wait_seconds",
+            "time from enqueue to batch start",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference = Histogram(
+            "gmlp_inference_seconds", "run time of one batch", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.refusals = Counter(
+            "gmlp_refusals",
+            "error answers by transport (rest, v2, hf, grpc; http: the connection cap) and machine code "
+            "(e.g. invalid_image, payload_too_large, overloaded, timeout)",
+            ["transport", "code"],
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "gmlp_connections_closed",
+            "connections the server closed to keep its connection caps (http, grpc) by reason "
+            "(idle_evicted: an idle keep-alive connection closed to make room for a newcomer)",
+            ["transport", "reason"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "gmlp_rejections",
+            "requests refused or dropped by the batcher (queue_full, deadline, cancelled, shutting_down)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r
+        )
+        # --- per-model statistics (what the v2 statistics extension reports) ---
+        self.statistics = StatisticsSeries(r)
+        # --- access control ---
+        self.key_requests = Counter(
+            "gmlp_api_key_requests",
+            "requests that needed a scope, by the key's configured name (anonymous: no keys configured or "
+            "none sent; invalid: an unknown key), transport and outcome (allowed, unauthenticated, "
+            "forbidden, rate_limited)",
+            ["key", "transport", "outcome"],
+            registry=r,
+        )
+        self.api_keys = Gauge("gmlp_api_keys", "API keys loaded from GMLP_API_KEYS_FILE", registry=r)
+        self.file_reloads = Counter(
+            "gmlp_file_reloads",
+            "re-reads of a changed keys or TLS file, by file (api_keys, tls) and result (ok, error: the "
+            "old contents stay in force)",
+            ["file", "result"],
+            registry=r,
+        )
+        # --- prediction quality ---
+        # What the models answer, as the drift signal: a shift in the top-1 labels or a fall in the
+        # confidence or the margin between the first and second answer (docs/service.md).
+        self.prediction_top1 = Counter(
+            "gmlp_prediction_top1",
+            "top-1 label of each classified image (labels: the model's own)",
+            ["model", "version", "label"],
+            registry=r,
+        )
+        self.prediction_confidence = Histogram(
+            "gmlp_prediction_confidence",
+            "softmax probability of the top-1 answer (fill-mask: per [MASK])",
+            ["model", "version"],
+            buckets=QUALITY_BUCKETS,
+            registry=r,
+        )
+        self.prediction_margin = Histogram(
+            "gmlp_prediction_margin",
+            "softmax probability of the top-1 answer minus the second's (fill-mask: per [MASK])",
+            ["model", "version"],
+            buckets=QUALITY_BUCKETS,
+            registry=r,
+        )
+        # --- what the alert rules compare with (deploy/observability/rules.yml) ---
+        self.queue_capacity = Gauge(
+            "gmlp_queue_capacity",
+            "waiting requests per model version before 503 (max_queue_size)",
+            MV,
+            registry=r,
+        )
+        self.model_instances = Gauge(
+            "gmlp_model_instances",
+            "execution instances of the model version (batches run at once)",
+            MV,
+            registry=r,
+        )
+        self.request_timeout = Gauge(
+            "gmlp_request_timeout_seconds",
+            "deadline of a request from its arrival (request_timeout_s)",
+            registry=r,
+        )
+        # --- model lifecycle ---
+        self.model_versions = Gauge(
+            "gmlp_model_versions",
+            "model versions known to the service by state (READY, LOADING, UNLOADING, UNAVAILABLE)",
+            ["state"],
+            registry=r,
+        )
+        self.version_loads = Counter(
+            "gmlp_model_version_loads", "versions loaded, warmed up and checked", ["model"], registry=r
+        )
+        self.version_unloads = Counter(
+            "gmlp_model_version_unloads", "versions drained and closed", ["model"], registry=r
+        )
+        self.version_refusals = Counter(
+            "gmlp_model_version_refusals",
+            "loads refused by reason (load_failed: the load, warm-up or check failed; too_many_versions)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.version_requests = Counter(
+            "gmlp_model_version_requests",
+            "requests answered by a model version (every task API and v2, REST and gRPC)",
+            ["model", "version"],
+            registry=r,
+        )
+        # --- the model repository (contract.scan, service.lifecycle.poller) ---
+        self.repository_problems = Gauge(
+            "gmlp_repository_problems",
+            "problems the latest repository scan found (models and versions listed UNAVAILABLE with "
+            "the reason: malformed or incomplete directories, duplicate names, ignored entries)",
+            registry=r,
+        )
+        self.poller_restarts = Counter(
+            "gmlp_repository_poller_restarts",
+            "times the repository poller failed and was restarted (poll model control)",
+            registry=r,
+        )
+        for state in ("READY", "LOADING", "UNLOADING", "UNAVAILABLE"):
+            self.model_versions.labels(state).set(0)
+
+    def version_closed(self, model: str, version: str) -> None:
+        """A version was retired: its batcher's gauges go (not left behind at their last value)."""
+        for gauge in (self.queue_depth, self.queue_capacity, self.model_instances):
+            with suppress(KeyError):
+                gauge.remove(model, version)
+
+    def refused(self, transport: str, code: str) -> None:
+        """An error answer, by transport and machine code (what was wrong, what was shed)."""
+        self.refusals.labels(transport, code).inc()
+
+    def connection_closed(self, transport: str, reason: str) -> None:
+        """A connection the server closed to keep a connection cap."""
+        self.connections_closed.labels(transport, reason).inc()
+
+    def grpc_call(self, method: str, code: str, seconds: float) -> None:
+        """A finished gRPC call (the protocol's method name, the status code's name)."""
+        self.grpc_calls.labels(method, code).inc()
+        self.grpc_latency.labels(method, code).observe(seconds)
+
+    def observer(self, model: str, version: str = DEFAULT_VERSION) -> ModelObserver:
+        return ModelObserver(self, model, version)
+
+    def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
+        """One inference request of the protocol's API answered (ok) or refused, and its duration."""
+        self.statistics.request(model, version, ok, seconds)
+
+    def key_request(self, key: str, transport: str, outcome: str) -> None:
+        """One access decision: the key's configured name (never the key), transport and outcome."""
+        self.key_requests.labels(key, transport, outcome).inc()
+
+    def file_reloaded(self, file: str, ok: bool) -> None:
+        self.file_reloads.labels(file, "ok" if ok else "error").inc()
+
+    def predictions(
+        self, model: str, labels: Sequence[str] | None = None, version: str = DEFAULT_VERSION
+    ) -> PredictionMetrics:
+        """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
+        return PredictionMetrics(self, model, version, labels)
+
+    def lifecycle(self) -> LifecycleMetrics:
+        return LifecycleMetrics(self)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ModelObserver:
+    """`BatchObserver` for one model."""
+
+    def __init__(self, metrics: ServiceMetrics, model: str, version: str = DEFAULT_VERSION) -> None:
+        self._depth = metrics.queue_depth.labels(model, version)
+        self._batch = metrics.batch_size.labels(model)
+        self._wait = metrics.queue_wait.labels(model)
+        self._inference = metrics.inference.labels(model)
+        self._rejections = metrics.rejections
+        self._model = model
+        self._statistics = metrics.statistics.model(model, version)
+        self._depth.set(0)
+
+    def queue_depth(self, depth: int) -> None:
+        self._depth.set(depth)
+
+    def rejected(self, reason: str) -> None:
+        self._rejections.labels(self._model, reason).inc()
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
+        self._batch.observe(size)
+        self._inference.observe(run_seconds)
+        for wait in queue_waits:
+            self._wait.observe(wait)
+        self._statistics.batch_done(size, sum(queue_waits), run_seconds)
+
+    def batch_ran(self, run: BatchRun) -> None:
+        pass  # batch_done has what the metrics need
+
+
+class PredictionMetrics:
+    """Records what one model version answers: the top-1 label (classifiers), the top-1 softmax
+    probability and its margin over the second, from the logits of each prediction."""
+
+    def __init__(
+        self, metrics: ServiceMetrics, model: str, version: str, labels: Sequence[str] | None
+    ) -> None:
+        self._confidence = metrics.prediction_confidence.labels(model, version)
+        self._margin = metrics.prediction_margin.labels(model, version)
+        # One child per label, made up front: the label set is the model's, never the input's.
+        self._top1 = [metrics.prediction_top1.labels(model, version, label) for label in labels or ()]
+
+    def observe(self, logits: np.ndarray) -> None:
+        """One prediction per row of `logits` ([answers] or [rows, answers])."""
+        rows = np.atleast_2d(np.asarray(logits, dtype=np.float64))
+        if rows.shape[-1] < 2:
+            return
+        shifted = np.exp(rows - rows.max(axis=-1, keepdims=True))
+        probs = shifted / shifted.sum(axis=-1, keepdims=True)
+        top2 = np.sort(np.partition(probs, -2, axis=-1)[:, -2:], axis=-1)
+        for second, first in top2:
+            self._confidence.observe(float(first))
+            self._margin.observe(float(first - second))
+        if self._top1:
+            for index in np.argmax(rows, axis=-1):
+                self._top1[int(index)].inc()
+
+    def observe_rows(self, logits: list[np.ndarray], ranked: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """A batch's predictions: `logits` rows, and (ids, probabilities) from top-k outputs."""
+        if logits:
+            self.observe(np.concatenate(logits))
+        if ranked:
+            ids, probabilities = zip(*ranked, strict=True)
+            self.observe_top(np.concatenate(ids), np.concatenate(probabilities))
+
+    def observe_top(self, ids: np.ndarray, probabilities: np.ndarray) -> None:
+        """The same from a graph's top-k outputs ([rows, K], best first, K >= 2): the top-1 id
+        and probability, and its margin over the second."""
+        for first, second in probabilities[:, :2].astype(np.float64).tolist():
+            self._confidence.observe(first)
+            self._margin.observe(first - second)
+        if self._top1:
+            for index in ids[:, 0].tolist():
+                self._top1[int(index)].inc()
+
+
+class LifecycleMetrics:
+    """`LifecycleObserver` of the version table (`service.lifecycle.versions`)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._metrics = metrics
+
+    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
+        if old is not None:
+            self._metrics.model_versions.labels(old).dec()
+        if new is not None:
+            self._metrics.model_versions.labels(new).inc()
+
+    def loaded(self, model: str) -> None:
+        self._metrics.version_loads.labels(model).inc()
+
+    def unloaded(self, model: str) -> None:
+        self._metrics.version_unloads.labels(model).inc()
+
+    def closed(self, model: str, version: int) -> None:
+        self._metrics.version_closed(model, str(version))
+
+    def refused(self, model: str, reason: str) -> None:
+        self._metrics.version_refusals.labels(model, reason).inc()
+
+    def leased(self, model: str, version: int) -> None:
+        self._metrics.version_requests.labels(model, str(version)).inc()
+
+
+__all__ = [
+    "ServiceMetrics",
+    "ModelObserver",
+    "PredictionMetrics",
+    "LifecycleMetrics",
+    "DEFAULT_VERSION",
+    "power_of_two_buckets",
+    "LATENCY_BUCKETS",
+]

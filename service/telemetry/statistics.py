@@ -1,0 +1,184 @@
+"""Per-model statistics kept as Prometheus series, and read back as one model's counters.
+
+The batcher's observer (`service.telemetry.metrics.ModelObserver`) adds every executed batch here, and
+the protocol's inference handlers add every answered or refused request; `/metrics` exposes the
+series, and the Open Inference Protocol's statistics extension reads the same series back through
+`StatisticsSeries.counters`, so the two can never disagree. Series are labelled by model and
+version (one version per model: `DEFAULT_VERSION`).
+
+What is counted where: `inferences` and `executions` count the rows and batches the model ran
+(every API's traffic: task routes, Hugging Face API and v2 share the batcher); queue and compute
+seconds are summed per row (a batch's run time counts once for each of its rows, and once per
+batch in `by_batch_size`); `success` and `fail` count the protocol's inference requests, REST and
+gRPC, with their durations inside the server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+# The version a model's statistics are kept under while each model has one version.
+DEFAULT_VERSION = "1"
+
+
+@dataclass
+class Duration:
+    """A count and the cumulative seconds of what was counted."""
+
+    count: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class ModelCounters:
+    """One model version's statistics since the server started."""
+
+    model: str
+    version: str
+    last_inference_s: float = 0.0  # Unix time of the last executed batch; 0: none yet
+    inferences: int = 0  # rows run
+    executions: int = 0  # batches run
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute: Duration = field(default_factory=Duration)
+    by_batch_size: dict[int, Duration] = field(default_factory=dict)  # batch size -> executions, run time
+
+
+def _samples(
+    metric: Counter | Gauge, model: str, version: str, suffix: str
+) -> Iterable[tuple[dict[str, str], float]]:
+    for family in metric.collect():
+        for sample in family.samples:
+            if (
+                sample.name.endswith(suffix)
+                and sample.labels.get("model") == model
+                and sample.labels.get("version") == version
+            ):
+                yield sample.labels, sample.value
+
+
+class StatisticsSeries:
+    """The statistics' Prometheus series on one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        mv = ["model", "version"]
+        r = registry
+        self.inferences = Counter("gmlp_model_inferences", "rows run by the model", mv, registry=r)
+        self.executions = Counter("gmlp_model_executions", "batches run by the model", mv, registry=r)
+        self.queue_seconds = Counter(
+            "gmlp_model_queue_seconds", "time rows waited in the batch queue, summed", mv, registry=r
+        )
+        self.compute_seconds = Counter(
+            "gmlp_model_compute_seconds", "batch run time, counted once per row of the batch", mv, registry=r
+        )
+        self.batch_executions = Counter(
+            "gmlp_model_batch_executions", "batches run, by batch size", [*mv, "batch_size"], registry=r
+        )
+        self.batch_seconds = Counter(
+            "gmlp_model_batch_compute_seconds",
+            "batch run time, by batch size",
+            [*mv, "batch_size"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "gmlp_model_requests",
+            "Open Inference Protocol inference requests by outcome (success, fail)",
+            [*mv, "outcome"],
+            registry=r,
+        )
+        self.request_seconds = Counter(
+            "gmlp_model_request_seconds",
+            "time inside the server of those requests, summed, by outcome",
+            [*mv, "outcome"],
+            registry=r,
+        )
+        self.last_inference = Gauge(
+            "gmlp_model_last_inference_timestamp_seconds", "Unix time of the last batch run", mv, registry=r
+        )
+
+    def model(self, model: str, version: str) -> ModelStatisticsRecorder:
+        """The recorder of one model version (its series start at zero, so they are listed at once)."""
+        return ModelStatisticsRecorder(self, model, version)
+
+    def request(self, model: str, version: str, ok: bool, seconds: float) -> None:
+        outcome = "success" if ok else "fail"
+        self.requests.labels(model, version, outcome).inc()
+        self.request_seconds.labels(model, version, outcome).inc(seconds)
+
+    def counters(self, model: str, version: str) -> ModelCounters:
+        """The model version's statistics, read from the series /metrics exposes."""
+
+        def total(metric: Counter) -> float:
+            return sum(value for _, value in _samples(metric, model, version, "_total"))
+
+        def outcome(name: str) -> Duration:
+            count = sum(
+                v
+                for labels, v in _samples(self.requests, model, version, "_total")
+                if labels["outcome"] == name
+            )
+            seconds = sum(
+                v
+                for labels, v in _samples(self.request_seconds, model, version, "_total")
+                if labels["outcome"] == name
+            )
+            return Duration(int(count), seconds)
+
+        inferences = int(total(self.inferences))
+        sizes: dict[int, Duration] = {}
+        for labels, value in _samples(self.batch_executions, model, version, "_total"):
+            sizes.setdefault(int(labels["batch_size"]), Duration()).count = int(value)
+        for labels, value in _samples(self.batch_seconds, model, version, "_total"):
+            sizes.setdefault(int(labels["batch_size"]), Duration()).seconds = value
+        last = [value for _, value in _samples(self.last_inference, model, version, "")]
+        return ModelCounters(
+            model=model,
+            version=version,
+            last_inference_s=max(last, default=0.0),
+            inferences=inferences,
+            executions=int(total(self.executions)),
+            success=outcome("success"),
+            fail=outcome("fail"),
+            queue=Duration(inferences, total(self.queue_seconds)),
+            compute=Duration(inferences, total(self.compute_seconds)),
+            by_batch_size=dict(sorted(sizes.items())),
+        )
+
+
+class ModelStatisticsRecorder:
+    """Adds one model version's executed batches to the series (called from the batcher's observer)."""
+
+    def __init__(self, series: StatisticsSeries, model: str, version: str) -> None:
+        self.series = series
+        self.model, self.version = model, version
+        self._inferences = series.inferences.labels(model, version)
+        self._executions = series.executions.labels(model, version)
+        self._queue = series.queue_seconds.labels(model, version)
+        self._compute = series.compute_seconds.labels(model, version)
+        self._last = series.last_inference.labels(model, version)
+        for outcome in ("success", "fail"):
+            series.requests.labels(model, version, outcome)
+            series.request_seconds.labels(model, version, outcome)
+
+    def batch_done(self, size: int, queue_seconds: float, run_seconds: float) -> None:
+        self._inferences.inc(size)
+        self._executions.inc()
+        self._queue.inc(queue_seconds)
+        self._compute.inc(run_seconds * size)
+        self.series.batch_executions.labels(self.model, self.version, str(size)).inc()
+        self.series.batch_seconds.labels(self.model, self.version, str(size)).inc(run_seconds)
+        self._last.set(time.time())
+
+
+__all__ = [
+    "StatisticsSeries",
+    "ModelStatisticsRecorder",
+    "ModelCounters",
+    "Duration",
+    "DEFAULT_VERSION",
+]

@@ -1,0 +1,252 @@
+"""OpenTelemetry tracing: a server span per request, child spans for its steps, a span per batch.
+
+Off unless the standard variables ask for it (`configured`): `OTEL_TRACES_EXPORTER=otlp`, or an
+OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) with
+`OTEL_TRACES_EXPORTER` unset; `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true` keep it off.
+Off, the SDK is never imported and no exporter thread runs; the request path then pays one
+context-variable lookup per step (`span` returns a shared no-op context manager).
+On, the SDK reads the rest of the standard variables itself: `OTEL_SERVICE_NAME` and
+`OTEL_RESOURCE_ATTRIBUTES` (the resource; service.name defaults to gmlp-serve),
+`OTEL_TRACES_SAMPLER[_ARG]` (the sampler), `OTEL_EXPORTER_OTLP_*` (endpoint, headers, timeout)
+and `OTEL_BSP_*` (the batch span processor). Spans go out over OTLP/HTTP with protobuf bodies
+(the `otel` extra installs the SDK and that exporter). Incoming W3C `traceparent`/`tracestate`
+are continued through the propagators `OTEL_PROPAGATORS` names (default tracecontext, baggage).
+
+One model batch serves many requests, each in a trace of its own. The batch's span (`batch
+<model>`, the model run's duration, with its size, padded length, instance and variant) is a
+child of the first sampled request it served and carries a span link to the server span of every
+sampled request in it, so a trace viewer leads from any request to the batch and from the batch to
+all its requests. Each request also gets a `queue wait` span, from enqueue to the batch's start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from service.engine import request_context
+from service.engine.batch_run import BatchRun
+from service.engine.batcher import BatchObserver
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = "gmlp-serve"
+_NO_SPAN: AbstractContextManager[Any] = nullcontext()
+
+
+def configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the OTEL_* variables ask for traces to be exported (the module docstring's rule)."""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+class Tracing:
+    """One app's tracer provider (not installed globally: several apps in one process keep theirs)
+    with the batch span processor and the OTLP/HTTP exporter."""
+
+    def __init__(self) -> None:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+        if exporter != "otlp":
+            log.warning("OTEL_TRACES_EXPORTER=%s is not supported; exporting over OTLP/HTTP", exporter)
+        protocol = os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        )
+        if protocol.strip().lower() != "http/protobuf":
+            log.warning("OTLP protocol %s is not supported; exporting over http/protobuf", protocol)
+        resource = Resource.create(
+            {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": DEFAULT_SERVICE_NAME}
+        )
+        self.provider = TracerProvider(resource=resource)
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        self.tracer = self.provider.get_tracer("gmlp-serve")
+        self._trace = trace
+
+    @classmethod
+    def from_environment(cls) -> Tracing | None:
+        """A `Tracing` when `configured()`, else None; None with a warning if the SDK is missing."""
+        if not configured():
+            return None
+        try:
+            return cls()
+        except ImportError as exc:
+            log.warning(
+                "tracing is configured but OpenTelemetry is not installed (%s): pip install "
+                "'gmlp-serve[otel]'; serving without traces",
+                exc,
+            )
+            return None
+
+    def start_server_span(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> Any:
+        """A SERVER span continuing the W3C trace context in `carrier` (lower-case header names)."""
+        from opentelemetry import propagate
+
+        parent = propagate.extract(carrier)
+        return self.tracer.start_span(
+            name, context=parent, kind=self._trace.SpanKind.SERVER, attributes=attributes
+        )
+
+    def activate(self, span: Any) -> object:
+        """Make `span` the current span of this task (what child spans take as parent)."""
+        from opentelemetry import context
+
+        return context.attach(self._trace.set_span_in_context(span))
+
+    def deactivate(self, token: object) -> None:
+        from opentelemetry import context
+
+        context.detach(token)  # type: ignore[arg-type]
+
+    def end_server_span(
+        self,
+        request: request_context.RequestContext,
+        status: str,
+        attributes: dict[str, Any],
+        *,
+        failed: bool,
+    ) -> None:
+        """End the request's span; a refusal (or a `failed` status without one: a bug, an answer
+        of the framework's own) marks it as an error with the machine code (else the status)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        span = request.span
+        span.set_attributes(attributes)
+        if request.model:
+            span.set_attribute("gmlp.model", request.model)
+        if request.error_code is not None or failed:
+            code = request.error_code or status
+            span.set_attribute("error.type", code)
+            span.set_status(Status(StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}"))
+        span.end()
+
+    def span_between(
+        self,
+        name: str,
+        parent: Any,
+        start_ns: int,
+        end_ns: int,
+        *,
+        attributes: dict[str, Any] | None = None,
+        links: Sequence[Any] = (),
+    ) -> Any:
+        """A span recorded after the fact (its times measured elsewhere), a child of `parent`."""
+        span = self.tracer.start_span(
+            name,
+            context=self._trace.set_span_in_context(parent),
+            start_time=start_ns,
+            attributes=attributes,
+            links=links,
+        )
+        span.end(end_time=end_ns)
+        return span
+
+    def link(self, span: Any, attributes: dict[str, Any]) -> Any:
+        from opentelemetry.trace import Link
+
+        return Link(span.get_span_context(), attributes)
+
+    def shutdown(self) -> None:
+        """Export what is buffered and stop the exporter thread."""
+        self.provider.shutdown()
+
+
+def span(name: str) -> AbstractContextManager[Any]:
+    """A child span of the current request's span around a block; a shared no-op when the request
+    is not traced or not sampled. An exception leaving the block is recorded on the span."""
+    request = request_context.current()
+    if not sampled(request):  # off, or this request not sampled: its children would not be either
+        return _NO_SPAN
+    assert request is not None
+    return request.tracer.tracer.start_as_current_span(name)
+
+
+def span_after(name: str, start: float, end: float) -> None:
+    """A child span of the current request's span between two `time.monotonic()` instants measured
+    elsewhere (its batch thread's work for it); nothing when the request is not sampled."""
+    request = request_context.current()
+    if not sampled(request):
+        return
+    assert request is not None
+    to_ns = epoch_ns()
+    request.tracer.span_between(name, request.span, to_ns(start), to_ns(end))
+
+
+def sampled(request: request_context.RequestContext | None) -> bool:
+    return request is not None and request.span is not None and request.span.is_recording()
+
+
+def epoch_ns(monotonic: Callable[[], float] = time.monotonic) -> Callable[[float], int]:
+    """A converter from `monotonic()` instants to the epoch nanoseconds spans are stamped with."""
+    offset = time.time_ns() - int(monotonic() * 1e9)
+    return lambda instant: offset + int(instant * 1e9)
+
+
+class BatchTracing:
+    """A `BatchObserver` that passes everything on to `inner` (the metrics) and traces each batch
+    that served a sampled request: its `queue wait` spans and the `batch <model>` span."""
+
+    def __init__(self, inner: BatchObserver, model: str, attributes: Callable[[list[Any]], dict[str, Any]]):
+        self.inner = inner
+        self.model = model
+        self.attributes = attributes
+
+    def queue_depth(self, depth: int) -> None:
+        self.inner.queue_depth(depth)
+
+    def rejected(self, reason: str) -> None:
+        self.inner.rejected(reason)
+
+    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
+        self.inner.batch_done(size, queue_waits, run_seconds)
+
+    def batch_ran(self, run: BatchRun) -> None:
+        self.inner.batch_ran(run)
+        traced = [(r, enqueued) for r, enqueued in zip(run.requests, run.enqueued, strict=True) if sampled(r)]
+        if not traced:
+            return
+        first = traced[0][0]
+        assert first is not None
+        tracing: Tracing = first.tracer
+        to_ns = epoch_ns()
+        links = []
+        for request, enqueued in traced:
+            assert request is not None
+            tracing.span_between("queue wait", request.span, to_ns(enqueued), to_ns(run.started))
+            links.append(tracing.link(request.span, {"gmlp.request_id": request.request_id}))
+        attributes = {
+            "gmlp.model": self.model,
+            "gmlp.batch.size": run.size,
+            "gmlp.batch.instance": run.instance,
+            **self.attributes(run.items),
+        }
+        batch = tracing.tracer.start_span(
+            f"batch {self.model}",
+            context=tracing._trace.set_span_in_context(first.span),
+            start_time=to_ns(run.run_start),
+            attributes=attributes,
+            links=links,
+        )
+        if run.error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            batch.record_exception(run.error)
+            batch.set_status(Status(StatusCode.ERROR, repr(run.error)))
+        batch.end(end_time=to_ns(run.run_end))
+
+
+__all__ = ["Tracing", "BatchTracing", "configured", "span", "sampled", "epoch_ns", "DEFAULT_SERVICE_NAME"]

@@ -1,0 +1,197 @@
+"""Settings, CLI flags, the model repository (including export of missing checkpoints), the runtime."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from contract.spec import SpecError, discover, read_spec, require_models
+from gmlp.serve_command import export_missing
+from helpers import REPO_ROOT
+from service.cli import add_serve_arguments, run_serve, settings_from_args, settings_from_cli
+from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
+from service.settings import ServiceSettings, available_cpus
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_env_prefix_and_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GMLP_MAX_BATCH_SIZE", "3")
+    monkeypatch.setenv("GMLP_DEVICE", "cpu")
+    monkeypatch.setenv("GMLP_VARIANT", "")  # empty means unset
+    settings = ServiceSettings()
+    assert (settings.max_batch_size, settings.device, settings.variant) == (3, "cpu", None)
+    settings = settings_from_cli(["--max-batch-size", "7", "--variant", "fp32", "--no-ort-spinning"])
+    assert (settings.max_batch_size, settings.variant, settings.device, settings.ort_spinning) == (
+        7,
+        "fp32",
+        "cpu",
+        False,
+    )
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValidationError):
+        ServiceSettings(max_batch_size=0)
+    with pytest.raises(SystemExit):  # argparse refuses values outside the choices
+        settings_from_cli(["--device", "tpu"])
+    parser = add_serve_arguments(argparse.ArgumentParser())
+    assert run_serve(parser.parse_args(["--port", "-5"])) == 2
+
+
+def test_every_setting_has_a_flag_and_a_description() -> None:
+    parser = add_serve_arguments(argparse.ArgumentParser())
+    args = parser.parse_args([])
+    for name, field in ServiceSettings.model_fields.items():
+        assert hasattr(args, f"serve_{name}") and field.description
+    assert settings_from_args(args) == ServiceSettings()
+
+
+def test_gmlp_cli_has_the_serve_subcommand() -> None:
+    from gmlp import serve_command
+    from gmlp.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--port", "0", "--max-queue-delay-ms", "1.5"])
+    assert args.handler is serve_command.run
+    assert settings_from_args(args).max_queue_delay_ms == 1.5
+
+
+def test_available_cpus_respects_the_affinity_mask() -> None:
+    assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
+    assert ServiceSettings(intra_op_threads=None).resolved_threads() == available_cpus()
+    assert ServiceSettings(intra_op_threads=3).resolved_threads() == 3
+
+
+def test_instances_share_out_the_cpus() -> None:
+    cpus = available_cpus()
+    auto = ServiceSettings()
+    instances = auto.resolved_instances("cpu")
+    assert instances == (2 if cpus >= 2 else 1)
+    assert auto.resolved_threads(instances) == max(1, cpus // instances)
+    assert auto.resolved_instances("cuda") == 1
+    # Threads set explicitly: instances only where they fit beside them.
+    assert ServiceSettings(intra_op_threads=cpus).resolved_instances("cpu") == 1
+    explicit = ServiceSettings(instances=3, intra_op_threads=1)
+    assert explicit.resolved_instances("cuda") == 3 and explicit.resolved_threads(3) == 1
+    assert ServiceSettings(instances=64).resolved_threads(64) == 1
+
+
+def test_variant_choice() -> None:
+    both = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+    assert choose_variant(both, "cpu", None) == "int8"
+    assert choose_variant(both, "cuda", None) == "fp32"
+    assert choose_variant({**both, "fp16": "model.fp16.onnx"}, "cuda", None) == "fp16"
+    assert choose_variant(both, "cpu", "fp32") == "fp32"
+    assert choose_variant({"fp32": "model.onnx"}, "cpu", "int8") == "fp32"  # not exported: default
+
+
+@pytest.mark.skipif(cuda_available(), reason="checks the CPU fallback")
+def test_cuda_request_falls_back_to_cpu_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="service.engine.runtime"):
+        assert resolve_device("cuda") == "cpu"
+    assert "running on CPU" in caplog.text
+    assert resolve_device("auto") == "cpu"
+
+
+def test_discover_names_both_models(repository: Path) -> None:
+    specs = discover(repository)
+    assert {name: spec.task for name, spec in specs.items()} == {
+        "tiny-vision": "image-classification",
+        "tiny-mlm": "fill-mask",
+    }
+    assert specs["tiny-vision"].labels()[0] == "airplane"
+    assert specs["tiny-mlm"].tokenizer_path().is_file()
+
+
+def test_repository_errors(tmp_path: Path, tiny_vision_served: Path) -> None:
+    with pytest.raises(SpecError, match="does not exist"):
+        discover(tmp_path / "missing")
+    with pytest.raises(SpecError, match="gmlp export"):
+        require_models(tmp_path)
+    for copy in ("a", "b"):  # two directories claiming the same model name
+        shutil.copytree(tiny_vision_served, tmp_path / copy)
+    with pytest.raises(SpecError, match="two served models are named 'tiny-vision'"):
+        discover(tmp_path)
+    (tmp_path / "b" / "model.int8.onnx").unlink()
+    with pytest.raises(SpecError, match="variant files missing"):
+        read_spec(tmp_path / "b")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.json").write_text(json.dumps({"format": "something-else"}))
+    assert read_spec(tmp_path / "c") is None
+
+
+def test_missing_exports_are_made_from_checkpoints(tmp_path: Path, tiny_vision_checkpoint: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(tiny_vision_checkpoint, checkpoints / "demo-vision")
+    written = export_missing(checkpoints, tmp_path / "models", ("fp32",))
+    assert written == [tmp_path / "models" / "demo-vision"]
+    assert list(discover(tmp_path / "models")) == ["demo-vision"]
+    assert (tmp_path / "models" / "demo-vision" / "model.onnx").is_file()
+    # Second start: nothing to export, same result.
+    assert export_missing(checkpoints, tmp_path / "models") == []
+    assert list(discover(tmp_path / "models")) == ["demo-vision"]
+
+
+def test_run_serve_reports_an_unusable_repository(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = add_serve_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--model-repository", str(tmp_path), "--checkpoint-dir", ""])
+    assert run_serve(args) == 1
+    assert "no served models" in capsys.readouterr().err
+
+
+def test_runtime_batches_rows_independently(tiny_vision_served: Path) -> None:
+    rng = np.random.default_rng(0)
+    rows = [{"pixel_values": rng.standard_normal((3, 32, 32)).astype(np.float32) * s} for s in (1, 5, 0.1)]
+    for variant in ("model.onnx", "model.int8.onnx"):
+        model = OnnxModel(tiny_vision_served / variant, RuntimeOptions(intra_op_threads=1))
+        assert model.provider == "CPUExecutionProvider"
+        batched = model.run_batch(rows)
+        single = [model.run_batch([row])[0] for row in rows]
+        assert all(b["logits"].shape == (10,) for b in batched)
+        if model.row_independent:  # fp32: the same up to float rounding
+            for b, s in zip(batched, single, strict=True):
+                np.testing.assert_allclose(b["logits"], s["logits"], rtol=0, atol=1e-5)
+        else:  # int8 scales activations per tensor, so its rows run one at a time: identical
+            assert variant == "model.int8.onnx"
+            for b, s in zip(batched, single, strict=True):
+                np.testing.assert_array_equal(b["logits"], s["logits"])
+
+
+def test_the_service_does_not_import_torch() -> None:
+    """The serving image has no torch: nothing on the request path may import it."""
+    code = (
+        "import sys, service.app, service.http.routes, service.http.hf, service.cli; "
+        "import service.v2.rest, service.v2.grpc_server; "
+        "from service.settings import ServiceSettings; service.app.create_app(ServiceSettings()); "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert 'export' not in sys.modules and 'model' not in sys.modules"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_row_independence_without_the_onnx_package(tiny_vision_served: Path) -> None:
+    # The serving image has no `onnx`: the served-model contract decides (int8 = dynamic quantisation).
+    code = (
+        "import sys; sys.modules['onnx'] = None; from pathlib import Path; "
+        "import onnxruntime as ort; from service.engine.runtime import rows_are_independent as r; "
+        f"d = Path({str(tiny_vision_served)!r}); "
+        "s = lambda name: ort.InferenceSession(str(d / name), providers=['CPUExecutionProvider']); "
+        "assert r(s('model.onnx'), d / 'model.onnx') and not r(s('model.int8.onnx'), d / 'model.int8.onnx')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
