@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(BIN)/.installed
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The in-process tests only (no servers, processes or containers): a quick check while editing.
+test-fast: install
+	$(BIN)/python -m pytest -m unit -q $(PYTEST_ARGS)
 
 # Only the tests that need the full data sets (the training runs); fails where they are absent.
 test-shared-data: install

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (
+# The shared helpers assert too: rewrite their asserts as pytest does the tests' own.
+pytest.register_assert_rewrite("support")
+
+from support.helpers import (  # noqa: E402 - after the rewrite hook, which must come first
     BERT_TOKENIZER,
     CIFAR_LABELS,
     CIFAR_SAMPLE_NPZ,
@@ -18,10 +21,29 @@ from helpers import (
     tiny_vision_config,
 )
 
+# Each test's kind follows from where it lives, so that no test needs to be marked by hand:
+# `unit` runs code in-process (a session, a pipeline, a parser: seconds), `integration` starts real
+# servers on 127.0.0.1, `e2e` runs the product's processes, containers and third-party programs.
+KINDS = (
+    ("e2e", ("deploy", "gmlp", "loadtests", "benchmarks")),
+    ("integration", ("service/http", "service/v2", "service/access")),
+    ("unit", ("",)),
+)
+TESTS_ROOT = Path(__file__).resolve().parent
+
+
+def test_kind(path: Path) -> str:
+    """`unit`, `integration` or `e2e` for a test file under tests/, by its folder."""
+    where = path.resolve().relative_to(TESTS_ROOT).as_posix()
+    return next(kind for kind, folders in KINDS if any(where.startswith(f) for f in folders))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the `shared_data` tests where the full data sets are absent; asked for by name
-    (`-m shared_data`), their absence is an error instead, so that CI cannot pass by skipping them."""
+    """Mark every test with its kind; skip the `shared_data` tests where the full data sets are
+    absent (asked for by name, `-m shared_data`, their absence is an error instead, so that CI
+    cannot pass by skipping them)."""
+    for item in items:
+        item.add_marker(test_kind(item.path))
     try:
         if shared_data_dir() is not None:
             return

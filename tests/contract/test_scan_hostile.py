@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broken_dirs import (
+from support.broken_dirs import (
     BROKEN,
     Maker,
     config_field,

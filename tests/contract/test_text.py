@@ -8,7 +8,7 @@ import pytest
 from contract.errors import InvalidInput, RequestError
 from contract.spec import SpecError
 from contract.text import FillMaskCodec
-from helpers import BERT_TOKENIZER
+from support.helpers import BERT_TOKENIZER
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,7 @@ import re
 import tomllib
 
 from contract.formats import package_version
-from helpers import REPO_ROOT
+from support.helpers import REPO_ROOT
 
 
 def _declared() -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from helpers import REPO_ROOT
+from support.helpers import REPO_ROOT
 from service.settings import ServiceSettings
 
 DEPLOY = REPO_ROOT / "deploy"

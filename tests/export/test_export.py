@@ -186,7 +186,7 @@ def static_int8(tmp_path_factory, tiny_vision_checkpoint, tiny_mlm_checkpoint):
     (the committed samples): the classifier from an explicit source, the MLM from the calibration set
     stored in its checkpoint."""
     from contract.calibration import write_calibration_set
-    from helpers import CIFAR_SAMPLE_NPZ, TEXT_SAMPLE
+    from support.helpers import CIFAR_SAMPLE_NPZ, TEXT_SAMPLE
 
     root = tmp_path_factory.mktemp("static")
     export_served_model(
@@ -262,7 +262,7 @@ def test_int8_weights_fit_in_seven_bits(static_int8, tiny_vision_served, mode):
 def test_image_calibration_set_round_trip(tmp_path, tiny_vision_served):
     from contract.calibration import bundled_calibration, write_calibration_set
     from export.calibration import image_feeds
-    from helpers import CIFAR_SAMPLE_NPZ
+    from support.helpers import CIFAR_SAMPLE_NPZ
 
     stored = write_calibration_set(tmp_path, "image-classification", CIFAR_SAMPLE_NPZ, count=16)
     assert bundled_calibration(tmp_path) == stored and stored.stat().st_size < 50_000

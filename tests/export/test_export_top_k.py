@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from top_k_models import tied_checkpoint
+from support.top_k_models import tied_checkpoint
 
 from contract.check import run_check, write_check
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT

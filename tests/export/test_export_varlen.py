@@ -26,7 +26,7 @@ from model import load_checkpoint
 def amlp_variants(tmp_path_factory, tiny_amlp_checkpoint):
     """The tiny aMLP with fp32, static int8 (calibrated on the committed book text) and fp16 files."""
     from contract.calibration import write_calibration_set
-    from helpers import TEXT_SAMPLE
+    from support.helpers import TEXT_SAMPLE
 
     root = tmp_path_factory.mktemp("varlen")
     checkpoint = root / "checkpoint"

@@ -26,7 +26,7 @@ import pytest
 from benchmarks.harness import free_port
 from contract.image import ImageTransform
 from contract.spec import read_spec
-from helpers import REPO_ROOT
+from support.helpers import REPO_ROOT
 from service.http.playground import STATIC
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import perturbed, tiny_mlm_config, tiny_vision_config
+from support.helpers import perturbed, tiny_mlm_config, tiny_vision_config
 from model import (
     GMLPForMaskedLM,
     GMLPVisionClassifier,
@@ -235,7 +235,7 @@ def _logits_without_mask(model: GMLPForMaskedLM, ids: torch.Tensor) -> torch.Ten
 
 @pytest.mark.parametrize("make", [tiny_vision_config, lambda: tiny_mlm_config(attn_dim=8)])
 def test_checkpoint_round_trip(tmp_path, make):
-    from helpers import BERT_TOKENIZER, CIFAR_LABELS
+    from support.helpers import BERT_TOKENIZER, CIFAR_LABELS
 
     config = make()
     model = perturbed(build_model(config))

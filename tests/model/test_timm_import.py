@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from gmlp.cli import main as gmlp
-from helpers import perturbed
+from support.helpers import perturbed
 from model import build_model, get_config, load_checkpoint
 
 # Written out here (not imported from model.timm_import) so the test checks the mapping against

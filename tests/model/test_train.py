@@ -269,7 +269,7 @@ def test_compiled_training_matches_eager() -> None:
     moves the logits far more than the tolerance."""
     import torch
 
-    from helpers import tiny_mlm_config
+    from support.helpers import tiny_mlm_config
     from model import build_model
     from model.train.loop import LoopConfig, train_loop
 

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.settings import ServiceSettings
-from svc_harness import RunningServer, wait_until
+from support.servers import RunningServer, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +82,7 @@ def tiny_vision_v2_served(tmp_path_factory: pytest.TempPathFactory, tiny_vision_
     import torch
 
     from export import export_served_model
-    from helpers import CIFAR_LABELS, tiny_vision_config
+    from support.helpers import CIFAR_LABELS, tiny_vision_config
     from model import build_model, save_checkpoint
 
     torch.manual_seed(1)

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from certs import TestCA
-from keys import write_keys
+from support.certs import TestCA
+from support.keys import write_keys
 
 # The keys every keyed server of these tests holds: one per scope, and one with every scope.
 SCOPES = {"client": "infer", "ops": "metrics", "admin": "admin", "all": "infer,metrics,admin"}
@@ -26,6 +26,6 @@ def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
 
 @pytest.fixture(scope="module")
 def grpc_port() -> Callable[[], int]:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     return free_port

@@ -15,11 +15,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
-from keys import bearer
+from support.keys import bearer
 from tritonclient.utils import InferenceServerException
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keys import bearer
-from raw_http import raw_request
+from support.keys import bearer
+from support.raw_http import raw_request
 from starlette.routing import BaseRoute, Mount
 
 from service.app import ROUTERS
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import httpx
 import pytest
-from keys import bearer, write_keys
+from support.keys import bearer, write_keys
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.v2.proto import grpc_predict_v2_pb2 as pb
@@ -99,7 +99,7 @@ def test_cors_credentials_only_when_configured(start_server: Any) -> None:
 
 
 def test_metrics_on_a_port_of_their_own(start_server: Any, tmp_path: Path) -> None:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     keys = write_keys(tmp_path / "keys", client="infer")
     port = free_port()

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from keys import bearer, keys_file_text, replace_file
+from support.keys import bearer, keys_file_text, replace_file
 
 from service.access.keys import SETTLE_S, new_key
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -99,7 +99,7 @@ def test_keys_rotate_under_load_and_a_broken_file_changes_nothing(
 
 
 def test_sighup_rereads_the_keys_at_once(repository: Path, tmp_path: Path, poll: Any) -> None:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     path = tmp_path / "keys"
     first, second = new_key(), new_key()

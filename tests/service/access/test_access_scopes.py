@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import httpx
 import pytest
-from keys import bearer
+from support.keys import bearer
 
 from service.access.keys import new_key
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
 

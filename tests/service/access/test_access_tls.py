@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import tritonclient.grpc as grpcclient
-from certs import Issued, TestCA
+from support.certs import Issued, TestCA
 from cryptography import x509
 
-from svc_harness import not_under_granian
+from support.servers import not_under_granian
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
 

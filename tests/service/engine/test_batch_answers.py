@@ -11,7 +11,7 @@ import numpy as np
 
 from contract.scores import SCORE_FUNCTIONS, ranked
 from contract.spec import read_spec
-from helpers import assert_same_answers
+from support.helpers import assert_same_answers
 from service.engine.rows import Decoding, Job, Ranking
 from service.settings import ServiceSettings
 from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline, load_pipeline

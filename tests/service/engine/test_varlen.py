@@ -28,7 +28,7 @@ from service.tasks.pipeline import FillMaskPipeline, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO_ROOT
+from support.helpers import REPO_ROOT
 
 # A real model card (README.md as `gmlp model-card` writes it), lent to the tiny classifier.
 DEMO_CARD = REPO_ROOT / "checkpoints" / "cifar10-gmlp" / "README.md"

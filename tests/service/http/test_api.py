@@ -19,7 +19,7 @@ from contract.spec import read_spec
 from service.http.schemas import ClassifyResponse, FillMaskResponse
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from certs import Issued, TestCA
+from support.certs import Issued, TestCA
 
 from service.http.connections import PROTOCOLS, http_protocol
-from svc_harness import free_port, not_under_granian, wait_until
+from support.servers import free_port, not_under_granian, wait_until
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = [pytest.mark.timeout(180), not_under_granian("connections are Granian's to count")]
 

@@ -44,10 +44,10 @@ from service.engine.deadline import Deadline
 from service.settings import ServiceSettings
 from service.tasks.pipeline import FillMaskPipeline, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
-from svc_harness import SERVER_ARGS, TEST_SERVER
+from support.servers import SERVER_ARGS, TEST_SERVER
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 

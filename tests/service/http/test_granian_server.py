@@ -1,6 +1,6 @@
 """`gmlp serve --server granian`: the product's own command under Granian, as a user starts it (a
 child process): it serves, answers bad requests in the service's error shape, and drains on
-SIGTERM. The rest of the suite runs under Granian with GMLP_TEST_SERVER=granian (svc_harness)."""
+SIGTERM. The rest of the suite runs under Granian with GMLP_TEST_SERVER=granian (tests/support/servers.py)."""
 
 from __future__ import annotations
 

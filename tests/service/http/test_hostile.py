@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from service.http.connections import PROTOCOLS
-from svc_harness import not_under_granian
+from support.servers import not_under_granian
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 

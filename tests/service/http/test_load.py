@@ -24,7 +24,7 @@ from service.app import create_app
 from service.settings import ServiceSettings
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ import pytest
 from benchmarks.harness import free_port, gmlp_serve, http_get
 from benchmarks.otlp_sink import OtlpSink
 from service.engine.request_context import MAX_REQUEST_ID_LENGTH
-from svc_harness import RunningServer
+from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from helpers import REPO_ROOT
+from support.helpers import REPO_ROOT
 from service.http.playground import STATIC
 from service.http.schemas import StatsResponse
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 

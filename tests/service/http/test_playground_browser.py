@@ -25,10 +25,10 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Route, expect, sync_playwright
 
-from helpers import REPO_ROOT
+from support.helpers import REPO_ROOT
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

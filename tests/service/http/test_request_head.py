@@ -14,7 +14,7 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from raw_http import raw_request
+from support.raw_http import raw_request
 
 from contract.errors import ErrorCode, ModelNotFound
 from contract.messages import CONTROL_CHARACTERS, ECHO_LIMIT, MESSAGE_LIMIT, echo
@@ -23,7 +23,7 @@ from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 HUGE = "m" * (1 << 20)  # a 1 MiB model name
@@ -36,7 +36,7 @@ def server(start_server: Any, grpc_port: Any) -> RunningServer:
 
 @pytest.fixture(scope="module")
 def grpc_port() -> Any:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     return free_port
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from svc_harness import not_under_granian
+from support.servers import not_under_granian
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = [pytest.mark.timeout(180), not_under_granian("uvicorn's protocol enforces the send timeout")]
 

@@ -14,14 +14,14 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from repository_servers import CONTROL_HEADERS, start_repository_server
+from support.repository_servers import CONTROL_HEADERS, start_repository_server
 
 from contract.strict_json import MAX_JSON_DEPTH
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
 

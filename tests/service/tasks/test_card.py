@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO_ROOT
+from support.helpers import REPO_ROOT
 from service.tasks.card import accuracy_leaves, card_summary
 
 CHECKPOINTS = REPO_ROOT / "checkpoints"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from contract.spec import read_spec
-from svc_harness import RunningServer
+from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,7 +22,7 @@ from benchmarks.otlp_sink import OtlpSink, Span
 from service.telemetry.tracing import configured
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from svc_harness import RunningServer, free_port, wait_until
+from support.servers import RunningServer, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

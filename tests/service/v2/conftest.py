@@ -9,7 +9,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 TRANSPORTS = ("http", "grpc")
 
@@ -17,7 +17,7 @@ TRANSPORTS = ("http", "grpc")
 @pytest.fixture(scope="module")
 def triton_server(start_server: Any) -> RunningServer:
     """A server with gRPC on, for one test module (its statistics are the module's own traffic)."""
-    from svc_harness import free_port
+    from support.servers import free_port
 
     return start_server(grpc_port=free_port())
 

@@ -21,7 +21,7 @@ from service.v2.answer_budget import answer_size
 from service.v2.tensors import Tensor
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -93,7 +93,7 @@ def test_the_bound_holds_the_json_the_server_writes(server: RunningServer) -> No
 
 
 def test_raw_answers_have_their_own_limit_on_rest_and_grpc(start_server: Any) -> None:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     server = start_server(grpc_port=free_port(), max_batch_size=16, max_binary_response_bytes=1024 * 1024)
     with server.client() as client:

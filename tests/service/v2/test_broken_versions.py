@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from repository_servers import (
+from support.repository_servers import (
     Load,
     add_version,
     start_repository_server,
@@ -19,7 +19,7 @@ from repository_servers import (
     versioned_repository,
 )
 
-from svc_harness import RunningServer
+from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_silent_connection_is_closed_after_the_handshake_limit(start_server: Any) -> None:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     server = start_server(grpc_port=free_port(), header_timeout_s=1.0)
     sock = socket.create_connection(("127.0.0.1", server.settings.grpc_port), timeout=20)
@@ -55,7 +55,7 @@ def _frame_types(data: bytes) -> list[int]:
 
 
 def test_connections_beyond_the_cap_are_closed_at_once(start_server: Any) -> None:
-    from svc_harness import free_port, wait_until
+    from support.servers import free_port, wait_until
 
     cap = 20
     server = start_server(grpc_port=free_port(), grpc_max_connections=cap)
@@ -88,7 +88,7 @@ def test_connections_beyond_the_cap_are_closed_at_once(start_server: Any) -> Non
 
 
 def test_an_idle_connection_is_sent_away_after_the_idle_limit(start_server: Any) -> None:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     server = start_server(grpc_port=free_port(), grpc_max_connection_idle_s=1.0)
     sock, received = _h2_connection(server.settings.grpc_port)
@@ -99,7 +99,7 @@ def test_an_idle_connection_is_sent_away_after_the_idle_limit(start_server: Any)
 
 
 def test_calls_survive_connections_closed_at_their_maximum_age(start_server: Any) -> None:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     server = start_server(grpc_port=free_port(), grpc_max_connection_age_s=0.5, drain_timeout_s=0.5)
     client = grpcclient.InferenceServerClient(url=f"127.0.0.1:{server.settings.grpc_port}")

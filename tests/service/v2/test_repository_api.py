@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from repository_servers import (
+from support.repository_servers import (
     is_grpc,
     start_repository_server,
     triton_grpc,
@@ -22,7 +22,7 @@ from repository_servers import (
 )
 from tritonclient.utils import InferenceServerException
 
-from svc_harness import RunningServer
+from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
 

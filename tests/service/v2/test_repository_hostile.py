@@ -1,4 +1,4 @@
-"""Real servers over repositories holding broken directories (tests/service/broken_dirs.py): in
+"""Real servers over repositories holding broken directories (tests/support/broken_dirs.py): in
 poll mode they appear while the server runs, are listed UNAVAILABLE with their reasons (index over
 REST and gRPC, /models, the problems gauge), a model deployed afterwards still loads, and the
 server still drains and stops; in explicit mode the server starts beside them, loads the healthy
@@ -15,10 +15,10 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from broken_dirs import BROKEN
+from support.broken_dirs import BROKEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from repository_servers import (
+from support.repository_servers import (
     add_version,
     control_headers,
     start_repository_server,
@@ -30,7 +30,7 @@ from repository_servers import (
 from tritonclient.utils import InferenceServerException
 
 from contract.repository import VersionError, parse_version
-from svc_harness import RunningServer
+from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
 

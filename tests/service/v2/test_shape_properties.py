@@ -18,7 +18,7 @@ from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from service.v2.tensors import MAX_DIMS, MAX_ELEMENTS
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +41,7 @@ SETTINGS = settings(
 
 @pytest.fixture(scope="module")
 def server(start_server: Any) -> RunningServer:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     return start_server(grpc_port=free_port())
 

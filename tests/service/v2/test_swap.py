@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from repository_servers import (
+from support.repository_servers import (
     Load,
     add_version,
     start_repository_server,
@@ -22,7 +22,7 @@ from repository_servers import (
     versioned_repository,
 )
 
-from svc_harness import RunningServer
+from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)
 

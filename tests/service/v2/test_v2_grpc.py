@@ -25,7 +25,7 @@ from contract.image import ImageTransform
 from contract.spec import read_spec
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +34,7 @@ LIMIT = 256 * 1024
 
 
 def _start(start_server: Any, **overrides: Any) -> RunningServer:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     return start_server(grpc_port=free_port(), **overrides)
 

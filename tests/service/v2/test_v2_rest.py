@@ -23,7 +23,7 @@ from contract.image import ImageTransform
 from contract.spec import read_spec
 
 if TYPE_CHECKING:
-    from svc_harness import RunningServer
+    from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def server(start_server: Any) -> RunningServer:
-    from svc_harness import free_port
+    from support.servers import free_port
 
     return start_server(grpc_port=free_port())
 

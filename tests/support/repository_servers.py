@@ -19,9 +19,9 @@ from typing import Any
 
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from keys import bearer, write_keys
+from support.keys import bearer, write_keys
 
-from svc_harness import RunningServer, free_port
+from support.servers import RunningServer, free_port
 
 # The repository API is an admin route: closed unless an admin key is configured. Every server
 # these tests start holds one key with every scope, in a keys file of its own.

@@ -8,7 +8,7 @@ from gmlp.paths import SHARED_DATA_ENV, shared_data
 
 # The checkout the tests run from (tests may find the repository's files by their own location;
 # the product never does).
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Small inputs committed with the tests (tests/data/README.md says what each is and how it was cut).
 TEST_DATA = REPO_ROOT / "tests" / "data"
 CIFAR_SAMPLE_NPZ = TEST_DATA / "cifar10-test-300.npz"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import BERT_TOKENIZER
+from support.helpers import BERT_TOKENIZER
 
 
 def tied_checkpoint(source: Path, parent: Path, ids: list[int]) -> Path:
