@@ -17,10 +17,10 @@ from pydantic import ValidationError
 
 from contract.spec import SpecError, discover, read_spec, require_models
 from gmlp.serve_command import export_missing
-from support.helpers import REPO_ROOT
 from service.cli import add_serve_arguments, run_serve, settings_from_args, settings_from_cli
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
 from service.settings import ServiceSettings, available_cpus
+from support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 

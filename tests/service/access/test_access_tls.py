@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import tritonclient.grpc as grpcclient
-from support.certs import Issued, TestCA
 from cryptography import x509
 
+from support.certs import Issued, TestCA
 from support.servers import not_under_granian
 
 if TYPE_CHECKING:

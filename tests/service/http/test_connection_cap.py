@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support.certs import Issued, TestCA
 
 from service.http.connections import PROTOCOLS, http_protocol
+from support.certs import Issued, TestCA
 from support.servers import free_port, not_under_granian, wait_until
 
 if TYPE_CHECKING:
