@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from benchmarks.harness import free_port
+from gmlp.server_process import free_port
 from contract.image import ImageTransform
 from contract.spec import read_spec
 from support.helpers import REPO_ROOT

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness import free_port, gmlp_serve, http_get
-from benchmarks.otlp_sink import OtlpSink
+from gmlp.server_process import free_port, gmlp_serve, http_get
+from support.otlp_sink import OtlpSink
 from service.engine.request_context import MAX_REQUEST_ID_LENGTH
 from support.servers import RunningServer
 
