@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 
 from loadtests.checks import check_classify
@@ -94,7 +94,7 @@ def replica_counts(containers: list[str]) -> dict[str, dict[str, float]]:
             text=True,
             timeout=30,
         ).stdout
-        totals = Counter()
+        totals: defaultdict[str, float] = defaultdict(float)
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 labels = sample.labels
