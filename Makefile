@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -57,16 +57,11 @@ serve: install
 
 # Benchmarks are programs of the checkout's benchmarks/ package (not in the wheel), run as
 # `python -m benchmarks.NAME` from the repository root; docs/benchmarks.md lists them all.
-# Model level: PyTorch eager/bf16 vs ONNX Runtime plain, fused and int8 (BENCH_ARGS to override).
-BENCH_ARGS ?= gmlp_s16_224 --batches 1,8,32
+# The limit every server is measured against: each task's unavoidable work in one process beside
+# raw session.run, on the demo models in ./models (make demo-models; BENCH_ARGS to override).
+BENCH_ARGS ?=
 bench: install
-	$(BIN)/python -m benchmarks.export_speed $(BENCH_ARGS)
-
-# HTTP /classify vs a raw ORT session, and dynamic batching on vs off, on the demo classifier in
-# ./models (make demo-models); it starts its own servers on 127.0.0.1.
-COMPARE_ARGS ?= --model cifar10-gmlp --variant int8 --duration 15s
-bench-compare: install
-	$(BIN)/python -m benchmarks.loadtest_compare --model-repository models $(COMPARE_ARGS)
+	$(BIN)/python -m benchmarks.bare_pipeline $(BENCH_ARGS)
 
 # gmlp-serve against LitServe, Ray Serve and BentoML (each installed into .bench-venvs/ by the
 # benchmark) and raw ONNX Runtime; needs wrk. Rewrites "Against other servers" in docs/benchmarks.md.

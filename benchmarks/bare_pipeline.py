@@ -25,8 +25,8 @@ them; an older graph's answers come from its logits.
 Rounds alternate bare and raw, so that drift in the machine's speed hits both alike. CPU is
 getrusage of the whole process (ORT's threads included) over each run, divided by the requests
 (images or sentences) it answered. Prints one JSON object per task (one line each) with the
-machine, the settings, every round and the medians; `benchmarks.peers.run` and
-`benchmarks.fill_mask_cpu` run it between their server rows, for served/bare ratios from one run.
+machine, the settings, every round and the medians; `benchmarks.peers.run`
+runs it between its server rows, for served/bare ratios from one run.
 """
 
 from __future__ import annotations

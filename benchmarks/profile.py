@@ -1,13 +1,13 @@
 """Where a served request's CPU goes: per-thread CPU from /proc and a py-spy profile.
 
 `--task classify` starts gmlp-serve as the peer benchmark does (benchmarks/peers: the same flags,
-demo classifier and CIFAR-10 JPEG); `--task fill-mask` as the fill-mask CPU benchmark does (the
-demo masked LM, its 200 sentences in turn). wrk loads it at one client count while py-spy samples
+demo classifier and CIFAR-10 JPEG); `--task fill-mask` the demo masked LM alone with its default
+settings, sent the 200 bundled masked sentences in turn. wrk loads it at one client count while py-spy samples
 it. The report gives requests/s, the CPU per request of the event loop (the main thread: HTTP,
 routing, preprocessing, responses) and of the other threads (batches in ONNX Runtime), the
 batches' mean size and how busy the execution instances were, and the event loop's samples by
 layer and by function, each as a share and as CPU per request. Set against raw `session.run`'s
-CPU per item (the two benchmarks' own figures), it says what serving adds and who adds it. Needs
+CPU per item (the bare pipeline's figures), it says what serving adds and who adds it. Needs
 wrk and py-spy (the dev install); py-spy needs ptrace rights over the server.
 
     python -m benchmarks.profile --task classify --clients 32 --seconds 10
@@ -32,14 +32,15 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks import fill_mask_cpu, wrk
-from benchmarks.harness import command_line, cpu_facts, link_repository
+from benchmarks import wrk
+from benchmarks.bare_pipeline import sentences
+from benchmarks.harness import REPO, command_line, cpu_facts, gmlp_serve, link_repository
 from benchmarks.peers.bench import test_images, write_script
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS
 from benchmarks.peers.run import MODEL, ensure_model
 from benchmarks.peers.server import running, wait_ready
-from benchmarks.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
+from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 
 # The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).
 # A sample whose innermost Python frame is the loop's `run` is in uvloop's C code (polling,
@@ -52,6 +53,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("preprocessing and scores (contract, numpy)", ("contract/", "numpy/", "PIL/", "simplejpeg")),
     ("metrics (prometheus-client)", ("prometheus_client/",)),
 )
+JSON = {"Content-Type": "application/json"}
 OTHER = "other (json, contextlib, pydantic, threading...)"
 
 
@@ -186,13 +188,19 @@ def classify_target(work: Path) -> Iterator[Target]:
 
 @contextlib.contextmanager
 def fill_mask_target(work: Path) -> Iterator[Target]:
-    """gmlp-serve as the fill-mask CPU benchmark runs it, sent its 200 masked sentences in turn."""
-    texts = fill_mask_cpu.sentences()
-    with fill_mask_cpu.server(fill_mask_cpu.DEFAULT_SERVED, work) as server:
-        fill_mask_cpu.check_answer(server.url + "/fill-mask", texts[0])
+    """The demo masked LM alone with its default settings, sent the bundled masked sentences in turn."""
+    texts = sentences()
+    repository = link_repository(work, REPO / "models" / "gutenberg-gmlp-mlm")
+    log, serve_args = work / "server.log", ["--log-level", "warning"]
+    with gmlp_serve(repository, log_path=log, serve_args=serve_args, ready_timeout_s=180) as server:
+        url = server.url + "/fill-mask"
+        check = urllib.request.Request(url, json.dumps({"text": texts[0], "top_k": 5}).encode(), JSON)
+        with urllib.request.urlopen(check, timeout=30) as response:  # a real answer before any timing
+            assert len(json.loads(response.read())["predictions"][0]) == 5
         script = work / "fill_mask.lua"
-        script.write_text(fill_mask_cpu.lua_script(texts))
-        yield Target(server.pid, server.url, server.url + "/fill-mask", script)
+        bodies = [json.dumps({"text": t, "top_k": 5}) for t in texts]
+        script.write_text(wrk.lua_rotating("/fill-mask", bodies))
+        yield Target(server.pid, server.url, url, script)
 
 
 TARGETS = {"classify": classify_target, "fill-mask": fill_mask_target}

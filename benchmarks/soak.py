@@ -33,16 +33,22 @@ import os
 import statistics
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import uvloop
 
 from benchmarks.harness import command_line, cpu_facts, cpu_line, gmlp_serve
-from loadtests.checks import check_classify, check_fill_mask
+from loadtests.engine import (
+    LoadResult,
+    Outcome,
+    PreparedRequest,
+    classify_request,
+    fill_mask_request,
+    open_loop,
+    percentile,
+)
 from loadtests.workload import BUNDLED_DIR
 
 IMAGE = BUNDLED_DIR / "cifar10-test-03000-cat.jpg"
@@ -50,242 +56,150 @@ TEXTS = ["the cat sat on the [MASK].", "she opened the [MASK] and looked out.", 
 TOP_K = 3
 RAMP_RATES = (25, 50, 100, 150, 200, 300, 400, 600, 800, 1200)
 SAMPLE_EVERY_S = 5.0
-LATE_S = 0.5  # an arrival the client is this late to send is dropped (counted as `client_late`)
 MAX_BACKLOG_S = 1.0  # a ramp step whose last answers come later than this after it is beyond capacity
 KEPT_ERRORS = 20
+# When (perf_counter), and the server's RSS in KiB, its open fds and the machine's load average.
+Sample = tuple[float, tuple[int, int, float]]
 
 
-@dataclass
-class Bucket:
-    """Outcomes of the requests that *started* in one time bucket (a minute of the soak, a ramp step)."""
-
-    sent: int = 0
-    outcomes: Counter[str] = field(default_factory=Counter)
-    latencies: list[float] = field(default_factory=list)
-    rss_kib: list[int] = field(default_factory=list)
-    fds: list[int] = field(default_factory=list)
-    loadavg: list[float] = field(default_factory=list)
-
-    def report(self, seconds: float) -> dict[str, Any]:
-        ok = sorted(self.latencies)
-        return {
-            "sent_per_s": round(self.sent / seconds, 1),
-            "ok_per_s": round(self.outcomes["ok"] / seconds, 1),
-            "refused_503": self.outcomes["503"],
-            "errors": self.outcomes["error"],
-            "client_skipped": self.outcomes["skipped"],
-            "client_late": self.outcomes["late"],
-            "p50_ms": _quantile_ms(ok, 0.50),
-            "p99_ms": _quantile_ms(ok, 0.99),
-            "rss_mib": round(max(self.rss_kib) / 1024, 1) if self.rss_kib else None,
-            "open_fds": max(self.fds) if self.fds else None,
-            # The machine's 1-minute load average: other work on the CPUs shows in the latencies.
-            "loadavg_1m": max(self.loadavg) if self.loadavg else None,
-        }
+def traffic() -> list[PreparedRequest]:
+    """The two request kinds, alternating: a JPEG to /classify, a masked sentence to /fill-mask."""
+    image = IMAGE.read_bytes()
+    requests = []
+    for text in TEXTS:
+        requests += [classify_request(image, TOP_K), fill_mask_request(text, TOP_K)]
+    return requests
 
 
-def _quantile_ms(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return round(1000 * values[min(len(values) - 1, int(q * len(values)))], 1)
+def report(outcomes: list[Outcome], seconds: float, samples: list[tuple[int, int, float]]) -> dict[str, Any]:
+    """A minute's (or a ramp step's) figures: rates, refusals, errors, latency, RSS, fds, load."""
+    ok = [1000 * o.seconds for o in outcomes if o.error is None]
+    refused = sum(1 for o in outcomes if o.status == 503)
+    return {
+        "sent_per_s": round(len(outcomes) / seconds, 1),
+        "ok_per_s": round(len(ok) / seconds, 1),
+        "refused_503": refused,
+        "errors": len(outcomes) - len(ok) - refused,
+        "p50_ms": _round(percentile(ok, 50)),
+        "p99_ms": _round(percentile(ok, 99)),
+        "rss_mib": round(max(s[0] for s in samples) / 1024, 1) if samples else None,
+        "open_fds": max(s[1] for s in samples) if samples else None,
+        # The machine's 1-minute load average: other work on the CPUs shows in the latencies.
+        "loadavg_1m": max(s[2] for s in samples) if samples else None,
+    }
 
 
-def proc_sample(pid: int) -> tuple[int, int]:
-    """(VmRSS in KiB, open file descriptors) of process `pid`."""
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def proc_sample(pid: int) -> tuple[int, int, float]:
+    """(VmRSS in KiB, open file descriptors) of process `pid`, and the machine's load average."""
     rss = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             rss = int(line.split()[1])
-    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+    return rss, len(os.listdir(f"/proc/{pid}/fd")), float(Path("/proc/loadavg").read_text().split()[0])
 
 
-class Traffic:
-    """The two request kinds, alternating, each checked for the documented answer."""
-
-    def __init__(self) -> None:
-        self.image = IMAGE.read_bytes()
-        self.errors: list[str] = []
-
-    async def one(self, client: aiohttp.ClientSession, i: int, timeout: float) -> tuple[str, float]:
-        """Send request number `i`: ('ok' | '503' | 'error', seconds)."""
-        began = time.perf_counter()
-        limit = aiohttp.ClientTimeout(total=timeout)
-        text = TEXTS[(i // 2) % len(TEXTS)]
-        try:
-            if i % 2 == 0:
-                request = client.post(
-                    "/classify",
-                    params={"top_k": TOP_K},
-                    data=self.image,
-                    headers={"content-type": "image/jpeg"},
-                    timeout=limit,
-                )
-            else:
-                request = client.post("/fill-mask", json={"text": text, "top_k": TOP_K}, timeout=limit)
-            async with request as response:
-                payload = await response.read()
-            seconds = time.perf_counter() - began
-            if response.status == 503:
-                return "503", seconds
-            if response.status != 200:
-                return self._error(f"{response.url.path}: HTTP {response.status}: {payload[:150]!r}")
-            body = json.loads(payload)
-            problem = check_classify(body, TOP_K) if i % 2 == 0 else check_fill_mask(body, text, TOP_K)
-            if problem is not None:
-                return self._error(f"wrong answer: {problem}")
-            return "ok", seconds
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            return self._error(f"{type(exc).__name__}: {exc}")
-
-    def _error(self, message: str) -> tuple[str, float]:
-        if len(self.errors) < KEPT_ERRORS:
-            self.errors.append(message)
-        return "error", 0.0
-
-
-def _client(url: str, connections: int) -> aiohttp.ClientSession:
-    """aiohttp on uvloop: the client shares the CPUs with the server, so it must be light enough per
-    request to offer twice the rate the server sustains. Idle connections are dropped well before
-    uvicorn's keep-alive timeout (5 s): reusing one the server is closing at that moment would fail
-    a request for the client's reason, not the server's."""
-    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=2.0)
-    return aiohttp.ClientSession(base_url=url, connector=connector)
-
-
-@dataclass(frozen=True)
-class OpenLoop:
-    """Arrivals at `rate`/s for `buckets` x `bucket_s` seconds, whatever the server answers."""
-
-    rate: float
-    buckets: int
-    bucket_s: float
-    max_requests: int
-    max_outstanding: int
-    timeout: float
-
-
-async def open_loop(
-    client: aiohttp.ClientSession, traffic: Traffic, plan: OpenLoop, pid: int | None, label: str = ""
-) -> tuple[list[Bucket], float]:
-    """Run `plan`; outcomes by the bucket a request *started* in, RSS and fds sampled meanwhile;
-    also how long the last requests took to be answered after the last arrival (the backlog)."""
-    buckets = [Bucket() for _ in range(plan.buckets)]
-    start = time.monotonic()
-    end = start + plan.bucket_s * plan.buckets
-    open_requests: set[asyncio.Task[None]] = set()
-
-    def bucket_at(t: float) -> int:
-        return min(int((t - start) // plan.bucket_s), plan.buckets - 1)
-
-    async def run(i: int, bucket: Bucket) -> None:
-        outcome, seconds = await traffic.one(client, i, plan.timeout)
-        bucket.outcomes[outcome] += 1
-        if outcome == "ok":
-            bucket.latencies.append(seconds)
-
-    async def sample() -> None:
-        while pid is not None and time.monotonic() < end:
-            rss, fds = proc_sample(pid)
-            bucket = buckets[bucket_at(time.monotonic())]
-            bucket.rss_kib.append(rss)
-            bucket.fds.append(fds)
-            bucket.loadavg.append(float(Path("/proc/loadavg").read_text().split()[0]))
-            await asyncio.sleep(SAMPLE_EVERY_S)
-
-    sampler = asyncio.create_task(sample())
-    reported = -1  # the last bucket printed (while running, for a long soak)
-    for i in range(min(plan.max_requests, int(plan.rate * (end - start)))):
-        due = start + i / plan.rate
-        # Always yield (sleep 0 when behind), so that open requests progress while catching up.
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-        index = bucket_at(due)
-        if label and index > reported + 1:
-            reported = index - 1
-            print(f"{label} {reported}: {json.dumps(buckets[reported].report(plan.bucket_s))}", flush=True)
-        bucket = buckets[index]
-        # An arrival the client could not send on time (it shares the CPU) or beyond its bound of
-        # open requests is not sent: what is sent is the load the server really saw.
-        if time.monotonic() - due > LATE_S:
-            bucket.outcomes["late"] += 1
-            continue
-        if len(open_requests) >= plan.max_outstanding:
-            bucket.outcomes["skipped"] += 1
-            continue
-        bucket.sent += 1
-        task = asyncio.create_task(run(i, bucket))
-        open_requests.add(task)
-        task.add_done_callback(open_requests.discard)
-    arrivals_ended = time.monotonic()
-    await asyncio.gather(*open_requests)
-    drain_s = time.monotonic() - arrivals_ended
-    sampler.cancel()
-    await asyncio.gather(sampler, return_exceptions=True)
-    return buckets, drain_s
-
-
-async def ramp(
-    client: aiohttp.ClientSession, traffic: Traffic, args: argparse.Namespace
-) -> tuple[float, list[dict[str, Any]]]:
-    """Open-loop steps at rising rates until one is not fully answered with 200s; the last rate
-    that was is the sustainable rate."""
+async def ramp(args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:
+    """Open-loop steps at rising rates until one is not fully answered with 200s or leaves a
+    backlog; the last rate that was is the sustainable rate."""
     sustainable, steps = 0.0, []
     for rate in RAMP_RATES:
-        plan = OpenLoop(rate, 1, args.ramp_seconds, args.max_requests, args.max_outstanding, args.timeout)
-        (step,), drain_s = await open_loop(client, traffic, plan, None)
-        report = {"rate_per_s": rate, **step.report(args.ramp_seconds), "backlog_s": round(drain_s, 2)}
-        steps.append(report)
-        print(f"ramp: {json.dumps(report)}", flush=True)
+        step = await _open_loop(args, rate, args.ramp_seconds)
+        entry = {"rate_per_s": rate, **report(step.outcomes, args.ramp_seconds, [])}
+        entry |= {
+            "client_skipped": step.skipped,
+            "client_late": step.late,
+            "backlog_s": round(step.drain_s, 2),
+        }
+        steps.append(entry)
+        print(f"ramp: {json.dumps(entry)}", flush=True)
         # Sustained: every arrival sent and answered 200, and no queue left behind (a queue that
         # grows during the step takes seconds to drain after it).
-        if step.outcomes["ok"] < rate * args.ramp_seconds or drain_s > MAX_BACKLOG_S:
+        if step.ok < rate * args.ramp_seconds or step.drain_s > MAX_BACKLOG_S:
             break
         sustainable = rate
     return sustainable, steps
 
 
+def _open_loop(args: argparse.Namespace, rate: float, seconds: float) -> Coroutine[Any, Any, LoadResult]:
+    return open_loop(
+        args.url,
+        traffic(),
+        rate=rate,
+        seconds=seconds,
+        max_requests=args.max_requests,
+        max_outstanding=args.max_outstanding,
+        timeout_s=args.timeout,
+    )
+
+
+async def sample(pid: int | None, until: float, into: list[Sample]) -> None:
+    """RSS, fds and load average every few seconds until `until` (perf_counter)."""
+    while pid is not None and time.perf_counter() < until:
+        into.append((time.perf_counter(), proc_sample(pid)))
+        await asyncio.sleep(SAMPLE_EVERY_S)
+
+
 def summarise(
-    minutes: list[Bucket], rate: float, ramp_steps: list[dict[str, Any]], errors: list[str]
+    soak: LoadResult, start: float, rate: float, steps: list[dict[str, Any]], samples: list[Sample]
 ) -> dict[str, Any]:
-    per_minute = [m.report(60.0) for m in minutes]
+    """Per minute (by the minute a request started in), the goals and the first errors."""
+    minutes = max(1, round(soak.seconds / 60))
+
+    def minute(t: float) -> int:
+        return min(int((t - start) // 60), minutes - 1)
+
+    per_minute = [
+        report(
+            [o for o in soak.outcomes if minute(o.started) == m],
+            60.0,
+            [s for t, s in samples if minute(t) == m],
+        )
+        for m in range(minutes)
+    ]
     later = per_minute[1:] or per_minute
     rss = [m["rss_mib"] for m in later if m["rss_mib"] is not None]
     p99 = [m["p99_ms"] for m in later if m["p99_ms"] is not None]
     rss_growth = (rss[-1] - rss[0]) / rss[0] if len(rss) > 1 else None
     p99_median = statistics.median(p99) if p99 else None
     p99_spread = max(abs(p - p99_median) / p99_median for p in p99) if p99_median else None
-    errors_total = sum(m.outcomes["error"] for m in minutes)
+    errors = [f"{o.path}: {o.error}" for o in soak.outcomes if o.error is not None and o.status != 503]
     return {
         "sustainable_ok_per_s": rate,
-        "ramp": ramp_steps,
+        "ramp": steps,
         "minutes": per_minute,
+        "client_skipped": soak.skipped,
+        "client_late": soak.late,
         "rss_growth_after_first_minute": None if rss_growth is None else round(rss_growth, 4),
         "p99_max_deviation_from_median": None if p99_spread is None else round(p99_spread, 3),
-        "non_503_errors": errors_total,
-        "first_errors": errors,
+        "non_503_errors": len(errors),
+        "first_errors": errors[:KEPT_ERRORS],
         "goals": {
             "rss_growth_below_5_percent": rss_growth is not None and rss_growth < 0.05,
             "p99_within_20_percent": p99_spread is not None and p99_spread <= 0.20,
-            "zero_non_503_errors": errors_total == 0,
+            "zero_non_503_errors": not errors,
         },
     }
 
 
 async def main_async(args: argparse.Namespace, pid: int | None) -> dict[str, Any]:
-    traffic = Traffic()
-    async with _client(args.url, args.max_outstanding) as client:
-        sustainable, steps = await ramp(client, traffic, args)
-        if sustainable == 0:
-            raise SystemExit(f"not even {RAMP_RATES[0]} requests/s were answered: {steps[0]}")
-        rate = args.factor * sustainable
-        print(
-            f"sustainable {sustainable:.0f}/s; soak at {rate:.0f} requests/s for {args.minutes} min",
-            flush=True,
-        )
-        plan = OpenLoop(rate, args.minutes, 60.0, args.max_requests, args.max_outstanding, args.timeout)
-        minutes, _ = await open_loop(client, traffic, plan, pid, label="minute")
-    return {"url": args.url, "factor": args.factor, "soak_rate_per_s": round(rate, 1)} | summarise(
-        minutes, sustainable, steps, traffic.errors
+    sustainable, steps = await ramp(args)
+    if sustainable == 0:
+        raise SystemExit(f"not even {RAMP_RATES[0]} requests/s were answered: {steps[0]}")
+    rate = args.factor * sustainable
+    print(
+        f"sustainable {sustainable:.0f}/s; soak at {rate:.0f} requests/s for {args.minutes} min", flush=True
     )
+    samples: list[Sample] = []
+    start = time.perf_counter()
+    soak, _ = await asyncio.gather(
+        _open_loop(args, rate, 60.0 * args.minutes), sample(pid, start + 60.0 * args.minutes, samples)
+    )
+    summary = summarise(soak, start, sustainable, steps, samples)
+    return {"url": args.url, "factor": args.factor, "soak_rate_per_s": round(rate, 1)} | summary
 
 
 def _cpus(text: str) -> set[int]:

@@ -17,19 +17,19 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import statistics
 import tempfile
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness import command_line, cpu_line, gmlp_serve
+from loadtests.engine import LoadResult, Outcome, PreparedRequest, percentile, run_closed_loop
 from service.access.keys import key_line, new_key
 
-Sample = tuple[float, float, bool]  # start (monotonic), latency s, ok
+# The key every request sends (the server's keys file holds its digest).
+KEY = new_key()
 
 
 def _image() -> bytes:
@@ -43,34 +43,18 @@ def _image() -> bytes:
     return buffer.getvalue()
 
 
-# The key every request sends (the server's keys file holds its digest).
-KEY = new_key()
-
-
-def _post(url: str, body: bytes, timeout: float = 30.0) -> bytes:
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Authorization": f"Bearer {KEY}"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.read()
-
-
-def _load(url: str, image: bytes, stop: threading.Event, samples: list[Sample], lock: threading.Lock) -> None:
-    for _ in range(1_000_000):  # bounded; `stop` ends it
-        if stop.is_set():
-            return
-        start = time.monotonic()
-        try:
-            _post(url, image)
-            ok = True
-        except (urllib.error.URLError, OSError):
-            ok = False
-        with lock:
-            samples.append((start, time.monotonic() - start, ok))
+def _classify() -> PreparedRequest:
+    """POST /classify of the PNG with the key; any 200 answer counts (the label is random)."""
+    headers = (("Authorization", f"Bearer {KEY}"),)
+    return PreparedRequest("/classify", _image(), "image/png", lambda answer: None, headers)
 
 
 def _versions(base_url: str, name: str) -> dict[str, str]:
-    index = json.loads(_post(f"{base_url}/v2/repository/index", b""))
+    request = urllib.request.Request(
+        f"{base_url}/v2/repository/index", data=b"", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        index = json.loads(response.read())
     return {e["version"]: e["state"] for e in index if e["name"] == name}
 
 
@@ -84,15 +68,18 @@ def _swapped(base_url: str, name: str, expected: dict[str, str]) -> Callable[[],
     return probe
 
 
-def _percentile(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else float("nan")
+def _row(label: str, group: list[Outcome]) -> str:
+    latencies = [1000 * o.seconds for o in group if o.error is None]
+    failed = sum(1 for o in group if o.error is not None)
+    p50, p99 = (percentile(latencies, q) or float("nan") for q in (50, 99))
+    return f"| {label} | {len(group)} | {failed} | {p50:.1f} | {p99:.1f} |"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(__doc__)
     parser.add_argument("--model", type=Path, required=True, help="an exported model directory (version 1)")
     parser.add_argument("--model-v2", type=Path, help="the directory to deploy as each new version")
-    parser.add_argument("--concurrency", type=int, default=8, help="client threads (default 8)")
+    parser.add_argument("--concurrency", type=int, default=8, help="client connections (default 8)")
     parser.add_argument("--steady-s", type=float, default=10.0, help="steady state before, between and after")
     parser.add_argument("--swaps", type=int, default=3, help="versions deployed one after the other")
     parser.add_argument("--poll-s", type=float, default=0.5, help="GMLP_REPOSITORY_POLL_S of the server")
@@ -109,34 +96,29 @@ def main(argv: list[str] | None = None) -> int:
             serve_args=["--model-control", "poll", "--repository-poll-s", str(args.poll_s)]
             + ["--api-keys-file", str(keys)],
         )
-        samples: list[Sample] = []
         windows: list[tuple[float, float]] = []
-        lock, stop = threading.Lock(), threading.Event()
+        stop = threading.Event()
+        loads: list[LoadResult] = []
         with server:
-            url = f"{server.base_url}/classify"
-            image = _image()
-            threads = [
-                threading.Thread(target=_load, args=(url, image, stop, samples, lock), daemon=True)
-                for _ in range(args.concurrency)
-            ]
-            for thread in threads:
-                thread.start()
+            options = {"concurrency": args.concurrency, "seconds": 86_400.0, "stop": stop.is_set}
+            load = threading.Thread(
+                target=lambda: loads.append(run_closed_loop(server.base_url, [_classify()], **options))
+            )
+            load.start()
             time.sleep(args.steady_s)
             for version in range(2, args.swaps + 2):
                 staging = Path(tmp) / f"staging-{version}"
                 shutil.copytree(args.model_v2 or args.model, staging)
-                began = time.monotonic()
+                began = time.perf_counter()
                 staging.rename(repo / name / str(version))
                 expected = {str(v): "UNAVAILABLE" for v in range(1, version)} | {str(version): "READY"}
                 server.wait_ready(_swapped(server.base_url, name, expected), 120)
-                windows.append((began, time.monotonic() + 1.0))
+                windows.append((began, time.perf_counter() + 1.0))
                 time.sleep(args.steady_s)
             stop.set()
-            for thread in threads:
-                thread.join(60)
-    in_swap = [any(a <= s[0] <= b for a, b in windows) for s in samples]
-    during = [s for s, flag in zip(samples, in_swap, strict=True) if flag]
-    steady = [s for s, flag in zip(samples, in_swap, strict=True) if not flag]
+            load.join(120)
+    outcomes = loads[0].outcomes
+    in_swap = [any(a <= o.started <= b for a, b in windows) for o in outcomes]
     print(cpu_line())
     print(
         f"concurrency {args.concurrency}, {args.swaps} swaps, "
@@ -144,11 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| phase | requests | failed | p50 ms | p99 ms |")
     print("|---|---:|---:|---:|---:|")
-    for label, group in (("steady state", steady), ("during swaps", during)):
-        latencies = [s[1] * 1000 for s in group if s[2]]
-        failed = sum(1 for s in group if not s[2])
-        p50, p99 = _percentile(latencies, 50), _percentile(latencies, 99)
-        print(f"| {label} | {len(group)} | {failed} | {p50:.1f} | {p99:.1f} |")
+    print(_row("steady state", [o for o, flag in zip(outcomes, in_swap, strict=True) if not flag]))
+    print(_row("during swaps", [o for o, flag in zip(outcomes, in_swap, strict=True) if flag]))
     return 0
 
 

@@ -85,6 +85,21 @@ def lua_script(body_file: Path, content_type: str, headers: Mapping[str, str] | 
     )
 
 
+def lua_rotating(path: str, bodies: list[str], content_type: str = "application/json") -> str:
+    """A wrk script that POSTs each of `bodies` to `path` in turn (the fill-mask profile's sentences)."""
+    quoted = ",\n".join(f"[==[{body}]==]" for body in bodies)
+    return (
+        f"local bodies = {{\n{quoted}\n}}\n"
+        "local i = 0\n"
+        'wrk.method = "POST"\n'
+        f'wrk.headers["Content-Type"] = "{content_type}"\n'
+        "request = function()\n"
+        "  i = i % #bodies + 1\n"
+        f'  return wrk.format(nil, "{path}", nil, bodies[i])\n'
+        "end\n"
+    )
+
+
 def run(url: str, script: Path, connections: int, duration_s: float, timeout_s: float = 10.0) -> WrkResult:
     """One wrk run with a single thread (one load-generator core) and `connections` clients."""
     cmd = [

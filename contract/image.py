@@ -252,7 +252,7 @@ class ImageTransform:
         """The smallest side a JPEG is decoded at: twice the resize target (None: every pixel).
 
         At twice the target the answers stay those of a full decode on nearly every photo, at a
-        fraction of the cost (docs/benchmarks.md, "Large JPEGs": `python -m benchmarks.jpeg_draft`).
+        fraction of the cost (docs/benchmarks.md, "Large JPEGs").
         `draft=False` (the service's `jpeg_draft` setting) decodes every pixel."""
         return 2 * self.resize_size if self.draft else None
 

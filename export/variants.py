@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # whether rows of a batch are independent: with dynamic quantisation they are not.
 STATIC, DYNAMIC = "static", "dynamic"
 # ORT `quantize_static` settings of the static int8 variant (why each: `quantize_int8`);
-# `python -m benchmarks.int8_schemes` varies the activation/weight types over exactly these.
+# docs/benchmarks.md ("int8 on CPUs without VNNI") compares activation/weight types over these.
 STATIC_INT8_OPTIONS = {
     "quant_format": QuantFormat.QDQ,
     "op_types_to_quantize": ["MatMul"],

@@ -1,10 +1,9 @@
 """Which CPU precision to compute in: bf16 autocast only where the CPU does bf16 natively.
 
 bf16 autocast pays only on CPUs with native bf16 arithmetic (AVX512-BF16 or AMX). Elsewhere oneDNN
-emulates it, many times slower than fp32 (docs/benchmarks.md, "Precision on CPUs without bf16":
-`python -m benchmarks.train_precision`). So `auto`, the training commands' default, picks bf16
-only where it is native (as `benchmarks.export_speed` does for its bf16 row), and a forced `bf16`
-on other CPUs is logged as the slow path it is.
+emulates it, many times slower than fp32 (docs/benchmarks.md, "Precision on CPUs without bf16").
+So `auto`, the training commands' default, picks bf16 only where it is native, and a forced
+`bf16` on other CPUs is logged as the slow path it is.
 """
 
 from __future__ import annotations

@@ -15,18 +15,16 @@ so the figures are the replica's, not the balancer's. Counters are cumulative: c
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from loadtests.checks import check_classify, check_fill_mask
+from loadtests.checks import check_classify
+from loadtests.engine import PreparedRequest, fill_mask_request, percentile, run_closed_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "loadtests" / "data" / "cifar10-test-03000-cat.jpg"
@@ -35,108 +33,48 @@ TOP_K = 3
 KEPT_FAILURES = 50
 
 
-def _classify_request(image: bytes) -> tuple[str, bytes, dict[str, str]]:
+def _classify_request(image: bytes) -> PreparedRequest:
+    """POST /classify of the JPEG as a multipart form, as a browser's upload sends it."""
     boundary = uuid.uuid4().hex
-    body = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="cat.jpg"\r\n'
-            "Content-Type: image/jpeg\r\n\r\n"
-        ).encode()
-        + image
-        + f"\r\n--{boundary}--\r\n".encode()
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="cat.jpg"\r\n'
+        "Content-Type: image/jpeg\r\n\r\n"
     )
-    return f"/classify?top_k={TOP_K}", body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    body = head.encode() + image + f"\r\n--{boundary}--\r\n".encode()
+    content_type = f"multipart/form-data; boundary={boundary}"
+    return PreparedRequest(f"/classify?top_k={TOP_K}", body, content_type, lambda b: check_classify(b, TOP_K))
 
 
-def _fill_mask_request() -> tuple[str, bytes, dict[str, str]]:
-    body = json.dumps({"text": TEXT, "top_k": TOP_K}).encode()
-    return "/fill-mask", body, {"Content-Type": "application/json"}
-
-
-class Load:
-    """Worker threads sharing counters; `run` returns the summary."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        url = urlsplit(args.url)
-        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
-        image = IMAGE.read_bytes()
-        self.requests = [
-            (*_classify_request(image), lambda b: check_classify(b, TOP_K)),
-            (*_fill_mask_request(), lambda b: check_fill_mask(b, TEXT, TOP_K)),
-        ]
-        self.lock = threading.Lock()
-        self.sent = 0
-        self.outcomes: Counter[str] = Counter()
-        self.failures: list[dict[str, object]] = []
-        self.latencies: list[float] = []
-        self.start = time.monotonic()
-        self.deadline = self.start + args.duration
-
-    def _claim(self) -> bool:
-        """Reserve one request of the budget; False once any stop condition holds."""
-        with self.lock:
-            stop_file = self.args.stop_file and Path(self.args.stop_file).exists()
-            if stop_file or time.monotonic() >= self.deadline or self.sent >= self.args.max_requests:
-                return False
-            self.sent += 1
-            return True
-
-    def _record(self, path: str, error: str | None, seconds: float) -> None:
-        with self.lock:
-            self.outcomes["ok" if error is None else "failed"] += 1
-            if error is None:
-                self.latencies.append(seconds)
-            if error is not None and len(self.failures) < KEPT_FAILURES:
-                at = round(time.monotonic() - self.start, 2)
-                self.failures.append({"t_s": at, "path": path, "error": error})
-
-    def _one(self, conn: http.client.HTTPConnection, i: int) -> str | None:
-        path, body, headers, check = self.requests[i % len(self.requests)]
-        conn.request("POST", path, body=body, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        if response.status != 200:
-            return f"HTTP {response.status}: {data[:200].decode(errors='replace')}"
-        return check(json.loads(data))
-
-    def _worker(self, offset: int) -> None:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.args.timeout)
-        i = offset
-        while self._claim():
-            path = self.requests[i % len(self.requests)][0]
-            began = time.perf_counter()
-            try:
-                error = self._one(conn, i)
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                conn.close()  # the next request opens a fresh connection
-            self._record(path, error, time.perf_counter() - began)
-            i += 1
-            time.sleep(self.args.pause)
-        conn.close()
-
-    def run(self) -> dict[str, object]:
-        threads = [threading.Thread(target=self._worker, args=(w,)) for w in range(self.args.workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.monotonic() - self.start
-        latencies = sorted(self.latencies) or [float("nan")]
-        quantile_ms = {
-            f"p{q}_ms": round(1000 * latencies[min(len(latencies) - 1, int(q / 100 * len(latencies)))], 1)
-            for q in (50, 95, 99)
-        }
-        return {
-            "requests": self.outcomes["ok"] + self.outcomes["failed"],
-            "ok": self.outcomes["ok"],
-            "failed": self.outcomes["failed"],
-            "seconds": round(elapsed, 1),
-            "ok_per_s": round(self.outcomes["ok"] / elapsed, 1),
-            **quantile_ms,
-            "failures": self.failures,
-        }
+def run_load(args: argparse.Namespace) -> dict[str, object]:
+    """The load's totals, latency percentiles and first failures (closed loop, `--workers` wide)."""
+    requests = [_classify_request(IMAGE.read_bytes()), fill_mask_request(TEXT, TOP_K)]
+    stop_file = Path(args.stop_file) if args.stop_file else None
+    start = time.perf_counter()
+    result = run_closed_loop(
+        args.url,
+        requests,
+        concurrency=args.workers,
+        seconds=args.duration,
+        max_requests=args.max_requests,
+        timeout_s=args.timeout,
+        pause_s=args.pause,
+        stop=lambda: stop_file is not None and stop_file.exists(),
+    )
+    latencies = result.latencies_ms
+    failures = [
+        {"t_s": round(o.started - start, 2), "path": o.path, "error": o.error}
+        for o in result.outcomes
+        if o.error is not None
+    ]
+    return {
+        "requests": len(result.outcomes),
+        "ok": result.ok,
+        "failed": result.failed,
+        "seconds": round(result.seconds, 1),
+        "ok_per_s": round(result.rps, 1),
+        **{f"p{q}_ms": round(percentile(latencies, q) or float("nan"), 1) for q in (50, 95, 99)},
+        "failures": failures[:KEPT_FAILURES],
+    }
 
 
 def replica_counts(containers: list[str]) -> dict[str, dict[str, float]]:
@@ -156,7 +94,7 @@ def replica_counts(containers: list[str]) -> dict[str, dict[str, float]]:
             text=True,
             timeout=30,
         ).stdout
-        totals = Counter()
+        totals: defaultdict[str, float] = defaultdict(float)
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 labels = sample.labels
@@ -190,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replicas":
         print(json.dumps(replica_counts(args.containers)))
         return 0
-    summary = Load(args).run()
+    summary = run_load(args)
     Path(args.out).write_text(json.dumps(summary, indent=2))
     print(
         f"{summary['requests']} requests in {summary['seconds']} s: {summary['failed']} failed; "

@@ -24,7 +24,7 @@ from benchmarks.harness import REPO
 from benchmarks.peers.model import VARIANT, PeerModel, instances, intra_op_threads
 from benchmarks.peers.peers import Peer
 from benchmarks.peers.server import Running, classify, request_body, running, wait_ready
-from benchmarks.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
+from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
 from loadtests.workload import BUNDLED_DIR
 
 CIFAR = "cifar"

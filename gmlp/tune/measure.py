@@ -22,7 +22,7 @@ from typing import Any
 from gmlp.proc import tree_cpu_seconds
 from gmlp.server_process import gmlp_serve, http_get
 from gmlp.tune.space import Candidate, Measured
-from loadtests.closed_loop import run_closed_loop, task_requests
+from loadtests.engine import run_closed_loop, task_requests
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def build_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
 
     The fused implementation (`cfg.fused_optimizer`) updates all tensors of a group in one kernel,
     where torch's CPU default loops over them; the arithmetic is the same and the step cheaper
-    (`python -m benchmarks.train_options`, docs/benchmarks.md).
+    (docs/benchmarks.md, "Training options").
     """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []

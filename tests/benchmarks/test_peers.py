@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import proc, wrk
+from benchmarks import wrk
 from benchmarks.peers import report
 from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins
 from benchmarks.peers.server import request_body, top_label
+from gmlp import proc
 
 WRK_OUTPUT = """\
 Running 10s test @ http://127.0.0.1:8000/classify
@@ -277,11 +278,11 @@ def test_large_photo_line_compares_the_reduced_and_the_full_decode():
 
 
 def test_fill_mask_script_sends_every_sentence_as_json():
-    from benchmarks.fill_mask_cpu import lua_script, sentences
+    from benchmarks.bare_pipeline import sentences
 
     texts = sentences()
     assert len(texts) == 200 and all("[MASK]" in t for t in texts)
-    script = lua_script(texts[:3])
+    script = wrk.lua_rotating("/fill-mask", [json.dumps({"text": t, "top_k": 5}) for t in texts[:3]])
     assert script.count("[==[") == 3 and '"/fill-mask"' in script
     for text in texts[:3]:
         assert json.dumps({"text": text, "top_k": 5}) in script

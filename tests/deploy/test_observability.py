@@ -21,7 +21,7 @@ import yaml
 from manifests import DEPLOY, K8S, render, required_tool, resolve_version
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.harness import gmlp_serve, http_get
+from gmlp.server_process import gmlp_serve, http_get
 from support.helpers import REPO_ROOT
 
 OBSERVABILITY = DEPLOY / "observability"

@@ -23,9 +23,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from benchmarks.harness import free_port
 from contract.image import ImageTransform
 from contract.spec import read_spec
+from gmlp.server_process import free_port
 from service.http.playground import STATIC
 from support.helpers import REPO_ROOT
 

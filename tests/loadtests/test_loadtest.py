@@ -21,7 +21,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from benchmarks.harness import ServerProcess, gmlp_serve
+from gmlp.server_process import ServerProcess, gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
 from loadtests.metrics_scrape import BatchStats, batch_delta, overall, parse_metrics, rejections_delta
 from loadtests.report import render_markdown, write_report

@@ -26,7 +26,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.harness import free_port as free_port  # for the v2 tests' gRPC port
+from gmlp.server_process import free_port as free_port  # for the v2 tests' gRPC port
 from service.app import create_app
 from service.cli import server_options
 from service.settings import ServiceSettings

@@ -34,8 +34,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.harness import gmlp_serve
 from contract.spec import read_spec
+from gmlp.server_process import gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
 from loadtests.metrics_scrape import http_get
 from service import cli

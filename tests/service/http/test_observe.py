@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness import free_port, gmlp_serve, http_get
-from benchmarks.otlp_sink import OtlpSink
+from gmlp.server_process import free_port, gmlp_serve, http_get
 from service.engine.request_context import MAX_REQUEST_ID_LENGTH
+from support.otlp_sink import OtlpSink
 from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing against a real OTLP/HTTP receiver (benchmarks.otlp_sink), over real servers.
+"""OpenTelemetry tracing against a real OTLP/HTTP receiver (support.otlp_sink), over real servers.
 
 The server exports with the SDK's own OTLP exporter, configured by the standard variables only;
 the receiver decodes the protobufs of opentelemetry-proto. What is checked is what a trace viewer
@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 import pytest
 
-from benchmarks.otlp_sink import OtlpSink, Span
 from service.telemetry.tracing import configured
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from support.otlp_sink import OtlpSink, Span
 from support.servers import RunningServer, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(180)

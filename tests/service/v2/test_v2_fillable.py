@@ -135,30 +135,3 @@ def test_texts_and_token_ids_produce_the_same_outputs(
     assert "same number of [MASK] tokens" in caught.value.message()
     predictions = client.infer("tiny-mlm", [_bytes(transport, "text", texts)]).as_numpy("predictions")
     assert predictions.shape == (2, 1)
-
-
-@pytest.mark.parametrize(
-    ("name", "kind"), [("tiny-vision", "random"), ("tiny-vision", "real"), ("tiny-mlm", "random")]
-)
-def test_the_perf_analyzer_benchmarks_data_are_answered(
-    triton_clients: dict[str, Any], model_repository: Path, name: str, kind: str
-) -> None:
-    """Every row of the --input-data file `benchmarks.perf_analyzer` hands perf_analyzer, sent as
-    perf_analyzer sends it (batch 1, every output), is answered."""
-    from benchmarks.perf_analyzer import input_data
-
-    client = triton_clients["grpc"]
-    config = _config(client, "grpc", name)
-    types = {t["name"]: t["data_type"].removeprefix("TYPE_") for t in config["input"]}
-    rows = input_data(model_repository / name, config, kind)["data"]
-    assert rows
-    outputs = [grpcclient.InferRequestedOutput(t["name"]) for t in config["output"]]
-    for row in rows:
-        inputs = []
-        for tensor, entry in row.items():
-            infer_input = grpcclient.InferInput(tensor, [1, *entry["shape"]], types[tensor])
-            array = np.asarray(entry["content"], dtype=NUMPY[f"TYPE_{types[tensor]}"])
-            infer_input.set_data_from_numpy(array.reshape([1, *entry["shape"]]))
-            inputs.append(infer_input)
-        result = client.infer(name, inputs, outputs=outputs)
-        assert all(result.as_numpy(t["name"]) is not None for t in config["output"])

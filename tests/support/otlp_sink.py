@@ -1,5 +1,4 @@
-"""An OTLP/HTTP trace receiver on 127.0.0.1: what a collector would be, for the tracing tests and
-the tracing-overhead benchmark.
+"""An OTLP/HTTP trace receiver on 127.0.0.1: what a collector would be, for the tracing tests.
 
 It answers `POST /v1/traces` as the OpenTelemetry protocol says (a protobuf
 `ExportTraceServiceRequest`, plain or gzip-compressed, answered with an empty
