@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 from contract.repository import VersionPolicy
 from contract.scan import Fingerprint
 from service.engine.batcher import DynamicBatcher
 
-READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
-STATES = (READY, LOADING, UNLOADING, UNAVAILABLE)
+
+class VersionState(StrEnum):
+    """A version's state, Triton's names (what the repository index answers)."""
+
+    READY = "READY"  # serving
+    LOADING = "LOADING"  # loading, warming up and checking
+    UNLOADING = "UNLOADING"  # draining: finishing what it holds, taking nothing new
+    UNAVAILABLE = "UNAVAILABLE"  # not loaded, with the reason
+
+
 NOT_LOADED, UNLOADED = "not loaded", "unloaded"
 
 
@@ -32,7 +41,9 @@ S = TypeVar("S", bound=Servable)
 class LifecycleObserver(Protocol):
     """What the table reports, for metrics; implemented in `service.telemetry.metrics`."""
 
-    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None: ...
+    def state_changed(
+        self, model: str, version: int, old: VersionState | None, new: VersionState | None
+    ) -> None: ...
 
     def loaded(self, model: str) -> None: ...
 
@@ -46,7 +57,9 @@ class LifecycleObserver(Protocol):
 
 
 class NullObserver:
-    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
+    def state_changed(
+        self, model: str, version: int, old: VersionState | None, new: VersionState | None
+    ) -> None:
         pass
 
     def loaded(self, model: str) -> None:
@@ -78,7 +91,7 @@ class Loaded(Generic[S]):
 class Version(Generic[S]):
     model: str
     number: int
-    state: str = UNAVAILABLE
+    state: VersionState = VersionState.UNAVAILABLE
     reason: str = NOT_LOADED
     loaded: Loaded[S] | None = None
     failed: bool = False  # the last load or check of `fingerprint` failed: not retried by itself
@@ -111,11 +124,7 @@ __all__ = [
     "Version",
     "ModelRecord",
     "IndexEntry",
-    "READY",
-    "LOADING",
-    "UNLOADING",
-    "UNAVAILABLE",
-    "STATES",
+    "VersionState",
     "NOT_LOADED",
     "UNLOADED",
 ]
