@@ -128,7 +128,7 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
                         violations.append(f"leased version {number} in state {state}")
                     leased_state_ok = version is None or number == version
                     await asyncio.sleep(hold_s)  # reading the body, decoding: the lease is held meanwhile
-                    answer = await model.batcher.submit(item)
+                    answer = (await model.batcher.submit(item)).output
                 finally:
                     held[model] -= 1
             if answer != (number, item) or not leased_state_ok:
