@@ -39,43 +39,32 @@ S = TypeVar("S", bound=Servable)
 
 
 class LifecycleObserver(Protocol):
-    """What the table reports, for metrics; implemented in `service.telemetry.metrics`."""
+    """What the table reports, for metrics (`service.telemetry.metrics`); every report is a no-op
+    here (`NullObserver`)."""
 
-    def state_changed(
-        self, model: str, version: int, old: VersionState | None, new: VersionState | None
-    ) -> None: ...
-
-    def loaded(self, model: str) -> None: ...
-
-    def unloaded(self, model: str) -> None: ...
-
-    def closed(self, model: str, version: int) -> None: ...
-
-    def refused(self, model: str, reason: str) -> None: ...
-
-    def leased(self, model: str, version: int) -> None: ...
-
-
-class NullObserver:
     def state_changed(
         self, model: str, version: int, old: VersionState | None, new: VersionState | None
     ) -> None:
-        pass
+        return
 
     def loaded(self, model: str) -> None:
-        pass
+        return
 
     def unloaded(self, model: str) -> None:
-        pass
+        return
 
     def closed(self, model: str, version: int) -> None:
-        pass
+        return
 
     def refused(self, model: str, reason: str) -> None:
-        pass
+        return
 
     def leased(self, model: str, version: int) -> None:
-        pass
+        return
+
+
+class NullObserver(LifecycleObserver):
+    """The observer of a table nobody watches."""
 
 
 @dataclass(eq=False)

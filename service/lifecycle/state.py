@@ -99,15 +99,15 @@ class ServiceState:
     def defaults(self) -> dict[str, str | None]:
         """The model a task route uses when the request names none: the configured one, else the
         first served model of the task in repository order."""
-        configured = {
-            VISION_TASK: self.settings.default_classifier,
-            MLM_TASK: self.settings.default_fill_mask,
-        }
+        configured = self._configured_defaults()
         served = self.newest_ready()
         return {
             task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
             for task in TASKS
         }
+
+    def _configured_defaults(self) -> dict[str, str | None]:
+        return {VISION_TASK: self.settings.default_classifier, MLM_TASK: self.settings.default_fill_mask}
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -169,10 +169,7 @@ class ServiceState:
         if self.settings.model_control != "none":
             return  # models come and go: a configured default is resolved per request
         served = self.newest_ready()
-        for task, name in (
-            (VISION_TASK, self.settings.default_classifier),
-            (MLM_TASK, self.settings.default_fill_mask),
-        ):
+        for task, name in self._configured_defaults().items():
             if name is not None and (name not in served or served[name].task != task):
                 raise ValueError(f"default {task} model {echo(name)} is not a served {task} model")
 
