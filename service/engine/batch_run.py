@@ -1,13 +1,25 @@
-"""What the batcher tells its observers about one executed batch, beyond its size and times."""
+"""What one executed batch tells: its observers get a `BatchRun`, each request its `Batched` result."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from service.engine.request_context import RequestContext
+
+O = TypeVar("O")  # noqa: E741
+
+
+@dataclass(frozen=True)
+class Batched(Generic[O]):
+    """A request's result from its batch, with where its time went: `queue_s` from enqueue to the
+    batch's start, `run_s` the model run of the batch that answered it (what Server-Timing says)."""
+
+    output: O
+    queue_s: float
+    run_s: float
 
 
 @dataclass
@@ -20,10 +32,11 @@ class RunClock:
 
 @dataclass(frozen=True)
 class BatchRun:
-    """One executed batch, for observers that need its requests (tracing): the instance that ran
-    it, its items, each row's `RequestContext` (None outside a request), when each row was
-    queued, when the batch was formed and when the model run started and ended (all
-    `time.monotonic()` instants), and the error the batch raised, if any."""
+    """One executed batch, the one event its observers get (metrics, tracing): the instance that
+    ran it, its items, each row's `RequestContext` (None outside a request), when each row was
+    queued, when the batch was formed, when the model run started and ended, when the batch was
+    done (its rows answered, retried one by one if it failed; all `time.monotonic()` instants),
+    and the error the batch raised, if any."""
 
     instance: int
     items: list[Any]
@@ -32,17 +45,24 @@ class BatchRun:
     started: float
     run_start: float
     run_end: float
+    done: float
     error: BaseException | None = None
 
     @property
     def size(self) -> int:
         return len(self.items)
 
+    @property
+    def queue_waits(self) -> list[float]:
+        """Each row's wait, from enqueue to the batch's start."""
+        return [self.started - enqueued for enqueued in self.enqueued]
+
     @classmethod
     def of(
         cls, instance: int, batch: Sequence[Any], started: float, clock: RunClock, error: BaseException | None
     ) -> BatchRun:
-        """The run of `batch` (the batcher's pending rows: `.item`, `.request`, `.enqueued`)."""
+        """The run of `batch` (the batcher's pending rows: `.item`, `.request`, `.enqueued`), done now."""
+        now = time.monotonic()
         return cls(
             instance,
             [p.item for p in batch],
@@ -50,9 +70,10 @@ class BatchRun:
             [p.enqueued for p in batch],
             started,
             clock.start or started,
-            clock.end or time.monotonic(),
+            clock.end or now,
+            now,
             error,
         )
 
 
-__all__ = ["BatchRun", "RunClock"]
+__all__ = ["BatchRun", "Batched", "RunClock"]

@@ -30,15 +30,15 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from contract.errors import Closed, ErrorCode, Overloaded
 from service.engine import request_context
-from service.engine.batch_run import BatchRun, RunClock
+from service.engine.batch_run import Batched, BatchRun, RunClock
 from service.engine.deadline import Deadline
 from service.engine.request_context import RequestContext
 
@@ -48,39 +48,28 @@ I = TypeVar("I")  # noqa: E741 - the conventional name for an input type
 O = TypeVar("O")  # noqa: E741
 
 
-class BatchObserver(Protocol):
-    """What the batcher reports to its observers: metrics and traces (`service.telemetry`)."""
+class BatchObserver:
+    """What the batcher reports to its observers (`service.telemetry`: metrics, tracing): the queue
+    depth and each refusal as they happen, and `batch_done` once per executed batch. Every report
+    is a no-op here; an observer overrides the ones it needs."""
 
-    def queue_depth(self, depth: int) -> None: ...
-
-    def rejected(self, reason: str) -> None: ...
-
-    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None: ...
-
-    def batch_ran(self, run: BatchRun) -> None: ...
-
-
-class _NullObserver:
     def queue_depth(self, depth: int) -> None:
         pass
 
     def rejected(self, reason: str) -> None:
         pass
 
-    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
-        pass
-
-    def batch_ran(self, run: BatchRun) -> None:
+    def batch_done(self, run: BatchRun) -> None:
         pass
 
 
 @dataclass(eq=False)
 class _Pending(Generic[I, O]):
     item: I
-    future: asyncio.Future[O]
+    future: asyncio.Future[Batched[O]]
     enqueued: float = field(default_factory=time.monotonic)
     deadline: Deadline | None = None
-    # The request this row belongs to: its Server-Timing and spans get the batch's times.
+    # The request this row belongs to, for the batch's span (tracing).
     request: RequestContext | None = field(default_factory=request_context.current)
 
 
@@ -89,8 +78,9 @@ class DynamicBatcher(Generic[I, O]):
 
     Batching turns many small model runs into few large ones, which ONNX Runtime runs at a lower
     cost per item; the bounded queue sheds load at once instead of letting latency grow, and each
-    request keeps its own deadline and its own result. The policy is the module docstring's;
-    `start` runs the loops on the event loop, `drain`/`close` stop it on shutdown.
+    request keeps its own deadline and gets its own result with its own times (`Batched`). The
+    policy is the module docstring's; `start` runs the loops on the event loop, `drain`/`close`
+    stop it on shutdown.
     """
 
     def __init__(
@@ -101,7 +91,7 @@ class DynamicBatcher(Generic[I, O]):
         max_queue_delay_s: float,
         max_queue_size: int,
         name: str = "model",
-        observer: BatchObserver | None = None,
+        observers: Iterable[BatchObserver] = (),
         always_wait: bool = False,
         instances: int = 1,
     ) -> None:
@@ -118,7 +108,7 @@ class DynamicBatcher(Generic[I, O]):
         self.always_wait = always_wait
         self.instances = instances
         self.name = name
-        self.observer: BatchObserver = observer or _NullObserver()
+        self.observers = list(observers)
         self._queue: deque[_Pending[I, O]] = deque()
         self._running = 0
         self._arriving = 0
@@ -172,7 +162,7 @@ class DynamicBatcher(Generic[I, O]):
             pending = self._queue.popleft()
             if not pending.future.done():
                 pending.future.set_exception(self._closed())
-        self.observer.queue_depth(0)
+        self._depth()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- state -------------------------------------------------------------------------------------
@@ -214,33 +204,33 @@ class DynamicBatcher(Generic[I, O]):
             if self._wakeup is not None:
                 self._wakeup.set()  # a batch waiting for this request re-checks at once
 
-    async def submit(self, item: I, deadline: Deadline | None = None) -> O:
-        """Queue `item` and wait for its result until `deadline`.
+    async def submit(self, item: I, deadline: Deadline | None = None) -> Batched[O]:
+        """Queue `item` and wait for its result (with its queue wait and model run) until `deadline`.
 
         Raises Overloaded (queue full), DeadlineExceeded or Closed (not accepting); if the caller
         is cancelled (client disconnected) the item is withdrawn and never run.
         """
         if not self._accepting or self._wakeup is None or self._idle is None:
-            self.observer.rejected("shutting_down")
+            self._rejected("shutting_down")
             raise Closed(
                 ErrorCode.CLOSED, f"model {self.name} is not accepting requests (starting or shutting down)"
             )
         if len(self._queue) >= self.max_queue_size:
-            self.observer.rejected("queue_full")
+            self._rejected("queue_full")
             raise Overloaded(
                 ErrorCode.OVERLOADED,
                 f"the queue of model {self.name} is full ({self.max_queue_size} waiting)",
             )
         timeout = None if deadline is None else deadline.remaining()
         if deadline is not None and timeout is not None and timeout <= 0:
-            self.observer.rejected("deadline")
+            self._rejected("deadline")
             raise deadline.exceeded()
         pending: _Pending[I, O] = _Pending(
             item, asyncio.get_running_loop().create_future(), deadline=deadline
         )
         self._queue.append(pending)
         self._idle.clear()
-        self.observer.queue_depth(len(self._queue))
+        self._depth()
         self._wakeup.set()
         try:
             # On timeout the scope cancels this task, and with it the awaited future, which
@@ -262,10 +252,10 @@ class DynamicBatcher(Generic[I, O]):
             self._queue.remove(pending)
         except ValueError:  # already taken into a batch (its result is discarded) or finished
             if reason == "deadline":
-                self.observer.rejected(reason)
+                self._rejected(reason)
             return
-        self.observer.rejected(reason)
-        self.observer.queue_depth(len(self._queue))
+        self._rejected(reason)
+        self._depth()
         self._set_idle_if_done()
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -326,16 +316,15 @@ class DynamicBatcher(Generic[I, O]):
                 continue
             if pending.deadline is not None and pending.deadline.passed(now):
                 pending.future.set_exception(pending.deadline.exceeded())
-                self.observer.rejected("deadline")
+                self._rejected("deadline")
                 continue
             batch.append(pending)
-        self.observer.queue_depth(len(self._queue))
+        self._depth()
         return batch
 
     async def _run(self, batch: list[_Pending[I, O]], instance: int = 0) -> None:
         loop = asyncio.get_running_loop()
         start = time.monotonic()
-        waits = [start - p.enqueued for p in batch]
         self._running += len(batch)
         self._active += 1
         timed, error = RunClock(), None
@@ -351,10 +340,10 @@ class DynamicBatcher(Generic[I, O]):
                 log.warning(
                     "batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc
                 )
-                await self._run_singly(batch)
+                await self._run_singly(batch, start)
         else:
             for pending, output in zip(batch, outputs, strict=True):
-                _resolve(pending, result=output)
+                _resolve(pending, result=Batched(output, start - pending.enqueued, timed.end - timed.start))
         finally:
             # Closed while the batch ran (close() past its timeout): its requests get the closing
             # error now rather than hanging until their deadlines; without one they never would.
@@ -362,26 +351,24 @@ class DynamicBatcher(Generic[I, O]):
                 _resolve(pending, exc=self._closed())
             self._running -= len(batch)
             self._active -= 1
-            self.observer.batch_done(len(batch), waits, time.monotonic() - start)
             run = BatchRun.of(instance, batch, start, timed, error)
-            for pending in batch:  # each request's share of the batch: its Server-Timing
-                if pending.request is not None:
-                    pending.request.batched(start - pending.enqueued, run.run_end - run.run_start)
-            self.observer.batch_ran(run)
+            for observer in self.observers:
+                observer.batch_done(run)
 
-    async def _run_singly(self, batch: list[_Pending[I, O]]) -> None:
+    async def _run_singly(self, batch: list[_Pending[I, O]], start: float) -> None:
         loop = asyncio.get_running_loop()
         for pending in batch:
             if pending.future.done():
                 continue
+            timed = RunClock()
             try:
                 (output,) = await loop.run_in_executor(
-                    self._executor, self._run_checked, [pending.item], RunClock()
+                    self._executor, self._run_checked, [pending.item], timed
                 )
             except Exception as exc:
                 _resolve(pending, exc=exc)
             else:
-                _resolve(pending, result=output)
+                _resolve(pending, result=Batched(output, start - pending.enqueued, timed.end - timed.start))
 
     def _run_checked(self, items: list[I], timed: RunClock) -> list[O]:
         timed.start = time.monotonic()
@@ -393,6 +380,14 @@ class DynamicBatcher(Generic[I, O]):
             raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(items)} inputs")
         return outputs
 
+    def _depth(self) -> None:
+        for observer in self.observers:
+            observer.queue_depth(len(self._queue))
+
+    def _rejected(self, reason: str) -> None:
+        for observer in self.observers:
+            observer.rejected(reason)
+
     def _closed(self) -> Closed:
         return Closed(ErrorCode.CLOSED, f"model {self.name} is shutting down")
 
@@ -401,7 +396,9 @@ class DynamicBatcher(Generic[I, O]):
             self._idle.set()
 
 
-def _resolve(pending: _Pending[I, O], *, result: O | None = None, exc: BaseException | None = None) -> None:
+def _resolve(
+    pending: _Pending[I, O], *, result: Batched[O] | None = None, exc: BaseException | None = None
+) -> None:
     """Deliver a result unless the requester already gave up."""
     if pending.future.done():
         return
@@ -411,4 +408,4 @@ def _resolve(pending: _Pending[I, O], *, result: O | None = None, exc: BaseExcep
         pending.future.set_result(result)  # type: ignore[arg-type]
 
 
-__all__ = ["DynamicBatcher", "BatchObserver", "BatchRun"]
+__all__ = ["DynamicBatcher", "BatchObserver", "BatchRun", "Batched"]

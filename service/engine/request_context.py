@@ -3,9 +3,9 @@
 A transport opens a `RequestContext` when a request arrives (`open_request`) and closes it when
 the answer has gone; everything the request causes on the way runs in its task (or in threads and
 tasks that copy its context), so `current()` finds it without any layer passing it on. The log
-formatter reads the id, route, model and trace from it; the batcher adds the queue wait and the
-model run of the batch the request was in (what `Server-Timing` reports); the tracing code keeps
-the request's server span and tracer here, `None` when tracing is off.
+formatter reads the id, route, model and trace from it; the request notes the queue wait and the
+model run its batcher returned with each of its rows (`note_batch`, what `Server-Timing` reports);
+the tracing code keeps the request's server span and tracer here, `None` when tracing is off.
 
 Request ids come from the client (`X-Request-ID`, REST; `x-request-id` metadata, gRPC) when they
 are short and plain (`REQUEST_ID_PATTERN`), so that they can be logged and echoed without
@@ -94,6 +94,13 @@ def note_model(name: str) -> None:
         context.model = name
 
 
+def note_batch(queue_s: float, run_s: float) -> None:
+    """One row of the current request came back from its batch after these times."""
+    context = _current.get()
+    if context is not None:
+        context.batched(queue_s, run_s)
+
+
 def note_error(code: str, message: str) -> None:
     """The machine code of the error the current request is answered with."""
     context = _current.get()
@@ -107,6 +114,7 @@ __all__ = [
     "current",
     "open_request",
     "note_model",
+    "note_batch",
     "note_error",
     "REQUEST_ID_HEADER",
     "MAX_REQUEST_ID_LENGTH",

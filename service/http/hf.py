@@ -158,7 +158,7 @@ async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline:
 async def hf_inference(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
-    with state.serving(name, Pipeline) as served:  # either task; held until the answer is back
+    with state.lease(name, None, kind=Pipeline) as served:  # either task; held until the answer is back
         body, image = await before(_read(request, served), deadline)
         answer = await unless_disconnected(request, _run(served, body, image, deadline))
     return await json_answer(answer, answer)

@@ -86,7 +86,7 @@ async def stats(request: Request) -> JSONResponse:
     last `stats_window_s` seconds. Probes, scrapes and these stats are not counted as requests."""
     state = get_state(request)
     history: StatsHistory = request.app.state.stats
-    models = [ModelStatus(name=m.name, task=m.task, ready=m.ready) for m in state.models.values()]
+    models = [ModelStatus(name=m.name, task=m.task, ready=m.ready) for m in state.newest_ready().values()]
     body = StatsResponse(status=state.phase, ready=state.ready, models=models, **history.report())
     return model_response(body)
 

@@ -31,7 +31,7 @@ from service.http.schemas import (
     VersionState,
 )
 from service.http.scopes import public, requires
-from service.lifecycle.state import FAILED
+from service.lifecycle.state import Phase
 from service.tasks.pipeline import FillMaskPipeline, VisionPipeline
 
 # Every endpoint here reads its own request and builds its own response (DirectRoute); refusals
@@ -80,7 +80,7 @@ async def classify(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
     query = read_query(request, ClassifyQuery)
-    with state.serving(query.model, VisionPipeline) as served:  # held until the answer is back
+    with state.lease(query.model, None, kind=VisionPipeline) as served:  # held until the answer is back
         image = await before(read_image(request), deadline)
         predictions = await unless_disconnected(request, served.classify(image, query.top_k, deadline))
     return await json_answer({"model": served.name, "predictions": predictions}, predictions)
@@ -99,7 +99,7 @@ async def fill_mask(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
     body = await before(read_json(request, FillMaskRequest), deadline)
-    with state.serving(body.model, FillMaskPipeline) as served:
+    with state.lease(body.model, None, kind=FillMaskPipeline) as served:
         predictions = await unless_disconnected(
             request, served.fill_mask(body.text, body.top_k, body.targets, deadline)
         )
@@ -129,7 +129,7 @@ _UNHEALTHY: dict[int | str, dict[str, Any]] = {
 async def live(request: Request) -> JSONResponse:
     """200 while the process works; 503 only if loading the models failed (restart won't hurt)."""
     state = get_state(request)
-    if state.phase == FAILED:
+    if state.phase is Phase.FAILED:
         return _health(False, "failed", state.error)
     return _health(True, "alive")
 
@@ -161,7 +161,7 @@ async def ready(request: Request) -> JSONResponse:
 @requires(Scope.INFER)
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
-    models = [ModelInfo.model_validate(m.describe()) for m in state.models.values()]
+    models = [ModelInfo.model_validate(m.describe()) for m in state.newest_ready().values()]
     versions = [VersionState.model_validate(vars(entry)) for entry in state.index()]
     return model_response(ModelsResponse(models=models, defaults=state.defaults, versions=versions))
 

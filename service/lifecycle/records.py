@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 from contract.repository import VersionPolicy
 from contract.scan import Fingerprint
 from service.engine.batcher import DynamicBatcher
 
-READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
-STATES = (READY, LOADING, UNLOADING, UNAVAILABLE)
+
+class VersionState(StrEnum):
+    """A version's state, Triton's names (what the repository index answers)."""
+
+    READY = "READY"  # serving
+    LOADING = "LOADING"  # loading, warming up and checking
+    UNLOADING = "UNLOADING"  # draining: finishing what it holds, taking nothing new
+    UNAVAILABLE = "UNAVAILABLE"  # not loaded, with the reason
+
+
 NOT_LOADED, UNLOADED = "not loaded", "unloaded"
 
 
@@ -30,39 +39,32 @@ S = TypeVar("S", bound=Servable)
 
 
 class LifecycleObserver(Protocol):
-    """What the table reports, for metrics; implemented in `service.telemetry.metrics`."""
+    """What the table reports, for metrics (`service.telemetry.metrics`); every report is a no-op
+    here (`NullObserver`)."""
 
-    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None: ...
-
-    def loaded(self, model: str) -> None: ...
-
-    def unloaded(self, model: str) -> None: ...
-
-    def closed(self, model: str, version: int) -> None: ...
-
-    def refused(self, model: str, reason: str) -> None: ...
-
-    def leased(self, model: str, version: int) -> None: ...
-
-
-class NullObserver:
-    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
-        pass
+    def state_changed(
+        self, model: str, version: int, old: VersionState | None, new: VersionState | None
+    ) -> None:
+        return
 
     def loaded(self, model: str) -> None:
-        pass
+        return
 
     def unloaded(self, model: str) -> None:
-        pass
+        return
 
     def closed(self, model: str, version: int) -> None:
-        pass
+        return
 
     def refused(self, model: str, reason: str) -> None:
-        pass
+        return
 
     def leased(self, model: str, version: int) -> None:
-        pass
+        return
+
+
+class NullObserver(LifecycleObserver):
+    """The observer of a table nobody watches."""
 
 
 @dataclass(eq=False)
@@ -78,7 +80,7 @@ class Loaded(Generic[S]):
 class Version(Generic[S]):
     model: str
     number: int
-    state: str = UNAVAILABLE
+    state: VersionState = VersionState.UNAVAILABLE
     reason: str = NOT_LOADED
     loaded: Loaded[S] | None = None
     failed: bool = False  # the last load or check of `fingerprint` failed: not retried by itself
@@ -111,11 +113,7 @@ __all__ = [
     "Version",
     "ModelRecord",
     "IndexEntry",
-    "READY",
-    "LOADING",
-    "UNLOADING",
-    "UNAVAILABLE",
-    "STATES",
+    "VersionState",
     "NOT_LOADED",
     "UNLOADED",
 ]

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import TypeVar
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
@@ -37,21 +38,28 @@ from service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-LOADING, FAILED, DRAINING = "loading", "failed", "draining"
-READY_PHASE = "ready"
-
 P = TypeVar("P", bound=Pipeline)
+
+
+class Phase(StrEnum):
+    """Where the service is in its life (what the health probes answer): loading its start-up
+    models, ready, failed to load them (restart it), or draining on shutdown."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    DRAINING = "draining"
 
 
 class ServiceState:
     """The running service as every transport sees it: settings, metrics, the version table, the
-    default model per task, and the lifecycle phase (loading, ready, failed, draining).
+    default model per task, and the `Phase`.
 
     One instance per app, shared by the HTTP routes and the gRPC server, so that both resolve the
-    same models, feed the same batchers and turn ready and drain together. A request reaches a
-    pipeline through `serving` (a lease on a READY version, held until its answer is back), or
-    `model` for metadata; both refuse while the service is not ready and say which models or
-    versions the request could have named.
+    same models, feed the same batchers and turn ready and drain together. A request that runs a
+    model resolves it once, at the transport, with `lease` (a READY version held until its answer
+    is back) and hands the leased pipeline down; a metadata request reads `loaded`. Both say which
+    models or versions the request could have named when they refuse.
     """
 
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
@@ -65,7 +73,7 @@ class ServiceState:
             max_loaded=settings.max_loaded_versions,
             observer=metrics.lifecycle(),
         )
-        self.phase = LOADING
+        self.phase: Phase = Phase.LOADING
         self.error: str | None = None
         self._device = "cpu"
         self.report = ScanReport(metrics)
@@ -80,27 +88,26 @@ class ServiceState:
 
     @property
     def ready(self) -> bool:
-        return self.phase == READY_PHASE
+        return self.phase is Phase.READY
 
-    @property
-    def models(self) -> dict[str, Pipeline]:
-        """The serving pipeline (newest READY version) of every model that has one."""
-        serving = {name: self.table.serving(name) for name in self.table.models}
-        return {name: pair[1] for name, pair in serving.items() if pair is not None}
+    def newest_ready(self) -> dict[str, Pipeline]:
+        """The pipeline of the newest READY version of every model that has one."""
+        newest = {name: self.table.newest_ready(name) for name in self.table.models}
+        return {name: v.loaded.served for name, v in newest.items() if v is not None and v.loaded}
 
     @property
     def defaults(self) -> dict[str, str | None]:
         """The model a task route uses when the request names none: the configured one, else the
         first served model of the task in repository order."""
-        configured = {
-            VISION_TASK: self.settings.default_classifier,
-            MLM_TASK: self.settings.default_fill_mask,
-        }
-        served = self.models
+        configured = self._configured_defaults()
+        served = self.newest_ready()
         return {
             task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
             for task in TASKS
         }
+
+    def _configured_defaults(self) -> dict[str, str | None]:
+        return {VISION_TASK: self.settings.default_classifier, MLM_TASK: self.settings.default_fill_mask}
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -135,23 +142,23 @@ class ServiceState:
                     self.table.register(source)
                 else:
                     failures = await self.table.apply(source)
-                    if strict and (failures or self.table.serving(name) is None):
+                    if strict and (failures or self.table.newest_ready(name) is None):
                         raise SpecError(f"model {name}: {failures or _why_not(source)}")
             self._check_defaults()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.phase, self.error = FAILED, f"{type(exc).__name__}: {exc}"
+            self.phase, self.error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
             log.exception("loading the model repository failed; the service will not become ready")
             return
         self._update_ready_gauges()
-        self.phase = READY_PHASE
+        self.phase = Phase.READY
         log.info(
             "ready (model control %s): %s",
             settings.model_control,
             ", ".join(
                 f"{m.name} v{m.version} ({m.task}, {m.variant}, {m.runtime.provider})"
-                for m in self.models.values()
+                for m in self.newest_ready().values()
             )
             or "no model loaded",
         )
@@ -161,20 +168,17 @@ class ServiceState:
     def _check_defaults(self) -> None:
         if self.settings.model_control != "none":
             return  # models come and go: a configured default is resolved per request
-        served = self.models
-        for task, name in (
-            (VISION_TASK, self.settings.default_classifier),
-            (MLM_TASK, self.settings.default_fill_mask),
-        ):
+        served = self.newest_ready()
+        for task, name in self._configured_defaults().items():
             if name is not None and (name not in served or served[name].task != task):
                 raise ValueError(f"default {task} model {echo(name)} is not a served {task} model")
 
     def _update_ready_gauges(self) -> None:
         for name in self.table.models:
-            pair = self.table.serving(name)
-            if pair is not None:
-                pair[1].ready = True
-            self.metrics.model_ready.labels(name).set(1 if pair is not None else 0)
+            newest = self.table.newest_ready(name)
+            if newest is not None and newest.loaded is not None:
+                newest.loaded.served.ready = True
+            self.metrics.model_ready.labels(name).set(1 if newest is not None else 0)
 
     # -- the repository API ------------------------------------------------------------------------
 
@@ -230,21 +234,12 @@ class ServiceState:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def model(self, name: str, version: int | None = None, *, loaded_only: bool = False) -> Pipeline:
-        """The READY pipeline of `name` (newest, or `version`), whatever its task; ModelNotFound lists
-        the served ones. Requests to run a model need the service ready; `loaded_only` serves
-        metadata of the models loaded so far."""
-        if not loaded_only and not self.ready:
-            raise self.not_ready_error()
-        chosen = self.table.pick(name, version)
-        assert chosen.loaded is not None
-        request_context.note_model(name)
-        return chosen.loaded.served
-
     @contextmanager
-    def serving(self, name: str | None, kind: type[P], version: int | None = None) -> Iterator[P]:
-        """Lease the `kind` pipeline a request names (or the task's default) for the request's
-        lifetime; refused with what else is available."""
+    def lease(self, name: str | None, version: int | None, *, kind: type[P]) -> Iterator[P]:
+        """Lease the model a request runs for the request's lifetime: `name` (None: the default of
+        `kind`'s task) at `version` (None: `newest_ready`), a `kind` pipeline (`Pipeline`: any
+        task, named by the request). Refused while the service is not ready, and with what else
+        is available."""
         if not self.ready:
             raise self.not_ready_error()
         task = kind.task
@@ -252,16 +247,12 @@ class ServiceState:
             name = self.defaults.get(task)
             if name is None:
                 raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
-        try:
-            chosen = self.table.pick(name, version)
-        except ModelNotFound:
-            if self.table.known(name):
-                raise
+        if not self.table.known(name):
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
                 f"model {echo(name)} is not served; {task or 'served'} models: {self._of_task(task)}",
-            ) from None
-        with self.table.hold(chosen) as (_, model):
+            )
+        with self.table.lease(name, version) as (_, model):
             if not isinstance(model, kind):
                 raise InvalidInput(
                     ErrorCode.WRONG_TASK,
@@ -270,27 +261,43 @@ class ServiceState:
             request_context.note_model(model.name)
             yield model
 
+    def loaded(self, name: str, version: int | None = None) -> Pipeline:
+        """The READY pipeline of `name` (`version`, else `newest_ready`) for a metadata request:
+        answered for the models loaded so far, also before the service is ready; not leased."""
+        chosen = self.table.pick(name, version)
+        assert chosen.loaded is not None
+        request_context.note_model(name)
+        return chosen.loaded.served
+
+    def version_ready(self, name: str, version: int | None = None) -> bool:
+        """Whether `version` (None: any version) of `name` takes requests; a model or version the
+        repository does not know is ModelNotFound."""
+        self.table.require(name, version)
+        ready = self.table.ready_versions(name)
+        return self.ready and (version in ready if version is not None else bool(ready))
+
     def _of_task(self, task: str) -> list[str]:
         """Served models of `task`, for refusals (listed only then, off the per-request path)."""
-        return sorted(n for n, m in self.models.items() if m.task == task or not task)
+        return sorted(n for n, m in self.newest_ready().items() if m.task == task or not task)
 
     def not_ready_error(self) -> NotReady:
-        if self.phase == FAILED:
+        if self.phase is Phase.FAILED:
             return NotReady(
                 ErrorCode.NOT_READY,
                 f"the service failed to load its models: {self.error}",
                 retry_after_s=None,
             )
-        message = {LOADING: "the models are still loading", DRAINING: "the service is shutting down"}[
-            self.phase
-        ]
+        message = {
+            Phase.LOADING: "the models are still loading",
+            Phase.DRAINING: "the service is shutting down",
+        }[self.phase]
         return NotReady(ErrorCode.NOT_READY, message)
 
     async def shutdown(self) -> None:
         """Stop watching and accepting, finish queued and running requests, release the sessions."""
-        self.phase = DRAINING
+        self.phase = Phase.DRAINING
         await self._poller.stop()
-        count = len(self.models)
+        count = len(self.newest_ready())
         await self.table.close()
         for name in self.table.models:
             self.metrics.model_ready.labels(name).set(0)
@@ -306,4 +313,4 @@ def _why_not(source: ModelSource) -> str:
     return "; ".join(problems) or "no version selected by the version policy"
 
 
-__all__ = ["ServiceState", "LOADING", "READY_PHASE", "FAILED", "DRAINING"]
+__all__ = ["ServiceState", "Phase"]

@@ -35,13 +35,8 @@ from contract.messages import echo
 from contract.repository import VersionPolicy
 from contract.scan import ModelSource, VersionSource
 from service.lifecycle.records import (
-    LOADING,
     NOT_LOADED,
-    READY,
-    STATES,
-    UNAVAILABLE,
     UNLOADED,
-    UNLOADING,
     IndexEntry,
     LifecycleObserver,
     Loaded,
@@ -50,9 +45,17 @@ from service.lifecycle.records import (
     S,
     Servable,
     Version,
+    VersionState,
 )
 
 log = logging.getLogger(__name__)
+
+READY, LOADING, UNLOADING, UNAVAILABLE = (
+    VersionState.READY,
+    VersionState.LOADING,
+    VersionState.UNLOADING,
+    VersionState.UNAVAILABLE,
+)
 
 
 class VersionTable(Generic[S]):
@@ -76,15 +79,11 @@ class VersionTable(Generic[S]):
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def serving(self, name: str) -> tuple[int, S] | None:
-        """The newest READY version of `name` and its model, or None."""
+    def newest_ready(self, name: str) -> Version[S] | None:
+        """The newest READY version of `name` (what a request that names no version gets), or None."""
         record = self.models.get(name)
         ready = [v for v in (record.versions.values() if record else ()) if v.state == READY]
-        if not ready:
-            return None
-        newest = max(ready, key=lambda v: v.number)
-        assert newest.loaded is not None
-        return newest.number, newest.loaded.served
+        return max(ready, key=lambda v: v.number) if ready else None
 
     def known(self, name: str) -> bool:
         return name in self.models
@@ -97,7 +96,7 @@ class VersionTable(Generic[S]):
         """The record of a model the repository has (with `version`, if given); else ModelNotFound."""
         record = self.models.get(name)
         if record is None or not record.versions:
-            served = sorted(n for n in self.models if self.serving(n) is not None)
+            served = sorted(n for n in self.models if self.newest_ready(n) is not None)
             why = f" ({'; '.join(record.problems)})" if record is not None and record.problems else ""
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND, f"model {echo(name)} is not served{why}; served models: {served}"
@@ -120,9 +119,9 @@ class VersionTable(Generic[S]):
                     f"version {version} of model {echo(name)} is {chosen.state} ({chosen.reason})", chosen
                 )
             return chosen
-        ready = [v for v in record.versions.values() if v.state == READY]
-        if ready:
-            return max(ready, key=lambda v: v.number)
+        newest = self.newest_ready(name)
+        if newest is not None:
+            return newest
         states = "; ".join(f"{v.number}: {v.state} ({v.reason})" for v in record.versions.values())
         if all(v.state == UNAVAILABLE and not v.failed for v in record.versions.values()):
             raise ModelNotFound(
@@ -133,13 +132,9 @@ class VersionTable(Generic[S]):
 
     @contextmanager
     def lease(self, name: str, version: int | None = None) -> Iterator[tuple[int, S]]:
-        """Hold a READY version (and its model) for one request; it is not closed while held."""
-        with self.hold(self.pick(name, version)) as served:
-            yield served
-
-    @contextmanager
-    def hold(self, chosen: Version[S]) -> Iterator[tuple[int, S]]:
-        """Hold a version `pick` chose (no await in between)."""
+        """Hold the READY version `pick` chooses (and its model) for one request; it is not closed
+        while held."""
+        chosen = self.pick(name, version)
         loaded = chosen.loaded
         assert loaded is not None
         loaded.leases += 1
@@ -258,7 +253,7 @@ class VersionTable(Generic[S]):
             return changed and version.state == READY
         return retry or changed or not version.failed
 
-    def _set(self, version: Version[S], state: str, reason: str) -> None:
+    def _set(self, version: Version[S], state: VersionState, reason: str) -> None:
         old = version.state
         version.state, version.reason = state, reason
         if old != state:
@@ -340,15 +335,4 @@ def _unavailable(message: str, version: Version[Any] | None) -> NotReady:
     return NotReady(ErrorCode.VERSION_UNAVAILABLE, message, retry_after_s=1 if transient else None)
 
 
-__all__ = [
-    "VersionTable",
-    "Version",
-    "IndexEntry",
-    "LifecycleObserver",
-    "Servable",
-    "READY",
-    "LOADING",
-    "UNLOADING",
-    "UNAVAILABLE",
-    "STATES",
-]
+__all__ = ["VersionTable", "Version", "VersionState", "IndexEntry", "LifecycleObserver", "Servable"]

@@ -23,6 +23,7 @@ from contract.image import ImageTransform
 from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
+from service.engine import request_context
 from service.engine import rows as batch_jobs
 from service.engine.batcher import DynamicBatcher
 from service.engine.deadline import Deadline, before
@@ -83,9 +84,10 @@ class Pipeline:
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
             name=spec.name,
-            observer=tracing.BatchTracing(
-                metrics.observer(spec.name, version), spec.name, self.batch_attributes
-            ),
+            observers=[
+                metrics.observer(spec.name, version),
+                tracing.BatchTracing(spec.name, self.batch_attributes),
+            ],
             always_wait=settings.queue_delay_policy == "always",
             instances=instances,
         )
@@ -197,9 +199,15 @@ class Pipeline:
             "card": self.card,
         }
 
+    async def queued(self, job: Job, deadline: Deadline) -> Done:
+        """One row through the batcher; the times it returns go to the request's Server-Timing."""
+        batched = await self.batcher.submit(job, deadline)
+        request_context.note_batch(batched.queue_s, batched.run_s)
+        return batched.output
+
     async def infer(self, feeds: Feeds, deadline: Deadline, names: frozenset[str] | None = None) -> Feeds:
         """One request's model outputs (`names`; default: all), in whatever batch forms."""
-        return (await self.batcher.submit(Job(feeds, reads=names), deadline)).outputs
+        return (await self.queued(Job(feeds, reads=names), deadline)).outputs
 
 
 class VisionPipeline(Pipeline):
@@ -262,7 +270,7 @@ class VisionPipeline(Pipeline):
             else:
                 capacity = self.settings.max_decoding_pixels
                 pixels = await before(decode_in_thread(self.transform, img, capacity), deadline)
-        return await self.batcher.submit(Job({"pixel_values": pixels}, answer, True, reads), deadline)
+        return await self.queued(Job({"pixel_values": pixels}, answer, True, reads), deadline)
 
     async def classify(
         self, image: bytes, top_k: int, deadline: Deadline, function: ScoreFunction = "softmax"
@@ -373,7 +381,7 @@ class FillMaskPipeline(Pipeline):
         the batch thread (the v2 protocol's graph inputs with the predictions output asked for)."""
         ids, positions = feeds["input_ids"].tolist(), feeds["mask_positions"].tolist()
         answer = Decoding(EncodedText(ids, positions, feeds), top_k)
-        return await self.batcher.submit(Job(feeds, answer, reads=names), deadline)
+        return await self.queued(Job(feeds, answer, reads=names), deadline)
 
     async def _submit(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None, reads: Reads
@@ -387,7 +395,7 @@ class FillMaskPipeline(Pipeline):
                 encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
             target_ids = None if targets is None else self.codec.target_ids(targets)
         answer = None if top_k is None else Decoding(encoded, top_k, target_ids)
-        done = await self.batcher.submit(Job(encoded.feeds, answer, True, reads), deadline)
+        done = await self.queued(Job(encoded.feeds, answer, True, reads), deadline)
         return encoded, target_ids, done
 
 

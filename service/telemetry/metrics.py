@@ -2,8 +2,8 @@
 
 `ServiceMetrics` holds every series; the transports record into it (HTTP: the metrics middleware
 of `service.http.metrics`, labelled by route template; gRPC: the wrapper of every call), and the
-batcher reports through the `BatchObserver` interface (`ModelObserver` here), so that the batcher
-itself stays free of Prometheus. Nothing here knows a transport.
+batcher reports to its `BatchObserver`s (`ModelObserver` here), so that the batcher itself stays
+free of Prometheus. Nothing here knows a transport.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from service.engine.batch_run import BatchRun
+from service.engine.batcher import BatchObserver
 from service.telemetry.statistics import DEFAULT_VERSION, StatisticsSeries
 
 MV = ["model", "version"]
@@ -256,8 +257,8 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-class ModelObserver:
-    """`BatchObserver` for one model."""
+class ModelObserver(BatchObserver):
+    """The metrics of one model version's batcher: queue depth, refusals, batch sizes and times."""
 
     def __init__(self, metrics: ServiceMetrics, model: str, version: str = DEFAULT_VERSION) -> None:
         self._depth = metrics.queue_depth.labels(model, version)
@@ -275,15 +276,13 @@ class ModelObserver:
     def rejected(self, reason: str) -> None:
         self._rejections.labels(self._model, reason).inc()
 
-    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
-        self._batch.observe(size)
+    def batch_done(self, run: BatchRun) -> None:
+        waits, run_seconds = run.queue_waits, run.done - run.started
+        self._batch.observe(run.size)
         self._inference.observe(run_seconds)
-        for wait in queue_waits:
+        for wait in waits:
             self._wait.observe(wait)
-        self._statistics.batch_done(size, sum(queue_waits), run_seconds)
-
-    def batch_ran(self, run: BatchRun) -> None:
-        pass  # batch_done has what the metrics need
+        self._statistics.batch_done(run.size, sum(waits), run_seconds)
 
 
 class PredictionMetrics:

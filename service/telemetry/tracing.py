@@ -196,26 +196,15 @@ def epoch_ns(monotonic: Callable[[], float] = time.monotonic) -> Callable[[float
     return lambda instant: offset + int(instant * 1e9)
 
 
-class BatchTracing:
-    """A `BatchObserver` that passes everything on to `inner` (the metrics) and traces each batch
-    that served a sampled request: its `queue wait` spans and the `batch <model>` span."""
+class BatchTracing(BatchObserver):
+    """The batch observer that traces each batch which served a sampled request: its `queue wait`
+    spans and the `batch <model>` span."""
 
-    def __init__(self, inner: BatchObserver, model: str, attributes: Callable[[list[Any]], dict[str, Any]]):
-        self.inner = inner
+    def __init__(self, model: str, attributes: Callable[[list[Any]], dict[str, Any]]):
         self.model = model
         self.attributes = attributes
 
-    def queue_depth(self, depth: int) -> None:
-        self.inner.queue_depth(depth)
-
-    def rejected(self, reason: str) -> None:
-        self.inner.rejected(reason)
-
-    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
-        self.inner.batch_done(size, queue_waits, run_seconds)
-
-    def batch_ran(self, run: BatchRun) -> None:
-        self.inner.batch_ran(run)
+    def batch_done(self, run: BatchRun) -> None:
         traced = [(r, enqueued) for r, enqueued in zip(run.requests, run.enqueued, strict=True) if sampled(r)]
         if not traced:
             return

@@ -41,6 +41,7 @@ from service.engine.deadline import Deadline
 from service.engine.offload import encode_off_loop
 from service.lifecycle.state import ServiceState
 from service.settings import ServiceSettings
+from service.tasks.pipeline import Pipeline
 from service.telemetry.tracing import Tracing
 from service.v2 import inference, repository
 from service.v2.grpc_access import connection_options, server_credentials
@@ -126,12 +127,10 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
         )
     inputs = [_input(t, raws[i] if raws else None) for i, t in enumerate(request.inputs)]
     return InferRequest(
-        model_name=request.model_name,
         inputs=inputs,
         outputs=[o.name for o in request.outputs],
         id=request.id,
         parameters=_parameters(request.parameters),
-        model_version=request.model_version,
     )
 
 
@@ -173,9 +172,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:
         async def ready() -> pb.ModelReadyResponse:
-            return pb.ModelReadyResponse(
-                ready=inference.model_ready(self.state, request.name, request.version)
-            )
+            number = inference.version_number(self.state, request.name, request.version)
+            return pb.ModelReadyResponse(ready=self.state.version_ready(request.name, number))
 
         return await self._answer(context, ready())
 
@@ -184,7 +182,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
         async def metadata() -> pb.ModelMetadataResponse:
-            meta = inference.model_metadata(self.state, request.name, request.version)
+            number = inference.version_number(self.state, request.name, request.version)
+            meta = inference.model_metadata(self.state, request.name, number)
             response = pb.ModelMetadataResponse(
                 name=meta["name"], versions=meta["versions"], platform=meta["platform"]
             )
@@ -196,7 +195,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
         async def config() -> pb.ModelConfigResponse:
-            document = model_config(self.state, request.name, request.version)
+            number = inference.version_number(self.state, request.name, request.version)
+            document = model_config(self.state, request.name, number)
             return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
 
         return await self._answer(context, config())
@@ -217,8 +217,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         deadline = Deadline.after(max(0.0, timeout))
 
         async def run() -> pb.ModelInferResponse:
-            inference.model(self.state, request.model_name, request.model_version)
-            result = await inference.infer(self.state, decode_request(request), deadline)
+            name = request.model_name
+            number = inference.version_number(self.state, name, request.model_version)
+            with self.state.lease(name, number, kind=Pipeline) as served:  # held until the answer is back
+                result = await inference.infer(self.state, served, decode_request(request), deadline)
             return await encode_off_loop(lambda: encode_result(result), result.size.total)
 
         return await self._answer(context, run())

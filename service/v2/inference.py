@@ -43,7 +43,7 @@ from contract.messages import echo
 from contract.repository import VersionError, parse_version
 from service.engine import request_context
 from service.engine.deadline import Deadline
-from service.lifecycle.state import FAILED, ServiceState
+from service.lifecycle.state import Phase, ServiceState
 from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline
 from service.telemetry.statistics import DEFAULT_VERSION
 from service.v2.answer_budget import AnswerSize, all_raw, answer_size, check_answer
@@ -61,14 +61,13 @@ IMAGE_INPUT, TEXT_INPUT, PREDICTIONS_OUTPUT = "image", "text", "predictions"
 
 @dataclass(frozen=True)
 class InferRequest:
-    """One v2 inference request, whichever transport it came by."""
+    """One v2 inference request, whichever transport it came by (its model and version are
+    resolved where it arrived: `infer` gets the leased pipeline)."""
 
-    model_name: str
     inputs: list[Tensor]
     outputs: list[str] = field(default_factory=list)  # requested output names; empty: all
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
-    model_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,12 +84,12 @@ def server_metadata() -> dict[str, Any]:
 
 
 def server_live(state: ServiceState) -> bool:
-    return state.phase != FAILED
+    return state.phase is not Phase.FAILED
 
 
 def version_number(state: ServiceState, name: str, version: str) -> int | None:
-    """A request's version: None (empty: the newest READY one) or a number; anything else is a
-    version no model has."""
+    """A request's version, parsed once where the request arrives: None (empty: `newest_ready`) or
+    a number; anything else is a version no model has."""
     if version == "":
         return None
     try:
@@ -102,21 +101,6 @@ def version_number(state: ServiceState, name: str, version: str) -> int | None:
             f"model {echo(name)} has no version {echo(version)} ({exc}); versions: "
             f"{[str(v) for v in sorted(known.versions)] if known else []}",
         ) from None
-
-
-def model(state: ServiceState, name: str, version: str = "", *, loaded_only: bool = False) -> Pipeline:
-    """The READY model `name` at `version` (empty: the newest READY version)."""
-    number = version_number(state, name, version)
-    return state.model(name, number, loaded_only=loaded_only)
-
-
-def model_ready(state: ServiceState, name: str, version: str = "") -> bool:
-    """Whether the version (empty: any version) takes requests; a model or version the repository
-    does not know is ModelNotFound."""
-    number = version_number(state, name, version)
-    state.table.require(name, number)
-    ready = state.table.ready_versions(name)
-    return state.ready and (number in ready if number is not None else bool(ready))
 
 
 def _meta(
@@ -148,9 +132,9 @@ def model_tensors(served: Pipeline) -> tuple[list[dict[str, Any]], list[dict[str
     return inputs, outputs
 
 
-def model_metadata(state: ServiceState, name: str, version: str = "") -> dict[str, Any]:
+def model_metadata(state: ServiceState, name: str, version: int | None = None) -> dict[str, Any]:
     """Name, versions, platform, inputs and outputs: the graph's tensors and the encoded forms."""
-    served = model(state, name, version, loaded_only=True)
+    served = state.loaded(name, version)
     inputs, outputs = model_tensors(served)
     inputs = [{k: v for k, v in t.items() if k != "optional"} for t in inputs]
     return {
@@ -345,24 +329,26 @@ def _utf8(item: bytes) -> str:
 
 
 async def infer(
-    state: ServiceState, request: InferRequest, deadline: Deadline, is_raw: Callable[[str], bool] = all_raw
+    state: ServiceState,
+    served: Pipeline,
+    request: InferRequest,
+    deadline: Deadline,
+    is_raw: Callable[[str], bool] = all_raw,
 ) -> InferResult:
-    """Run one v2 request; outputs in the order requested (default: the form's own outputs).
+    """Run one v2 request on `served`, the model version the transport leased for it (held until
+    the answer is back); outputs in the order requested (default: the form's own outputs).
 
-    The request holds the version that answers it until its answer is back. It counts in that
-    version's statistics as a success or, refused or abandoned once the model is known, as a
-    failure (an unknown model counts nowhere: its name is the client's). The answer's size, with
-    the outputs `is_raw` names as raw bytes, is checked against the limits before any transport
-    builds it (`answer_budget`): `AnswerSize` rides on the result for the transport's encoding."""
-    number = version_number(state, request.model_name, request.model_version)
+    The request counts in that version's statistics as a success or, refused or abandoned, as a
+    failure (an unknown model counts nowhere: its name is the client's, and no lease was given).
+    The answer's size, with the outputs `is_raw` names as raw bytes, is checked against the limits
+    before any transport builds it (`answer_budget`): `AnswerSize` rides on the result for the
+    transport's encoding."""
     # The protocol's id: the client's, else the request id (X-Request-ID / x-request-id metadata).
     context = request_context.current()
     id_ = request.id or (context.request_id if context is not None else "")
     start, ok = time.perf_counter(), False
-    served: Pipeline | None = None
     try:
-        with state.serving(request.model_name, Pipeline, number) as served:  # held until the answer
-            produced = await _run(served, request, deadline)
+        produced = await _run(served, request, deadline)
         names = request.outputs or list(produced)
         outputs = [produced[n] for n in names]
         size = answer_size(outputs, is_raw, len(served.name) + len(id_) + len(served.version))
@@ -372,18 +358,16 @@ async def infer(
         ok = True
         return result
     finally:
-        if served is not None:
-            state.metrics.model_request(served.name, served.version, ok, time.perf_counter() - start)
+        state.metrics.model_request(served.name, served.version, ok, time.perf_counter() - start)
 
 
 __all__ = [
     "InferRequest",
     "InferResult",
     "infer",
-    "model",
+    "version_number",
     "model_metadata",
     "model_tensors",
-    "model_ready",
     "server_metadata",
     "server_live",
     "gather_or_cancel",

@@ -35,9 +35,9 @@ def _dims(tensor: dict[str, Any]) -> list[int]:
     return list(tensor["shape"][1:])
 
 
-def model_config(state: ServiceState, name: str, version: str = "") -> dict[str, Any]:
+def model_config(state: ServiceState, name: str, version: int | None = None) -> dict[str, Any]:
     """The served model's configuration in Triton's schema."""
-    served = inference.model(state, name, version, loaded_only=True)
+    served = state.loaded(name, version)
     batcher, settings = served.batcher, served.settings
     inputs, outputs = inference.model_tensors(served)
     kind = "KIND_CPU" if served.runtime.options.device == "cpu" else "KIND_GPU"
@@ -122,13 +122,14 @@ def _model_statistics(counters: ModelCounters) -> dict[str, Any]:
 
 
 def model_statistics(state: ServiceState, name: str = "", version: str = "") -> dict[str, Any]:
-    """`{"model_stats": [...]}`: every served model (no name), or one model (and version)."""
+    """`{"model_stats": [...]}`: every served model (no name), or one model (and version). The
+    version is parsed here, where a request may name one without a model."""
     if not name:
         if version:
             raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, "a version needs a model name")
-        names = sorted(state.models)
+        names = sorted(state.newest_ready())
     else:
-        names = [inference.model(state, name, version, loaded_only=True).name]
+        names = [state.loaded(name, inference.version_number(state, name, version)).name]
     counters = state.metrics.statistics.counters
     return {"model_stats": [_model_statistics(counters(n, version or inference.VERSION)) for n in names]}
 

@@ -27,6 +27,7 @@ from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
 from service.http.schemas import inline_schema
 from service.http.scopes import public, requires
+from service.tasks.pipeline import Pipeline
 from service.v2 import inference
 from service.v2.answer_json import answer_json
 from service.v2.inference import InferRequest, InferResult
@@ -132,12 +133,14 @@ async def ready(request: Request) -> JSONResponse:
 
 
 def _metadata(request: Request, name: str, version: str) -> JSONResponse:
-    document = inference.model_metadata(get_state(request), name, version)
+    state = get_state(request)
+    document = inference.model_metadata(state, name, inference.version_number(state, name, version))
     return model_response(ModelMetadata.model_validate(document))
 
 
 def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
-    ok = inference.model_ready(get_state(request), name, version)
+    state = get_state(request)
+    ok = state.version_ready(name, inference.version_number(state, name, version))
     return _flag(ok, {"name": name, "ready": ok})
 
 
@@ -193,7 +196,9 @@ async def model_version_ready(request: Request, name: str, version: str) -> JSON
 
 
 def _config(request: Request, name: str, version: str) -> JSONResponse:
-    return model_response(ModelConfigBody.model_validate(model_config(get_state(request), name, version)))
+    state = get_state(request)
+    document = model_config(state, name, inference.version_number(state, name, version))
+    return model_response(ModelConfigBody.model_validate(document))
 
 
 @router.get(
@@ -253,7 +258,7 @@ def _binary_length(request: Request, size: int) -> int | None:
     return int(value)
 
 
-async def read_infer_request(request: Request, name: str, version: str) -> tuple[InferRequest, set[str]]:
+async def read_infer_request(request: Request) -> tuple[InferRequest, set[str]]:
     """The request and the names of the outputs to return as binary data."""
     mime = media_type(request)
     if mime not in _JSON_TYPES and not mime.endswith("+json"):
@@ -294,7 +299,7 @@ async def read_infer_request(request: Request, name: str, version: str) -> tuple
     outputs = [o.name for o in body.outputs or []]
     # Without a list of outputs, binary_data_output applies to every output produced.
     binary_all = default_binary and not outputs
-    request_ = InferRequest(name, inputs, outputs, body.id or "", parameters, version)
+    request_ = InferRequest(inputs, outputs, body.id or "", parameters)
     return request_, {"*"} if binary_all else binary
 
 
@@ -327,13 +332,18 @@ def encode_response(result: InferResult, binary: set[str]) -> Response:
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
-    inference.model(state, name, version)  # 404 / 503 before the body is read
-    infer_request, binary = await before(read_infer_request(request, name, version), deadline)
+    number = inference.version_number(state, name, version)
+    with state.lease(
+        name, number, kind=Pipeline
+    ) as served:  # 404 / 503 before the body is read; held until the answer
+        infer_request, binary = await before(read_infer_request(request), deadline)
 
-    def is_raw(name: str) -> bool:
-        return "*" in binary or name in binary
+        def is_raw(name: str) -> bool:
+            return "*" in binary or name in binary
 
-    result = await unless_disconnected(request, inference.infer(state, infer_request, deadline, is_raw))
+        result = await unless_disconnected(
+            request, inference.infer(state, served, infer_request, deadline, is_raw)
+        )
     return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
 
 

@@ -10,7 +10,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ import pytest
 from contract.errors import Closed, DeadlineExceeded, Overloaded
 from service.engine import request_context
 from service.engine.batch_run import BatchRun
-from service.engine.batcher import DynamicBatcher
+from service.engine.batcher import BatchObserver, DynamicBatcher
 from service.engine.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,7 +28,7 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-class Recorder:
+class Recorder(BatchObserver):
     """Observer that remembers what the batcher reported."""
 
     def __init__(self) -> None:
@@ -43,11 +43,9 @@ class Recorder:
     def rejected(self, reason: str) -> None:
         self.rejections[reason] += 1
 
-    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
-        assert len(queue_waits) == size and run_seconds >= 0
-        self.batches.append(size)
-
-    def batch_ran(self, run: BatchRun) -> None:
+    def batch_done(self, run: BatchRun) -> None:
+        assert len(run.queue_waits) == run.size and run.done >= run.run_end >= run.run_start
+        self.batches.append(run.size)
         self.runs.append(run)
 
 
@@ -82,7 +80,12 @@ async def until(condition: Any, timeout: float = 10.0) -> None:
 def make(model: GatedModel, **kw: Any) -> tuple[DynamicBatcher[Any, Any], Recorder]:
     recorder = Recorder()
     options = {"max_batch_size": 4, "max_queue_delay_s": 0.05, "max_queue_size": 100, **kw}
-    return DynamicBatcher(model, observer=recorder, name="test", **options), recorder
+    return DynamicBatcher(model, observers=[recorder], name="test", **options), recorder
+
+
+async def answer(batcher: DynamicBatcher[Any, Any], item: Any, deadline: Deadline | None = None) -> Any:
+    """The output `submit` returns for `item` (without its times)."""
+    return (await batcher.submit(item, deadline)).output
 
 
 async def held_batcher(model: GatedModel, **settings: Any) -> tuple[Any, Any, asyncio.Future]:
@@ -90,7 +93,7 @@ async def held_batcher(model: GatedModel, **settings: Any) -> tuple[Any, Any, as
     model.gate.clear()
     batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, **settings)
     batcher.start()
-    first = asyncio.ensure_future(batcher.submit("a"))
+    first = asyncio.ensure_future(answer(batcher, "a"))
     await until(lambda: batcher.running == 1)  # "a" is in the worker, held by the gate
     return batcher, recorder, first
 
@@ -101,7 +104,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_result() -> None:
     async def main() -> list[Any]:
         batcher, recorder = make(model, max_batch_size=4, max_queue_delay_s=1.0)
         batcher.start()
-        results = await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+        results = await asyncio.gather(*(answer(batcher, i) for i in range(10)))
         await batcher.close(5)
         assert recorder.batches == [len(b) for b in model.batches]
         return results
@@ -114,8 +117,9 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_result() -> None:
 
 
 def test_each_batch_reports_its_requests_and_their_share_of_the_time() -> None:
-    """What tracing and Server-Timing read: the requests a batch served, when each was queued,
-    the instance and the model run's times, and an error the batch raised."""
+    """What tracing reads (the requests a batch served, when each was queued, the instance, the
+    model run's times, an error the batch raised) and what each request gets back: its queue wait
+    and the model run that answered it (Server-Timing)."""
     model = GatedModel()
     contexts = [request_context.RequestContext(f"r{i}", "test") for i in range(3)]
 
@@ -125,21 +129,28 @@ def test_each_batch_reports_its_requests_and_their_share_of_the_time() -> None:
 
     async def main() -> list[Any]:
         batcher.start()
-        results = await asyncio.gather(
+        results = await asyncio.gather(*(one(i, x) for i, x in enumerate(("a", "b", "c"))))
+        retried = await asyncio.gather(
             *(one(i, x) for i, x in enumerate(("a", "bad", "c"))), return_exceptions=True
         )
         await batcher.close(5)
-        return results
+        return [*results, *retried]
 
     batcher, recorder = make(model, max_batch_size=3, max_queue_delay_s=1.0, always_wait=True)
-    run(main())
-    (batch,) = recorder.runs
-    assert batch.size == 3 and batch.items == ["a", "bad", "c"] and batch.instance == 0
-    assert batch.requests == contexts and isinstance(batch.error, ValueError)
-    assert all(e <= batch.started <= batch.run_start <= batch.run_end for e in batch.enqueued)
-    for context, enqueued in zip(contexts, batch.enqueued, strict=True):
-        assert context.queue_s == pytest.approx(batch.started - enqueued)
-        assert context.infer_s >= batch.run_end - batch.run_start > 0
+    a, b, c, retried_a, bad, retried_c = run(main())
+    good, failed = recorder.runs
+    assert good.size == 3 and good.items == ["a", "b", "c"] and good.instance == 0 and good.error is None
+    assert failed.items == ["a", "bad", "c"] and isinstance(failed.error, ValueError)
+    assert good.requests == contexts == failed.requests
+    for batch in (good, failed):
+        assert all(e <= batch.started <= batch.run_start <= batch.run_end for e in batch.enqueued)
+    for answered, enqueued in zip((a, b, c), good.enqueued, strict=True):
+        assert answered.queue_s == pytest.approx(good.started - enqueued)
+        assert answered.run_s == pytest.approx(good.run_end - good.run_start) and answered.run_s > 0
+    # Retried one by one after the batch failed: each answer's run is its own retry.
+    assert isinstance(bad, ValueError) and [retried_a.output, retried_c.output] == ["out-a", "out-c"]
+    for answered, enqueued in ((retried_a, failed.enqueued[0]), (retried_c, failed.enqueued[2])):
+        assert answered.queue_s == pytest.approx(failed.started - enqueued) and answered.run_s > 0
 
 
 def test_lone_request_does_not_wait_for_batch_mates_that_are_not_coming() -> None:
@@ -149,7 +160,7 @@ def test_lone_request_does_not_wait_for_batch_mates_that_are_not_coming() -> Non
         # A window longer than run()'s 30 s limit: waiting for it would fail the test.
         batcher, recorder = make(model, max_queue_delay_s=60.0)
         batcher.start()
-        result = await batcher.submit("x")
+        result = await answer(batcher, "x")
         await batcher.close(5)
         return result, recorder.batches
 
@@ -168,11 +179,11 @@ def test_a_batch_waits_for_requests_on_their_way() -> None:
         async def request(item: str) -> Any:
             with batcher.arriving():  # being decoded
                 await decoded[item].wait()
-            return await batcher.submit(item)  # submitted as its block closes, as the pipelines do
+            return await answer(batcher, item)  # submitted as its block closes, as the pipelines do
 
         second, third = asyncio.ensure_future(request("b")), asyncio.ensure_future(request("c"))
         await asyncio.sleep(0)
-        first = asyncio.ensure_future(batcher.submit("a"))
+        first = asyncio.ensure_future(answer(batcher, "a"))
         for _ in range(20):  # give the loop every chance to run "a" alone
             await asyncio.sleep(0)
         assert model.batches == [] and batcher.queue_depth == 1 and batcher.arriving_now == 2
@@ -195,7 +206,7 @@ def test_the_window_bounds_the_wait_for_requests_on_their_way() -> None:
         batcher, _ = make(model, max_queue_delay_s=0.01)
         batcher.start()
         with batcher.arriving():  # a request that never arrives
-            result = await batcher.submit("x")
+            result = await answer(batcher, "x")
         await batcher.close(5)
         return result
 
@@ -208,10 +219,10 @@ def test_full_queue_is_refused_immediately() -> None:
 
     async def main() -> None:
         batcher, recorder, first = await held_batcher(model, max_queue_size=2)
-        queued = [asyncio.ensure_future(batcher.submit(x)) for x in ("b", "c")]
+        queued = [asyncio.ensure_future(answer(batcher, x)) for x in ("b", "c")]
         await until(lambda: batcher.queue_depth == 2)
         with pytest.raises(Overloaded):
-            await batcher.submit("d")
+            await answer(batcher, "d")
         assert recorder.rejections == {"queue_full": 1}
         model.gate.set()
         assert await asyncio.gather(first, *queued) == ["out-a", "out-b", "out-c"]
@@ -227,11 +238,11 @@ def test_request_past_its_deadline_fails_and_is_not_run() -> None:
     async def main() -> None:
         batcher, recorder, first = await held_batcher(model)
         with pytest.raises(DeadlineExceeded, match="deadline of 0.05 s"):
-            await batcher.submit("late", deadline=Deadline.after(0.05))
+            await answer(batcher, "late", deadline=Deadline.after(0.05))
         assert recorder.rejections["deadline"] == 1
         assert batcher.queue_depth == 0
         with pytest.raises(DeadlineExceeded):  # already expired on arrival
-            await batcher.submit("expired", deadline=Deadline(time.monotonic() - 1, 1.0))
+            await answer(batcher, "expired", deadline=Deadline(time.monotonic() - 1, 1.0))
         model.gate.set()
         assert await first == "out-a"
         await batcher.close(5)
@@ -245,8 +256,8 @@ def test_cancelled_request_is_dropped_before_it_runs() -> None:
 
     async def main() -> None:
         batcher, recorder, first = await held_batcher(model)
-        gone = asyncio.ensure_future(batcher.submit("gone"))
-        kept = asyncio.ensure_future(batcher.submit("kept"))
+        gone = asyncio.ensure_future(answer(batcher, "gone"))
+        kept = asyncio.ensure_future(answer(batcher, "kept"))
         await until(lambda: batcher.queue_depth == 2)
         gone.cancel()  # what the route does when the client disconnects
         await asyncio.gather(gone, return_exceptions=True)
@@ -267,7 +278,7 @@ def test_a_failing_batch_is_retried_one_by_one() -> None:
         batcher, _ = make(model, max_batch_size=3, max_queue_delay_s=1.0)
         batcher.start()
         results = await asyncio.gather(
-            *(batcher.submit(x) for x in ("a", "bad", "c")), return_exceptions=True
+            *(answer(batcher, x) for x in ("a", "bad", "c")), return_exceptions=True
         )
         await batcher.close(5)
         return results
@@ -285,7 +296,7 @@ def test_wrong_number_of_outputs_is_an_error() -> None:
         )
         batcher.start()
         with pytest.raises(RuntimeError, match="0 outputs for 1 inputs"):
-            await batcher.submit(1)
+            await answer(batcher, 1)
         await batcher.close(5)
 
     run(main())
@@ -300,12 +311,12 @@ def test_drain_flushes_the_queue_without_waiting_for_the_window_then_refuses() -
         batcher, recorder = make(model, max_batch_size=64, max_queue_delay_s=600.0)
         batcher.start()
         with batcher.arriving():
-            pending = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
+            pending = [asyncio.ensure_future(answer(batcher, i)) for i in range(3)]
             await until(lambda: batcher.queue_depth == 3)
             assert await batcher.drain(timeout=20) is True
         assert [p.result() for p in pending] == ["out-0", "out-1", "out-2"]
         with pytest.raises(Closed):
-            await batcher.submit(99)
+            await answer(batcher, 99)
         assert recorder.rejections == {"shutting_down": 1}
         await batcher.close(1)
 
@@ -318,7 +329,7 @@ def test_close_fails_what_could_not_be_drained() -> None:
 
     async def main() -> None:
         batcher, _, first = await held_batcher(model)
-        stuck = asyncio.ensure_future(batcher.submit("b"))
+        stuck = asyncio.ensure_future(answer(batcher, "b"))
         await until(lambda: batcher.queue_depth == 1)
         await batcher.close(timeout=0.05)  # "a" is still held: the drain times out
         with pytest.raises(Closed):
@@ -338,7 +349,7 @@ async def two_held_instances(model: GatedModel, items: str) -> tuple[Any, Record
     model.gate.clear()
     batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, instances=2)
     batcher.start()
-    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(batcher.submit(item)) for item in items]
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(answer(batcher, item)) for item in items]
     await until(lambda: len(model.batches) == 2)
     return batcher, recorder, tasks
 
@@ -366,7 +377,7 @@ def test_a_burst_is_shared_out_among_the_free_instances() -> None:
         batcher, _ = make(model, max_batch_size=16, max_queue_delay_s=0.0, instances=2)
         batcher.start()
         # All eight are queued before either instance loop runs: both are free, each takes half.
-        results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        results = await asyncio.gather(*(answer(batcher, i) for i in range(8)))
         await batcher.close(5)
         return results
 
@@ -378,7 +389,7 @@ def test_a_burst_is_shared_out_among_the_free_instances() -> None:
     async def single() -> None:
         batcher, _ = make(model, max_batch_size=16, max_queue_delay_s=0.0)
         batcher.start()
-        await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        await asyncio.gather(*(answer(batcher, i) for i in range(8)))
         await batcher.close(5)
 
     run(single())

@@ -20,7 +20,6 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.errors import Closed, DeadlineExceeded, Overloaded
-from service.engine.batcher import DynamicBatcher
+from service.engine.batcher import BatchObserver, DynamicBatcher
 from service.engine.deadline import Deadline
 
 pytestmark = pytest.mark.timeout(240)
@@ -94,18 +93,12 @@ class RecordingBatcher(DynamicBatcher[Any, Any]):
                 record.concurrent -= 1
 
 
-class DepthObserver:
+class DepthObserver(BatchObserver):
     def __init__(self, record: Record) -> None:
         self.record = record
 
     def queue_depth(self, depth: int) -> None:
         self.record.depths.append(depth)
-
-    def rejected(self, reason: str) -> None:
-        pass
-
-    def batch_done(self, size: int, queue_waits: Sequence[float], run_seconds: float) -> None:
-        pass
 
 
 DEADLINES = {
@@ -135,7 +128,7 @@ SETTINGS = st.fixed_dictionaries(
 
 async def play(options: dict[str, Any], script: list[tuple[Any, ...]], close_timeout: float) -> None:
     record = Record()
-    batcher = RecordingBatcher(record, name="prop", observer=DepthObserver(record), **options)
+    batcher = RecordingBatcher(record, name="prop", observers=[DepthObserver(record)], **options)
     batcher.start()
     requests: list[Request] = []
     arriving: list[AbstractContextManager[None]] = []
@@ -180,7 +173,8 @@ def check(
         elif isinstance(outcome, BaseException):
             assert isinstance(outcome, refusals), f"request {request.index}: unexpected {outcome!r}"
         else:
-            assert outcome == ("out", request.index) and request.kind != "poison"
+            assert outcome.output == ("out", request.index) and request.kind != "poison"
+            assert outcome.queue_s >= 0 and outcome.run_s >= 0
     by_index = {r.index: r for r in requests}
     for step, taken_at, items in record.takes:
         for item in items:

@@ -204,7 +204,9 @@ def test_graceful_shutdown_finishes_queued_requests(start_server: Any, cifar_ima
         results = [f.result(timeout=60) for f in pending]
     assert [r.status_code for r in results] == [200, 200, 200]
     state = server.app.state.service
-    assert state.phase == "draining" and all(m.batcher.queue_depth == 0 for m in state.models.values())
+    assert state.phase == "draining" and all(
+        m.batcher.queue_depth == 0 for m in state.newest_ready().values()
+    )
     with pytest.raises(httpx.ConnectError):
         classify(server, cifar_images[0])
 
@@ -228,7 +230,7 @@ def test_readiness_before_and_after_loading(make_settings: Callable[..., Service
             await state.load()  # what the lifespan runs in the background: load + warm-up
 
             assert (await client.get("/health/ready")).json() == {"status": "ready"}
-            assert all(m.ready for m in state.models.values()) and len(state.models) == 2
+            assert all(m.ready for m in state.newest_ready().values()) and len(state.newest_ready()) == 2
             assert (await client.post("/fill-mask", json={"text": "[MASK]"})).status_code == 200
             await state.shutdown()
             draining = await client.get("/health/ready")

@@ -32,7 +32,7 @@ from contract.repository import VersionPolicy
 from contract.scan import ModelSource, VersionSource
 from contract.spec import ModelSpec
 from service.engine.batcher import DynamicBatcher
-from service.lifecycle.versions import READY, VersionTable
+from service.lifecycle.versions import VersionState, VersionTable
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -124,11 +124,11 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
                 held[model] = held.get(model, 0) + 1
                 try:
                     state = table.models[NAME].versions[number].state
-                    if state != READY or model.closed:
+                    if state != VersionState.READY or model.closed:
                         violations.append(f"leased version {number} in state {state}")
                     leased_state_ok = version is None or number == version
                     await asyncio.sleep(hold_s)  # reading the body, decoding: the lease is held meanwhile
-                    answer = await model.batcher.submit(item)
+                    answer = (await model.batcher.submit(item)).output
                 finally:
                     held[model] -= 1
             if answer != (number, item) or not leased_state_ok:
@@ -171,7 +171,7 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
     record = table.models.get(NAME)
     live = {v.loaded.served for v in record.versions.values() if v.loaded is not None} if record else set()
     for version in record.versions.values() if record else ():
-        if (version.loaded is not None) != (version.state == READY):
+        if (version.loaded is not None) != (version.state == VersionState.READY):
             violations.append(f"version {version.number} is {version.state} with loaded={version.loaded}")
     for model in models:
         if model not in live and not model.closed:

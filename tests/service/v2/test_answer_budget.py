@@ -123,7 +123,7 @@ def test_health_answers_while_a_big_answer_is_encoded(start_server: Any) -> None
     liveness probe sent then is answered before the big answer's headers arrive."""
     server = start_server(max_response_bytes=256 * 1024 * 1024)
     state = server.app.state.service
-    version = state.model("tiny-mlm", None).version
+    version = state.loaded("tiny-mlm").version
     counted = state.metrics.statistics.counters
     before = counted("tiny-mlm", version).success.count
     headers_at: list[float] = []
