@@ -20,6 +20,7 @@ _REGISTRARS = [
     ("gmlp.export_commands", "register", "export"),
     ("gmlp.train_commands", "register", "train"),
     ("gmlp.serve_command", "register", "serve"),
+    ("gmlp.keys_command", "register", "serve"),
     ("loadtests.cli", "register", "loadtest"),
     ("gmlp.tune.command", "register", "serve"),
 ]

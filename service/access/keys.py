@@ -12,7 +12,7 @@ The keys file (`GMLP_API_KEYS_FILE`) holds one key per line; `#` starts a commen
   lines; the key itself appears nowhere.
 - scopes: comma-separated, from `infer`, `admin`, `metrics` (`service.access.scope`).
 - key digest: `sha256:` and the hex SHA-256 of the key, so the file holds no usable secret
-  (`python -m service.access.keys new NAME SCOPES` prints a new key and its line).
+  (`gmlp keys new NAME SCOPES` prints a new key and its line).
 - options: `rate=R` requests per second with `burst=B` (default: R rounded up) allowed at once;
   beyond it 429 with `Retry-After`. No rate: unlimited.
 
@@ -38,7 +38,6 @@ import logging
 import math
 import re
 import secrets
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -341,38 +340,3 @@ def admin_closed() -> PermissionDenied:
         ErrorCode.FORBIDDEN,
         "admin routes are closed: no API key with scope admin is configured (GMLP_API_KEYS_FILE)",
     )
-
-
-def main(argv: list[str]) -> int:
-    """`python -m service.access.keys new NAME SCOPES [OPTIONS...]`: a new key and its keys-file line."""
-    if len(argv) < 3 or argv[0] != "new":
-        print(main.__doc__, file=sys.stderr)
-        return 2
-    _, name, scopes, *options = argv
-    key = new_key()
-    line = key_line(name, scopes, key, *options)
-    try:
-        parse_keys(line, "the new line")
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    print(f"key (give it to the client; it is not stored): {key}")
-    print(f"line for GMLP_API_KEYS_FILE:\n{line}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
-
-
-__all__ = [
-    "presented_key",
-    "KeyStore",
-    "ApiKey",
-    "parse_keys",
-    "digest",
-    "new_key",
-    "TokenBucket",
-    "ANONYMOUS",
-    "INVALID",
-]

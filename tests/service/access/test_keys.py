@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated, UserError
-from service.access.keys import KeyStore, TokenBucket, digest, main, new_key, parse_keys
+from gmlp.cli import main
+from service.access.keys import KeyStore, TokenBucket, digest, new_key, parse_keys
 from service.access.scope import Scope, grpc_scope
 from service.telemetry.metrics import ServiceMetrics
 
@@ -119,10 +120,11 @@ def test_the_scope_table() -> None:
 
 
 def test_the_command_prints_a_key_and_its_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["new", "ci", "infer,metrics", "rate=5"]) == 0
+    assert main(["keys", "new", "ci", "infer,metrics", "rate=5"]) == 0
     out = capsys.readouterr().out
     key = out.split("not stored): ")[1].split()[0]
     line = out.strip().splitlines()[-1]
     (parsed,) = parse_keys(line)
     assert parsed.name == "ci" and key not in line and digest(key) in line
-    assert main(["new", "ci", "write"]) == 2
+    assert main(["keys", "new", "ci", "write"]) == 1  # no such scope: a user error, said in one line
+    assert "must be a comma list of" in capsys.readouterr().err
