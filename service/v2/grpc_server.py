@@ -34,6 +34,7 @@ from contract.errors import (
     most_specific,
 )
 from contract.messages import echo
+from contract.tensors import BYTES, Tensor, from_items, from_json, from_raw
 from service.access.keys import KeyStore
 from service.access.tls import TlsFiles
 from service.engine import request_context
@@ -49,7 +50,6 @@ from service.v2.inference import InferRequest
 from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from service.v2.tensors import BYTES, Tensor, from_items, from_json, from_raw
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

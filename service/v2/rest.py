@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.messages import echo
+from contract.tensors import Tensor, from_json, from_raw
 from service.access.scope import Scope
 from service.engine.deadline import Deadline, before
 from service.engine.offload import encode_off_loop
@@ -43,7 +44,6 @@ from service.v2.schemas import (
     Ready,
     ServerMetadata,
 )
-from service.v2.tensors import Tensor, from_json, from_raw
 
 PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.servers import SERVER_ARGS, TEST_SERVER
 
 from benchmarks.harness import gmlp_serve
 from contract.spec import read_spec
@@ -42,9 +43,9 @@ from service import cli
 from service.app import create_app
 from service.engine.deadline import Deadline
 from service.settings import ServiceSettings
-from service.tasks.pipeline import FillMaskPipeline, load_pipeline
+from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.registry import load_pipeline
 from service.telemetry.metrics import ServiceMetrics
-from support.servers import SERVER_ARGS, TEST_SERVER
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from support.servers import RunningServer

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from service.v2.answer_budget import answer_size
-from service.v2.tensors import Tensor
+from contract.tensors import Tensor
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from service.v2.tensors import MAX_DIMS, MAX_ELEMENTS
+from contract.tensors import MAX_DIMS, MAX_ELEMENTS
 
 if TYPE_CHECKING:
     from support.servers import RunningServer
