@@ -40,7 +40,6 @@ from service.tasks.forms import (
 )
 from service.tasks.pipeline import HFOptions, Pipeline
 from service.telemetry import tracing
-from service.telemetry.metrics import DEFAULT_VERSION, ServiceMetrics
 
 # Texts this short are tokenised on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than tokenising them. Anything longer is tokenised in a
@@ -56,15 +55,7 @@ class FillMaskPipeline(Pipeline):
     task = MLM_TASK
     default_setting = "default_fill_mask"
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        settings: ServiceSettings,
-        device: str,
-        metrics: ServiceMetrics,
-        version: str = DEFAULT_VERSION,
-    ) -> None:
-        super().__init__(spec, settings, device, metrics, version)
+    def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         self.codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
         # A graph exported with static shapes (format_version 1) runs at n with every slot.
         static = any(d is not None for d in self.runtime.static_dims("input_ids")[1:])

@@ -128,6 +128,12 @@ class Pipeline:
         self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec), version)
         metrics.queue_capacity.labels(spec.name, version).set(settings.max_queue_size)
         metrics.model_instances.labels(spec.name, version).set(instances)
+        self.prepare(spec, settings)
+
+    def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
+        """The task's own state (its transform or codec) and its adapters (`v2`, `hf`), once the
+        session is open."""
+        raise NotImplementedError
 
     def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
         """The labels the top-1 answers are counted by; None where there are too many to be the

@@ -28,7 +28,6 @@ from service.tasks.decode_budget import decode_in_thread
 from service.tasks.forms import IMAGE_INPUT, Forms, check_outputs, gather_or_cancel, stacked
 from service.tasks.pipeline import HFOptions, Pipeline
 from service.telemetry import tracing
-from service.telemetry.metrics import DEFAULT_VERSION, ServiceMetrics
 
 # Images this small are decoded on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than decoding them, which stays short enough not to hold up
@@ -42,15 +41,7 @@ class VisionPipeline(Pipeline):
     task = VISION_TASK
     default_setting = "default_classifier"
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        settings: ServiceSettings,
-        device: str,
-        metrics: ServiceMetrics,
-        version: str = DEFAULT_VERSION,
-    ) -> None:
-        super().__init__(spec, settings, device, metrics, version)
+    def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         self.labels = spec.labels()
         self.transform = ImageTransform.for_model(
             spec.config, settings.max_image_pixels, settings.jpeg_draft, settings.max_resized_pixels
