@@ -14,9 +14,9 @@ repository, and runs, for every model, transport (http, grpc) and data set:
 - open loop: `--request-rate-range R --request-distribution poisson --async`, at each of
   `--rate-fractions` times the best closed-loop throughput of that model, transport and data.
 
-Data sets, each a perf_analyzer `--input-data` file of the inputs the configuration requires (the
-graph's tensors; perf_analyzer's own random generator also fills the optional encoded input, a
-mix of forms the server refuses, and draws token ids outside the vocabulary):
+Data sets, each a perf_analyzer `--input-data` file of the inputs the configuration lists under
+the model's name (the graph's tensors; perf_analyzer's own random generator draws token ids
+outside the vocabulary, and its random pixels are bytes rather than images' values):
 
 - `random`: values drawn at random, pixels from a normal distribution, token ids from the
   vocabulary (32 tokens, at most the model's n, one mask);

@@ -15,6 +15,8 @@ them.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import io
 import math
@@ -326,7 +328,26 @@ class ImageTransform:
         return np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
+def decode_base64(text: str, field: str) -> bytes:
+    """An image sent base64-encoded in the JSON field `field`, plain or as a data: URL."""
+    if text.startswith("data:"):
+        header, _, text = text.partition(",")
+        if not header.endswith(";base64"):
+            raise InvalidInput(
+                ErrorCode.INVALID_BASE64,
+                "a data: URL image must be base64-encoded (data:image/...;base64,...)",
+            )
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(
+            ErrorCode.INVALID_BASE64,
+            "'image' is not valid base64; send the image file's bytes base64-encoded",
+        ) from None
+
+
 __all__ = [
+    "decode_base64",
     "ImageTransform",
     "DEFAULT_MAX_RESIZED_PIXELS",
     "decode_image",

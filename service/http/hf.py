@@ -5,10 +5,11 @@ for fill-mask `{"inputs": "text with [MASK]", "parameters": {"top_k", "targets"}
 classification the raw image bytes (often without a content type), or `{"inputs": "<base64>",
 "parameters": {"top_k", "function_to_apply"}}` once parameters are set. A raw body is the input
 itself: a classifier's image, a masked LM's UTF-8 text (so that one operation accepts what its
-schema documents for either kind of model). The answers are the
-pipelines' own lists: `[{"label", "score"}]`, and `[{"score", "token", "token_str", "sequence"}]`
-for one [MASK] (a list of such lists for several), which is what the client parses. Errors are
-`{"error": "<message>"}` (the client shows that message) with the task routes' statuses.
+schema documents for either kind of model). What the input and the parameters mean is the
+task's Hugging Face adapter (`Pipeline.hf`); the answers are the pipelines' own lists:
+`[{"label", "score"}]`, and `[{"score", "token", "token_str", "sequence"}]` for one [MASK] (a
+list of such lists for several), which is what the client parses. Errors are `{"error":
+"<message>"}` (the client shows that message) with the task routes' statuses.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from service.http.disconnect import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import (
     RAW_TYPES,
-    decode_base64,
     json_body,
     media_type,
     unsupported_media_type,
@@ -47,7 +47,7 @@ from service.http.schemas import (
     inline_schema,
 )
 from service.http.scopes import requires
-from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline
+from service.tasks.pipeline import HFOptions, Pipeline
 
 
 def hf_body(error: RequestError) -> dict[str, Any]:
@@ -108,43 +108,25 @@ _BODY: dict[str, Any] = {
 HFResponse = list[LabelScore] | list[MaskPrediction] | list[list[MaskPrediction]]
 
 
-async def _read(request: Request, served: Pipeline) -> tuple[HFRequest | None, bytes]:
-    """The JSON request; else the raw body: a classifier's image, a masked LM's UTF-8 text."""
+async def _read(request: Request, served: Pipeline) -> tuple[str | bytes, HFParameters]:
+    """The JSON request's `inputs` and parameters; else the raw body: the input file itself, or
+    (a task whose input is text) UTF-8 text, validated as the JSON `inputs` is."""
     mime = media_type(request)
     if mime == "application/json" or mime.endswith("+json"):
-        return json_body(await request.body(), HFRequest, "the JSON body"), b""
+        body = json_body(await request.body(), HFRequest, "the JSON body")
+        return body.inputs, body.parameters or HFParameters()
     if mime not in RAW_TYPES and not mime.startswith(("image/", "text/")):
         raise unsupported_media_type(mime, 'send JSON {"inputs": ..., "parameters": {...}} or the raw input')
     data = await request.body()
     if not data:
         raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send the image or the text")
-    if isinstance(served, FillMaskPipeline):
+    if served.hf.text_input:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidInput(ErrorCode.INVALID_TEXT, "a raw text body must be UTF-8") from None
-        return validated(HFRequest, {"inputs": text}, "the JSON body"), b""
-    return None, data
-
-
-async def _run(served: Pipeline, body: HFRequest | None, image: bytes, deadline: Deadline) -> Any:
-    params = (body.parameters if body else None) or HFParameters()
-    if isinstance(served, FillMaskPipeline):
-        assert body is not None
-        if params.function_to_apply is not None:
-            raise InvalidInput(
-                ErrorCode.INVALID_PARAMETER, "function_to_apply applies to image classification only"
-            )
-        predictions = await served.fill_mask(body.inputs, params.top_k or 5, params.targets, deadline)
-        return predictions[0] if len(predictions) == 1 else predictions
-    if not isinstance(served, VisionPipeline):  # pragma: no cover - every task is one of the two
-        raise InvalidInput(ErrorCode.WRONG_TASK, f"model {served.name} serves no task of this API")
-    if params.targets is not None:
-        raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
-    if body is not None:
-        image = decode_base64(body.inputs, "inputs")
-    top_k = min(params.top_k or 5, len(served.labels))  # as HF's pipeline does: at most every label
-    return await served.classify(image, top_k, deadline, params.function_to_apply or "softmax")
+        return validated(HFRequest, {"inputs": text}, "the JSON body").inputs, HFParameters()
+    return data, HFParameters()
 
 
 @router.post(
@@ -159,8 +141,9 @@ async def hf_inference(request: Request, name: str) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
     with state.lease(name, None, kind=Pipeline) as served:  # either task; held until the answer is back
-        body, image = await before(_read(request, served), deadline)
-        answer = await unless_disconnected(request, _run(served, body, image, deadline))
+        inputs, parameters = await before(_read(request, served), deadline)
+        options = HFOptions(**parameters.model_dump())
+        answer = await unless_disconnected(request, served.hf.answer(inputs, options, deadline))
     return await json_answer(answer, answer)
 
 

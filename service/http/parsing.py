@@ -10,8 +10,6 @@ another refuses.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -19,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from contract import strict_json
 from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType
-from contract.image import ACCEPTED_DESCRIPTION
+from contract.image import ACCEPTED_DESCRIPTION, decode_base64
 from contract.messages import echo
 from service.http.errors import validation_error
 from service.http.schemas import ClassifyJSONRequest
@@ -98,24 +96,6 @@ async def read_image(request: Request) -> bytes:
     return data
 
 
-def decode_base64(text: str, field: str) -> bytes:
-    """An image sent base64-encoded in the JSON field `field`, plain or as a data: URL."""
-    if text.startswith("data:"):
-        header, _, text = text.partition(",")
-        if not header.endswith(";base64"):
-            raise InvalidInput(
-                ErrorCode.INVALID_BASE64,
-                "a data: URL image must be base64-encoded (data:image/...;base64,...)",
-            )
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidInput(
-            ErrorCode.INVALID_BASE64,
-            "'image' is not valid base64; send the image file's bytes base64-encoded",
-        ) from None
-
-
 async def read_json(request: Request, schema: type[M]) -> M:
     """Validate a JSON body against `schema`; 415 for another content type, 422 for bad JSON."""
     mime = media_type(request)
@@ -160,7 +140,6 @@ __all__ = [
     "json_document",
     "validated",
     "media_type",
-    "decode_base64",
     "RAW_TYPES",
     "unsupported_media_type",
 ]

@@ -32,7 +32,8 @@ from service.http.schemas import (
 )
 from service.http.scopes import public, requires
 from service.lifecycle.state import Phase
-from service.tasks.pipeline import FillMaskPipeline, VisionPipeline
+from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.vision import VisionPipeline
 
 # Every endpoint here reads its own request and builds its own response (DirectRoute); refusals
 # take the REST error shape (REST_ERRORS, DirectRoute's own table).

@@ -33,7 +33,8 @@ from service.engine.runtime import resolve_device
 from service.lifecycle.poller import RepositoryPoller, ScanReport
 from service.lifecycle.versions import IndexEntry, VersionTable
 from service.settings import ServiceSettings
-from service.tasks.pipeline import Pipeline, load_pipeline
+from service.tasks.pipeline import Pipeline
+from service.tasks.registry import load_pipeline
 from service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)

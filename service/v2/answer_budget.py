@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from contract.errors import ErrorCode, InputTooLarge
-from service.v2.tensors import BYTES, NUMPY_TYPES, Tensor
+from contract.tensors import BYTES, NUMPY_TYPES, Tensor
 
 # The widest JSON text of one element, with its separating comma, as `Tensor.json_data` and
 # `json.dumps` write it: a float (FP16/32/64 all become doubles) is at most 24 characters of repr

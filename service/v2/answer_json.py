@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from service.v2.tensors import Tensor
+from contract.tensors import Tensor
 
 # About a millisecond of conversion and encoding per slice.
 SLICE_ELEMENTS = 8192

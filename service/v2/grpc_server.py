@@ -34,6 +34,7 @@ from contract.errors import (
     most_specific,
 )
 from contract.messages import echo
+from contract.tensors import BYTES, Tensor, from_items, from_json, from_raw
 from service.access.keys import KeyStore
 from service.access.tls import TlsFiles
 from service.engine import request_context
@@ -50,7 +51,6 @@ from service.v2.inference import InferRequest
 from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from service.v2.tensors import BYTES, Tensor, from_items, from_json, from_raw
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -172,8 +172,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:
         async def ready() -> pb.ModelReadyResponse:
-            number = inference.version_number(self.state, request.name, request.version)
-            return pb.ModelReadyResponse(ready=self.state.version_ready(request.name, number))
+            model = inference.resolve(self.state, request.name, request.version)
+            return pb.ModelReadyResponse(ready=self.state.version_ready(model.name, model.version))
 
         return await self._answer(context, ready())
 
@@ -182,8 +182,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
         async def metadata() -> pb.ModelMetadataResponse:
-            number = inference.version_number(self.state, request.name, request.version)
-            meta = inference.model_metadata(self.state, request.name, number)
+            meta = inference.model_metadata(
+                self.state, inference.resolve(self.state, request.name, request.version)
+            )
             response = pb.ModelMetadataResponse(
                 name=meta["name"], versions=meta["versions"], platform=meta["platform"]
             )
@@ -195,8 +196,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
         async def config() -> pb.ModelConfigResponse:
-            number = inference.version_number(self.state, request.name, request.version)
-            document = model_config(self.state, request.name, number)
+            document = model_config(self.state, inference.resolve(self.state, request.name, request.version))
             return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
 
         return await self._answer(context, config())
@@ -217,10 +217,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         deadline = Deadline.after(max(0.0, timeout))
 
         async def run() -> pb.ModelInferResponse:
-            name = request.model_name
-            number = inference.version_number(self.state, name, request.model_version)
-            with self.state.lease(name, number, kind=Pipeline) as served:  # held until the answer is back
-                result = await inference.infer(self.state, served, decode_request(request), deadline)
+            model = inference.resolve(self.state, request.model_name, request.model_version)
+            with self.state.lease(model.name, model.version, kind=Pipeline) as served:  # held until answered
+                result = await inference.infer(self.state, model, served, decode_request(request), deadline)
             return await encode_off_loop(lambda: encode_result(result), result.size.total)
 
         return await self._answer(context, run())

@@ -2,8 +2,9 @@
 
 `model_config` describes a served model as Triton's `ModelConfig` does (what tritonclient's
 `get_model_config` returns and perf_analyzer reads before it sends anything): platform and backend,
-the batcher's `max_batch_size`, inputs and outputs with `dims` less the batch axis (the encoded
-input marked `optional`, the alternative of the graph's tensors), `dynamic_batching` with the
+the batcher's `max_batch_size`, inputs (the form the name lists: the graph's tensors under the
+model's name, the encoded input under `NAME-ensemble`) and outputs with `dims` less the batch
+axis, `dynamic_batching` with the
 queue delay and queue policy of the settings, the execution instances as `instance_group`, and the
 version policy. Nothing is written by hand: it comes from the served directory and the settings.
 
@@ -17,10 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from contract.errors import ErrorCode, ModelNotFound
+from contract.tensors import BYTES
 from service.lifecycle.state import ServiceState
 from service.telemetry.statistics import Duration, ModelCounters
 from service.v2 import inference
-from service.v2.tensors import BYTES
 
 BACKEND = "onnxruntime"
 NS = 1_000_000_000
@@ -35,14 +36,13 @@ def _dims(tensor: dict[str, Any]) -> list[int]:
     return list(tensor["shape"][1:])
 
 
-def model_config(state: ServiceState, name: str, version: int | None = None) -> dict[str, Any]:
+def model_config(state: ServiceState, model: inference.ModelRef) -> dict[str, Any]:
     """The served model's configuration in Triton's schema."""
-    served = state.loaded(name, version)
+    served = state.loaded(model.name, model.version)
     batcher, settings = served.batcher, served.settings
-    inputs, outputs = inference.model_tensors(served)
     kind = "KIND_CPU" if served.runtime.options.device == "cpu" else "KIND_GPU"
     return {
-        "name": served.name,
+        "name": model.shown,
         "platform": inference.PLATFORM,
         "backend": BACKEND,
         # The model's own policy (its policy.json, a load call's config, or GMLP_VERSION_POLICY).
@@ -54,12 +54,13 @@ def model_config(state: ServiceState, name: str, version: int | None = None) -> 
                 "data_type": _data_type(t["datatype"]),
                 "format": "FORMAT_NONE",
                 "dims": _dims(t),
-                "optional": t["optional"],
+                "optional": False,
             }
-            for t in inputs
+            for t in served.v2.inputs(model.encoded)
         ],
         "output": [
-            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": _dims(t)} for t in outputs
+            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": _dims(t)}
+            for t in served.v2.outputs()
         ],
         "dynamic_batching": {
             "max_queue_delay_microseconds": round(batcher.max_queue_delay_s * 1_000_000),
@@ -70,7 +71,7 @@ def model_config(state: ServiceState, name: str, version: int | None = None) -> 
                 "max_queue_size": batcher.max_queue_size,
             },
         },
-        "instance_group": [{"name": f"{served.name}_0", "kind": kind, "count": batcher.instances}],
+        "instance_group": [{"name": f"{model.shown}_0", "kind": kind, "count": batcher.instances}],
         "default_model_filename": served.runtime.path.name,
         "parameters": {
             key: {"string_value": str(value)}
@@ -91,10 +92,10 @@ def _duration(duration: Duration) -> dict[str, int]:
 _NONE = Duration()
 
 
-def _model_statistics(counters: ModelCounters) -> dict[str, Any]:
+def _model_statistics(counters: ModelCounters, name: str) -> dict[str, Any]:
     per_row = Duration(counters.inferences, 0.0)  # input and output copies are part of the run
     return {
-        "name": counters.model,
+        "name": name,
         "version": counters.version,
         "last_inference": round(counters.last_inference_s * 1000),
         "inference_count": counters.inferences,
@@ -127,11 +128,17 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
     if not name:
         if version:
             raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, "a version needs a model name")
-        names = sorted(state.newest_ready())
+        names = [(n, n) for n in sorted(state.newest_ready())]
     else:
-        names = [state.loaded(name, inference.version_number(state, name, version)).name]
+        model = inference.resolve(state, name, version)
+        state.loaded(model.name, model.version)  # a model or version not served: ModelNotFound
+        names = [(model.name, model.shown)]  # a model's two names share its counters
     counters = state.metrics.statistics.counters
-    return {"model_stats": [_model_statistics(counters(n, version or inference.VERSION)) for n in names]}
+    return {
+        "model_stats": [
+            _model_statistics(counters(model, version or inference.VERSION), shown) for model, shown in names
+        ]
+    }
 
 
 __all__ = ["model_config", "model_statistics"]

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.messages import echo
+from contract.tensors import Tensor, from_json, from_raw
 from service.access.scope import Scope
 from service.engine.deadline import Deadline, before
 from service.engine.offload import encode_off_loop
@@ -44,7 +45,6 @@ from service.v2.schemas import (
     Ready,
     ServerMetadata,
 )
-from service.v2.tensors import Tensor, from_json, from_raw
 
 PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -134,13 +134,14 @@ async def ready(request: Request) -> JSONResponse:
 
 def _metadata(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
-    document = inference.model_metadata(state, name, inference.version_number(state, name, version))
+    document = inference.model_metadata(state, inference.resolve(state, name, version))
     return model_response(ModelMetadata.model_validate(document))
 
 
 def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
-    ok = state.version_ready(name, inference.version_number(state, name, version))
+    model = inference.resolve(state, name, version)
+    ok = state.version_ready(model.name, model.version)
     return _flag(ok, {"name": name, "ready": ok})
 
 
@@ -197,7 +198,7 @@ async def model_version_ready(request: Request, name: str, version: str) -> JSON
 
 def _config(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
-    document = model_config(state, name, inference.version_number(state, name, version))
+    document = model_config(state, inference.resolve(state, name, version))
     return model_response(ModelConfigBody.model_validate(document))
 
 
@@ -332,17 +333,16 @@ def encode_response(result: InferResult, binary: set[str]) -> Response:
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
-    number = inference.version_number(state, name, version)
-    with state.lease(
-        name, number, kind=Pipeline
-    ) as served:  # 404 / 503 before the body is read; held until the answer
+    model = inference.resolve(state, name, version)
+    # 404 / 503 before the body is read; the version is held until the answer is back.
+    with state.lease(model.name, model.version, kind=Pipeline) as served:
         infer_request, binary = await before(read_infer_request(request), deadline)
 
         def is_raw(name: str) -> bool:
             return "*" in binary or name in binary
 
         result = await unless_disconnected(
-            request, inference.infer(state, served, infer_request, deadline, is_raw)
+            request, inference.infer(state, model, served, infer_request, deadline, is_raw)
         )
     return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
 

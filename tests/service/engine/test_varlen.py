@@ -24,7 +24,8 @@ from contract.spec import read_spec
 from export import export_served_model
 from model import load_checkpoint
 from service.settings import ServiceSettings
-from service.tasks.pipeline import FillMaskPipeline, load_pipeline
+from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.registry import load_pipeline
 from service.telemetry.metrics import ServiceMetrics
 
 if TYPE_CHECKING:

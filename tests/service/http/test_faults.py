@@ -42,7 +42,8 @@ from service import cli
 from service.app import create_app
 from service.engine.deadline import Deadline
 from service.settings import ServiceSettings
-from service.tasks.pipeline import FillMaskPipeline, load_pipeline
+from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.registry import load_pipeline
 from service.telemetry.metrics import ServiceMetrics
 from support.servers import SERVER_ARGS, TEST_SERVER
 

@@ -20,8 +20,10 @@ from contract.image import decode_image
 from contract.spec import read_spec
 from service.engine.deadline import Deadline
 from service.settings import ServiceSettings
-from service.tasks import pipeline
-from service.tasks.pipeline import FillMaskPipeline, VisionPipeline, load_pipeline
+from service.tasks import fill_mask, vision
+from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.registry import load_pipeline
+from service.tasks.vision import VisionPipeline
 from service.telemetry.metrics import ServiceMetrics
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,7 +63,7 @@ def threads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         calls.append(func)
         return await to_thread(func, *args)
 
-    monkeypatch.setattr(pipeline.asyncio, "to_thread", counting)
+    monkeypatch.setattr(fill_mask.asyncio, "to_thread", counting)
     return calls
 
 
@@ -71,7 +73,7 @@ def test_small_and_large_images_give_the_transform_s_answer(
     pipeline = _load(tiny_vision_served, make_settings(variant="fp32"))
     assert isinstance(pipeline, VisionPipeline)
     small, large = _jpeg(32, 0), _jpeg(300, 1)  # 32 x 32 on the loop, 300 x 300 in a thread
-    assert 32 * 32 <= pipeline.INLINE_DECODE_PIXELS < 300 * 300
+    assert 32 * 32 <= vision.INLINE_DECODE_PIXELS < 300 * 300
     got = _run(
         pipeline,
         lambda: asyncio.gather(*(pipeline.logits(d, Deadline.after(30)) for d in (small, large))),
@@ -92,7 +94,7 @@ def test_short_and_long_texts_give_the_codec_s_encoding(
     assert isinstance(pipeline, FillMaskPipeline)
     short = "the cat sat on the [MASK]."
     # Over the inline bound in characters, still within the model's window in tokens.
-    long = "[MASK]" + " " * (pipeline.INLINE_ENCODE_CHARS + 10) + "sat."
+    long = "[MASK]" + " " * (fill_mask.INLINE_ENCODE_CHARS + 10) + "sat."
     seen: list[Any] = []
     original = pipeline.batcher.submit
 

@@ -15,7 +15,10 @@ from contract.spec import read_spec
 from export import export_served_model
 from service.engine.rows import NOTHING, Decoding, Job, Ranking, decode_rows, rank_rows
 from service.settings import ServiceSettings
-from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline, load_pipeline
+from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.pipeline import Pipeline
+from service.tasks.registry import load_pipeline
+from service.tasks.vision import VisionPipeline
 from service.telemetry.metrics import ServiceMetrics
 from support.helpers import assert_same_answers
 from support.top_k_models import tied_checkpoint

@@ -17,8 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from contract.tensors import Tensor
 from service.v2.answer_budget import answer_size
-from service.v2.tensors import Tensor
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

@@ -135,3 +135,50 @@ def test_texts_and_token_ids_produce_the_same_outputs(
     assert "same number of [MASK] tokens" in caught.value.message()
     predictions = client.infer("tiny-mlm", [_bytes(transport, "text", texts)]).as_numpy("predictions")
     assert predictions.shape == (2, 1)
+
+
+@pytest.mark.parametrize(("name", "encoded"), [("tiny-vision", "image"), ("tiny-mlm", "text")])
+def test_each_form_has_its_own_name_and_every_call_agrees(
+    triton_clients: dict[str, Any], transport: str, name: str, encoded: str, cifar_images: list[bytes]
+) -> None:
+    """NAME lists the graph's tensors, NAME-ensemble the encoded input: metadata, configuration,
+    readiness, inference and statistics answer under both names alike."""
+    client, alias = triton_clients[transport], f"{name}-ensemble"
+    configs = {n: _config(client, transport, n) for n in (name, alias)}
+    metadata = {
+        n: client.get_model_metadata(n, as_json=True) if transport == "grpc" else client.get_model_metadata(n)
+        for n in (name, alias)
+    }
+    graph = sorted(t["name"] for t in configs[name]["input"])
+    assert graph == (["pixel_values"] if name == "tiny-vision" else ["input_ids", "mask_positions"])
+    assert [t["name"] for t in configs[alias]["input"]] == [encoded]
+    for n in (name, alias):
+        assert configs[n]["name"] == metadata[n]["name"] == n and client.is_model_ready(n)
+        assert [t["name"] for t in configs[n]["input"]] == [t["name"] for t in metadata[n]["inputs"]]
+        assert not any(t.get("optional", False) for t in configs[n]["input"])
+        assert [t["name"] for t in configs[n]["output"]] == [t["name"] for t in metadata[n]["outputs"]]
+    assert configs[alias]["output"] == configs[name]["output"]
+    item = cifar_images[0] if name == "tiny-vision" else b"the [MASK] sat."
+    count = _count(client, transport, alias)
+    result = client.infer(alias, [_bytes(transport, encoded, [item])])
+    response = result.get_response(as_json=True) if transport == "grpc" else result.get_response()
+    assert response["model_name"] == alias
+    assert _count(client, transport, alias) == count + 1 == _count(client, transport, name)
+    # The model's own name still takes the encoded form, as it always did.
+    assert (
+        client.infer(name, [_bytes(transport, encoded, [item])]).as_numpy(
+            "logits" if name == "tiny-vision" else "predictions"
+        )
+        is not None
+    )
+
+
+def _count(client: Any, transport: str, name: str) -> int:
+    stats = (
+        client.get_inference_statistics(name, as_json=True)
+        if transport == "grpc"
+        else client.get_inference_statistics(name)
+    )
+    (entry,) = stats["model_stats"]
+    assert entry["name"] == name
+    return int(entry["inference_count"])

@@ -66,10 +66,11 @@ def test_health_and_metadata(triton: grpcclient.InferenceServerClient) -> None:
     ]
     model = triton.get_model_metadata("tiny-vision", as_json=True)
     assert model["platform"] == "onnxruntime_onnx" and model["versions"] == ["1"]
-    assert [(t["name"], t["datatype"]) for t in model["inputs"]] == [
-        ("pixel_values", "FP32"),
-        ("image", "BYTES"),
-    ]
+    assert [(t["name"], t["datatype"]) for t in model["inputs"]] == [("pixel_values", "FP32")]
+    encoded = triton.get_model_metadata("tiny-vision-ensemble", as_json=True)
+    assert encoded["name"] == "tiny-vision-ensemble" and encoded["versions"] == ["1"]
+    assert [(t["name"], t["datatype"]) for t in encoded["inputs"]] == [("image", "BYTES")]
+    assert encoded["outputs"] == model["outputs"] and triton.is_model_ready("tiny-vision-ensemble")
     error = status_of(lambda: triton.get_model_metadata("nope"))
     assert error.status() == "StatusCode.NOT_FOUND" and "model 'nope' is not served" in error.message()
 

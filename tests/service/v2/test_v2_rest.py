@@ -69,19 +69,26 @@ def test_health_and_metadata(triton: httpclient.InferenceServerClient) -> None:
         "statistics",
         "model_repository",
     ]
+    # The model's name lists the graph's tensors, NAME-ensemble the encoded input; both list every output.
     vision = triton.get_model_metadata("tiny-vision")
     assert vision["versions"] == ["1"] and vision["inputs"] == [
         {"name": "pixel_values", "datatype": "FP32", "shape": [-1, 3, 32, 32]},
-        {"name": "image", "datatype": "BYTES", "shape": [-1, 1]},
     ]
+    vision_bytes = triton.get_model_metadata("tiny-vision-ensemble", model_version="1")
+    assert vision_bytes["name"] == "tiny-vision-ensemble" and vision_bytes["versions"] == ["1"]
+    assert vision_bytes["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1, 1]}]
+    assert vision_bytes["outputs"] == vision["outputs"]
+    assert triton.is_model_ready("tiny-vision-ensemble") and triton.is_model_ready("tiny-mlm-ensemble", "1")
     mlm = triton.get_model_metadata("tiny-mlm", model_version="1")
     # A text's length and its number of masks are dynamic axes of the graph: -1.
     assert [(t["name"], t["shape"]) for t in mlm["inputs"]] == [
         ("input_ids", [-1, -1]),
         ("mask_positions", [-1, -1]),
-        ("text", [-1, 1]),
     ]
-    assert [t["name"] for t in mlm["outputs"]] == ["logits", "topk_ids", "topk_scores", "predictions"]
+    mlm_bytes = triton.get_model_metadata("tiny-mlm-ensemble")
+    assert [(t["name"], t["shape"]) for t in mlm_bytes["inputs"]] == [("text", [-1, 1])]
+    for meta in (mlm, mlm_bytes):
+        assert [t["name"] for t in meta["outputs"]] == ["logits", "topk_ids", "topk_scores", "predictions"]
     with pytest.raises(InferenceServerException) as missing:
         triton.get_model_metadata("tiny-vision", model_version="7")
     assert missing.value.status() == "404" and "has no version '7'" in missing.value.message()

@@ -1,0 +1,144 @@
+"""Image classification: the pipeline, its v2 forms and its Hugging Face adapter.
+
+An encoded image goes through the model's own transform (`contract.image`), the batcher, and
+scores over its labels (softmax, unless the API asks for another function). Over v2 the encoded
+form is `image` (BYTES, one encoded image per row), answered with the graph's outputs (`logits`
+unless others are asked for); over the Hugging Face API a raw body is the image file and a JSON
+`inputs` is the file base64-encoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from contract.errors import ErrorCode, InvalidInput
+from contract.formats import VISION_TASK
+from contract.image import ImageTransform, decode_base64
+from contract.scores import ScoreFunction
+from contract.spec import ModelSpec
+from contract.tensors import Tensor
+from service.engine import rows as batch_jobs
+from service.engine.deadline import Deadline, before
+from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
+from service.engine.runtime import Feeds
+from service.settings import ServiceSettings
+from service.tasks.decode_budget import decode_in_thread
+from service.tasks.forms import IMAGE_INPUT, Forms, check_outputs, gather_or_cancel, stacked
+from service.tasks.pipeline import HFOptions, Pipeline
+from service.telemetry import tracing
+
+# Images this small are decoded on the event loop: handing them to a thread costs more (thread
+# wake-ups, a GIL hand-over each way) than decoding them, which stays short enough not to hold up
+# the other requests. Anything larger is decoded in a thread, off the event loop.
+INLINE_DECODE_PIXELS = 128 * 128
+
+
+class VisionPipeline(Pipeline):
+    """An image classifier: its transform, its labels, and the ranking of its batch rows."""
+
+    task = VISION_TASK
+    default_setting = "default_classifier"
+
+    def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
+        self.labels = spec.labels()
+        self.transform = ImageTransform.for_model(
+            spec.config, settings.max_image_pixels, settings.jpeg_draft, settings.max_resized_pixels
+        )
+        self.v2 = VisionForms(self)
+        self.hf = VisionHF(self)
+
+    def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
+        return spec.labels()
+
+    def warmup_feeds(self) -> list[Feeds]:
+        h, w = self.transform.crop_size
+        return [{"pixel_values": np.zeros((3, h, w), dtype=np.float32)}]
+
+    def check_outputs(self, feeds: Feeds, outputs: Feeds) -> None:
+        if outputs["logits"].shape != (len(self.labels),):
+            raise ValueError(
+                f"model {self.name}: logits {outputs['logits'].shape} but {len(self.labels)} labels"
+            )
+        self.check_top_k((), outputs)
+
+    def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
+        """The ranked labels of the rows that ask for them: from the top-k outputs where `top`
+        says, else one vectorised pass per score function (at the largest top_k among its rows;
+        each row keeps its own prefix of the ranking)."""
+        self.observe(jobs, outputs, top)
+        return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
+
+    async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
+        """The logits of one encoded image, through the model's own transform and the batcher."""
+        return (await self.image_outputs(image, deadline, frozenset({"logits"})))["logits"]
+
+    async def image_outputs(self, image: bytes, deadline: Deadline, names: frozenset[str]) -> Feeds:
+        """The graph outputs `names` of one encoded image (the v2 protocol's image input)."""
+        return (await self._submit(image, deadline, None, names)).outputs
+
+    async def _submit(
+        self, image: bytes, deadline: Deadline, answer: Ranking | None, reads: Reads = NOTHING
+    ) -> Done:
+        """One encoded image through the model's own transform and the batcher."""
+        with self.batcher.arriving(), tracing.span("preprocess"):
+            img = self.transform.open(image)  # the header only: cheap whatever the image
+            if img.width * img.height <= INLINE_DECODE_PIXELS:
+                pixels = self.transform.finish(img)
+            else:
+                capacity = self.settings.max_decoding_pixels
+                pixels = await before(decode_in_thread(self.transform, img, capacity), deadline)
+        return await self.queued(Job({"pixel_values": pixels}, answer, True, reads), deadline)
+
+    async def classify(
+        self, image: bytes, top_k: int, deadline: Deadline, function: ScoreFunction = "softmax"
+    ) -> list[dict[str, Any]]:
+        """The top_k labels; scores are softmax probabilities unless `function` says otherwise (the
+        Hugging Face API lets a client ask for sigmoid scores or the raw logits)."""
+        if not 1 <= top_k <= len(self.labels):
+            raise InvalidInput(
+                ErrorCode.INVALID_TOP_K,
+                f"top_k must be between 1 and {len(self.labels)} (the number of labels)",
+            )
+        done = await self._submit(image, deadline, Ranking(top_k, function))
+        tracing.span_after("postprocess", *done.finished)
+        answer: list[dict[str, Any]] = done.answer
+        return answer
+
+
+class VisionForms(Forms):
+    """`pixel_values`, or `image`: encoded images through the service's own decoding and
+    transform, so that a v2 client gets the same logits as `/classify` ranks."""
+
+    encoded_input = IMAGE_INPUT
+    served: VisionPipeline
+
+    async def run_encoded(
+        self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
+    ) -> dict[str, Tensor]:
+        check_outputs(outputs, self.served.runtime.output_names)
+        images = self.encoded_items(tensor)
+        graph = self.graph_outputs(outputs, ["logits"])
+        reads = frozenset(graph)
+        results = await gather_or_cancel([self.served.image_outputs(i, deadline, reads) for i in images])
+        return {name: stacked(name, [r[name] for r in results]) for name in graph}
+
+
+class VisionHF:
+    """The image-classification task of the Hugging Face API: `[{"label", "score"}]`."""
+
+    text_input = False
+
+    def __init__(self, served: VisionPipeline) -> None:
+        self.served = served
+
+    async def answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+        if options.targets is not None:
+            raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
+        image = decode_base64(inputs, "inputs") if isinstance(inputs, str) else inputs
+        top_k = min(options.top_k or 5, len(self.served.labels))  # as HF's pipeline: at most every label
+        return await self.served.classify(image, top_k, deadline, options.function_to_apply or "softmax")
+
+
+__all__ = ["VisionPipeline", "VisionForms", "VisionHF", "INLINE_DECODE_PIXELS"]
