@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.servers import SERVER_ARGS, TEST_SERVER
 
 from benchmarks.harness import gmlp_serve
 from contract.spec import read_spec
@@ -41,10 +42,10 @@ from loadtests.metrics_scrape import http_get
 from service import cli
 from service.app import create_app
 from service.engine.deadline import Deadline
+from service.http.routing import public
 from service.settings import ServiceSettings
 from service.tasks.pipeline import FillMaskPipeline, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
-from support.servers import SERVER_ARGS, TEST_SERVER
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from support.servers import RunningServer
@@ -119,6 +120,7 @@ def test_an_unexpected_error_is_a_500_logged_once_with_method_and_path(
     """A bug in a route: the client gets 500 `internal_error` and nothing internal, the log gets
     exactly one traceback, naming the request (not a second one from the server without it)."""
 
+    @public
     async def broken() -> None:
         raise RuntimeError("a bug in a route")
 
