@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from PIL import Image
+from starlette.middleware import Middleware
 
 from contract.errors import UserError
 from contract.formats import package_version
@@ -31,23 +32,11 @@ from service.access.keys import KeyStore
 from service.access.tls import TlsFiles
 from service.access.watch import Reloadable, reload_all, watch
 from service.http import hf, playground, routes
-from service.http.access import AccessMiddleware, secure_openapi
 from service.http.admission import CLOSE_OBSERVER, REFUSAL_OBSERVER
-from service.http.connections import ConnectionCapMiddleware
-from service.http.direct import error_namespaces
-from service.http.dispatch import DirectDispatchMiddleware
-from service.http.errors import (
-    REST_ERRORS,
-    ErrorResponder,
-    UnexpectedErrorMiddleware,
-    error_handlers,
-    install_error_handlers,
-)
-from service.http.head import RequestHeadMiddleware
-from service.http.limits import BodyLimitMiddleware
-from service.http.metrics import HttpMetricsMiddleware
+from service.http.errors import REST_ERRORS, ErrorResponder
+from service.http.gate import RequestGate
 from service.http.observe import RequestObservationMiddleware
-from service.http.scopes import RouteIndex
+from service.http.routing import RouteTable, error_namespaces, secure_openapi
 from service.lifecycle.state import ServiceState
 from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
@@ -132,6 +121,36 @@ def tls_files(settings: ServiceSettings, metrics: ServiceMetrics) -> TlsFiles | 
     return TlsFiles(settings.tls_cert, settings.tls_key, settings.tls_client_ca, metrics)
 
 
+def cors(settings: ServiceSettings) -> list[Middleware]:
+    """Starlette's CORS middleware for the configured origins (none: no CORS)."""
+    if not settings.cors_origin_list():
+        return []
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origin_list(),
+            allow_credentials=settings.cors_credentials,
+            allow_methods=["GET", "POST"],
+            allow_headers=[
+                "authorization",
+                "x-api-key",
+                "content-type",
+                "inference-header-content-length",
+                "x-request-id",
+                "traceparent",
+                "tracestate",
+            ],
+            expose_headers=[
+                "retry-after",
+                "www-authenticate",
+                "inference-header-content-length",
+                "x-request-id",
+                "server-timing",
+            ],
+        )
+    ]
+
+
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """A new, independent app (own metrics registry, own models) for `settings`."""
     settings = settings or ServiceSettings()
@@ -156,75 +175,42 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.state.keys = KeyStore(settings.api_keys_file, metrics)
     app.state.tls = tls_files(settings, metrics)
     app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
-    direct_routes = [route for router in ROUTERS for route in router.routes]
-    # Each route renders its refusals with its own API's table; so do the paths below a router's
-    # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
-    errors = ErrorResponder(
-        default=REST_ERRORS,
-        routes=direct_routes,
-        namespaces=error_namespaces(ROUTERS),
-        observe=metrics.refused,
-    )
-    handlers = error_handlers(errors)
-    install_error_handlers(app, handlers)
-    framework_routes = list(app.routes)  # FastAPI's own: the OpenAPI document
     for router in ROUTERS:
         app.include_router(router)
-    # The playground's files and the API docs' scripts, under /ui/.
-    mounted = len(app.routes)
-    playground.mount_assets(app)
-    # Every route in the router's order (FastAPI's, the routers' as included, the mounts) with the
-    # key scope it declares: what access control and the OpenAPI document read (an undeclared
-    # route stops the app here). No trailing-slash redirects: `/metrics/` is no alias of a route.
-    app.router.redirect_slashes = False
-    index = RouteIndex([*framework_routes, *direct_routes, *app.routes[mounted:]])
-    secure_openapi(app, app.state.keys, index)
-    # Each middleware wraps those added before it. From the inside out: the direct dispatch, which
-    # answers the routers' direct routes before FastAPI's router would; the body limit; access
-    # control; the request head's checks (size, Host, path form); the connection cap, whose 503
-    # comes before anything else of ours runs (the protocol marks those requests,
-    # service.http.connections); the metrics, which see every answer, including early refusals;
-    # unexpected errors, answered (and counted as 500s) wherever in ours they arise.
-    app.add_middleware(DirectDispatchMiddleware, routes=direct_routes, handlers=handlers)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes, errors=errors)
-    # Access control: before anything reads the body, after the checks of the request head.
-    app.add_middleware(AccessMiddleware, keys=app.state.keys, errors=errors, index=index)
-    # The request head (size, Host, path form): before access control, after the connection cap's 503.
-    app.add_middleware(RequestHeadMiddleware, errors=errors, max_header_bytes=settings.max_header_bytes)
-    app.add_middleware(ConnectionCapMiddleware, errors=errors)
-    # CORS (opt-in): answers preflights before access control, and adds its headers to refusals.
-    if settings.cors_origin_list():
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origin_list(),
-            allow_credentials=settings.cors_credentials,
-            allow_methods=["GET", "POST"],
-            allow_headers=[
-                "authorization",
-                "x-api-key",
-                "content-type",
-                "inference-header-content-length",
-                "x-request-id",
-                "traceparent",
-                "tracestate",
-            ],
-            expose_headers=[
-                "retry-after",
-                "www-authenticate",
-                "inference-header-content-length",
-                "x-request-id",
-                "server-timing",
-            ],
-        )
-    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
-    app.add_middleware(UnexpectedErrorMiddleware, errors=errors)
-    # Outermost: request ids, Server-Timing, the request's span and the access log (service.http.observe).
-    app.add_middleware(
-        RequestObservationMiddleware,
-        tracing=app.state.tracing,
-        timing=settings.server_timing,
-        access=settings.access_log,
-    )
+    playground.mount_assets(app)  # the playground's files and the API docs' scripts, under /ui/
+    # Every route in the router's order (FastAPI's OpenAPI document, the routers' as included, the
+    # mounts) with the key scope it declares: what the request gate matches a request against once
+    # and the OpenAPI document reads (an undeclared route stops the app here).
+    table = RouteTable(app.router.routes)
+    secure_openapi(app, app.state.keys, table)
+    # Each route renders its refusals with its own API's table; so do the paths below a router's
+    # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
+    errors = ErrorResponder(REST_ERRORS, error_namespaces(ROUTERS), observe=metrics.refused)
+    # The layers around every HTTP request, outermost first. The observation sees every answer
+    # (metrics, request id, span, access log), refusals and unexpected errors included; CORS (opt-in)
+    # answers preflights before access control and adds its headers to every refusal; the gate,
+    # innermost, makes the checks that need no body (the connection cap's 503 first, then the
+    # request head, then the key the matched route declares), limits the body and runs the route,
+    # with the one exception path (service.http.gate). FastAPI's router is reached for the
+    # lifespan only.
+    app.user_middleware = [
+        Middleware(
+            RequestObservationMiddleware,
+            metrics=metrics,
+            tracing=app.state.tracing,
+            timing=settings.server_timing,
+            access=settings.access_log,
+        ),
+        *cors(settings),
+        Middleware(
+            RequestGate,
+            table=table,
+            errors=errors,
+            keys=app.state.keys,
+            max_header_bytes=settings.max_header_bytes,
+            max_body_bytes=settings.max_upload_bytes,
+        ),
+    ]
     return app
 
 

@@ -5,7 +5,7 @@ Scopes: `infer` (tasks, Hugging Face API, v2 inference, metadata, configuration,
 `None` means open: health probes (so orchestrators need no key) and the static pages (the
 playground, the API documents). Admin routes are refused unless an admin key is configured, even
 when no keys at all are, so that an unconfigured server cannot be reconfigured by whoever reaches
-its port. An HTTP route declares its scope where it is declared (`service.http.scopes`), gRPC
+its port. An HTTP route declares its scope where it is declared (`service.http.routing`), gRPC
 methods are named here (`grpc_scope`); `service.access.keys.KeyStore` decides with the keys it holds.
 """
 

@@ -5,8 +5,8 @@ beyond that many open connections (or requests in flight) a new request is refus
 uvicorn refuses with its own plain-text 503, without `Retry-After` and unseen by our metrics. So
 the HTTP protocol uvicorn runs is a small subclass of its own (httptools or h11, as uvicorn's
 "auto" picks): it keeps uvicorn's test, on uvicorn's own sets of connections and tasks, but instead
-of answering, it marks the request's scope; `ConnectionCapMiddleware`, outermost in the app,
-answers marked requests from the error table before anything else runs, with `Connection: close`
+of answering, it marks the request's scope; the request gate (`service.http.gate`) answers
+marked requests from the error table before anything else of ours runs, with `Connection: close`
 so that the refused connection is released at once. The cap on connections themselves is applied
 when a connection is accepted, before any request (`service.http.admission`: idle keep-alive
 connections evicted first, TLS handshakes counted); what is tested per request here is uvicorn's
@@ -18,7 +18,7 @@ request on a keep-alive connection, at most `header_timeout_s`. A client that ha
 request by then is answered 408 (REST shape, `Connection: close`) and the connection is closed at
 once; one that sent nothing is closed without an answer (a pooled client could take an unsolicited
 408 for the answer to its next request). Both are counted as `request_timeout` refusals of the
-"http" transport. The body's limit is the request's deadline (`service.http.limits`).
+"http" transport. The body's limit is the request's deadline (`service.http.gate`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from uvicorn.server import ServerState
 
 from contract.errors import ErrorCode, RequestError, RequestTimeout, Unavailable
 from service.http.admission import REFUSAL_OBSERVER, admit, idle_order, observe, refuse
-from service.http.asgi import HttpMiddleware
-from service.http.errors import CONNECTION_ERRORS, ErrorResponder, rest_body
+from service.http.errors import rest_body
 
 # Scope extension set on a request that arrived over the cap; its value is the cap.
 OVER_CAP = "gmlp.connection_cap"
@@ -211,26 +210,7 @@ def too_many_connections(cap: int) -> Unavailable:
     )
 
 
-class ConnectionCapMiddleware(HttpMiddleware):
-    """Answers requests the protocol marked as over the cap (503, Retry-After, Connection: close),
-    counted as refusals of the "http" transport. Outermost, so nothing else runs for them."""
-
-    def __init__(self, app: ASGIApp, errors: ErrorResponder) -> None:
-        super().__init__(app)
-        self.errors = errors
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cap = scope.get("extensions", {}).get(OVER_CAP)
-        if cap is None:
-            await self.app(scope, receive, send)
-            return
-        response = self.errors.answer(CONNECTION_ERRORS, too_many_connections(cap))
-        response.headers["connection"] = "close"
-        await response(scope, receive, send)
-
-
 __all__ = [
-    "ConnectionCapMiddleware",
     "ConnectionCap",
     "PROTOCOLS",
     "http_protocol",

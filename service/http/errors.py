@@ -4,32 +4,31 @@ Below the transports nothing chooses a status code: preprocessing, the text code
 the pipelines raise transport-free errors with a machine code and a message that says what is
 accepted. An `ErrorTable` is the whole mapping of one API (its status per error type and the shape
 of its body); `REST_ERRORS` here serves the task routes, `service.http.hf` and `service.v2.rest`
-have their own. Each route carries its API's table (`service.http.direct.DirectRoute`), and the
+have their own. Each route carries its API's table (`service.http.routing.DirectRoute`), and the
 `ErrorResponder` renders a refusal with the table of the route the request is for, so a client
 sees one shape per API:
 
     REST: {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
     v2:   {"error": "..."}
 
-`error_handlers` render core errors, FastAPI's validation errors and Starlette's 404/405 (for
-FastAPI's router and the direct dispatch alike), `UnexpectedErrorMiddleware` unexpected exceptions.
+`ErrorResponder.exception` is the one exception path of every HTTP request (`service.http.gate`):
+core errors, FastAPI's validation errors, Starlette's 404/405 and unexpected exceptions.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette._utils import get_route_path  # the router's own rule, as FastAPI's router uses it
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.routing import BaseRoute, Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.routing import BaseRoute
+from starlette.types import Scope
 
 from contract.errors import (
     ClientGone,
@@ -54,7 +53,6 @@ from contract.errors import (
 )
 from contract.messages import ECHO_LIMIT, escape_controls, shorten
 from service.engine import request_context
-from service.http.asgi import HttpMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -131,37 +129,21 @@ def _covers(prefix: str, path: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
 
 
-def route_for(scope: Scope, routes: Sequence[BaseRoute]) -> BaseRoute | None:
-    """The route the router would take for `scope`: the first that matches it, else the first whose
-    path matches with another method (the one that answers 405)."""
-    partial = None
-    for route in routes:
-        match, _ = route.matches(scope)
-        if match == Match.FULL:
-            return route
-        if match == Match.PARTIAL and partial is None:
-            partial = route
-    return partial
-
-
 @dataclass(frozen=True)
 class ErrorResponder:
     """Renders a refusal with the error table of the route a request is for, and counts it.
 
-    The route is the one the router recorded (`scope["route"]`), or, for a refusal before routing
-    (the size limits), the one among `routes` the router will take; a route without a table of its
-    own, and a path no route takes, get the table of the router prefix it falls under
-    (`namespaces`), else `default`."""
+    The route is the one the request gate matched (`route`, or `scope["route"]` once recorded); a
+    route without a table of its own, and a path no route takes, get the table of the router prefix
+    it falls under (`namespaces`), else `default`."""
 
     default: ErrorTable = REST_ERRORS
-    routes: Sequence[BaseRoute] = ()
     namespaces: Mapping[str, ErrorTable] = field(default_factory=dict)
     # Called with (transport, machine code) for every error answered: what an operator sees shed.
     observe: Callable[[str, str], None] | None = None
 
-    def table(self, scope: Scope) -> ErrorTable:
-        route = scope.get("route") or route_for(scope, self.routes)
-        table = getattr(route, "errors", None)
+    def table(self, scope: Scope, route: BaseRoute | None = None) -> ErrorTable:
+        table = getattr(route or scope.get("route"), "errors", None)
         if isinstance(table, ErrorTable):
             return table
         path = get_route_path(scope)
@@ -170,11 +152,18 @@ class ErrorResponder:
                 return owned
         return self.default
 
-    def response(self, scope: Scope, error: RequestError, *, status: int | None = None) -> JSONResponse:
+    def response(
+        self,
+        scope: Scope,
+        error: RequestError,
+        *,
+        route: BaseRoute | None = None,
+        status: int | None = None,
+    ) -> JSONResponse:
         if isinstance(error, DeadlineExceeded) and scope.get(BODY_PENDING):
             # The deadline passed while the client was still sending: its slowness, not ours.
             error = body_timeout(error.message)
-        return self.answer(self.table(scope), error, status=status)
+        return self.answer(self.table(scope, route), error, status=status)
 
     def answer(self, table: ErrorTable, error: RequestError, *, status: int | None = None) -> JSONResponse:
         """`error` rendered by `table` and observed under its transport."""
@@ -183,8 +172,33 @@ class ErrorResponder:
         request_context.note_error(error.code, error.message)
         return table.response(error, status=status)
 
+    def exception(self, scope: Scope, exc: Exception, route: BaseRoute | None = None) -> JSONResponse:
+        """The answer to what a route raised: the service's refusals, FastAPI's validation errors,
+        Starlette's own (unknown path, wrong method, unparsable multipart: their status and
+        headers kept), a client gone while its body was read; anything else is a bug, logged with
+        the request's method and path and answered 500 `internal_error`, nothing internal shown."""
+        status: int | None = None
+        headers: Mapping[str, str] = {}
+        if isinstance(exc, RequestError):
+            error = exc
+        elif isinstance(exc, RequestValidationError):
+            error = validation_error(list(exc.errors()), "the request")
+        elif isinstance(exc, StarletteHTTPException):
+            error = framework_error(exc)
+            # A status of the framework's own that no type stands for is answered as it is.
+            status = exc.status_code if error.code == ErrorCode.HTTP_ERROR else None
+            headers = exc.headers or {}
+        elif isinstance(exc, ClientDisconnect):
+            error = client_gone()  # nothing to answer, and not a server error
+        else:
+            log.error("unhandled error on %s %s", scope["method"], scope["path"], exc_info=exc)
+            error = InternalError(ErrorCode.INTERNAL_ERROR, "internal server error; the error was logged")
+        response = self.response(scope, error, route=route, status=status)
+        response.headers.update(headers)
+        return response
 
-# Set in a request's scope while its body has not all arrived (`service.http.limits`).
+
+# Set in a request's scope while its body has not all arrived (`service.http.gate`).
 BODY_PENDING = "gmlp.body_pending"
 
 
@@ -236,89 +250,12 @@ def framework_error(exc: StarletteHTTPException) -> RequestError:
     return RequestError(ErrorCode.HTTP_ERROR, message)
 
 
-Handler = Callable[[Request, Exception], Awaitable[Response]]
-
-
-def error_handlers(responder: ErrorResponder) -> dict[type[Exception], Handler]:
-    """The exceptions a route may raise, each with the handler that renders it through `responder`:
-    installed in the app for FastAPI's routes, and used by the direct dispatch for its own."""
-
-    async def request_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestError)
-        return responder.response(request.scope, exc)
-
-    async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        return responder.response(request.scope, validation_error(list(exc.errors()), "the request"))
-
-    async def http_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        error = framework_error(exc)
-        # A status of the framework's own that no type stands for is answered as it is.
-        status = exc.status_code if error.code == ErrorCode.HTTP_ERROR else None
-        response = responder.response(request.scope, error, status=status)
-        response.headers.update(exc.headers or {})
-        return response
-
-    async def client_disconnect(request: Request, exc: Exception) -> JSONResponse:
-        """The client left while we read its body: nothing to answer, not a server error."""
-        return responder.response(request.scope, client_gone())
-
-    return {
-        RequestError: request_error,
-        RequestValidationError: invalid_request,
-        StarletteHTTPException: http_error,
-        ClientDisconnect: client_disconnect,
-    }
-
-
-def install_error_handlers(app: FastAPI, handlers: Mapping[type[Exception], Handler]) -> None:
-    for cls, handler in handlers.items():
-        app.add_exception_handler(cls, handler)
-
-
-class UnexpectedErrorMiddleware(HttpMiddleware):
-    """A genuine bug: logged once, with the traceback and the request's method and path; the client
-    gets 500 `internal_error` in its API's shape and nothing internal.
-
-    A middleware rather than an exception handler for `Exception`: Starlette runs that handler in
-    its outermost ServerErrorMiddleware, which re-raises once it has answered, so that the server
-    logs the error again (uvicorn's "Exception in ASGI application", without the request) and
-    closes the connection. Add it last (outermost of ours), so that it also covers the others.
-    """
-
-    def __init__(self, app: ASGIApp, errors: ErrorResponder) -> None:
-        super().__init__(app)
-        self.errors = errors
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def watched_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watched_send)
-        except Exception:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            if started:  # too late for an answer: uvicorn closes the connection of an unfinished one
-                return
-            error = InternalError(ErrorCode.INTERNAL_ERROR, "internal server error; the error was logged")
-            await self.errors.response(scope, error)(scope, receive, send)
-
-
 __all__ = [
     "ErrorTable",
     "ErrorResponder",
-    "route_for",
     "REST_ERRORS",
     "CONNECTION_ERRORS",
     "rest_body",
-    "install_error_handlers",
-    "error_handlers",
-    "UnexpectedErrorMiddleware",
     "payload_too_large",
     "client_gone",
     "body_timeout",

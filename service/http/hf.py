@@ -25,7 +25,6 @@ from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
 from service.engine.deadline import Deadline, before
 from service.http.answers import json_answer
-from service.http.direct import DirectRoute, get_state
 from service.http.disconnect import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import (
@@ -35,6 +34,7 @@ from service.http.parsing import (
     unsupported_media_type,
     validated,
 )
+from service.http.routing import DirectRoute, get_state, requires
 from service.http.schemas import (
     MAX_TARGETS,
     MAX_TEXT_LENGTH,
@@ -46,7 +46,6 @@ from service.http.schemas import (
     error_responses,
     inline_schema,
 )
-from service.http.scopes import requires
 from service.tasks.pipeline import HFOptions, Pipeline
 
 

@@ -1,7 +1,13 @@
-"""Request ids, Server-Timing, the request's server span and the access log, for every HTTP request.
+"""What every HTTP request leaves behind: its metrics, request id, Server-Timing, server span and
+access-log line.
 
-The outermost of the service's middlewares, so that every answer carries the request id, the
-early refusals (connection cap, size limits) and the unexpected errors included:
+The outermost of the service's middlewares, so that every answer is seen, the early refusals
+(connection cap, size limits, access) and the unexpected errors included:
+
+- `gmlp_http_requests_total` and `gmlp_http_request_duration_seconds` by *route template* (never
+  the raw path, so that a scanner hitting random URLs cannot blow up the label cardinality;
+  `<unmatched>` for a request no route took), method and final status, and the requests in
+  flight; the series live in the app's `ServiceMetrics`;
 
 - `X-Request-ID`: the client's, when acceptable (`service.engine.request_context`), else a generated one;
   echoed on the response either way;
@@ -25,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.engine import request_context
 from service.engine.request_context import REQUEST_ID_HEADER, RequestContext
-from service.http.asgi import HttpMiddleware
+from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.tracing import Tracing, epoch_ns
 
 access_log = logging.getLogger("service.access")
@@ -46,16 +52,25 @@ def _template(scope: Scope) -> str:
     return getattr(scope.get("route"), "path", None) or "<unmatched>"
 
 
-class RequestObservationMiddleware(HttpMiddleware):
+class RequestObservationMiddleware:
     """See the module docstring; `tracing` is None when tracing is off."""
 
-    def __init__(self, app: ASGIApp, *, tracing: Tracing | None, timing: bool, access: bool) -> None:
-        super().__init__(app)
+    def __init__(
+        self, app: ASGIApp, *, metrics: ServiceMetrics, tracing: Tracing | None, timing: bool, access: bool
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
         self.tracing = tracing
         self.timing = timing
         self.access = access
+        # (route, method, status) -> its counter and histogram: looked up once, not per request.
+        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
         given = None
         carrier: dict[str, str] = {}
         for name, value in scope["headers"]:
@@ -67,7 +82,7 @@ class RequestObservationMiddleware(HttpMiddleware):
         request = RequestContext(request_context.accepted_request_id(given), "http", method=method)
         request_id = request.request_id.encode()
         timing = self.timing and method == "POST"
-        status = 500
+        status = 500  # if the app raises before answering, the server sends a 500
         body_times: list[float] = []
         tracing, token = self.tracing, None
         if tracing is not None:
@@ -99,18 +114,32 @@ class RequestObservationMiddleware(HttpMiddleware):
                 message = {**message, "headers": headers}
             await send(message)
 
+        self.metrics.in_flight.inc()
         with request_context.open_request(request):
             try:
                 traced = tracing is not None and request.span.is_recording()
                 await self.app(scope, timed_receive if traced else receive, observed_send)
             finally:
+                self.metrics.in_flight.dec()
                 route = _template(scope)
                 request.route = route
+                self._count(route, method, status, time.perf_counter() - start)
                 if tracing is not None:
                     self._end_span(tracing, request, route, status, body_times)
                     tracing.deactivate(token)
                 if self.access:
                     self._log(scope, request, status)
+
+    def _count(self, route: str, method: str, status: int, duration_s: float) -> None:
+        labels = (route, method, str(status))
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = (
+                self.metrics.requests.labels(*labels),
+                self.metrics.latency.labels(*labels),
+            )
+        series[0].inc()
+        series[1].observe(duration_s)
 
     @staticmethod
     def _end_span(

@@ -25,9 +25,8 @@ from fastapi.staticfiles import StaticFiles
 
 from contract.formats import package_version
 from service.access.scope import Scope
-from service.http.direct import DirectRoute, get_state, model_response
+from service.http.routing import DirectRoute, declare, get_state, model_response, public, requires
 from service.http.schemas import ModelStatus, StatsResponse
-from service.http.scopes import declare, public, requires
 from service.telemetry.recent import StatsHistory
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -139,7 +138,7 @@ async def redoc(request: Request) -> HTMLResponse:
 
 def mount_assets(app: FastAPI) -> None:
     """Serve the page's files under /ui/ and the docs' scripts under /ui/vendor/ (the more
-    specific mount first: the first match wins), open to all (`service.http.scopes`)."""
+    specific mount first: the first match wins), open to all (`service.http.routing`)."""
     app.mount(VENDOR_ASSETS, StaticFiles(directory=VENDOR), name="vendor")
     app.mount(ASSETS, StaticFiles(directory=STATIC), name="ui")
     # The files are open like the pages that load them, and so is FastAPI's own OpenAPI document.

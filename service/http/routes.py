@@ -15,9 +15,9 @@ from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
 from service.engine.deadline import Deadline, before
 from service.http.answers import json_answer
-from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
 from service.http.parsing import query_parameters, read_image, read_json, read_query
+from service.http.routing import DirectRoute, get_state, model_response, public, requires
 from service.http.schemas import (
     ERROR_RESPONSES,
     ClassifyJSONRequest,
@@ -30,7 +30,6 @@ from service.http.schemas import (
     ModelsResponse,
     VersionState,
 )
-from service.http.scopes import public, requires
 from service.lifecycle.state import Phase
 from service.tasks.fill_mask import FillMaskPipeline
 from service.tasks.vision import VisionPipeline

@@ -1,7 +1,7 @@
 """Prometheus metrics, on a registry owned by the app (several apps in one process must not clash).
 
 `ServiceMetrics` holds every series; the transports record into it (HTTP: the metrics middleware
-of `service.http.metrics`, labelled by route template; gRPC: the wrapper of every call), and the
+of `service.http.observe`, labelled by route template; gRPC: the wrapper of every call), and the
 batcher reports to its `BatchObserver`s (`ModelObserver` here), so that the batcher itself stays
 free of Prometheus. Nothing here knows a transport.
 """

@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictBool
 
 from service.access.scope import Scope
-from service.http.direct import DirectRoute, get_state
 from service.http.parsing import json_body
-from service.http.scopes import requires
+from service.http.routing import DirectRoute, get_state, requires
 from service.v2 import repository
 from service.v2.rest import V2_ERRORS
 from service.v2.schemas import ERROR_RESPONSES

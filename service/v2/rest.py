@@ -22,12 +22,11 @@ from contract.tensors import Tensor, from_json, from_raw
 from service.access.scope import Scope
 from service.engine.deadline import Deadline, before
 from service.engine.offload import encode_off_loop
-from service.http.direct import DirectRoute, get_state, model_response
 from service.http.disconnect import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
+from service.http.routing import DirectRoute, get_state, model_response, public, requires
 from service.http.schemas import inline_schema
-from service.http.scopes import public, requires
 from service.tasks.pipeline import Pipeline
 from service.v2 import inference
 from service.v2.answer_json import answer_json

@@ -41,6 +41,7 @@ from loadtests.metrics_scrape import http_get
 from service import cli
 from service.app import create_app
 from service.engine.deadline import Deadline
+from service.http.routing import public
 from service.settings import ServiceSettings
 from service.tasks.fill_mask import FillMaskPipeline
 from service.tasks.registry import load_pipeline
@@ -120,6 +121,7 @@ def test_an_unexpected_error_is_a_500_logged_once_with_method_and_path(
     """A bug in a route: the client gets 500 `internal_error` and nothing internal, the log gets
     exactly one traceback, naming the request (not a second one from the server without it)."""
 
+    @public
     async def broken() -> None:
         raise RuntimeError("a bug in a route")
 

@@ -1,23 +1,28 @@
-"""Direct routes: endpoints that read their own request, declared and documented like any other,
-and dispatched by method and path before FastAPI's router."""
+"""The request gate and its route table: direct routes (endpoints that read their own request,
+declared and documented like any other) and every other route answered after one match, each
+refusal in the shape of the route's API, every exception through one path."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import httpx
 import pytest
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
 from contract.errors import ErrorCode, InvalidInput
+from service.access.keys import KeyStore
 from service.app import create_app
-from service.http.direct import DirectRoute, error_namespaces
-from service.http.dispatch import DirectDispatchMiddleware
-from service.http.errors import REST_ERRORS, ErrorResponder, ErrorTable, error_handlers
+from service.http.errors import REST_ERRORS, ErrorResponder, ErrorTable
+from service.http.gate import RequestGate
+from service.http.routing import DirectRoute, RouteTable, declare, error_namespaces
 from service.settings import ServiceSettings
+from service.telemetry.metrics import ServiceMetrics
 
 
 def test_a_direct_route_refuses_parameters_fastapi_would_inject() -> None:
@@ -53,9 +58,28 @@ def test_classify_documents_its_query_as_before(tmp_path: object) -> None:
     assert {s.get("type") for s in params["model"]["schema"]["anyOf"]} == {"string", "null"}
 
 
-def _dispatching() -> tuple[DirectDispatchMiddleware, list[str]]:
-    """Direct routes (one templated, a static one it shadows, two that raise) and an ordinary one,
-    dispatched in front of a stand-in for FastAPI's router that records what reaches it."""
+def _gate(routes: list[BaseRoute], responder: ErrorResponder | None = None) -> RequestGate:
+    """The request gate over `routes` (no keys, generous limits), in front of an app that only the
+    lifespan may reach."""
+
+    async def fastapi_router(scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["path"] == "/plain", f"the gate let {scope['path']} through"
+        await JSONResponse({"by": "router"})(scope, receive, send)
+
+    for route in routes:
+        declare(route, None)
+    return RequestGate(
+        fastapi_router,
+        table=RouteTable(routes),
+        errors=responder or ErrorResponder(),
+        keys=KeyStore(None, ServiceMetrics(1)),
+        max_header_bytes=8192,
+        max_body_bytes=1024,
+    )
+
+
+def _routes() -> list[BaseRoute]:
+    """Direct routes (one templated, a static one it shadows, two that raise) and an ordinary one."""
     router = APIRouter(route_class=DirectRoute)
 
     async def item(request: Request, name: str) -> JSONResponse:
@@ -74,73 +98,65 @@ def _dispatching() -> tuple[DirectDispatchMiddleware, list[str]]:
     router.add_api_route("/items/special", special, methods=["GET"])
     router.add_api_route("/refused", refused, methods=["POST"])
     router.add_api_route("/broken", broken, methods=["POST"])
-    router.routes.append(APIRoute("/plain", lambda: {"plain": True}, methods=["GET"]))
-    reached: list[str] = []
-
-    async def fastapi_router(scope: Scope, receive: Receive, send: Send) -> None:
-        reached.append(f"{scope['method']} {scope['path']}")
-        await JSONResponse({"by": "router"}, status_code=404)(scope, receive, send)
-
-    handlers = error_handlers(ErrorResponder())
-    return DirectDispatchMiddleware(fastapi_router, router.routes, handlers), reached
+    return [*router.routes, APIRoute("/plain", lambda: {"plain": True}, methods=["GET"])]
 
 
-def test_direct_routes_are_answered_without_fastapis_router() -> None:
-    app, reached = _dispatching()
-
+def _exchange(app: RequestGate, *requests: tuple[str, str], root_path: str = "") -> list[httpx.Response]:
     async def exchange() -> list[httpx.Response]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
-            return [
-                await client.get("/items/a%20b"),
-                await client.get("/items/special"),
-                await client.post("/refused"),
-            ]
+        transport = httpx.ASGITransport(app, root_path=root_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.request(method, path) for method, path in requests]
 
-    item, shadowed, refused = asyncio.run(exchange())
+    return asyncio.run(exchange())
+
+
+def test_the_gate_answers_every_route_itself() -> None:
+    item, shadowed, refused, plain = _exchange(
+        _gate(_routes()),
+        ("GET", "/items/a%20b"),
+        ("GET", "/items/special"),
+        ("POST", "/refused"),
+        ("GET", "/plain"),
+    )
     assert item.json() == {"name": "a b", "route": "/items/{name}"}
     assert shadowed.json() == {"name": "special", "route": "/items/{name}"}
     assert refused.status_code == 422
     assert refused.json() == {
         "error": {"code": "invalid_parameter", "message": "the thing is bad; send a good one"}
     }
-    assert reached == []
+    assert plain.json() == {"by": "router"}  # FastAPI's injection: FastAPI's router
 
 
-def test_what_dispatch_does_not_match_goes_to_fastapis_router() -> None:
-    app, reached = _dispatching()
+def test_wrong_methods_unknown_paths_and_bugs_take_the_one_exception_path(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.ERROR):
+        wrong, unknown, broken = _exchange(
+            _gate(_routes()), ("POST", "/items/a"), ("GET", "/no/such/path"), ("POST", "/broken")
+        )
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET"
+    assert wrong.json()["error"]["code"] == "method_not_allowed"
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+    assert broken.status_code == 500 and broken.json()["error"]["code"] == "internal_error"
+    assert "a bug" not in broken.text
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == ["unhandled error on POST /broken"]
 
-    async def exchange() -> None:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
-            assert (await client.get("/plain")).json() == {"by": "router"}  # not a direct route
-            assert (await client.post("/items/a")).json() == {"by": "router"}  # wrong method
-            assert (await client.get("/no/such/path")).json() == {"by": "router"}
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
-            with pytest.raises(RuntimeError, match="a bug"):  # left to the unexpected-error middleware
-                await client.post("/broken")
 
-    asyncio.run(exchange())
-    assert reached == ["GET /plain", "POST /items/a", "GET /no/such/path"]
-
-
-def test_dispatch_matches_below_the_root_path_as_the_router_does() -> None:
+def test_the_gate_matches_below_the_root_path_as_the_router_does() -> None:
     """Behind a proxy that strips a prefix, uvicorn's --root-path is prefixed to each path."""
-    app, reached = _dispatching()
-
-    async def exchange() -> list[httpx.Response]:
-        mounted = httpx.ASGITransport(app, root_path="/api")
-        async with httpx.AsyncClient(transport=mounted, base_url="http://test") as client:
-            return [await client.get(path) for path in ("/api/items/a", "/api", "/apiitems/a", "/items/a")]
-
-    item, root, other, as_sent = asyncio.run(exchange())
+    item, root, other, as_sent = _exchange(
+        _gate(_routes()),
+        *[("GET", path) for path in ("/api/items/a", "/api", "/apiitems/a", "/items/a")],
+        root_path="/api",
+    )
     assert item.json() == {"name": "a", "route": "/items/{name}"}
-    assert root.json() == other.json() == {"by": "router"}
-    assert reached == ["GET /api", "GET /apiitems/a"]
+    assert root.status_code == other.status_code == 404
     assert as_sent.json() == {"name": "a", "route": "/items/{name}"}  # not below the root path: as sent
 
 
 def test_the_error_shape_follows_the_route_not_the_path() -> None:
     """A REST route below another API's prefix keeps the REST shape; that API's routes, and paths
-    below its prefix that no route takes, get its own, before routing (the size limits) too."""
+    below its prefix that no route takes, get its own, before the route runs (the size limits) too."""
     other_api = ErrorTable(REST_ERRORS.statuses, body=lambda error: {"error": error.message}, transport="x")
     rest, other = (
         APIRouter(route_class=DirectRoute),
@@ -152,32 +168,27 @@ def test_the_error_shape_follows_the_route_not_the_path() -> None:
 
     rest.add_api_route("/models/{name}/card", refused, methods=["GET"])
     other.add_api_route("/{name}", refused, methods=["POST"])
-    routes = [*rest.routes, *other.routes]
-    responder = ErrorResponder(routes=routes, namespaces=error_namespaces([rest, other]))
-
-    async def no_router(scope: Scope, receive: Receive, send: Send) -> None:
-        raise AssertionError("every request here is for a direct route")
-
-    app = DirectDispatchMiddleware(no_router, routes, error_handlers(responder))
-
-    async def exchange() -> list[httpx.Response]:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as client:
-            return [await client.get("/models/a/card"), await client.post("/models/a")]
-
-    card, model = asyncio.run(exchange())
+    responder = ErrorResponder(namespaces=error_namespaces([rest, other]))
+    app = _gate([*rest.routes, *other.routes], responder)
+    card, model, unknown, too_big, elsewhere = _exchange(
+        app,
+        ("GET", "/models/a/card"),
+        ("POST", "/models/a"),
+        ("GET", "/models/a/b/c"),  # below the prefix, no route
+        ("GET", "/models/a/card?" + "q" * 9000),
+        ("GET", "/modelsx"),
+    )
     assert card.status_code == model.status_code == 422
     assert card.json() == {
         "error": {"code": "invalid_parameter", "message": "the thing is bad; send a good one"}
     }
     assert model.json() == {"error": "the thing is bad; send a good one"}
-
-    def before_routing(method: str, path: str, root_path: str = "") -> ErrorTable:
-        return responder.table({"type": "http", "method": method, "path": path, "root_path": root_path})
-
-    assert before_routing("GET", "/models/a/card") is REST_ERRORS
-    assert before_routing("POST", "/models/a") is before_routing("GET", "/models/a") is other_api
-    assert before_routing("GET", "/models/a/b/c") is other_api  # below the prefix, no route
-    assert before_routing("GET", "/modelsx") is before_routing("GET", "/elsewhere") is REST_ERRORS
+    assert unknown.status_code == 404 and unknown.json() == {"error": "Not Found"}
+    assert too_big.status_code == 431 and too_big.json()["error"]["code"] == "headers_too_large"
+    assert elsewhere.json()["error"]["code"] == "not_found"
     # Behind a proxy's root path, as the router matches: the route below it.
-    assert before_routing("POST", "/api/models/a", root_path="/api") is other_api
-    assert before_routing("GET", "/api/models/a/card", root_path="/api") is REST_ERRORS
+    below, rest_below = _exchange(
+        app, ("POST", "/api/models/a"), ("GET", "/api/models/a/card"), root_path="/api"
+    )
+    assert below.json() == {"error": "the thing is bad; send a good one"}
+    assert rest_below.json()["error"]["code"] == "invalid_parameter"

@@ -1,0 +1,196 @@
+"""The request gate: every check a request passes before a route runs, the route's dispatch, and the
+one exception path, in one pass over one match (`service.http.routing.RouteTable`).
+
+In order, each refusal in the shape of the API of the route the request is for (`ErrorResponder`):
+
+1. the connection cap: a request the protocol marked as over `max_connections`
+   (`service.http.connections`) is answered 503 with `Retry-After` and `Connection: close`, the
+   REST shape counted under the "http" transport, before anything else of ours runs;
+2. the request head: 431 `headers_too_large` for a request line plus headers over
+   `max_header_bytes`; 400 `bad_request` for an HTTP/1.1 request without exactly one Host header
+   (RFC 9112, section 3.2); 404 `not_found` for a path with a control character once decoded
+   (`%0A`, `%00`...: the routes' patterns end in `$`, which also matches before a final newline, so
+   without this every route would answer its path plus `%0A`);
+3. access: the key the matched route declares (`Authorization: Bearer KEY` or `x-api-key: KEY`),
+   checked before anything reads the body: 401 with `WWW-Authenticate: Bearer`, 403 without the
+   scope, 429 with `Retry-After` over the key's rate;
+4. the body: 413 early from Content-Length, and by counting what is read (chunked uploads, lying
+   headers), so no request makes us buffer more than `max_upload_bytes`. While the body is still
+   arriving the request is marked (`BODY_PENDING`): a deadline that passes then is the client's
+   slowness, answered 408 with the connection closed, not 504;
+5. dispatch: a `DirectRoute`'s endpoint is called with the Request and its path parameters; the
+   other routes (FastAPI's OpenAPI document, the static mounts, a wrong method's 405) are handled
+   by the route itself; no route: 404. What any of them raises is answered by
+   `ErrorResponder.exception`, unexpected errors included (500, logged once with the request).
+   A route that needs FastAPI's injection (none of the service's own; one a test adds) is handed
+   to FastAPI's router, the app this gate wraps.
+
+The route is recorded in the request's scope (the metrics' label) when it is dispatched: a request
+refused before that is counted as `<unmatched>`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import Request
+from fastapi.routing import APIRoute
+from starlette._utils import get_route_path  # the router's own rule, as FastAPI's router uses it
+from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contract.errors import ErrorCode, HeadersTooLarge, MalformedRequest, RequestError, RouteNotFound
+from contract.messages import CONTROL_CHARACTERS
+from service.access.keys import KeyStore, presented_key
+from service.access.scope import Scope as KeyScope
+from service.http.connections import OVER_CAP, too_many_connections
+from service.http.errors import BODY_PENDING, CONNECTION_ERRORS, ErrorResponder, payload_too_large
+from service.http.routing import DirectRoute, RouteTable
+
+log = logging.getLogger(__name__)
+
+# The bytes a request line adds besides its target: "GET " + " HTTP/1.1\r\n".
+_LINE_OVERHEAD = 16
+
+
+def head_bytes(scope: Scope) -> int:
+    """The size of the request line (path, `?` and query string) and the headers, as sent."""
+    query = scope.get("query_string") or b""
+    target = len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0)
+    return _LINE_OVERHEAD + target + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+
+
+def head_error(scope: Scope, max_header_bytes: int) -> RequestError | None:
+    """Why the request head is refused, or None when it is fine."""
+    size = head_bytes(scope)
+    if size > max_header_bytes:
+        return HeadersTooLarge(
+            ErrorCode.HEADERS_TOO_LARGE,
+            f"the request line and headers are {size} bytes; at most {max_header_bytes} are accepted",
+        )
+    if scope.get("http_version") == "1.1":
+        hosts = sum(1 for name, _ in scope["headers"] if name == b"host")
+        if hosts != 1:
+            return MalformedRequest(
+                ErrorCode.BAD_REQUEST,
+                f"an HTTP/1.1 request needs exactly one Host header; this one has {hosts}",
+            )
+    if CONTROL_CHARACTERS.search(scope["path"]):
+        return RouteNotFound(
+            ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
+        )
+    return None
+
+
+def credential(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The key a request presents (`presented_key`), from its headers."""
+    return presented_key(
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in headers
+        if name in (b"authorization", b"x-api-key")
+    )
+
+
+class RequestGate:
+    """The innermost of the service's middlewares, and the end of every HTTP request (see the
+    module doc): FastAPI's router, the app it wraps, sees the lifespan, and only the requests for
+    routes that need FastAPI's injection."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        table: RouteTable,
+        errors: ErrorResponder,
+        keys: KeyStore,
+        max_header_bytes: int,
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.table = table
+        self.errors = errors
+        self.keys = keys
+        self.max_header_bytes = max_header_bytes
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cap = scope.get("extensions", {}).get(OVER_CAP)
+        if cap is not None:
+            response = self.errors.answer(CONNECTION_ERRORS, too_many_connections(cap))
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
+            return
+        route, needed = self.table.route(scope["method"], get_route_path(scope))
+        try:
+            self.admit(scope, needed)
+        except RequestError as refusal:
+            await self.errors.response(scope, refusal, route=route)(scope, receive, send)
+            return
+        started = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.dispatch(route, scope, self.limited(scope, receive), watched_send)
+        except Exception as exc:
+            if started:  # too late for an answer: uvicorn closes the connection of an unfinished one
+                log.exception("error after the answer began on %s %s", scope["method"], scope["path"])
+                return
+            await self.errors.exception(scope, exc, route)(scope, receive, send)
+
+    def admit(self, scope: Scope, needed: KeyScope | None) -> None:
+        """Raises the refusal of the request's head or of its key, if any."""
+        error = head_error(scope, self.max_header_bytes)
+        if error is not None:
+            raise error
+        if needed is not None:
+            self.keys.authorize(credential(scope["headers"]), needed, "http")
+
+    def limited(self, scope: Scope, receive: Receive) -> Receive:
+        """`receive`, counting the body against the limit (413 at once when Content-Length is over
+        it) and marking the request while its body arrives."""
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            raise payload_too_large(self.max_body_bytes)
+        scope[BODY_PENDING] = b"transfer-encoding" in headers or (length is not None and int(length) > 0)
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise payload_too_large(self.max_body_bytes)
+                if not message.get("more_body", False):
+                    scope[BODY_PENDING] = False
+            return message
+
+        return limited_receive
+
+    async def dispatch(self, route: BaseRoute | None, scope: Scope, receive: Receive, send: Send) -> None:
+        if route is None:
+            raise HTTPException(status_code=404)  # answered as Starlette's router answers it
+        if isinstance(route, APIRoute) and not isinstance(route, DirectRoute):
+            await self.app(scope, receive, send)  # it needs FastAPI's injection: FastAPI's router
+            return
+        match, child_scope = route.matches(scope)
+        scope.update(child_scope)  # the route, its endpoint and its path parameters
+        if match is Match.PARTIAL:  # the path of a route that takes other methods
+            raise HTTPException(status_code=405, headers={"Allow": ", ".join(getattr(route, "methods", ()))})
+        if isinstance(route, DirectRoute):
+            response = await route.endpoint(Request(scope, receive, send), **scope["path_params"])
+            await response(scope, receive, send)
+        else:
+            await route.handle(scope, receive, send)
+
+
+__all__ = ["RequestGate", "credential", "head_bytes", "head_error"]

@@ -1,0 +1,250 @@
+"""The HTTP routes, declared once: each with its endpoint, its key scope and its API's error table,
+and the one table (`RouteTable`) that finds the route a request is for.
+
+Every endpoint reads its own request (`service.http.parsing`) and returns its own Response, so it
+is a `DirectRoute`: FastAPI's per-request machinery (dependency solving, parameter validation,
+response serialisation) would only add event-loop work. It stays an APIRoute, so the OpenAPI
+document describes it as any other. Beside its path, every endpoint says the key it needs:
+`@requires(Scope.INFER)` (or `METRICS`, `ADMIN`), or `@public` for the open ones (health probes,
+the pages, the API documents); routes that are not ours (FastAPI's OpenAPI document, the static
+mounts) get theirs with `declare`. A table built over an undeclared route stops the app.
+
+The request gate (`service.http.gate`) asks the table once per request: the route it finds is the
+one whose scope access control checks, whose error table renders a refusal, whose template labels
+the metrics, and whose endpoint answers. The table matches in the router's order with the routes'
+own `matches` (the same regexes, methods and mounts FastAPI's router would use), so no form of a
+path reaches one route under another's scope. Paths no route takes need `INFER` (with keys, unknown
+paths are not probed without one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from functools import lru_cache
+from typing import Any, ClassVar, TypeVar
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from starlette.routing import BaseRoute, Match
+
+from service.access.keys import KeyStore
+from service.access.scope import Scope
+from service.http.errors import REST_ERRORS, ErrorTable
+from service.lifecycle.state import ServiceState
+
+# The attribute on an endpoint function (or a route object) that holds its declared scope.
+SCOPE_ATTRIBUTE = "gmlp_required_scope"
+UNMATCHED_SCOPE = Scope.INFER
+# Distinct (method, path) lookups remembered (paths up to CACHED_PATH_LENGTH characters, so the
+# cache stays small whatever clients send); requests mostly repeat a few paths.
+CACHE_SIZE = 4096
+CACHED_PATH_LENGTH = 256
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UndeclaredScope(TypeError):
+    """A route was added without a declared scope: the app refuses to start."""
+
+
+def requires(scope: Scope | None) -> Callable[[F], F]:
+    """Decorator (below the route decorator): the endpoint needs a key of `scope`; None: open."""
+
+    def mark(endpoint: F) -> F:
+        setattr(endpoint, SCOPE_ATTRIBUTE, scope)
+        return endpoint
+
+    return mark
+
+
+public = requires(None)
+
+
+def declare(route: BaseRoute, scope: Scope | None) -> None:
+    """Declare the scope of a route whose endpoint is not ours (a mount, FastAPI's own routes)."""
+    setattr(route, SCOPE_ATTRIBUTE, scope)
+
+
+def declared_scope(route: BaseRoute) -> Scope | None:
+    """The scope declared on `route` or on its endpoint; `UndeclaredScope` when there is none."""
+    for holder in (route, getattr(route, "endpoint", None)):
+        if holder is not None and hasattr(holder, SCOPE_ATTRIBUTE):
+            return getattr(holder, SCOPE_ATTRIBUTE)
+    raise UndeclaredScope(f"route {getattr(route, 'path', route)!r} declares no scope (service.http.routing)")
+
+
+class DirectRoute(APIRoute):
+    """A route whose endpoint takes the Request (and the route's path parameters) and returns a
+    Response, with the error table of the API it belongs to (`errors`, a class attribute: a router
+    declares its API's table with `APIRouter(route_class=DirectRoute.answering(TABLE))`).
+
+    Anything FastAPI would have to inject is refused when the route is declared; the gate calls the
+    endpoint itself (`get_route_handler` serves it wherever FastAPI's router runs it instead).
+    """
+
+    errors: ClassVar[ErrorTable] = REST_ERRORS
+
+    @classmethod
+    def answering(cls, errors: ErrorTable) -> type[DirectRoute]:
+        """The direct route class whose refusals are rendered with `errors`."""
+        return type(f"{cls.__name__}_{errors.transport}", (cls,), {"errors": errors})
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        dependant = self.dependant
+        injected = (
+            dependant.query_params,
+            dependant.header_params,
+            dependant.cookie_params,
+            dependant.body_params,
+            dependant.dependencies,
+        )
+        if any(injected) or dependant.request_param_name is None:
+            raise TypeError(f"{self.path}: a direct endpoint takes the Request and path parameters only")
+        endpoint = self.endpoint
+        if not dependant.path_params:
+            return endpoint
+
+        async def with_path(request: Request) -> Response:
+            return await endpoint(request, **request.path_params)
+
+        return with_path
+
+
+def error_namespaces(routers: Iterable[APIRouter]) -> dict[str, ErrorTable]:
+    """The error table of each router that has a prefix, by prefix: how a path below it that none
+    of its routes takes (an unknown v2 path) is answered."""
+    return {
+        router.prefix: router.route_class.errors
+        for router in routers
+        if router.prefix and issubclass(router.route_class, DirectRoute)
+    }
+
+
+def flat(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    """`routes` in the router's order, each included router (FastAPI keeps those as one entry that
+    holds the router) replaced by its own routes."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is None:
+            yield route
+        else:
+            yield from flat(included.routes)
+
+
+class RouteTable:
+    """The app's routes in the router's order, each with its declared scope (checked now).
+
+    `app_routes` is the app's own list, read again on each lookup the cache does not hold, so that
+    a route added to the app after this (before it serves) is found too."""
+
+    def __init__(self, app_routes: Sequence[BaseRoute]) -> None:
+        self.app_routes = app_routes
+        for route in flat(app_routes):
+            declared_scope(route)
+        self._lookup = lru_cache(maxsize=CACHE_SIZE)(self._find)
+
+    def route(self, method: str, path: str) -> tuple[BaseRoute | None, Scope | None]:
+        """The route the router takes for `method` and `path` (without the root path) and the scope
+        it needs: the first route that matches fully, else the first whose path matches with
+        another method (which answers 405); None and `UNMATCHED_SCOPE` when no route takes it."""
+        if len(path) > CACHED_PATH_LENGTH:
+            return self._find(method, path)
+        return self._lookup(method, path)
+
+    def _find(self, method: str, path: str) -> tuple[BaseRoute | None, Scope | None]:
+        probe = {"type": "http", "method": method, "path": path, "root_path": ""}
+        partial = None
+        for route in flat(self.app_routes):
+            match, _ = route.matches(probe)
+            if match == Match.FULL:
+                return route, declared_scope(route)
+            if match == Match.PARTIAL and partial is None:
+                partial = route
+        return partial, UNMATCHED_SCOPE if partial is None else declared_scope(partial)
+
+    def operation_scopes(self) -> dict[tuple[str, str], Scope | None]:
+        """The scope of each documented operation, by (path template, lower-case method)."""
+        found: dict[tuple[str, str], Scope | None] = {}
+        for route in flat(self.app_routes):
+            path = getattr(route, "path_format", None)
+            for method in getattr(route, "methods", None) or ():
+                if path is not None:
+                    found.setdefault((path, method.lower()), declared_scope(route))
+        return found
+
+
+SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer KEY"},
+    "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key", "description": "x-api-key: KEY"},
+}
+
+# The refusals of access control, documented on every operation that needs a key (in the shape of
+# the operation's API: an object with `error`).
+_REFUSAL = {"application/json": {"schema": {"type": "object", "required": ["error"]}}}
+REFUSALS = {
+    "401": {"description": "no valid API key (`WWW-Authenticate: Bearer`)", "content": _REFUSAL},
+    "403": {
+        "description": "the key lacks the operation's scope, or admin routes are closed",
+        "content": _REFUSAL,
+    },
+    "429": {"description": "the key's rate is used up; retry after `Retry-After`", "content": _REFUSAL},
+}
+
+
+def secure_openapi(app: FastAPI, keys: KeyStore, table: RouteTable) -> None:
+    """Declare both ways of sending a key in the OpenAPI document, on every operation that needs
+    one as the server is configured (with keys: all but the open ones, health among them; without:
+    admin only), with the scope its route declares in `x-required-scope`."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        schema.setdefault("components", {})["securitySchemes"] = SCHEMES
+        declared = table.operation_scopes()
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
+                if not isinstance(operation, dict):
+                    continue
+                needed = declared.get((path, method), UNMATCHED_SCOPE)
+                if not keys.enabled and needed is not Scope.ADMIN:
+                    needed = None
+                operation["security"] = [] if needed is None else [{"bearer": []}, {"apiKey": []}]
+                if needed is not None:
+                    operation["x-required-scope"] = str(needed)
+                    responses = operation.setdefault("responses", {})
+                    for status, response in REFUSALS.items():
+                        responses.setdefault(status, response)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def get_state(request: Request) -> ServiceState:
+    """The app's `ServiceState`."""
+    return request.app.state.service
+
+
+def model_response(body: BaseModel) -> JSONResponse:
+    """A direct route's document, built as its response model and serialised as FastAPI would."""
+    return JSONResponse(body.model_dump(mode="json"))
+
+
+__all__ = [
+    "DirectRoute",
+    "RouteTable",
+    "requires",
+    "public",
+    "declare",
+    "declared_scope",
+    "error_namespaces",
+    "secure_openapi",
+    "get_state",
+    "model_response",
+    "UndeclaredScope",
+    "UNMATCHED_SCOPE",
+]
