@@ -102,11 +102,6 @@ def serve(settings: ServiceSettings) -> None:
     else:
         models = require_sources(settings.model_repository, every_model=settings.model_control == "none")
     log.info("serving %s from %s", ", ".join(sorted(models)), settings.model_repository)
-    if settings.server == "granian":  # the worker process Granian starts builds the app itself
-        from service.granian_server import serve_granian
-
-        serve_granian(settings)
-        return
     app = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -268,13 +268,6 @@ class ServiceSettings(BaseSettings):
         None, description="explicit mode: comma-separated models to load at start-up (default: none)"
     )
 
-    # --- HTTP server ---
-    server: Literal["uvicorn", "granian"] = Field(
-        "uvicorn",
-        description="the HTTP server running the app: uvicorn, or granian (experimental, the granian "
-        "extra: over max_connections requests wait instead of a 503; no 408 body, no TLS reload)",
-    )
-
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
 

@@ -44,7 +44,6 @@ from service.engine.deadline import Deadline
 from service.settings import ServiceSettings
 from service.tasks.pipeline import FillMaskPipeline, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
-from support.servers import SERVER_ARGS, TEST_SERVER
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from support.servers import RunningServer
@@ -257,7 +256,7 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     server = gmlp_serve(
         repository,
         log_path=tmp_path / "server.log",
-        serve_args=[*SERVER_ARGS, "--intra-op-threads", "1", "--max-batch-size", "64"]
+        serve_args=["--intra-op-threads", "1", "--max-batch-size", "64"]
         + ["--max-queue-delay-ms", "8000", "--queue-delay-policy", "always"],
         ready_timeout_s=90,
     )
@@ -295,5 +294,4 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     # (143 in a shell) after a complete, graceful shutdown.
     assert exit_status in (0, -signal.SIGTERM), server.log_tail()
     log = server.log_tail()
-    finished = {"uvicorn": "Application shutdown complete", "granian": "Granian shutdown completed"}
-    assert "drained and closed 2 models" in log and finished[TEST_SERVER] in log, log
+    assert "drained and closed 2 models" in log and "Application shutdown complete" in log, log
