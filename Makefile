@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-compare bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs settings-docs release audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -111,6 +111,11 @@ constraints: install
 # image has no grpcio-tools); tests/service/v2/test_v2_grpc.py fails when they are stale.
 grpc-stubs: install
 	$(BIN)/python scripts/grpc_stubs.py
+
+# Rewrite docs/service.md's settings tables from the fields of service/settings.py (their groups and
+# descriptions); tests/service/test_config.py fails when the committed tables are stale.
+settings-docs: install
+	$(BIN)/python scripts/settings_docs.py
 
 # Known vulnerabilities of the pinned serving install (what the runtime image installs): a fresh
 # venv with `pip install -c constraints.txt .[serve]`, its packages checked by pip-audit (in a venv
