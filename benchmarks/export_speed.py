@@ -85,11 +85,11 @@ def run_bench(
             feeds = {k: v.numpy() for k, v in inputs.items()}
             args = tuple(inputs.values())
 
-            def eager(args=args):
+            def eager(args: tuple[torch.Tensor, ...] = args) -> torch.Tensor:
                 with torch.inference_mode():
                     return _forward(model, args)
 
-            def bf16(args=args):
+            def bf16(args: tuple[torch.Tensor, ...] = args) -> torch.Tensor:
                 with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
                     return _forward(model, args)
 

@@ -189,7 +189,7 @@ async def open_loop(
             bucket = buckets[bucket_at(time.monotonic())]
             bucket.rss_kib.append(rss)
             bucket.fds.append(fds)
-            bucket.loadavg.append(float(Path("/proc/loadavg").read_text().split()[0]))
+            bucket.loadavg.append(os.getloadavg()[0])
             await asyncio.sleep(SAMPLE_EVERY_S)
 
     sampler = asyncio.create_task(sample())

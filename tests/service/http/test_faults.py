@@ -141,7 +141,7 @@ def test_an_unexpected_error_is_a_500_logged_once_with_method_and_path(
     assert "a bug in a route" in caplog.text
 
 
-@pytest.fixture()
+@pytest.fixture
 def broken_repository(repository: Path, tmp_path: Path) -> Path:
     """A copy of the test repository (tiny classifier + tiny MLM) for a test to break."""
     copy = tmp_path / "repository"
