@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contract.repository import MAX_VERSION_DIGITS, VersionError, parse_version
+from contract.scan import MAX_REASON_CHARS, ModelSource, scan
 from support.broken_dirs import (
     BROKEN,
     Maker,
@@ -23,11 +28,6 @@ from support.broken_dirs import (
     version_named,
     write_config,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from contract.repository import MAX_VERSION_DIGITS, VersionError, parse_version
-from contract.scan import MAX_REASON_CHARS, ModelSource, scan
 
 
 def _sendable(sources: dict[str, ModelSource]) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from support.helpers import REPO_ROOT
 from service.settings import ServiceSettings
+from support.helpers import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "deploy"
 K8S = DEPLOY / "k8s"

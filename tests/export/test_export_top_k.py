@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from support.top_k_models import tied_checkpoint
 
 from contract.check import run_check, write_check
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
@@ -20,6 +19,7 @@ from export.onnx_export import example_inputs
 from export.verify import session, torch_logits
 from gmlp.cli import main as gmlp
 from model import load_checkpoint
+from support.top_k_models import tied_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -26,8 +26,8 @@ import pytest
 from benchmarks.harness import free_port
 from contract.image import ImageTransform
 from contract.spec import read_spec
-from support.helpers import REPO_ROOT
 from service.http.playground import STATIC
+from support.helpers import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

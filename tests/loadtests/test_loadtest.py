@@ -22,7 +22,6 @@ from subprocess import CompletedProcess
 import pytest
 
 from benchmarks.harness import ServerProcess, gmlp_serve
-from support.helpers import REPO_ROOT
 from loadtests.checks import check_classify, check_fill_mask
 from loadtests.metrics_scrape import BatchStats, batch_delta, overall, parse_metrics, rejections_delta
 from loadtests.report import render_markdown, write_report
@@ -38,6 +37,7 @@ from loadtests.workload import (
     read_sentences_tsv,
     split_sentences,
 )
+from support.helpers import REPO_ROOT
 
 # -- response checks -------------------------------------------------------------------------------
 

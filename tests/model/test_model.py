@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support.helpers import perturbed, tiny_mlm_config, tiny_vision_config
 from model import (
     GMLPForMaskedLM,
     GMLPVisionClassifier,
@@ -16,6 +15,7 @@ from model import (
     save_checkpoint,
 )
 from model.layers import GMLPBlock
+from support.helpers import perturbed, tiny_mlm_config, tiny_vision_config
 
 
 def n_params(model: torch.nn.Module) -> int:

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from gmlp.cli import main as gmlp
-from support.helpers import perturbed
 from model import build_model, get_config, load_checkpoint
+from support.helpers import perturbed
 
 # Written out here (not imported from model.timm_import) so the test checks the mapping against
 # timm's own key names (timm/models/mlp_mixer.py: stem.proj, blocks.N.mlp_channels.{fc1,gate,fc2}).

@@ -269,9 +269,9 @@ def test_compiled_training_matches_eager() -> None:
     moves the logits far more than the tolerance."""
     import torch
 
-    from support.helpers import tiny_mlm_config
     from model import build_model
     from model.train.loop import LoopConfig, train_loop
+    from support.helpers import tiny_mlm_config
 
     torch.manual_seed(0)
     config = tiny_mlm_config(attn_dim=8)

@@ -82,8 +82,8 @@ def tiny_vision_v2_served(tmp_path_factory: pytest.TempPathFactory, tiny_vision_
     import torch
 
     from export import export_served_model
-    from support.helpers import CIFAR_LABELS, tiny_vision_config
     from model import build_model, save_checkpoint
+    from support.helpers import CIFAR_LABELS, tiny_vision_config
 
     torch.manual_seed(1)
     config = tiny_vision_config()

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pydantic import ValidationError
-from support.helpers import REPO_ROOT
 
 from contract.spec import SpecError, discover, read_spec, require_models
 from gmlp.serve_command import export_missing
@@ -31,6 +30,7 @@ from service.cli import (
 )
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
 from service.settings import Group, ServiceSettings, available_cpus, group_of
+from support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from support.keys import bearer, write_keys
 
+from support.keys import bearer, write_keys
 from support.servers import RunningServer, free_port
 
 # The repository API is an admin route: closed unless an admin key is configured. Every server

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from support.certs import TestCA
 from support.keys import write_keys
 

@@ -15,8 +15,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from huggingface_hub import InferenceClient
 from huggingface_hub.errors import HfHubHTTPError
-from support.keys import bearer
 from tritonclient.utils import InferenceServerException
+
+from support.keys import bearer
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

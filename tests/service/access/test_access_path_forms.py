@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.keys import bearer
-from support.raw_http import raw_request
 from starlette.routing import BaseRoute, Mount
 
 from service.app import ROUTERS
+from support.keys import bearer
+from support.raw_http import raw_request
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

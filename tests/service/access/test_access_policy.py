@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import httpx
 import pytest
-from support.keys import bearer, write_keys
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from support.keys import bearer, write_keys
 
 if TYPE_CHECKING:
     pass

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from support.keys import bearer, keys_file_text, replace_file
 
 from service.access.keys import SETTLE_S, new_key
+from support.keys import bearer, keys_file_text, replace_file
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

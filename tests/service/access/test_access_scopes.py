@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import httpx
 import pytest
-from support.keys import bearer
 
 from service.access.keys import new_key
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from support.keys import bearer
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import tritonclient.grpc as grpcclient
 from cryptography import x509
+
 from support.certs import Issued, TestCA
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ import numpy as np
 
 from contract.scores import SCORE_FUNCTIONS, ranked
 from contract.spec import read_spec
-from support.helpers import assert_same_answers
 from service.engine.rows import Decoding, Job, Ranking
 from service.settings import ServiceSettings
 from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
+from support.helpers import assert_same_answers
 
 
 def _pipeline(served: Path, settings: ServiceSettings) -> Pipeline:

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support.certs import Issued, TestCA
-from support.servers import free_port, wait_until
 
 from service.http.connections import PROTOCOLS, http_protocol
+from support.certs import Issued, TestCA
+from support.servers import free_port, wait_until
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

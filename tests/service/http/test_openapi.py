@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
 from support.keys import write_keys
 
 if TYPE_CHECKING:

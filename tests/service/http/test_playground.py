@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from support.helpers import REPO_ROOT
 from service.http.playground import STATIC
 from service.http.schemas import StatsResponse
+from support.helpers import REPO_ROOT
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

@@ -14,13 +14,13 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.raw_http import raw_request
 
 from contract.errors import ErrorCode, ModelNotFound
 from contract.messages import CONTROL_CHARACTERS, ECHO_LIMIT, MESSAGE_LIMIT, echo
 from service.telemetry.logs import TextFormatter
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from support.raw_http import raw_request
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

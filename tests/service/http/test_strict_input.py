@@ -14,11 +14,11 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from support.repository_servers import CONTROL_HEADERS, start_repository_server
 
 from contract.strict_json import MAX_JSON_DEPTH
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from support.repository_servers import CONTROL_HEADERS, start_repository_server
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

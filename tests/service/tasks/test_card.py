@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from support.helpers import REPO_ROOT
 from service.tasks.card import accuracy_leaves, card_summary
+from support.helpers import REPO_ROOT
 
 CHECKPOINTS = REPO_ROOT / "checkpoints"
 

@@ -9,16 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.top_k_models import tied_checkpoint
 
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.spec import read_spec
 from export import export_served_model
-from support.helpers import assert_same_answers
 from service.engine.rows import NOTHING, Decoding, Job, Ranking, decode_rows, rank_rows
 from service.settings import ServiceSettings
 from service.tasks.pipeline import FillMaskPipeline, Pipeline, VisionPipeline, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
+from support.helpers import assert_same_answers
+from support.top_k_models import tied_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 

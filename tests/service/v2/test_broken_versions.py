@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from support.repository_servers import (
     Load,
     add_version,
@@ -18,7 +19,6 @@ from support.repository_servers import (
     version_reasons,
     versioned_repository,
 )
-
 from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)

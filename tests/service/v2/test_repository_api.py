@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
 from support.repository_servers import (
     is_grpc,
     start_repository_server,
@@ -20,8 +22,6 @@ from support.repository_servers import (
     version_states,
     versioned_repository,
 )
-from tritonclient.utils import InferenceServerException
-
 from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)

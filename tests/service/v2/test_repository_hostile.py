@@ -15,9 +15,12 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from support.broken_dirs import BROKEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tritonclient.utils import InferenceServerException
+
+from contract.repository import VersionError, parse_version
+from support.broken_dirs import BROKEN
 from support.repository_servers import (
     add_version,
     control_headers,
@@ -27,9 +30,6 @@ from support.repository_servers import (
     version_states,
     versioned_repository,
 )
-from tritonclient.utils import InferenceServerException
-
-from contract.repository import VersionError, parse_version
 from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from support.repository_servers import (
     Load,
     add_version,
@@ -21,7 +22,6 @@ from support.repository_servers import (
     version_states,
     versioned_repository,
 )
-
 from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(240)

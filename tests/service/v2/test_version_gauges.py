@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from support.repository_servers import (
     start_repository_server,
     triton_http,
@@ -18,7 +19,6 @@ from support.repository_servers import (
     version_states,
     versioned_repository,
 )
-
 from support.servers import RunningServer
 
 pytestmark = pytest.mark.timeout(180)
