@@ -49,19 +49,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         choices, arg_type = _choices_and_type(field.annotation)
         help_text = f"{_described(field)} [env {_env(name)}; default {_default(field)}]".replace("%", "%%")
         group = groups[group_of(field)]
-        if field.annotation is bool:
-            action: Any = argparse.BooleanOptionalAction
-            group.add_argument(_flag(name), dest=f"serve_{name}", default=None, action=action, help=help_text)
-            continue
-        group.add_argument(
-            _flag(name),
-            dest=f"serve_{name}",
-            default=None,
-            choices=choices,
-            type=arg_type,
-            metavar=None if choices else name.upper(),
-            help=help_text,
-        )
+        if field.annotation is bool:  # --jpeg-draft / --no-jpeg-draft
+            options: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
+        else:
+            options = {"choices": choices, "type": arg_type, "metavar": None if choices else name.upper()}
+        group.add_argument(_flag(name), dest=f"serve_{name}", default=None, help=help_text, **options)
     return parser
 
 
