@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs audit timm-parity clean
+.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs settings-docs release audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,10 +27,12 @@ test-fast: install
 test-shared-data: install
 	$(BIN)/python -m pytest -m shared_data $(PYTEST_ARGS)
 
+# The same checks as the pre-commit hooks (.pre-commit-config.yaml; `pre-commit install` once).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/codespell
 
 format: install
 	$(BIN)/ruff format .
@@ -106,6 +108,22 @@ constraints: install
 # image has no grpcio-tools); tests/service/v2/test_v2_grpc.py fails when they are stale.
 grpc-stubs: install
 	$(BIN)/python scripts/grpc_stubs.py
+
+# Rewrite docs/service.md's settings tables from the fields of service/settings.py (their groups and
+# descriptions); tests/service/test_config.py fails when the committed tables are stale.
+settings-docs: install
+	$(BIN)/python scripts/settings_docs.py
+
+# The wheel of the version in pyproject.toml, into dist/, once CHANGELOG.md has its dated section
+# (`## [X.Y.Z] - YYYY-MM-DD`): no release goes out without its notes. `python -m build` where
+# installed (an isolated build), else pip's.
+release: install
+	$(BIN)/python -c "import re, sys, tomllib; \
+	  v = tomllib.load(open('pyproject.toml', 'rb'))['project']['version']; \
+	  found = re.search(r'^## \[' + re.escape(v) + r'\] - \d{4}-\d{2}-\d{2}$$', open('CHANGELOG.md').read(), re.M); \
+	  sys.exit(None if found else f'CHANGELOG.md has no section \"## [{v}] - YYYY-MM-DD\" for version {v}')"
+	if $(BIN)/python -c "import build" 2>/dev/null; then $(BIN)/python -m build --wheel --outdir dist .; \
+	else $(BIN)/python -m pip wheel --no-deps --wheel-dir dist .; fi
 
 # Known vulnerabilities of the pinned serving install (what the runtime image installs): a fresh
 # venv with `pip install -c constraints.txt .[serve]`, its packages checked by pip-audit (in a venv

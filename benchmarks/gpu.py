@@ -51,7 +51,7 @@ class Runner:
         self.provider = self.session.get_providers()[0]
         self.io_binding = io_binding and self.provider == "CUDAExecutionProvider"
 
-    def prepare(self, feeds: dict[str, np.ndarray]):
+    def prepare(self, feeds: dict[str, np.ndarray]) -> Any:
         if not self.io_binding:
             return feeds
         binding = self.session.io_binding()
@@ -60,7 +60,7 @@ class Runner:
         binding.bind_output("logits", "cuda", 0)
         return binding
 
-    def run(self, prepared) -> None:
+    def run(self, prepared: Any) -> None:
         if self.io_binding:
             self.session.run_with_iobinding(prepared)
         else:

@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from contract.formats import (
@@ -21,7 +22,7 @@ from contract.formats import (
     VARIANT_FILES,
 )
 from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
-from model.configs import GMLPMaskedLMConfig
+from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
 from .onnx_export import DEFAULT_OPSET, export_onnx, graph_top_k, io_spec, metadata_for
 from .variants import quantize_int8
@@ -142,7 +143,9 @@ def calibration_feeds(
     return source, image_feeds(source, served, count)
 
 
-def _served_config(info: dict, config, variants, sha: str, opset: int, name: str, top_k: int) -> dict:
+def _served_config(
+    info: dict, config: GMLPConfig, variants: Sequence[str], sha: str, opset: int, name: str, top_k: int
+) -> dict:
     inputs, outputs = io_spec(config, top_k)
     served = {
         "format": SERVED_FORMAT,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from contract.errors import UserError
 from contract.formats import SERVED_FORMAT, VARIANTS, VISION_TASK
@@ -182,7 +184,7 @@ def _prepare(args: argparse.Namespace) -> None:
     args.argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("gmlp", "__main__.py")) else None
 
 
-def _train(args: argparse.Namespace, run) -> int:
+def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
     _prepare(args)
     summary = run(args)
     line = {"out": str(args.out), **summary["results"], "train_wall_time_s": summary["train_wall_time_s"]}
@@ -230,7 +232,7 @@ def evaluate(args: argparse.Namespace) -> int:
         count = args.limit or 2000
         corpus = load_corpus([valid], args.path / "tokenizer.json", args.cache_dir)
         results = {"heldout_valid_000": evaluate_mlm(pred, corpus, windows=count, short=count)}
-    line = {"path": str(args.path), "task": pred.task, "runtime": kind}
+    line: dict[str, Any] = {"path": str(args.path), "task": pred.task, "runtime": kind}
     if kind == "onnx":
         line["variant"] = args.variant
     line |= results | {"seconds": round(time.monotonic() - start, 1)}

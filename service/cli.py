@@ -17,8 +17,10 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pydantic.fields import FieldInfo
+
 from contract.errors import UserError
-from service.settings import ServiceSettings
+from service.settings import Group, ServiceSettings, group_of
 from service.telemetry.logs import configure_logging
 
 log = logging.getLogger(__name__)
@@ -40,32 +42,63 @@ def _choices_and_type(annotation: Any) -> tuple[list[str] | None, Any]:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add a flag for every `ServiceSettings` field (e.g. --max-batch-size for GMLP_MAX_BATCH_SIZE)."""
-    group = parser.add_argument_group("serving (each flag overrides the GMLP_* environment variable)")
+    """Add a flag for every `ServiceSettings` field (e.g. --max-batch-size for GMLP_MAX_BATCH_SIZE),
+    one argument group per settings group."""
+    groups = {group: parser.add_argument_group(f"{group.heading} settings", group.about) for group in Group}
     for name, field in ServiceSettings.model_fields.items():
         choices, arg_type = _choices_and_type(field.annotation)
-        default = field.default
-        help_text = f"{field.description or name} [env GMLP_{name.upper()}; default {default}]"
-        help_text = help_text.replace("%", "%%")
-        if field.annotation is bool:
-            group.add_argument(
-                _flag(name),
-                dest=f"serve_{name}",
-                default=None,
-                action=argparse.BooleanOptionalAction,
-                help=help_text,
-            )
-            continue
-        group.add_argument(
-            _flag(name),
-            dest=f"serve_{name}",
-            default=None,
-            choices=choices,
-            type=arg_type,
-            metavar=None if choices else name.upper(),
-            help=help_text,
-        )
+        help_text = f"{_described(field)} [env {_env(name)}; default {_default(field)}]".replace("%", "%%")
+        group = groups[group_of(field)]
+        if field.annotation is bool:  # --jpeg-draft / --no-jpeg-draft
+            options: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
+        else:
+            options = {"choices": choices, "type": arg_type, "metavar": None if choices else name.upper()}
+        group.add_argument(_flag(name), dest=f"serve_{name}", default=None, help=help_text, **options)
     return parser
+
+
+def _env(name: str) -> str:
+    return f"GMLP_{name.upper()}"
+
+
+def _described(field: FieldInfo) -> str:
+    """The field's docstring (service/settings.py) on one line."""
+    return " ".join((field.description or "").split())
+
+
+def _default(field: FieldInfo) -> str:
+    """A default as an operator writes it: `true`, `models`, `(unset)` (the description says what then)."""
+    if field.default is None:
+        return "(unset)"
+    if isinstance(field.default, bool):
+        return str(field.default).lower()
+    return str(field.default)
+
+
+def _flags(name: str, field: FieldInfo) -> str:
+    flag = _flag(name)
+    return f"`{flag}` / `--no-{flag[2:]}`" if field.annotation is bool else f"`{flag}`"
+
+
+# Around the generated tables in docs/service.md (scripts/settings_docs.py rewrites what is between).
+SETTINGS_BEGIN = "<!-- settings tables: generated from service/settings.py by `make settings-docs` -->"
+SETTINGS_END = "<!-- end of the generated settings tables -->"
+
+
+def settings_tables() -> str:
+    """docs/service.md's settings tables, one per group, from the fields (scripts/settings_docs.py)."""
+    parts = []
+    for group in Group:
+        rows = [
+            f"| `{_env(name)}` | {_flags(name, field)} | `{_default(field)}` | {_described(field)} |"
+            for name, field in ServiceSettings.model_fields.items()
+            if group_of(field) is group
+        ]
+        header = f"### {group.heading}\n\n{group.about}.\n\n"
+        parts.append(
+            header + "| variable | flag | default | meaning |\n|---|---|---|---|\n" + "\n".join(rows)
+        )
+    return "\n\n".join(parts) + "\n"
 
 
 def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
@@ -102,11 +135,6 @@ def serve(settings: ServiceSettings) -> None:
     else:
         models = require_sources(settings.model_repository, every_model=settings.model_control == "none")
     log.info("serving %s from %s", ", ".join(sorted(models)), settings.model_repository)
-    if settings.server == "granian":  # the worker process Granian starts builds the app itself
-        from service.granian_server import serve_granian
-
-        serve_granian(settings)
-        return
     app = create_app(settings)
     config = uvicorn.Config(
         app,

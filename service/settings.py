@@ -1,9 +1,11 @@
 """Service configuration: one pydantic-settings object read from `GMLP_*` environment variables.
 
 Every setting can also be given as a `gmlp serve` flag (see `service.cli`); flags win over the
-environment, which wins over the defaults below. Values that depend on the machine (variant, thread
-count, device) default to `None`/`auto` and are resolved when the models are loaded, so that the
-same container image does the right thing on a laptop, a CPU pod and a GPU node.
+environment, which wins over the defaults below. Each field is declared once, with its group and
+its docstring: `gmlp serve --help` and docs/service.md's "Settings" tables are made from them.
+Values that depend on the machine (variant, thread count, device) default to `None`/`auto` and are
+resolved when the models are loaded, so that the same container image does the right thing on a
+laptop, a CPU pod and a GPU node.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract.formats import Variant
@@ -33,247 +37,229 @@ DEFAULT_MAX_BINARY_RESPONSE_BYTES = 64 * 1024 * 1024
 log = logging.getLogger(__name__)
 
 
+class Group(StrEnum):
+    """What a setting is about: one table of docs/service.md and one `--help` section each."""
+
+    SERVER = "server"
+    MODELS = "models"
+    BATCHING = "batching"
+    LIMITS = "limits"
+    ACCESS = "access"
+    LIFECYCLE = "lifecycle"
+    OBSERVABILITY = "observability"
+    UI = "ui"
+
+    @property
+    def heading(self) -> str:
+        return "UI" if self is Group.UI else self.value.capitalize()
+
+    @property
+    def about(self) -> str:
+        return _ABOUT[self]
+
+
+_ABOUT = {
+    Group.SERVER: "Where the service listens, and how long its HTTP and gRPC connections may live",
+    Group.MODELS: "Which models are served, on what hardware, with how many CPUs",
+    Group.BATCHING: "How requests are gathered into batches and queued",
+    Group.LIMITS: "The deadline of a request and the sizes of what it may send and receive",
+    Group.ACCESS: "API keys, TLS, CORS and the metrics port (docs/security.md)",
+    Group.LIFECYCLE: "What the model repository loads, when it is re-read, and shutdown",
+    Group.OBSERVABILITY: "Logs and the timings an answer carries",
+    Group.UI: "The playground page and the /stats series behind it",
+}
+
+
+def setting(group: Group, default: Any, **constraints: Any) -> Any:
+    """A settings field with its group in the field's metadata. Its description is the docstring under
+    it, the only text about it: `gmlp serve --help` and docs/service.md's tables are made from it."""
+    return Field(default, json_schema_extra={"group": group.value}, **constraints)
+
+
+def group_of(field: FieldInfo) -> Group:
+    extra = field.json_schema_extra
+    assert isinstance(extra, dict), "every setting is declared with setting(...)"
+    return Group(str(extra["group"]))
+
+
 class ServiceSettings(BaseSettings):
-    """All knobs of the service. Field descriptions double as the `--help` text of `gmlp serve`."""
+    """All knobs of the service, grouped (`Group`); flags, `--help` and the docs' tables come from here."""
 
-    model_config = SettingsConfigDict(env_prefix="GMLP_", extra="ignore", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="GMLP_", extra="ignore", validate_default=True, use_attribute_docstrings=True
+    )
 
+    # --- server ---
+    host: str = setting(Group.SERVER, "127.0.0.1")
+    """interface to bind; 0.0.0.0 in a container"""
+    port: int = setting(Group.SERVER, 8000, ge=0, le=65535)
+    """TCP port of HTTP"""
+    grpc_port: int = setting(Group.SERVER, 8081, ge=0, le=65535)
+    """TCP port of the Open Inference Protocol v2 gRPC service, on the same host, in the same process (same
+    models, batchers and limits); 0 disables it. Triton's 8001 is taken by compose's GPU service, so the
+    default is KServe's"""
+    max_connections: int = setting(Group.SERVER, 1000, ge=1)
+    """open HTTP connections, counted from accept (TLS handshakes included), or requests in flight: at the cap
+    the oldest idle keep-alive connection is closed to make room; when none is idle a newcomer gets 503
+    too_many_connections at once, with Retry-After and Connection: close (under TLS it is closed before its
+    handshake), so idle or slow clients cannot exhaust file descriptors"""
+    grpc_max_connections: int = setting(Group.SERVER, 1000, ge=1)
+    """open gRPC connections, counted from accept (TLS handshakes included); a newcomer beyond it is closed at
+    once, before any handshake"""
+    header_timeout_s: float = setting(Group.SERVER, 5.0, gt=0)
+    """the request line and headers must arrive within this time from the connection's start (or a kept-alive
+    request's first byte): 408 and closed; a connection that sends nothing is closed. Also the TLS handshake
+    limit on both ports, and gRPC's HTTP/2 handshake limit"""
+    keep_alive_timeout_s: float = setting(Group.SERVER, 5.0, gt=0)
+    """an idle keep-alive connection is closed after this"""
+    send_timeout_s: float = setting(Group.SERVER, 30.0, gt=0)
+    """how long an HTTP answer may wait for a client that takes none of its bytes; then the connection is
+    aborted and the buffered answer freed (gmlp_refusals_total{code="send_timeout"})"""
+    grpc_max_connection_age_s: float = setting(Group.SERVER, 3600.0, gt=0)
+    """a gRPC connection is closed at this age (its calls get drain_timeout_s to finish); clients reconnect"""
+    grpc_max_connection_idle_s: float = setting(Group.SERVER, 300.0, gt=0)
+    """a gRPC connection without calls is closed after this (GOAWAY)"""
+
+    # --- models ---
     # Both relative to the working directory, never to where the code is installed: at a checkout's
     # root they are the exported demo models and the committed demo checkpoints; anywhere else
     # ./checkpoints is normally absent and nothing is exported.
-    model_repository: Path = Field(
-        Path("models"),
-        description="directory holding served-model directories (each with a gmlp-served-model config.json)",
-    )
-    checkpoint_dir: Path | None = Field(
-        Path("checkpoints"),
-        description="checkpoints that `gmlp serve` exports into the repository at start-up when their "
-        "served directory is missing (needs torch); empty string to disable",
-    )
-    host: str = Field("127.0.0.1", description="interface to bind; 0.0.0.0 in a container")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port")
-    grpc_port: int = Field(
-        8081,
-        ge=0,
-        le=65535,
-        description="TCP port of the Open Inference Protocol v2 gRPC service (same process, same models); "
-        "0 disables it",
-    )
-    device: Device = Field("auto", description="auto|cpu|cuda; auto uses CUDA when ONNX Runtime has it")
-    variant: Variant | None = Field(
-        None, description="fp32|int8|fp16; default: int8 on CPU, fp16 on CUDA when exported, else fp32"
-    )
-    cpus: int | None = Field(
-        None,
-        ge=1,
-        description="CPUs the models may use, shared out among instances and threads; default: the "
-        "affinity mask capped by the cgroup CPU quota (set it from a Kubernetes limits.cpu)",
-    )
-    instances: int | None = Field(
-        None,
-        ge=1,
-        le=64,
-        description="execution instances per model: batches of one model run concurrently on this many "
-        "workers of one session; default: 2 on a CPU with 2 or more cores (unless intra_op_threads "
-        "alone fills them), 1 on CUDA",
-    )
-    intra_op_threads: int | None = Field(
-        None,
-        ge=1,
-        description="ONNX Runtime intra-op threads of each instance; default: the CPUs available to us "
-        "divided among the instances",
-    )
-    max_batch_size: int = Field(16, ge=1, le=1024, description="largest batch the batcher forms")
-    max_queue_delay_ms: float = Field(
-        2.0, ge=0, description="how long the first waiting request may wait for batch-mates being decoded"
-    )
-    queue_delay_policy: Literal["arriving", "always"] = Field(
-        "arriving",
-        description="arriving: a batch waits (up to max_queue_delay_ms) only for requests being decoded; "
-        "always: the first waiting request always waits the full delay for batch-mates",
-    )
-    max_queue_size: int = Field(256, ge=1, description="waiting requests per model before 503")
-    fixed_length: bool = Field(
-        False,
-        description="run masked LMs at their full window of n tokens and every prediction slot, "
-        "instead of each batch at its longest text (for comparison, or runtimes that need static shapes)",
-    )
-    request_timeout_s: float = Field(30.0, gt=0, description="deadline of a request from arrival; 504 after")
-    max_connections: int = Field(
-        1000,
-        ge=1,
-        description="open HTTP connections (counted from accept, TLS handshakes included) or requests in "
-        "flight beyond which a newcomer gets 503 at once (under TLS: is closed); at the cap the oldest "
-        "idle keep-alive connection is closed to make room first",
-    )
-    max_header_bytes: int = Field(16384, ge=1024, description="largest request line plus headers; 431 above")
-    max_upload_bytes: int = Field(
-        8 * 1024 * 1024, ge=1, description="largest accepted request body; 413 above"
-    )
-    max_image_pixels: int = Field(
-        40_000_000, ge=1, description="largest decoded image (width x height); decompression-bomb guard"
-    )
-    jpeg_draft: bool = Field(
-        True,
-        description="decode a large JPEG at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides "
-        "at least twice the resize target (a large photo costs a fraction of its full decode); off: every "
-        "pixel is decoded, for models whose answers must match a full decode exactly",
-    )
-    # --- work and answer budget per request (docs/reliability.md, "Work and answer budget") ---
-    max_resized_pixels: int = Field(
-        DEFAULT_MAX_RESIZED_PIXELS,
-        ge=1,
-        description="largest image between the resize to the shorter side and the centre crop (width x "
-        "height, computed from the header before decoding); 413 above. In effect an aspect-ratio limit: "
-        "64:1 at a resize of 256",
-    )
-    max_decoding_pixels: int = Field(
-        80_000_000,
-        ge=1,
-        description="pixels the whole process decodes at once (images decode in worker threads side by "
-        "side); a larger image waits, within its deadline, for decodes in flight to finish. Bounds the "
-        "memory of decoding to about 8 bytes a pixel of this",
-    )
-    max_response_bytes: int = Field(
-        DEFAULT_MAX_RESPONSE_BYTES,
-        ge=1024,
-        description="largest JSON answer, computed from the element counts of the outputs before it is "
-        "built; 413 above, naming the binary tensor data extension (v2 binary_data_output) for big tensors",
-    )
-    max_binary_response_bytes: int = Field(
-        DEFAULT_MAX_BINARY_RESPONSE_BYTES,
-        ge=1024,
-        description="largest answer of raw tensor bytes (v2 REST binary outputs, gRPC raw contents); 413 "
-        "(gRPC RESOURCE_EXHAUSTED) above",
-    )
-    send_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        description="how long an HTTP answer may wait for a client that takes none of its bytes; then the "
-        "connection is dropped and its buffered answer freed",
-    )
-    default_classifier: str | None = Field(None, description="model used by /classify when none is named")
-    default_fill_mask: str | None = Field(None, description="model used by /fill-mask when none is named")
-    drain_timeout_s: float = Field(30.0, ge=0, description="how long shutdown waits for queued requests")
-    ort_spinning: bool = Field(
-        False, description="let ORT worker threads spin between runs (lower latency, burns idle CPU)"
-    )
-    access_log: bool = Field(False, description="log every request (uvicorn access log); metrics cover it")
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
-        "info", description="log level"
-    )
-    # --- playground and status ---
-    ui: bool = Field(
-        True,
-        description="serve the playground page at / to browsers (its assets under /ui/); off: / answers "
-        "the JSON index of the API to every client",
-    )
-    stats_window_s: float = Field(
-        300.0, gt=0, description="how far back /stats reports request rate, latency, queue and batches"
-    )
-    stats_interval_s: float = Field(
-        5.0, gt=0, description="how often /stats samples the metrics (one point of its series each)"
-    )
-    # --- access control ---
-    api_keys_file: Path | None = Field(
-        None,
-        description="file of API keys with their scopes (infer, admin, metrics), names and rates, stored "
-        "as SHA-256 digests (docs/security.md); re-read on change and on SIGHUP. Unset: every route but "
-        "admin is open to whoever reaches the port",
-    )
-    reload_interval_s: float = Field(
-        2.0, gt=0, description="how often the keys file and the TLS files are checked for changes"
-    )
-    tls_cert: Path | None = Field(
-        None, description="PEM certificate chain: HTTPS and TLS on gRPC (TLS 1.2/1.3), re-read on change"
-    )
-    tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
-    tls_client_ca: Path | None = Field(
-        None,
-        description="PEM CA bundle: clients must present a certificate it issued (mutual TLS, both ports)",
-    )
-    cors_origins: str | None = Field(
-        None,
-        description="comma-separated origins allowed by CORS (e.g. https://app.example.com); unset: off",
-    )
-    cors_credentials: bool = Field(
-        False,
-        description="CORS: let browsers send credentials (cookies, Authorization) to the allowed origins",
-    )
-    metrics_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="also serve /metrics, without a key, on this port (for scrapers on a private network)",
-    )
-    header_timeout_s: float = Field(
-        5.0,
-        gt=0,
-        description="a request's line and headers must arrive within this time (408, connection closed); "
-        "also the TLS handshake limit on both ports (closed after it)",
-    )
-    keep_alive_timeout_s: float = Field(
-        5.0, gt=0, description="an idle keep-alive connection is closed after this"
-    )
-    grpc_max_connection_age_s: float = Field(
-        3600.0,
-        gt=0,
-        description="a gRPC connection is closed (gracefully, after drain_timeout_s) at this age",
-    )
-    grpc_max_connection_idle_s: float = Field(
-        300.0, gt=0, description="a gRPC connection without calls is closed after this"
-    )
-    grpc_max_connections: int = Field(
-        1000,
-        ge=1,
-        description="open gRPC connections (counted from accept, TLS handshakes included) beyond which a "
-        "new one is closed at once, before any handshake",
-    )
+    model_repository: Path = setting(Group.MODELS, Path("models"))
+    """directory (relative to the working directory) holding served-model directories, each with a
+    gmlp-served-model config.json; may also be one served-model directory"""
+    checkpoint_dir: Path | None = setting(Group.MODELS, Path("checkpoints"))
+    """checkpoints whose served directory (the repository's directory of the checkpoint's name) is missing are
+    exported (fp32 + int8) at start-up when torch is installed; otherwise start-up fails with the `gmlp
+    export` command to run. Relative to the working directory (at a checkout's root: the demo checkpoints; an
+    installed package ships none); empty to disable"""
+    device: Device = setting(Group.MODELS, "auto")
+    """auto, cpu or cuda; auto uses CUDA when ONNX Runtime has it; cuda without it falls back to CPU with a
+    warning"""
+    variant: Variant | None = setting(Group.MODELS, None)
+    """fp32, int8 or fp16; unset: int8 on CPU, fp16 on CUDA when exported, else fp32. A variant a model lacks
+    falls back to that default (warning)"""
+    cpus: int | None = setting(Group.MODELS, None, ge=1)
+    """CPUs the models may use, shared out among instances and intra-op threads; unset: the affinity mask
+    capped by the cgroup cpu.max quota (the Kubernetes manifests set it from limits.cpu)"""
+    instances: int | None = setting(Group.MODELS, None, ge=1, le=64)
+    """execution instances per model: up to this many batches of one model run at once, each on a worker
+    thread of the one ORT session (Triton's instance groups); unset: 2 on a CPU with at least 2 usable cores
+    (1 if intra_op_threads alone takes them all), 1 on CUDA"""
+    intra_op_threads: int | None = setting(Group.MODELS, None, ge=1)
+    """ONNX Runtime intra-op threads of each instance; unset: the usable CPUs divided by the instances"""
+    ort_spinning: bool = setting(Group.MODELS, False)
+    """let ORT worker threads spin between runs (lower latency at low load, burns idle CPU)"""
+    fixed_length: bool = setting(Group.MODELS, False)
+    """masked LMs: run every batch at the full window of n tokens and every prediction slot instead of at its
+    longest text (for comparison, or a runtime that needs static shapes); a graph exported with static shapes
+    always runs so"""
+    jpeg_draft: bool = setting(Group.MODELS, True)
+    """decode a large JPEG at the smallest DCT scale (1/2, 1/4, 1/8) that keeps both sides at least twice the
+    resize target (a large photo costs a fraction of its full decode); off: every pixel is decoded, for models
+    whose answers must match a full decode exactly"""
+    default_classifier: str | None = setting(Group.MODELS, None)
+    """model used by /classify when the request names none; unset: the first classifier by directory order"""
+    default_fill_mask: str | None = setting(Group.MODELS, None)
+    """model used by /fill-mask when the request names none; unset: the first masked LM"""
 
-    # --- observability ---
-    log_format: Literal["text", "json"] = Field(
-        "text",
-        description="text: plain lines for a terminal; json: every line the process writes is one JSON "
-        "object (time, level, logger, message, request id, trace and span ids, model, route, status, "
-        "duration), uvicorn's, gRPC's and ONNX Runtime's included",
-    )
-    server_timing: bool = Field(
-        True,
-        description="add a Server-Timing header (queue, infer, total, in ms) to every task response "
-        "(POST); off for those who do not want the server's timings exposed",
-    )
+    # --- batching ---
+    max_batch_size: int = setting(Group.BATCHING, 16, ge=1, le=1024)
+    """largest batch the batcher forms"""
+    max_queue_delay_ms: float = setting(Group.BATCHING, 2.0, ge=0)
+    """how long the first waiting request may wait for batch-mates that are being decoded (a batch never waits
+    for requests that have not arrived)"""
+    queue_delay_policy: Literal["arriving", "always"] = setting(Group.BATCHING, "arriving")
+    """arriving: a batch waits (up to max_queue_delay_ms) only while requests are being decoded; always: the
+    first waiting request always waits the full delay for batch-mates, as Ray Serve and TorchServe do"""
+    max_queue_size: int = setting(Group.BATCHING, 256, ge=1)
+    """requests waiting per model; more: 503 with Retry-After"""
+
+    # --- limits: the work and answer budget of a request (docs/reliability.md) ---
+    request_timeout_s: float = setting(Group.LIMITS, 30.0, gt=0)
+    """deadline of a request from its arrival (body read, decoding, queue, run); 504 after, or 408 with the
+    connection closed when the body has not all arrived by then"""
+    max_header_bytes: int = setting(Group.LIMITS, 16384, ge=1024)
+    """largest request line plus headers; 431 above"""
+    max_upload_bytes: int = setting(Group.LIMITS, 8 * 1024 * 1024, ge=1)
+    """largest request body; 413 above (from Content-Length before reading, and on the bytes read)"""
+    max_image_pixels: int = setting(Group.LIMITS, 40_000_000, ge=1)
+    """largest image (width x height), checked from the header before decoding; 413 above (decompression-bomb
+    guard)"""
+    max_resized_pixels: int = setting(Group.LIMITS, DEFAULT_MAX_RESIZED_PIXELS, ge=1)
+    """largest image between the resize to the shorter side and the centre crop (2048 x 2048), computed from
+    the header before decoding; 413 image_too_large above. In effect an aspect-ratio limit: 64:1 at a resize
+    of 256, 4096:1 at 32"""
+    max_decoding_pixels: int = setting(Group.LIMITS, 80_000_000, ge=1)
+    """pixels the whole process decodes at once (images decode in worker threads side by side); an image that
+    does not fit waits, within its deadline, for decodes in flight to finish (one larger than the budget runs
+    alone). Bounds the memory of decoding to about 8 bytes a pixel of this"""
+    max_response_bytes: int = setting(Group.LIMITS, DEFAULT_MAX_RESPONSE_BYTES, ge=1024)
+    """largest JSON answer of the v2 API, bounded from the outputs' element counts before it is built; 413
+    response_too_large above, naming the binary tensor data extension"""
+    max_binary_response_bytes: int = setting(Group.LIMITS, DEFAULT_MAX_BINARY_RESPONSE_BYTES, ge=1024)
+    """largest raw tensor data of one v2 answer (REST binary outputs, gRPC raw contents); 413 /
+    RESOURCE_EXHAUSTED response_too_large above"""
+
+    # --- access control ---
+    api_keys_file: Path | None = setting(Group.ACCESS, None)
+    """file of API keys with their scopes (infer, admin, metrics), names and rates, stored as SHA-256 digests
+    (docs/security.md); re-read on change and on SIGHUP. Unset: every route but admin is open to whoever
+    reaches the port, so keep such a server behind a mesh or a private network"""
+    reload_interval_s: float = setting(Group.ACCESS, 2.0, gt=0)
+    """how often the keys file and the TLS files are checked for changes"""
+    tls_cert: Path | None = setting(Group.ACCESS, None)
+    """PEM certificate chain: HTTPS and TLS on gRPC (TLS 1.2/1.3 only), re-read on change"""
+    tls_key: Path | None = setting(Group.ACCESS, None)
+    """PEM private key of tls_cert"""
+    tls_client_ca: Path | None = setting(Group.ACCESS, None)
+    """PEM CA bundle: clients on both ports must present a certificate it issued (mutual TLS)"""
+    cors_origins: str | None = setting(Group.ACCESS, None)
+    """comma-separated origins CORS allows (e.g. https://app.example.com), preflights answered; unset: CORS
+    off"""
+    cors_credentials: bool = setting(Group.ACCESS, False)
+    """CORS: let browsers send credentials (cookies, Authorization) to the allowed origins"""
+    metrics_port: int | None = setting(Group.ACCESS, None, ge=1, le=65535)
+    """also serve /metrics, without a key, on this port (for scrapers on a private network)"""
 
     # --- model lifecycle ---
-    model_control: Literal["none", "poll", "explicit"] = Field(
-        "none",
-        description="none: the repository is read once at start-up; poll: rescanned every "
-        "repository_poll_s, new, changed and removed versions loaded or unloaded; explicit: only the v2 "
-        "repository API loads and unloads (load_model at start-up)",
-    )
-    repository_poll_s: float = Field(
-        5.0, gt=0, description="poll mode: seconds between two scans of the model repository"
-    )
-    version_policy: str = Field(
-        "latest:1",
-        description="versions of each model to serve: latest:N, all or specific:V,V (a model's "
-        "policy.json or a load call's config wins)",
-    )
-    max_loaded_versions: int | None = Field(
-        None,
-        ge=1,
-        description="most versions of one model loaded at once (each is one more session in memory; a "
-        "swap holds two); a load beyond it is refused; default: no limit",
-    )
-    load_model: str | None = Field(
-        None, description="explicit mode: comma-separated models to load at start-up (default: none)"
-    )
+    model_control: Literal["none", "poll", "explicit"] = setting(Group.LIFECYCLE, "none")
+    """none: the repository is read once at start-up; poll: it is rescanned every repository_poll_s, new,
+    changed and removed versions loaded or unloaded; explicit: only the v2 repository API loads and unloads
+    (load_model at start-up)"""
+    repository_poll_s: float = setting(Group.LIFECYCLE, 5.0, gt=0)
+    """poll mode: seconds between two scans of the model repository"""
+    version_policy: str = setting(Group.LIFECYCLE, "latest:1")
+    """versions of each model to serve: latest:N, all or specific:V,V (a model's policy.json or a load call's
+    config wins)"""
+    max_loaded_versions: int | None = setting(Group.LIFECYCLE, None, ge=1)
+    """most versions of one model loaded at once (each is one more session in memory; a swap holds two); a
+    load beyond it is refused (too_many_versions) and nothing is unloaded; unset: no limit"""
+    load_model: str | None = setting(Group.LIFECYCLE, None)
+    """explicit mode: comma-separated models to load at start-up; unset: none"""
+    drain_timeout_s: float = setting(Group.LIFECYCLE, 30.0, ge=0)
+    """how long shutdown waits for queued and running requests"""
 
-    # --- HTTP server ---
-    server: Literal["uvicorn", "granian"] = Field(
-        "uvicorn",
-        description="the HTTP server running the app: uvicorn, or granian (experimental, the granian "
-        "extra: over max_connections requests wait instead of a 503; no 408 body, no TLS reload)",
-    )
+    # --- observability ---
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = setting(Group.OBSERVABILITY, "info")
+    """log level"""
+    log_format: Literal["text", "json"] = setting(Group.OBSERVABILITY, "text")
+    """text: plain lines for a terminal; json: every line the process writes is one JSON object (time, level,
+    logger, message, request id, trace and span ids, model, route, status, duration), uvicorn's, gRPC's and
+    ONNX Runtime's included"""
+    access_log: bool = setting(Group.OBSERVABILITY, False)
+    """one access line per answered request, in the log format (the metrics already count every request)"""
+    server_timing: bool = setting(Group.OBSERVABILITY, True)
+    """add a Server-Timing header (queue, infer, total, in ms) to every task response (POST); off for those
+    who do not want the server's timings exposed"""
+
+    # --- playground and status ---
+    ui: bool = setting(Group.UI, True)
+    """serve the playground page at / to browsers (its assets under /ui/); off: / answers the JSON index of
+    the API to every client"""
+    stats_window_s: float = setting(Group.UI, 300.0, gt=0)
+    """how far back /stats reports request rate, latency, queue and batches"""
+    stats_interval_s: float = setting(Group.UI, 5.0, gt=0)
+    """how often /stats samples the metrics (one point of its series each)"""
 
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
@@ -352,4 +338,4 @@ def _cgroup_cpu_quota() -> float | None:
         return None
 
 
-__all__ = ["ServiceSettings", "available_cpus", "Device"]
+__all__ = ["ServiceSettings", "Group", "available_cpus", "Device", "group_of"]

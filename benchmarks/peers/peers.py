@@ -83,11 +83,6 @@ def _gmlp_keyed(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
     return [*_gmlp(bin_dir, ports, work), "--api-keys-file", str(keys)]
 
 
-def _gmlp_granian(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-    """The same gmlp-serve app behind Granian's HTTP server instead of uvicorn."""
-    return [*_gmlp(bin_dir, ports, work), "--server", "granian"]
-
-
 def _module(name: str, *flags: str) -> Callable[[Path, Ports, Path], list[str]]:
     def argv(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
         return [str(bin_dir / "python"), "-m", f"benchmarks.peers.{name}", "--port", str(ports.http), *flags]
@@ -161,15 +156,6 @@ PEERS: tuple[Peer, ...] = (
         _gmlp,
         "multipart",
         note="the same server sent multipart bodies, as LitServe and BentoML are",
-    ),
-    Peer(
-        "gmlp-serve-granian",
-        "gmlp-serve (Granian)",
-        None,
-        (),
-        _gmlp_granian,
-        "raw",
-        note="the same app behind Granian (`--server granian`, experimental) instead of uvicorn",
     ),
     Peer(
         "litserve",

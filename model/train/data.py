@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def _source_id(path: Path) -> str:
 # --------------------------------------------------------------------------------------------- CIFAR
 
 
-def load_cifar(npz_path: str | Path, split: str, limit: int | None = None, cache_dir: Path | None = None):
+def load_cifar(
+    npz_path: str | Path, split: str, limit: int | None = None, cache_dir: Path | None = None
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(images uint8 [N, 32, 32, 3], labels int64 [N], class names) for `split` ('train' or 'test')."""
     npz_path = Path(npz_path)
     data = np.load(npz_path)
@@ -120,7 +123,7 @@ def split_sentences(paragraph: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(paragraph) if s.strip()]
 
 
-def iter_paragraphs(path: Path):
+def iter_paragraphs(path: Path) -> Iterator[str]:
     """Blank-line separated paragraphs of a gzip text file, each joined onto one line."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
         lines: list[str] = []
@@ -252,7 +255,7 @@ def mask_tokens(
     max_predictions: int,
     rate: float = 0.15,
     bert_mix: bool = True,
-):
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """BERT masking (Devlin et al. 2019, section 3.1) of a batch [B, n] of int64 ids.
 
     Per row, round(rate * real tokens) positions (at least 1, at most `max_predictions`) are chosen

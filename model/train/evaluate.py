@@ -67,7 +67,7 @@ def _torch_predictor(root: Path) -> Predictor:
 
     model = load_checkpoint(root)
 
-    def run(fn):
+    def run(fn: Callable[[], torch.Tensor]) -> np.ndarray:
         with torch.inference_mode():
             return fn().float().numpy()
 
@@ -135,7 +135,7 @@ def open_predictor(path: str | Path, variant: str = "fp32", threads: int = 1) ->
 
 def evaluate_classifier(
     pred: Predictor, npz: Path, limit: int | None, cache_dir: Path | None, batch: int = 250
-):
+) -> dict[str, float]:
     """CIFAR-10 test top-1 with the directory's own preprocessing (identity resize at 32x32)."""
     pre = pred.preprocessing
     if pre.get("crop_size", 32) != 32 or pre.get("resize_size", 32) != 32:
@@ -178,7 +178,7 @@ def mlm_accuracy(
 
 def eval_windows(
     corpus: TokenCorpus, n: int, special: SpecialIds, count: int, short: bool, seed: int = EVAL_SEED
-):
+) -> np.ndarray:
     """Fixed evaluation windows: consecutive non-overlapping full windows, or random short sentences."""
     if short:
         pool = corpus.short_sentences(max_tokens=n - 2)

@@ -64,7 +64,7 @@ def test_the_committed_run_has_both_servers_transports_and_loads_in_two_rounds()
     assert all(r.rate == 0 for r in runs if r.load != report.POISSON)
 
 
-@pytest.mark.parametrize("transport,label", [("http", "REST"), ("grpc", "gRPC")])
+@pytest.mark.parametrize(("transport", "label"), [("http", "REST"), ("grpc", "gRPC")])
 def test_the_table_shows_medians_over_rounds_and_their_ratios(transport: str, label: str) -> None:
     table = report.table(_runs(), ["http", "grpc"], ["c=1", report.POISSON], 0.6)
     cells = _row(table, label, "1 client ")

@@ -165,11 +165,11 @@ def test_parse_duration_and_users() -> None:
     assert parse_duration("30s") == 30 and parse_duration("2m") == 120 and parse_duration("1m30s") == 90
     assert parse_duration("45") == 45
     for bad in ("", "abc", "5x", "0s"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="invalid duration"):
             parse_duration(bad)
     assert parse_users("1,4, 16,64") == [1, 4, 16, 64]
     for bad in ("", "0", "a,b"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="invalid --users"):
             parse_users(bad)
 
 

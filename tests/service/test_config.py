@@ -1,4 +1,5 @@
-"""Settings, CLI flags, the model repository (including export of missing checkpoints), the runtime."""
+"""Settings (their groups, flags and the docs' tables made from them), the model repository
+(including export of missing checkpoints), the runtime."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,9 +19,17 @@ from pydantic import ValidationError
 
 from contract.spec import SpecError, discover, read_spec, require_models
 from gmlp.serve_command import export_missing
-from service.cli import add_serve_arguments, run_serve, settings_from_args, settings_from_cli
+from service.cli import (
+    SETTINGS_BEGIN,
+    SETTINGS_END,
+    add_serve_arguments,
+    run_serve,
+    settings_from_args,
+    settings_from_cli,
+    settings_tables,
+)
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
-from service.settings import ServiceSettings, available_cpus
+from service.settings import Group, ServiceSettings, available_cpus, group_of
 from support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,6 +65,57 @@ def test_every_setting_has_a_flag_and_a_description() -> None:
     for name, field in ServiceSettings.model_fields.items():
         assert hasattr(args, f"serve_{name}") and field.description
     assert settings_from_args(args) == ServiceSettings()
+
+
+def test_every_setting_has_a_group_and_a_one_line_description() -> None:
+    groups = {name: group_of(field) for name, field in ServiceSettings.model_fields.items()}
+    assert set(groups.values()) == set(Group), "a group without settings"
+    for name, field in ServiceSettings.model_fields.items():
+        assert field.description and "|" not in field.description, name
+
+
+def test_serve_help_lists_the_flags_by_group() -> None:
+    help_text = add_serve_arguments(argparse.ArgumentParser()).format_help()
+    titles = [f"{group.heading} settings:" for group in Group]
+    starts = [help_text.index(title) for title in titles]
+    assert starts == sorted(starts), "the groups in their declared order"
+    sections = [help_text[a:b] for a, b in zip(starts, [*starts[1:], len(help_text)], strict=True)]
+    for name, field in ServiceSettings.model_fields.items():
+        flag = re.compile(rf"^  --{name.replace('_', '-')}\b", re.MULTILINE)
+        holding = [group for group, text in zip(Group, sections, strict=True) if flag.search(text)]
+        assert holding == [group_of(field)], (name, holding)
+
+
+def _committed_tables() -> str:
+    text = (REPO_ROOT / "docs" / "service.md").read_text()
+    return text.split(SETTINGS_BEGIN, 1)[1].split(SETTINGS_END, 1)[0].strip()
+
+
+def test_the_settings_tables_in_the_docs_are_generated_from_the_settings() -> None:
+    expected = settings_tables().strip()
+    assert _committed_tables() == expected, (
+        "docs/service.md's settings tables differ from service/settings.py: run `make settings-docs`, "
+        f"or paste between the markers:\n\n{expected}"
+    )
+    # And they are the settings: one row per field, each with its variable and flag.
+    rows = re.findall(r"^\| `(GMLP_\w+)` \| `(--[\w-]+)`", _committed_tables(), re.MULTILINE)
+    assert rows == [(f"GMLP_{n.upper()}", "--" + n.replace("_", "-")) for n in ServiceSettings.model_fields]
+
+
+def test_the_readme_names_real_settings_with_their_defaults() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `GMLP_(\w+)` \| `([^`]*)` \|", readme, re.MULTILINE)
+    assert len(rows) >= 10
+    defaults = ServiceSettings.model_construct()  # the built-in defaults, not this environment's
+    for name, shown in rows:
+        field = name.lower()
+        assert field in ServiceSettings.model_fields, f"README names GMLP_{name}, which is no setting"
+        value = getattr(defaults, field)
+        written = (
+            "(unset)" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        )
+        assert shown == written, (name, shown, written)
+    assert "(docs/service.md#settings)" in readme
 
 
 def test_gmlp_cli_has_the_serve_subcommand() -> None:

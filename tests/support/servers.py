@@ -1,10 +1,5 @@
 """Service test harness: a real uvicorn server on 127.0.0.1 in a thread, and bounded polling.
 
-With GMLP_TEST_SERVER=granian the same app runs under Granian's embedded server instead (the HTTP
-core `gmlp serve --server granian` runs in its worker), so the suite shows which guarantees hold
-there (a test's own uvicorn protocol class is then ignored: the guarantee it tests is Granian's to
-keep). `SERVER_ARGS` are the `gmlp serve` flags of the same choice, for tests that start the command.
-
 Every wait is a bounded poll (a count and a time limit), never a bare sleep-and-hope.
 
 The fixtures that start servers live in tests/service/conftest.py; this module holds what they
@@ -14,7 +9,6 @@ and the tests share (the server, the bounded poll).
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import threading
 import time
@@ -22,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -43,53 +36,6 @@ def wait_until(condition: Callable[[], bool], *, timeout: float = 20.0, interval
             break
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
-
-
-# The HTTP server the service tests run the app under: uvicorn, or Granian (docs/service.md).
-TEST_SERVER = os.environ.get("GMLP_TEST_SERVER", "uvicorn")
-SERVER_ARGS = ["--server", TEST_SERVER]
-
-
-def not_under_granian(reason: str) -> pytest.MarkDecorator:
-    """Expected to fail under Granian, which cannot keep the guarantee the test checks
-    (docs/service.md, "Granian (experimental)"); strict, so a Granian that keeps it is noticed."""
-    return pytest.mark.xfail(TEST_SERVER == "granian", reason=f"Granian: {reason}", strict=True)
-
-
-class GranianThread:
-    """Granian's embedded server running `app` on an event loop of its own, in a thread; with
-    `started` and `should_exit` as uvicorn.Server has them, so that RunningServer drives either."""
-
-    def __init__(self, app: Any, settings: ServiceSettings, port: int) -> None:
-        from granian.server.embed import Server
-
-        from service.granian_server import granian_options
-
-        options = granian_options(settings) | {"address": "127.0.0.1", "port": port, "log_level": "warning"}
-        self.port = port
-        self.server = Server(app, **options)
-        self.loop = asyncio.new_event_loop()
-
-    def run(self, sockets: Any = None) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.server.serve())
-
-    @property
-    def started(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-        except OSError:
-            return False
-        return True
-
-    @property
-    def should_exit(self) -> bool:
-        return False
-
-    @should_exit.setter
-    def should_exit(self, value: bool) -> None:
-        if value:
-            self.loop.call_soon_threadsafe(self.server.stop)
 
 
 class RunningServer:
@@ -114,12 +60,6 @@ class RunningServer:
         self.port = self.sock.getsockname()[1]
         scheme = "https" if settings.tls_cert is not None else "http"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
-        self.server: uvicorn.Server | GranianThread
-        if TEST_SERVER == "granian":
-            self.sock.close()  # Granian binds the port itself
-            self.server = GranianThread(self.app, settings, self.port)
-            self.thread = threading.Thread(target=self.server.run, daemon=True)
-            return
         options = {**server_options(settings, self.app), "timeout_graceful_shutdown": graceful_timeout}
         if http is not None:
             options["http"] = http

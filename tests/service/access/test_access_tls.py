@@ -19,7 +19,6 @@ import tritonclient.grpc as grpcclient
 from cryptography import x509
 
 from support.certs import Issued, TestCA
-from support.servers import not_under_granian
 
 if TYPE_CHECKING:
     from support.servers import RunningServer
@@ -122,7 +121,6 @@ def test_tls_1_0_and_1_1_are_refused_and_1_2_and_1_3_served(server: RunningServe
     assert _handshake(port, _client_of(ssl.TLSVersion.TLSv1_3))[0] == "TLSv1.3"
 
 
-@not_under_granian("the HTTPS certificate is read once")
 def test_a_renewed_certificate_is_served_without_a_restart(
     start_server: Any, test_ca: TestCA, grpc_port: Any, tmp_path: Path
 ) -> None:

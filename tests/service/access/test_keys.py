@@ -44,7 +44,7 @@ def test_malformed_lines_say_which_and_why(line: str, says: str) -> None:
 
 def test_a_key_pasted_in_plain_is_never_echoed() -> None:
     key = new_key()
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(ValueError, match="must be given as sha256") as caught:
         parse_keys(f"ci infer {key}")
     assert key not in str(caught.value)
 

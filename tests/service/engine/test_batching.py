@@ -412,7 +412,7 @@ def test_close_answers_every_running_instance() -> None:
 
 
 def test_invalid_configuration() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be >= 1"):
         DynamicBatcher(lambda xs: xs, max_batch_size=0, max_queue_delay_s=0.0, max_queue_size=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be >= 1"):
         DynamicBatcher(lambda xs: xs, max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=1, instances=0)

@@ -15,12 +15,12 @@ import pytest
 
 from service.http.connections import PROTOCOLS, http_protocol
 from support.certs import Issued, TestCA
-from support.servers import free_port, not_under_granian, wait_until
+from support.servers import free_port, wait_until
 
 if TYPE_CHECKING:
     from support.servers import RunningServer
 
-pytestmark = [pytest.mark.timeout(180), not_under_granian("connections are Granian's to count")]
+pytestmark = pytest.mark.timeout(180)
 
 CAP = 20
 HEADER_TIMEOUT_S = 2.0

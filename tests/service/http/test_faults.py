@@ -46,7 +46,6 @@ from service.settings import ServiceSettings
 from service.tasks.fill_mask import FillMaskPipeline
 from service.tasks.registry import load_pipeline
 from service.telemetry.metrics import ServiceMetrics
-from support.servers import SERVER_ARGS, TEST_SERVER
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
     from support.servers import RunningServer
@@ -145,7 +144,7 @@ def test_an_unexpected_error_is_a_500_logged_once_with_method_and_path(
     assert "a bug in a route" in caplog.text
 
 
-@pytest.fixture()
+@pytest.fixture
 def broken_repository(repository: Path, tmp_path: Path) -> Path:
     """A copy of the test repository (tiny classifier + tiny MLM) for a test to break."""
     copy = tmp_path / "repository"
@@ -260,7 +259,7 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     server = gmlp_serve(
         repository,
         log_path=tmp_path / "server.log",
-        serve_args=[*SERVER_ARGS, "--intra-op-threads", "1", "--max-batch-size", "64"]
+        serve_args=["--intra-op-threads", "1", "--max-batch-size", "64"]
         + ["--max-queue-delay-ms", "8000", "--queue-delay-policy", "always"],
         ready_timeout_s=90,
     )
@@ -298,5 +297,4 @@ def test_sigterm_during_a_burst_answers_every_accepted_request(
     # (143 in a shell) after a complete, graceful shutdown.
     assert exit_status in (0, -signal.SIGTERM), server.log_tail()
     log = server.log_tail()
-    finished = {"uvicorn": "Application shutdown complete", "granian": "Granian shutdown completed"}
-    assert "drained and closed 2 models" in log and finished[TEST_SERVER] in log, log
+    assert "drained and closed 2 models" in log and "Application shutdown complete" in log, log

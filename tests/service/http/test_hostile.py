@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from service.http.connections import PROTOCOLS
-from support.servers import not_under_granian
 
 if TYPE_CHECKING:
     from support.servers import RunningServer
@@ -96,7 +95,6 @@ def test_a_slow_body_gets_408_at_the_deadline_and_holds_up_nobody(server: Runnin
     assert server.metric("gmlp_refusals_total", transport="rest", code="request_timeout") >= 1
 
 
-@not_under_granian("over max_connections requests wait, no 503")
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_idle_connections_are_capped_with_503_and_released(start_server: Any, protocol: str) -> None:
     server = start_server(http=PROTOCOLS[protocol], max_connections=2)

@@ -15,12 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from support.servers import not_under_granian
-
 if TYPE_CHECKING:
     from support.servers import RunningServer
 
-pytestmark = [pytest.mark.timeout(180), not_under_granian("uvicorn's protocol enforces the send timeout")]
+pytestmark = pytest.mark.timeout(180)
 
 TEXTS, MASKS, VOCAB = 16, 16, 30522
 ANSWER_BYTES = TEXTS * MASKS * VOCAB * 4  # the raw FP32 logits alone

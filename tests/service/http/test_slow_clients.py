@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from service.http.connections import PROTOCOLS, http_protocol
-from support.servers import not_under_granian
 
 if TYPE_CHECKING:
     from support.servers import RunningServer
@@ -61,7 +60,6 @@ def _normal_request_answered(server: RunningServer) -> bool:
         return client.post("/fill-mask", json={"text": "a [MASK] day"}).status_code == 200
 
 
-@not_under_granian("late headers close the connection without a 408")
 def test_headers_one_line_at_a_time_get_408_and_are_closed(server: RunningServer) -> None:
     sock = _connect(server)
     sock.sendall(b"POST /fill-mask HTTP/1.1\r\n")
@@ -106,7 +104,6 @@ def test_an_idle_keep_alive_connection_is_closed(server: RunningServer) -> None:
     assert status == 200 and json.loads(body)["status"] == "alive"
 
 
-@not_under_granian("late headers close the connection without a 408")
 def test_a_burst_of_slow_clients_up_to_the_cap_stops_nobody_after_the_limit(server: RunningServer) -> None:
     before = server.metric("gmlp_refusals_total", transport="http", code="request_timeout")
     slow = [_connect(server) for _ in range(server.settings.max_connections)]
