@@ -190,6 +190,9 @@ class KeyStore:
     def __init__(self, path: Path | None, metrics: ServiceMetrics | None = None) -> None:
         self.path = path
         self.metrics = metrics
+        # The scopes a request uses without a key, which the transports need not ask about: every
+        # scope but admin when no keys file is configured, none otherwise.
+        self.open_scopes = frozenset(Scope) - {Scope.ADMIN} if path is None else frozenset()
         self.keys: list[ApiKey] = []
         self.buckets: dict[str, TokenBucket] = {}
         self.seen: Signature = ()

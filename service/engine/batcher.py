@@ -39,8 +39,7 @@ from typing import Generic, TypeVar
 from contract.errors import Closed, ErrorCode, Overloaded
 from service.engine import request_context
 from service.engine.batch_run import Batched, BatchRun, RunClock
-from service.engine.deadline import Deadline
-from service.engine.request_context import RequestContext
+from service.engine.request_context import Deadline, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +347,8 @@ class DynamicBatcher(Generic[I, O]):
             # Closed while the batch ran (close() past its timeout): its requests get the closing
             # error now rather than hanging until their deadlines; without one they never would.
             for pending in batch:
-                _resolve(pending, exc=self._closed())
+                if not pending.future.done():
+                    _resolve(pending, exc=self._closed())
             self._running -= len(batch)
             self._active -= 1
             run = BatchRun.of(instance, batch, start, timed, error)

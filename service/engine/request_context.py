@@ -1,4 +1,9 @@
-"""The request being served: its id, where its time went, and its trace, for every layer to read.
+"""The request being served: its deadline, its id, where its time went and its trace, for every
+layer to read; and its heavy answer moved off the event loop.
+
+A request's `Deadline` is one value from arrival to answer (read, decode, queue, run): it carries
+both the instant (for waiting) and the configured timeout (for the message the client gets), so no
+layer passes the two separately.
 
 A transport opens a `RequestContext` when a request arrives (`open_request`) and closes it when
 the answer has gone; everything the request causes on the way runs in its task (or in threads and
@@ -14,14 +19,17 @@ escaping; anything else is replaced by a generated id, never echoed.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from contract.errors import DeadlineExceeded, ErrorCode
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_LENGTH = 128
@@ -108,6 +116,61 @@ def note_error(code: str, message: str) -> None:
         context.error_code, context.error_message = code, message
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Deadline:
+    at: float  # a time.monotonic() instant
+    timeout_s: float
+
+    @classmethod
+    def after(cls, timeout_s: float) -> Deadline:
+        return cls(time.monotonic() + timeout_s, timeout_s)
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def passed(self, now: float | None = None) -> bool:
+        return (time.monotonic() if now is None else now) >= self.at
+
+    def exceeded(self) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            ErrorCode.TIMEOUT, f"the request did not complete within its deadline of {self.timeout_s:g} s"
+        )
+
+
+async def before(work: Awaitable[T], deadline: Deadline) -> T:
+    """Await `work` until `deadline`; DeadlineExceeded after.
+
+    Used for the steps before the batcher (reading the body, decoding); the batcher enforces the
+    same deadline itself while the request is queued.
+    """
+    try:
+        # A timeout scope, not wait_for: no extra task per step of every request.
+        async with asyncio.timeout(max(0.0, deadline.remaining())):
+            return await work
+    except TimeoutError:
+        raise deadline.exceeded() from None
+
+
+# Encoding a large answer (JSON of millions of numbers, or tens of megabytes of raw tensors) takes
+# tens to hundreds of milliseconds of CPU; on the event loop that is a pause for every other request
+# and probe of the process (`/health/live` included). Small answers, the common case, are encoded in
+# place: a thread hand-off costs more than they do.
+# Answers up to this many bytes (an upper bound of their encoded size) are encoded on the loop:
+# about a millisecond of JSON encoding at most.
+INLINE_ENCODE_BYTES = 64 * 1024
+
+
+async def encode_off_loop(encode: Callable[[], T], size: int) -> T:
+    """`encode()`, in a worker thread when `size` (its output's bound in bytes) is over
+    `INLINE_ENCODE_BYTES`, else in place."""
+    if size <= INLINE_ENCODE_BYTES:
+        return encode()
+    return await asyncio.to_thread(encode)
+
+
 __all__ = [
     "RequestContext",
     "accepted_request_id",
@@ -118,4 +181,8 @@ __all__ = [
     "note_error",
     "REQUEST_ID_HEADER",
     "MAX_REQUEST_ID_LENGTH",
+    "Deadline",
+    "before",
+    "INLINE_ENCODE_BYTES",
+    "encode_off_loop",
 ]

@@ -150,7 +150,7 @@ class RequestGate:
         error = head_error(scope, self.max_header_bytes)
         if error is not None:
             raise error
-        if needed is not None:
+        if needed is not None and needed not in self.keys.open_scopes:
             self.keys.authorize(credential(scope["headers"]), needed, "http")
 
     def limited(self, scope: Scope, receive: Receive) -> Receive:

@@ -23,9 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
-from service.engine.deadline import Deadline, before
-from service.http.answers import json_answer
-from service.http.disconnect import unless_disconnected
+from service.engine.request_context import Deadline, before
+from service.http.answers import json_answer, unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import (
     RAW_TYPES,

@@ -13,9 +13,8 @@ from fastapi.responses import JSONResponse
 
 from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
-from service.engine.deadline import Deadline, before
-from service.http.answers import json_answer
-from service.http.disconnect import unless_disconnected
+from service.engine.request_context import Deadline, before
+from service.http.answers import json_answer, unless_disconnected
 from service.http.parsing import query_parameters, read_image, read_json, read_query
 from service.http.routing import DirectRoute, get_state, model_response, public, requires
 from service.http.schemas import (

@@ -210,7 +210,7 @@ def secure_openapi(app: FastAPI, keys: KeyStore, table: RouteTable) -> None:
                 if not isinstance(operation, dict):
                     continue
                 needed = declared.get((path, method), UNMATCHED_SCOPE)
-                if not keys.enabled and needed is not Scope.ADMIN:
+                if needed in keys.open_scopes:
                     needed = None
                 operation["security"] = [] if needed is None else [{"bearer": []}, {"apiKey": []}]
                 if needed is not None:

@@ -21,7 +21,7 @@ from contract.spec import ModelSpec
 from contract.tensors import BYTES, Tensor
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.engine import rows as batch_jobs
-from service.engine.deadline import Deadline, before
+from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Decoding, Done, Job, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings

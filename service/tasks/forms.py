@@ -20,7 +20,7 @@ import numpy as np
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K
 from contract.tensors import BYTES, Tensor, bytes_tensor, datatype_of
-from service.engine.deadline import Deadline
+from service.engine.request_context import Deadline
 from service.engine.runtime import Feeds
 from service.tasks.pipeline import Pipeline
 

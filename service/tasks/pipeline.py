@@ -23,7 +23,7 @@ from contract.tensors import Tensor
 from service.engine import request_context
 from service.engine import rows as batch_jobs
 from service.engine.batcher import DynamicBatcher
-from service.engine.deadline import Deadline
+from service.engine.request_context import Deadline
 from service.engine.rows import Done, Job
 from service.engine.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings

@@ -20,7 +20,7 @@ from contract.scores import ScoreFunction
 from contract.spec import ModelSpec
 from contract.tensors import Tensor
 from service.engine import rows as batch_jobs
-from service.engine.deadline import Deadline, before
+from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings

@@ -70,7 +70,8 @@ class CallHandling:
         """`call` with the request id, span, metrics and access control of method `method`."""
         full_name = f"/{self.service}/{method}"
         scope = grpc_scope(full_name)
-        keys = self.keys if scope is not None else None
+        keyed = self.keys is not None and scope is not None and scope not in self.keys.open_scopes
+        keys = self.keys if keyed else None
         metrics, status, tracing = self.metrics, self.status, self.tracing
 
         async def handled(request: Any, context: aio.ServicerContext) -> Any:

@@ -38,8 +38,7 @@ from contract.tensors import BYTES, Tensor, from_items, from_json, from_raw
 from service.access.keys import KeyStore
 from service.access.tls import TlsFiles
 from service.engine import request_context
-from service.engine.deadline import Deadline
-from service.engine.offload import encode_off_loop
+from service.engine.request_context import Deadline, encode_off_loop
 from service.lifecycle.state import ServiceState
 from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline

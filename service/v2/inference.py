@@ -33,7 +33,7 @@ from contract.messages import echo
 from contract.repository import VersionError, parse_version
 from contract.tensors import Tensor
 from service.engine import request_context
-from service.engine.deadline import Deadline
+from service.engine.request_context import Deadline
 from service.lifecycle.state import Phase, ServiceState
 from service.tasks.pipeline import Pipeline
 from service.telemetry.statistics import DEFAULT_VERSION

@@ -20,9 +20,8 @@ from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.messages import echo
 from contract.tensors import Tensor, from_json, from_raw
 from service.access.scope import Scope
-from service.engine.deadline import Deadline, before
-from service.engine.offload import encode_off_loop
-from service.http.disconnect import unless_disconnected
+from service.engine.request_context import Deadline, before, encode_off_loop
+from service.http.answers import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
 from service.http.routing import DirectRoute, get_state, model_response, public, requires

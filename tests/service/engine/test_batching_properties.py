@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from contract.errors import Closed, DeadlineExceeded, Overloaded
 from service.engine.batcher import BatchObserver, DynamicBatcher
-from service.engine.deadline import Deadline
+from service.engine.request_context import Deadline
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -40,7 +40,7 @@ from loadtests.checks import check_classify, check_fill_mask
 from loadtests.metrics_scrape import http_get
 from service import cli
 from service.app import create_app
-from service.engine.deadline import Deadline
+from service.engine.request_context import Deadline
 from service.http.routing import public
 from service.settings import ServiceSettings
 from service.tasks.fill_mask import FillMaskPipeline

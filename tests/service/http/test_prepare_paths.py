@@ -18,7 +18,7 @@ from PIL import Image
 
 from contract.image import decode_image
 from contract.spec import read_spec
-from service.engine.deadline import Deadline
+from service.engine.request_context import Deadline
 from service.settings import ServiceSettings
 from service.tasks import fill_mask, vision
 from service.tasks.fill_mask import FillMaskPipeline
