@@ -39,10 +39,10 @@ COUNTED = tuple(str(REPO / part) + "/" for part in ("service", "contract"))
 # The most files of ours one request may pass through, and the model lookups it may make: what
 # they are today. The design's goals are 15 files for /classify, 12 for a gRPC infer, and one
 # lookup per request; lower these as the path gets there, never raise them.
-CLASSIFY_FILES = 25
-CLASSIFY_LOOKUPS = 3  # the named model, and each model's newest version for the task's default
-GRPC_INFER_FILES = 21
-GRPC_INFER_LOOKUPS = 2  # the model resolved before the inputs are decoded, then again to run them
+CLASSIFY_FILES = 20
+CLASSIFY_LOOKUPS = 1  # the task's default model, leased once
+GRPC_INFER_FILES = 16
+GRPC_INFER_LOOKUPS = 1  # the model leased before the inputs are decoded, handed down to run them
 # Where a request's model name (and version) is resolved to a served version: the version table's
 # doors (service.lifecycle.versions). A call from outside that module is one lookup.
 LOOKUP_MODULE = str(REPO / "service" / "lifecycle" / "versions.py")
@@ -57,6 +57,7 @@ class Recorder:
         self.on = False
         self.files: set[str] = set()
         self.lookups = 0
+        self.entered: list[FrameType] = []  # the lookup frames seen while recording
         self.lock = threading.Lock()
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -69,13 +70,17 @@ class Recorder:
             self.files.add(filename)
             if filename == LOOKUP_MODULE and frame.f_code.co_name in LOOKUP_DOORS:
                 caller = frame.f_back
-                if caller is None or caller.f_code.co_filename != LOOKUP_MODULE:
+                # A lease is a generator: resuming it (leaving the `with`) is a call event of the
+                # same frame, not another lookup.
+                fresh = all(frame is not seen for seen in self.entered)
+                if fresh and (caller is None or caller.f_code.co_filename != LOOKUP_MODULE):
                     self.lookups += 1
+                self.entered.append(frame)
 
     def record(self, request: Callable[[], Any], settle: Callable[[], None]) -> tuple[set[str], int]:
         """The files and lookups of one `request`; `settle` returns once the server is done with it."""
         with self.lock:
-            self.files, self.lookups = set(), 0
+            self.files, self.lookups, self.entered = set(), 0, []
         self.on = True
         try:
             request()
