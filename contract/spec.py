@@ -112,11 +112,6 @@ class ModelSpec:
         name = self.model_config.get("tokenizer") or self.config.get("tokenizer") or DEFAULT_TOKENIZER
         return confined(self.path, name, "tokenizer")
 
-    def check_path(self) -> Path | None:
-        """The recorded check's file, if the config names one."""
-        entry = self.config.get("check")
-        return confined(self.path, entry["file"], "check file") if isinstance(entry, dict) else None
-
     def named_files(self) -> dict[str, object]:
         """Every file the config names, by what it is (the defaults included)."""
         files: dict[str, object] = {f"variant {v}": f for v, f in self.variants.items()}

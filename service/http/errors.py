@@ -208,8 +208,10 @@ def body_timeout(detail: str) -> RequestTimeout:
     )
 
 
-def payload_too_large(limit: int, what: str = "request body") -> InputTooLarge:
-    return InputTooLarge(ErrorCode.PAYLOAD_TOO_LARGE, f"{what} is larger than the limit of {limit} bytes")
+def payload_too_large(limit: int) -> InputTooLarge:
+    return InputTooLarge(
+        ErrorCode.PAYLOAD_TOO_LARGE, f"request body is larger than the limit of {limit} bytes"
+    )
 
 
 def client_gone() -> ClientGone:

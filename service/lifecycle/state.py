@@ -31,7 +31,7 @@ from contract.spec import SpecError
 from service.engine import request_context
 from service.engine.runtime import resolve_device
 from service.lifecycle.poller import RepositoryPoller, ScanReport
-from service.lifecycle.versions import IndexEntry, VersionTable
+from service.lifecycle.versions import VersionTable
 from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline
 from service.tasks.registry import load_pipeline
@@ -182,9 +182,6 @@ class ServiceState:
             self.metrics.model_ready.labels(name).set(1 if newest is not None else 0)
 
     # -- the repository API ------------------------------------------------------------------------
-
-    def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        return self.table.index(ready_only)
 
     async def load_model(self, name: str, config: str | None = None) -> None:
         """Load (or reload) `name` per its version policy (`config`: a JSON model configuration whose

@@ -230,7 +230,7 @@ class ServiceMetrics:
         self.grpc_calls.labels(method, code).inc()
         self.grpc_latency.labels(method, code).observe(seconds)
 
-    def observer(self, model: str, version: str = DEFAULT_VERSION) -> ModelObserver:
+    def observer(self, model: str, version: str) -> ModelObserver:
         return ModelObserver(self, model, version)
 
     def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
@@ -244,9 +244,7 @@ class ServiceMetrics:
     def file_reloaded(self, file: str, ok: bool) -> None:
         self.file_reloads.labels(file, "ok" if ok else "error").inc()
 
-    def predictions(
-        self, model: str, labels: Sequence[str] | None = None, version: str = DEFAULT_VERSION
-    ) -> PredictionMetrics:
+    def predictions(self, model: str, labels: Sequence[str] | None, version: str) -> PredictionMetrics:
         """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
         return PredictionMetrics(self, model, version, labels)
 
@@ -260,7 +258,7 @@ class ServiceMetrics:
 class ModelObserver(BatchObserver):
     """The metrics of one model version's batcher: queue depth, refusals, batch sizes and times."""
 
-    def __init__(self, metrics: ServiceMetrics, model: str, version: str = DEFAULT_VERSION) -> None:
+    def __init__(self, metrics: ServiceMetrics, model: str, version: str) -> None:
         self._depth = metrics.queue_depth.labels(model, version)
         self._batch = metrics.batch_size.labels(model)
         self._wait = metrics.queue_wait.labels(model)

@@ -244,7 +244,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelUnloadRequest, context: aio.ServicerContext
     ) -> Any:
         async def unload() -> pb.RepositoryModelUnloadResponse:
-            await repository.unload(self.state, request.model_name)
+            await self.state.unload_model(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
         return await self._answer(context, unload())

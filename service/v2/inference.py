@@ -42,7 +42,6 @@ from service.v2.answer_budget import AnswerSize, all_raw, answer_size, check_ans
 SERVER_NAME = "gmlp-serve"
 # Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
-VERSION = DEFAULT_VERSION  # what a response names when it has no model version
 PLATFORM = "onnxruntime_onnx"
 # A model's encoded form is listed under its name with this suffix (a Triton ensemble's role).
 ENSEMBLE_SUFFIX = "-ensemble"
@@ -75,7 +74,7 @@ class InferResult:
     model_name: str
     outputs: list[Tensor]
     id: str = ""
-    model_version: str = VERSION
+    model_version: str = DEFAULT_VERSION  # what a response names when it has no model version
     size: AnswerSize = AnswerSize(0, 0)  # bounds of the encoded answer (`answer_budget`), checked
 
 

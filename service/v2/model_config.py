@@ -20,7 +20,7 @@ from typing import Any
 from contract.errors import ErrorCode, ModelNotFound
 from contract.tensors import BYTES
 from service.lifecycle.state import ServiceState
-from service.telemetry.statistics import Duration, ModelCounters
+from service.telemetry.statistics import DEFAULT_VERSION, Duration, ModelCounters
 from service.v2 import inference
 
 BACKEND = "onnxruntime"
@@ -136,7 +136,7 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
     counters = state.metrics.statistics.counters
     return {
         "model_stats": [
-            _model_statistics(counters(model, version or inference.VERSION), shown) for model, shown in names
+            _model_statistics(counters(model, version or DEFAULT_VERSION), shown) for model, shown in names
         ]
     }
 

@@ -1,8 +1,8 @@
 """The Open Inference Protocol's model-repository extension, shared by the REST and gRPC transports.
 
 `index` lists every model version the service knows with its state (READY, LOADING, UNLOADING,
-UNAVAILABLE) and, unless READY, the reason; `load` and `unload` are the calls Triton's clients
-make (`load_model`, `unload_model`), taken only in explicit model control. A load's `config`
+UNAVAILABLE) and, unless READY, the reason; `load` and `ServiceState.unload_model` answer the calls
+Triton's clients make (`load_model`, `unload_model`), taken only in explicit model control. A load's `config`
 parameter is a JSON model configuration; its `version_policy` (Triton's form, or `latest:N`,
 `all`, `specific:V,...`) chooses the versions to serve. Other parameters (Triton's `file:`
 overrides, `unload_dependents`) are accepted and ignored: models load from the repository only.
@@ -18,7 +18,7 @@ from service.lifecycle.state import ServiceState
 
 
 def index(state: ServiceState, ready_only: bool = False) -> list[dict[str, str]]:
-    return [vars(entry).copy() for entry in state.index(ready_only)]
+    return [vars(entry).copy() for entry in state.table.index(ready_only)]
 
 
 def _config(parameters: Mapping[str, Any]) -> str | None:
@@ -39,9 +39,4 @@ async def load(state: ServiceState, name: str, parameters: Mapping[str, Any]) ->
     await state.load_model(name, _config(parameters))
 
 
-async def unload(state: ServiceState, name: str) -> None:
-    """Drain and unload every version of `name`."""
-    await state.unload_model(name)
-
-
-__all__ = ["index", "load", "unload"]
+__all__ = ["index", "load"]

@@ -73,7 +73,7 @@ async def load_model(request: Request, name: str) -> Response:
 @requires(Scope.ADMIN)
 async def unload_model(request: Request, name: str) -> Response:
     await _body(request, ControlRequest)
-    await repository.unload(get_state(request), name)
+    await get_state(request).unload_model(name)
     return Response(status_code=200)
 
 

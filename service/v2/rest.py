@@ -11,6 +11,7 @@ with the statuses of `V2_ERRORS`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -130,23 +131,54 @@ async def ready(request: Request) -> JSONResponse:
     return _flag(ok, {"ready": ok})
 
 
-def _metadata(request: Request, name: str, version: str) -> JSONResponse:
+def _model_routes(
+    method: str,
+    suffix: str,
+    handler: Callable[[Request, str, str], Awaitable[Response]],
+    names: tuple[str, str],
+    summary: str,
+    scope: Scope | None = Scope.INFER,
+    **route: Any,
+) -> None:
+    """`/models/{name}{suffix}` (the newest ready version) and its twin
+    `/models/{name}/versions/{version}{suffix}` (the version named), both answered by `handler`
+    (the version "" when none is named)."""
+
+    @requires(scope)
+    async def newest(request: Request, name: str) -> Response:
+        return await handler(request, name, "")
+
+    @requires(scope)
+    async def named(request: Request, name: str, version: str) -> Response:
+        return await handler(request, name, version)
+
+    for path, endpoint, endpoint_name, title in (
+        (f"/models/{{name}}{suffix}", newest, names[0], summary),
+        (f"/models/{{name}}/versions/{{version}}{suffix}", named, names[1], f"{summary} (a version)"),
+    ):
+        router.add_api_route(path, endpoint, methods=[method], name=endpoint_name, summary=title, **route)
+
+
+async def _metadata(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
     document = inference.model_metadata(state, inference.resolve(state, name, version))
     return model_response(ModelMetadata.model_validate(document))
 
 
-def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
+async def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
     model = inference.resolve(state, name, version)
     ok = state.version_ready(model.name, model.version)
     return _flag(ok, {"name": name, "ready": ok})
 
 
-_READY_RESPONSES = {**_false(ModelReadyBody, "not ready"), **_NOT_FOUND}
+async def _config(request: Request, name: str, version: str) -> JSONResponse:
+    state = get_state(request)
+    document = model_config(state, inference.resolve(state, name, version))
+    return model_response(ModelConfigBody.model_validate(document))
 
 
-def _statistics(request: Request, name: str, version: str) -> JSONResponse:
+async def _statistics(request: Request, name: str, version: str) -> JSONResponse:
     document = model_statistics(get_state(request), name, version)
     return model_response(ModelStatisticsBody.model_validate(document))
 
@@ -155,93 +187,46 @@ def _statistics(request: Request, name: str, version: str) -> JSONResponse:
 @router.get("/models/stats", response_model=ModelStatisticsBody, summary="Statistics of every model")
 @requires(Scope.INFER)
 async def all_statistics(request: Request) -> JSONResponse:
-    return _statistics(request, "", "")
+    return await _statistics(request, "", "")
 
 
-@router.get("/models/{name}", response_model=ModelMetadata, responses=_NOT_FOUND, summary="Model metadata")
-@requires(Scope.INFER)
-async def model_metadata(request: Request, name: str) -> JSONResponse:
-    return _metadata(request, name, "")
-
-
-@router.get(
-    "/models/{name}/versions/{version}",
+_model_routes(
+    "GET",
+    "",
+    _metadata,
+    ("model_metadata", "model_version_metadata"),
+    "Model metadata",
     response_model=ModelMetadata,
     responses=_NOT_FOUND,
-    summary="Model metadata (a version)",
 )
-@requires(Scope.INFER)
-async def model_version_metadata(request: Request, name: str, version: str) -> JSONResponse:
-    return _metadata(request, name, version)
-
-
-@router.get(
-    "/models/{name}/ready", response_model=ModelReadyBody, responses=_READY_RESPONSES, summary="Model ready"
-)
-@public
-async def model_ready(request: Request, name: str) -> JSONResponse:
-    return _model_ready(request, name, "")
-
-
-@router.get(
-    "/models/{name}/versions/{version}/ready",
+_model_routes(
+    "GET",
+    "/ready",
+    _model_ready,
+    ("model_ready", "model_version_ready"),
+    "Model ready",
+    scope=None,
     response_model=ModelReadyBody,
-    responses=_READY_RESPONSES,
-    summary="Model ready (a version)",
+    responses={**_false(ModelReadyBody, "not ready"), **_NOT_FOUND},
 )
-@public
-async def model_version_ready(request: Request, name: str, version: str) -> JSONResponse:
-    return _model_ready(request, name, version)
-
-
-def _config(request: Request, name: str, version: str) -> JSONResponse:
-    state = get_state(request)
-    document = model_config(state, inference.resolve(state, name, version))
-    return model_response(ModelConfigBody.model_validate(document))
-
-
-@router.get(
-    "/models/{name}/config",
+_model_routes(
+    "GET",
+    "/config",
+    _config,
+    ("config", "version_config"),
+    "Model configuration",
     response_model=ModelConfigBody,
     responses=_NOT_FOUND,
-    summary="Model configuration",
 )
-@requires(Scope.INFER)
-async def config(request: Request, name: str) -> JSONResponse:
-    return _config(request, name, "")
-
-
-@router.get(
-    "/models/{name}/versions/{version}/config",
-    response_model=ModelConfigBody,
-    responses=_NOT_FOUND,
-    summary="Model configuration (a version)",
-)
-@requires(Scope.INFER)
-async def version_config(request: Request, name: str, version: str) -> JSONResponse:
-    return _config(request, name, version)
-
-
-@router.get(
-    "/models/{name}/stats",
+_model_routes(
+    "GET",
+    "/stats",
+    _statistics,
+    ("statistics", "version_statistics"),
+    "Model statistics",
     response_model=ModelStatisticsBody,
     responses=_NOT_FOUND,
-    summary="Model statistics",
 )
-@requires(Scope.INFER)
-async def statistics(request: Request, name: str) -> JSONResponse:
-    return _statistics(request, name, "")
-
-
-@router.get(
-    "/models/{name}/versions/{version}/stats",
-    response_model=ModelStatisticsBody,
-    responses=_NOT_FOUND,
-    summary="Model statistics (a version)",
-)
-@requires(Scope.INFER)
-async def version_statistics(request: Request, name: str, version: str) -> JSONResponse:
-    return _statistics(request, name, version)
 
 
 def _binary_length(request: Request, size: int) -> int | None:
@@ -345,23 +330,16 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
 
 
-_INFER_ROUTE: dict[str, Any] = {
-    "response_model": None,
-    "responses": _INFER_RESPONSES,
-    "openapi_extra": _INFER_DOC,
-}
-
-
-@router.post("/models/{name}/infer", summary="Inference", **_INFER_ROUTE)
-@requires(Scope.INFER)
-async def infer(request: Request, name: str) -> Response:
-    return await _infer(request, name, "")
-
-
-@router.post("/models/{name}/versions/{version}/infer", summary="Inference (a version)", **_INFER_ROUTE)
-@requires(Scope.INFER)
-async def infer_version(request: Request, name: str, version: str) -> Response:
-    return await _infer(request, name, version)
+_model_routes(
+    "POST",
+    "/infer",
+    _infer,
+    ("infer", "infer_version"),
+    "Inference",
+    response_model=None,
+    responses=_INFER_RESPONSES,
+    openapi_extra=_INFER_DOC,
+)
 
 
 __all__ = ["router", "V2_ERRORS", "PREFIX", "read_infer_request", "encode_response"]
