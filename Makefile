@@ -112,7 +112,7 @@ grpc-stubs: install
 # Rewrite docs/service.md's settings tables from the fields of service/settings.py (their groups and
 # descriptions); tests/service/test_config.py fails when the committed tables are stale.
 settings-docs: install
-	$(BIN)/python scripts/settings_docs.py
+	$(BIN)/python -m scripts.settings_docs
 
 # The wheel of the version in pyproject.toml, into dist/, once CHANGELOG.md has its dated section
 # (`## [X.Y.Z] - YYYY-MM-DD`): no release goes out without its notes. `python -m build` where

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,6 +30,7 @@ from gmlp.server_process import (
     HOST,
     ServerProcess,
     free_port,
+    get_json,
     gmlp_serve,
     http_get,
     link_repository,
@@ -96,6 +99,12 @@ def median_rate(
     return statistics.median(rates)
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind like an exception, so that `with` blocks stop the servers they started
+    instead of leaving them running."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def command_line(doc: str | None) -> argparse.ArgumentParser:
     """A benchmark's command line; `--help` shows its whole docstring (what it measures, the command)."""
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,10 +117,12 @@ __all__ = [
     "cpu_facts",
     "cpu_line",
     "free_port",
+    "get_json",
     "gmlp_serve",
     "http_get",
     "link_repository",
     "median_rate",
     "serve_argv",
     "ServerProcess",
+    "stop_on_sigterm",
 ]

@@ -29,47 +29,80 @@ docs/benchmarks.md unless `--no-doc`; every run's perf_analyzer output and CSV a
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
-import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import REPO, command_line, cpu_line, free_port, gmlp_serve
+from benchmarks.harness import (
+    REPO,
+    ServerProcess,
+    command_line,
+    cpu_line,
+    free_port,
+    get_json,
+    gmlp_serve,
+    stop_on_sigterm,
+)
 from benchmarks.peers.report import publish
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
 from gmlp.proc import tree_cpu_seconds
+from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
 
-DATA = REPO / "loadtests" / "data"
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN = "<!-- perf_analyzer:begin (written by benchmarks/perf_analyzer.py) -->"
 END = "<!-- perf_analyzer:end -->"
 HEADING = "## perf_analyzer (`benchmarks.perf_analyzer`)"
 RANDOM_ROWS, RANDOM_TOKENS = 16, 32
+POISSON_FLAGS = ("--request-distribution", "poisson", "--async")
 
 
-def _get(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return json.loads(answer.read())
+def _levels(text: str) -> list[int]:
+    levels = [int(c) for c in text.split(",") if c.strip()]
+    if not levels or min(levels) < 1:
+        raise ValueError(f"client counts must be positive integers, not {text!r}")
+    return levels
+
+
+def add_window_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every perf_analyzer program: loads, transports and the measurement window."""
+    parser.add_argument(
+        "--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients (default 1,8,32)"
+    )
+    parser.add_argument("--transports", default="http,grpc", help="default http,grpc")
+    parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window (default 5000)")
+    parser.add_argument(
+        "--max-trials", type=int, default=6, help="windows until stable, 3 or more (default 6)"
+    )
+    parser.add_argument(
+        "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
+    )
+
+
+def window_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """perf_analyzer's measurement-window flags from `add_window_options`' values (checked)."""
+    if args.max_trials < 3:
+        parser.error("--max-trials must be 3 or more: perf_analyzer compares the last three windows")
+    bad = set(args.transports.split(",")) - {"http", "grpc"}
+    if bad:
+        parser.error(f"unknown transports {sorted(bad)}: http and grpc are measured")
+    return [
+        *("--measurement-interval", str(args.measurement_ms), "--max-trials", str(args.max_trials)),
+        *("--stability-percentage", str(args.stability)),
+    ]
 
 
 def _entry(name: str, array: np.ndarray) -> dict[str, Any]:
     return {name: {"content": array.ravel().tolist(), "shape": list(array.shape)}}
-
-
-def _sentences() -> list[str]:
-    """The bundled Gutenberg sentences, one [MASK] each (loadtests/data/sentences.tsv)."""
-    lines = (DATA / "sentences.tsv").read_text(encoding="utf-8").splitlines()
-    return [ln.split("\t", 1)[1].strip() for ln in lines if "\t" in ln and not ln.startswith("#")]
 
 
 def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -84,7 +117,7 @@ def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, 
             pixels = [rng.standard_normal(dims).astype(np.float32) for _ in range(RANDOM_ROWS)]
         else:
             transform = ImageTransform.for_model(spec.config, 10**8)
-            pixels = [transform(p.read_bytes()) for p in sorted(DATA.glob("*.jpg"))]
+            pixels = [transform(p.read_bytes()) for p in sorted(BUNDLED_DIR.glob("*.jpg"))]
         return {"data": [_entry("pixel_values", p) for p in pixels]}
     if required == ["input_ids", "mask_positions"]:
         codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
@@ -95,7 +128,7 @@ def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, 
                 for _ in range(RANDOM_ROWS)
             ]
         else:
-            encoded = [codec.encode(sentence) for sentence in _sentences()]
+            encoded = [codec.encode(s.text) for s in read_sentences_tsv(BUNDLED_SENTENCES)]
             texts = [(np.asarray(e.ids), np.asarray(e.mask_positions)) for e in encoded]
         rows = [
             {
@@ -155,7 +188,7 @@ class ServerCost:
         self.start = self._now()
 
     def _now(self) -> tuple[float, int]:
-        stats = _get(self.url)["model_stats"]
+        stats = get_json(self.url)["model_stats"]
         return tree_cpu_seconds(self.pid), sum(int(s["inference_count"]) for s in stats)
 
     def ms_per_inference(self) -> float | None:
@@ -163,32 +196,32 @@ class ServerCost:
         return 1000 * (cpu1 - cpu0) / (count1 - count0) if count1 > count0 else None
 
 
+def _measured(
+    command: Sequence[str], flags: Sequence[str], path: Path, server: ServerProcess, model: str
+) -> tuple[dict[str, str], float | None]:
+    """One perf_analyzer run (output and CSV beside `path`): its CSV row and the server's CPU ms
+    per inference over it."""
+    cost = ServerCost(server.pid, server.base_url, model)
+    row = run_perf_analyzer(command, flags, path.with_suffix(".txt"), path.with_suffix(".csv"), 600)
+    return row, cost.ms_per_inference() if row else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(__doc__)
     parser.add_argument(
         "--models", type=Path, default=REPO / "models", help="model repository (default ./models)"
     )
-    parser.add_argument("--concurrency", default="1,8,32", help="closed-loop clients (default 1,8,32)")
+    add_window_options(parser)
     parser.add_argument(
         "--rate-fractions", default="0.5,0.9", help="open-loop rates, of the best closed-loop"
     )
-    parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window (default 5000)")
-    parser.add_argument(
-        "--max-trials", type=int, default=6, help="windows until stable, 3 or more (default 6)"
-    )
-    parser.add_argument(
-        "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
-    )
-    parser.add_argument("--transports", default="http,grpc", help="default http,grpc")
     parser.add_argument("--data", default="random,real", help="data sets (default random,real)")
     parser.add_argument("--serve-args", default="", help="extra `gmlp serve` flags, space separated")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
     parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = parser.parse_args(argv)
-    if args.max_trials < 3:
-        parser.error("--max-trials must be 3 or more: perf_analyzer compares the last three windows")
-    # A SIGTERM unwinds like an exception, so the server below is stopped, not left running.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    window = window_flags(parser, args)
+    stop_on_sigterm()
     command = perf_analyzer_command()
     args.out.mkdir(parents=True, exist_ok=True)
     grpc_port = free_port()
@@ -197,57 +230,34 @@ def main(argv: list[str] | None = None) -> int:
         log_path=args.out / "server.log",
         serve_args=["--grpc-port", str(grpc_port), *args.serve_args.split()],
     )
-    window = ["--measurement-interval", str(args.measurement_ms), "--max-trials", str(args.max_trials)]
-    window += ["--stability-percentage", str(args.stability)]
     rows: list[str] = []
     with server:
-        names = [m["name"] for m in _get(f"{server.base_url}/models")["models"]]
-        for name in names:
-            config = _get(f"{server.base_url}/v2/models/{name}/config")
-            model_dir = args.models / name
-            for data in args.data.split(","):
-                data_file = args.out / f"{name}-{data}.json"
-                data_file.write_text(json.dumps(input_data(model_dir, config, data)))
-                for transport in args.transports.split(","):
-                    url = f"127.0.0.1:{server.port if transport == 'http' else grpc_port}"
-                    base = ["-m", name, "-u", url, "-i", transport, "--input-data", str(data_file), *window]
-                    best = 0.0
-                    runs = [("c", c, ["--concurrency-range", c]) for c in args.concurrency.split(",")]
-                    for kind, level, load in runs:
-                        stem = args.out / f"{name}-{transport}-{data}-{kind}{level}"
-                        cost = ServerCost(server.pid, server.base_url, name)
-                        row = run_perf_analyzer(
-                            command, [*base, *load], stem.with_suffix(".txt"), stem.with_suffix(".csv"), 600
+        names = [m["name"] for m in get_json(f"{server.base_url}/models")["models"]]
+        for name, data in ((n, d) for n in names for d in args.data.split(",")):
+            config = get_json(f"{server.base_url}/v2/models/{name}/config")
+            data_file = args.out / f"{name}-{data}.json"
+            data_file.write_text(json.dumps(input_data(args.models / name, config, data)))
+            for transport in args.transports.split(","):
+                url = f"127.0.0.1:{server.port if transport == 'http' else grpc_port}"
+                base = ["-m", name, "-u", url, "-i", transport, "--input-data", str(data_file), *window]
+
+                stem = f"{args.out}/{name}-{transport}-{data}-"
+                best = 0.0
+                for c in args.concurrency:
+                    load = ["--concurrency-range", str(c)]
+                    row, cpu = _measured(command, [*base, *load], Path(f"{stem}c{c}"), server, name)
+                    if row:
+                        best = max(best, float(row["Inferences/Second"]))
+                        rows.append(table_row(name, transport, data, f"{c} clients", row, cpu))
+                for fraction in args.rate_fractions.split(",") if best else []:
+                    rate = max(1, round(best * float(fraction)))
+                    load = ["--request-rate-range", str(rate), *POISSON_FLAGS]
+                    path = Path(f"{stem}r{fraction.replace('.', '_')}")
+                    row, cpu = _measured(command, [*base, *load], path, server, name)
+                    if row:
+                        rows.append(
+                            table_row(name, transport, data, f"Poisson {rate}/s ({fraction}x)", row, cpu)
                         )
-                        if row:
-                            best = max(best, float(row["Inferences/Second"]))
-                            cpu_ms = cost.ms_per_inference()
-                            rows.append(table_row(name, transport, data, f"{level} clients", row, cpu_ms))
-                    for fraction in args.rate_fractions.split(",") if best else []:
-                        rate = max(1, round(best * float(fraction)))
-                        load = [
-                            "--request-rate-range",
-                            str(rate),
-                            "--request-distribution",
-                            "poisson",
-                            "--async",
-                        ]
-                        stem = args.out / f"{name}-{transport}-{data}-r{fraction.replace('.', '_')}"
-                        cost = ServerCost(server.pid, server.base_url, name)
-                        row = run_perf_analyzer(
-                            command, [*base, *load], stem.with_suffix(".txt"), stem.with_suffix(".csv"), 600
-                        )
-                        if row:
-                            rows.append(
-                                table_row(
-                                    name,
-                                    transport,
-                                    data,
-                                    f"Poisson {rate}/s ({fraction}x)",
-                                    row,
-                                    cost.ms_per_inference(),
-                                )
-                            )
     given = " ".join(sys.argv[1:] if argv is None else argv)
     section = "\n".join(
         [

@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import wrk
 from benchmarks.bare_pipeline import sentences
-from benchmarks.harness import REPO, command_line, cpu_facts, gmlp_serve, link_repository
+from benchmarks.harness import REPO, command_line, cpu_facts, get_json, gmlp_serve, http_get, link_repository
 from benchmarks.peers.bench import test_images, write_script
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS
@@ -127,8 +127,7 @@ def table(counts: collections.Counter[str], ms_per_request: float, top: int | No
 
 def batch_totals(base_url: str) -> tuple[float, float, float]:
     """(batches, items in them, seconds spent running them) so far, all models, from /metrics."""
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = http_get(f"{base_url}/metrics", timeout_s=10).decode()
     totals = {"gmlp_batch_size_count": 0.0, "gmlp_batch_size_sum": 0.0, "gmlp_inference_seconds_sum": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -143,8 +142,7 @@ def batch_totals(base_url: str) -> tuple[float, float, float]:
 
 def instances_of(base_url: str) -> int:
     """Execution instances of the one model the server serves, from GET /models."""
-    with urllib.request.urlopen(f"{base_url}/models", timeout=10) as response:
-        (model,) = json.loads(response.read())["models"]
+    (model,) = get_json(f"{base_url}/models")["models"]
     return int(model["instances"])
 
 

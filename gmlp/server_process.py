@@ -4,7 +4,8 @@ stopped with its whole process tree.
 `ServerProcess` runs any server command (SIGTERM, then SIGKILL, to every process of the tree,
 since some frameworks leave helpers behind a plain kill of the root); `gmlp_serve` builds the one
 for `gmlp serve`. `gmlp tune` starts its candidates with it and the benchmark programs their
-servers. Standard library only (plus `gmlp.proc`): it runs wherever the serving install does.
+servers. Standard library only (plus `gmlp.proc` and the load tests' HTTP GET): it runs wherever
+the serving install does.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
 from gmlp.proc import alive, tree_pids
+from loadtests.metrics_scrape import get_json, http_get
 
 HOST = "127.0.0.1"
 
@@ -45,12 +46,6 @@ def link_repository(work: Path, model_dir: Path) -> Path:
     if not link.exists():
         link.symlink_to(model_dir.resolve())
     return repository
-
-
-def http_get(url: str, timeout_s: float = 2.0) -> bytes:
-    """The body of a GET that answered 2xx (urllib raises OSError subclasses otherwise)."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return response.read()
 
 
 class ServerProcess:
@@ -107,7 +102,7 @@ class ServerProcess:
 
     def health(self) -> bytes:
         """GET /health/ready: the default readiness probe (raises until the server is ready)."""
-        return http_get(f"{self.base_url}/health/ready")
+        return http_get(f"{self.base_url}/health/ready", timeout_s=2.0)
 
     def wait_ready(self, probe: Callable[[], T], timeout_s: float | None = None) -> T:
         """Call `probe` until it returns (an OSError, ValueError or KeyError means "not yet");
@@ -193,4 +188,13 @@ def gmlp_serve(
     )
 
 
-__all__ = ["HOST", "ServerProcess", "free_port", "gmlp_serve", "http_get", "link_repository", "serve_argv"]
+__all__ = [
+    "HOST",
+    "ServerProcess",
+    "free_port",
+    "get_json",
+    "gmlp_serve",
+    "http_get",
+    "link_repository",
+    "serve_argv",
+]

@@ -14,12 +14,9 @@ per [MASK]); a wrong answer is a locust failure, never a success that merely loo
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -35,6 +32,7 @@ from locust.env import Environment  # noqa: E402
 
 from contract.formats import MLM_TASK, VISION_TASK  # noqa: E402
 from loadtests.checks import check_classify, check_fill_mask  # noqa: E402
+from loadtests.metrics_scrape import get_json  # noqa: E402
 from loadtests.workload import (  # noqa: E402
     LoadConfig,
     MaskedSentence,
@@ -63,11 +61,6 @@ def _load_inputs(environment: Environment, **_: Any) -> None:
         log.info("fill-mask: %d masked sentences from %s", len(SENTENCES), source)
 
 
-def _get_json(url: str, timeout_s: float = 10.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        return json.load(response)
-
-
 @events.test_start.add_listener
 def _fit_to_server(environment: Environment, **_: Any) -> None:
     """Ask GET /models which models serve each task and the MLM's window; drop tasks nobody serves.
@@ -77,8 +70,8 @@ def _fit_to_server(environment: Environment, **_: Any) -> None:
     """
     global SENTENCES
     try:
-        listing = _get_json(f"{(environment.host or '').rstrip('/')}/models")
-    except (OSError, ValueError, urllib.error.URLError) as exc:
+        listing = get_json(f"{(environment.host or '').rstrip('/')}/models")
+    except (OSError, ValueError) as exc:  # URLError is an OSError
         log.warning("GET /models failed (%s): sending every task, GMLP_LOADTEST_MAX_TOKENS only", exc)
         SENTENCES = fitting(SENTENCES, CONFIG.max_tokens)
         return

@@ -20,12 +20,15 @@ REJECTIONS_METRIC = "gmlp_rejections"  # counter labelled by model and reason
 
 
 def http_get(url: str, timeout_s: float = 10.0) -> bytes:
-    """GET `url` (stdlib only: the runner must not need `requests` in a slim image)."""
+    """The body of a GET that answered 2xx (urllib raises OSError subclasses otherwise). Standard
+    library only: the runner, `gmlp tune` and the benchmarks' server processes use it in a slim
+    image."""
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return response.read()
 
 
 def get_json(url: str, timeout_s: float = 10.0) -> Any:
+    """The decoded JSON body of a GET that answered 2xx."""
     return json.loads(http_get(url, timeout_s))
 
 

@@ -1,6 +1,6 @@
 """Rewrite the settings tables of docs/service.md ("## Settings") from `ServiceSettings`.
 
-    python scripts/settings_docs.py     # `make settings-docs`
+    python -m scripts.settings_docs     # `make settings-docs`, from the checkout
 
 The fields' groups and docstrings in service/settings.py are the only text about a setting;
 tests/service/test_config.py fails when the committed tables differ from what this writes.
@@ -8,14 +8,11 @@ tests/service/test_config.py fails when the committed tables differ from what th
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from service.cli import SETTINGS_BEGIN, SETTINGS_END, settings_tables
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from service.cli import SETTINGS_BEGIN, SETTINGS_END, settings_tables  # noqa: E402
-
 DOCS = ROOT / "docs" / "service.md"
 
 

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -39,14 +38,23 @@ from benchmarks.harness import (
     command_line,
     cpu_line,
     free_port,
+    get_json,
     http_get,
     link_repository,
+    stop_on_sigterm,
 )
 from benchmarks.peers import pytriton_report as report
-from benchmarks.peers.model import INSTANCES_ENV, MODEL_ENV
+from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS, Peer, Ports, ensure_venv
 from benchmarks.peers.report import publish
-from benchmarks.perf_analyzer import input_data, run_perf_analyzer
+from benchmarks.peers.server import running
+from benchmarks.perf_analyzer import (
+    POISSON_FLAGS,
+    add_window_options,
+    input_data,
+    run_perf_analyzer,
+    window_flags,
+)
 from benchmarks.perf_analyzer_install import VERSION as PERF_ANALYZER_VERSION
 from benchmarks.perf_analyzer_install import perf_analyzer_command
 
@@ -63,7 +71,6 @@ NUMPY_1 = "numpy==1.26.4"
 ACCESS_TOKEN = "gmlp_benchmark_triton_access_token"
 # The header Triton checks over HTTP; over gRPC it expects the metadata key with a protocol prefix.
 ACCESS_HEADERS = {"http": "triton-access-token", "grpc": "triton-grpc-protocol-triton-access-token"}
-POISSON_FLAGS = ("--request-distribution", "poisson", "--async")
 GMLP_SERVE = next(p for p in PEERS if p.key == "gmlp-serve")
 
 
@@ -80,33 +87,18 @@ PYTRITON_PEER = Peer(
 )
 
 
-def _levels(text: str) -> list[int]:
-    levels = [int(c) for c in text.split(",") if c.strip()]
-    if not levels or min(levels) < 1:
-        raise ValueError(f"client counts must be positive integers, not {text!r}")
-    return levels
-
-
 def parser() -> argparse.ArgumentParser:
     p = command_line(__doc__)
     p.add_argument(
         "--model", type=Path, default=MODEL, help="served classifier directory (default models/cifar10-gmlp)"
     )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds behind each median (default 3)")
-    p.add_argument(
-        "--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients (default 1,8,32)"
-    )
+    add_window_options(p)
     p.add_argument(
         "--rate-fraction",
         type=float,
         default=0.6,
         help="Poisson rate, of the highest level's infer/s (0: none)",
-    )
-    p.add_argument("--transports", default="http,grpc", help="default http,grpc")
-    p.add_argument("--measurement-ms", type=int, default=5000, help="measurement window (default 5000)")
-    p.add_argument("--max-trials", type=int, default=6, help="windows until stable, 3 or more (default 6)")
-    p.add_argument(
-        "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
     )
     p.add_argument("--instances", type=int, default=2, help="execution instances of both servers (default 2)")
     p.add_argument("--out", type=Path, default=REPO / "reports" / "pytriton", help="raw outputs")
@@ -117,13 +109,9 @@ def parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
-    if args.max_trials < 3:
-        p.error("--max-trials must be 3 or more: perf_analyzer compares the last three windows")
+    args.window = window_flags(p, args)
     if args.rounds < 1:
         p.error("--rounds must be 1 or more")
-    bad = set(args.transports.split(",")) - set(ACCESS_HEADERS)
-    if bad:
-        p.error(f"unknown transports {sorted(bad)}: http and grpc are measured")
     return args
 
 
@@ -132,24 +120,13 @@ def serving(server: str, work: Path, model: Path) -> Iterator[tuple[ServerProces
     """One started and ready server: (its process, its gRPC port)."""
     peer = GMLP_SERVE if server == report.GMLP else PYTRITON_PEER
     ports = Ports(free_port(), (free_port(),))
-    argv = peer.argv(peer.bin_dir(), ports, work)
-    if server == report.GMLP:
-        argv += ["--grpc-port", str(ports.extra[0])]
+    flags = ["--grpc-port", str(ports.extra[0])] if server == report.GMLP else []
     shutil.rmtree(work / "pytriton", ignore_errors=True)  # PyTriton refuses a workspace that exists
-    env = {MODEL_ENV: str(model), "PYTHONPATH": str(REPO)}
-    process = ServerProcess(argv, port=ports.http, log_path=work / f"{server}.log", env=env, cwd=REPO)
-    process.start()
-    try:
+    with running(peer, work, model, ports, *flags) as process:
         # The model's readiness: Triton is ready before PyTriton has bound the model.
         ready = f"{process.base_url}/v2/models/{model.name}/ready"
         process.wait_ready(lambda: http_get(ready), timeout_s=240.0)
         yield process, ports.extra[0]
-    finally:
-        process.stop(grace_s=15.0)
-
-
-def _json(url: str) -> dict[str, Any]:
-    return json.loads(http_get(url, timeout_s=10.0))
 
 
 def required_inputs(config: dict[str, Any]) -> list[tuple[str, str, list[int]]]:
@@ -177,21 +154,19 @@ def measure_server(
     command = perf_analyzer_command()
     name = args.model.name
     with serving(server, work, args.model.resolve()) as (process, grpc_port):
-        config = _json(f"{process.base_url}/v2/models/{name}/config")
-        configs[server] = {"config": config, "server": _json(f"{process.base_url}/v2")}
+        config = get_json(f"{process.base_url}/v2/models/{name}/config")
+        configs[server] = {"config": config, "server": get_json(f"{process.base_url}/v2")}
         if not data.exists():
             data.write_text(json.dumps(input_data(args.model, config, "random")))
         if required_inputs(config) != required_inputs(configs.get(report.GMLP, configs[server])["config"]):
             raise SystemExit(
                 f"PyTriton's required inputs differ from gmlp-serve's: {required_inputs(config)}"
             )
-        window = ["--measurement-interval", str(args.measurement_ms), "--max-trials", str(args.max_trials)]
-        window += ["--stability-percentage", str(args.stability)]
         for transport in args.transports.split(","):
             port = process.port if transport == "http" else grpc_port
             base = [
                 *("-m", name, "-u", f"127.0.0.1:{port}", "-i", transport, "--input-data", str(data)),
-                *window,
+                *args.window,
             ]
             if server == report.PYTRITON:
                 base += ["-H", f"{ACCESS_HEADERS[transport]}:{ACCESS_TOKEN}"]
@@ -233,8 +208,7 @@ def section(runs: Sequence[report.Run], args: Any, configs: dict[str, dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # A SIGTERM unwinds like an exception, so the server running is stopped, not left behind.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    stop_on_sigterm()
     os.environ[INSTANCES_ENV] = str(args.instances)
     if not (args.model / "model.int8.onnx").exists():
         raise SystemExit(f"{args.model} has no model.int8.onnx: run `make demo-models`")

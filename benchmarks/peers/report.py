@@ -48,7 +48,8 @@ def figure(rows: Sequence[dict[str, Any]], peer: str, image: str, c: int, key: s
     return stat(r.get(key, float("nan")) for r in match)
 
 
-def _cell(s: Stat | None, digits: int = 0) -> str:
+def cell(s: Stat | None, digits: int = 0) -> str:
+    """A table cell: the figure with its spread, or "-" where nothing was measured."""
     return s.fmt(digits) if s else "-"
 
 
@@ -66,10 +67,10 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     for key, label in labels.items():
         if not any(r["peer"] == key and r["image"] == "cifar" for r in rows):
             continue
-        cells = [_cell(figure(rows, key, "cifar", 1, "p50_ms"), 1)]
-        cells += [_cell(figure(rows, key, "cifar", c, "rps")) for c in TABLE_LEVELS]
-        cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "cpu_ms_per_request"), 2))
-        cells.append(_cell(figure(rows, key, "cifar", CPU_LEVEL, "others_cpu_pct")))
+        cells = [cell(figure(rows, key, "cifar", 1, "p50_ms"), 1)]
+        cells += [cell(figure(rows, key, "cifar", c, "rps")) for c in TABLE_LEVELS]
+        cells.append(cell(figure(rows, key, "cifar", CPU_LEVEL, "cpu_ms_per_request"), 2))
+        cells.append(cell(figure(rows, key, "cifar", CPU_LEVEL, "others_cpu_pct")))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     # The floors beside the servers (no HTTP): raw ORT, and the bare pipeline when it was run.
     floors = (
@@ -81,7 +82,7 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
         if runs:
             empty = " |" * (len(TABLE_LEVELS) - 2)
             rps, ms = stat(r[rate] for r in runs), stat(r[cpu] for r in runs)
-            lines.append(f"| {label} | |{empty} {_cell(rps)} images/s | | {_cell(ms, 2)} per image | |")
+            lines.append(f"| {label} | |{empty} {cell(rps)} images/s | | {cell(ms, 2)} per image | |")
     return head + "\n".join(lines) + "\n"
 
 

@@ -90,23 +90,20 @@ def large_photo_line(results: dict[str, Any]) -> str:
     cpu = report.figure(rows, "gmlp-serve", LARGE, c, "cpu_ms_per_request")
     line = (
         f"**Large photo**: a 12-megapixel JPEG (4000x3000, quality 90, a CIFAR-10 test image "
-        f"upscaled) at {c} clients: gmlp-serve **{_fmt(rps, 1)} req/s**, server CPU "
-        f"**{_fmt(cpu, 1)} ms/request**."
+        f"upscaled) at {c} clients: gmlp-serve **{report.cell(rps, 1)} req/s**, server CPU "
+        f"**{report.cell(cpu, 1)} ms/request**."
     )
     full_rps = report.figure(rows, FULL_DECODE, LARGE, c, "rps")
     full_cpu = report.figure(rows, FULL_DECODE, LARGE, c, "cpu_ms_per_request")
     if rps and cpu and full_rps and full_cpu:
         speedup, cpu_share = rps.median / full_rps.median, cpu.median / full_cpu.median
         line += (
-            f" Decoding every pixel (`GMLP_JPEG_DRAFT=false`), the same rounds: {_fmt(full_rps, 1)} req/s"
-            f" and {_fmt(full_cpu, 1)} ms, so the reduced decode serves **{speedup:.1f}x** the"
+            " Decoding every pixel (`GMLP_JPEG_DRAFT=false`), the same rounds:"
+            f" {report.cell(full_rps, 1)} req/s"
+            f" and {report.cell(full_cpu, 1)} ms, so the reduced decode serves **{speedup:.1f}x** the"
             f" requests/s at {cpu_share:.2f}x the CPU each."
         )
     return line
-
-
-def _fmt(s: report.Stat | None, digits: int) -> str:
-    return s.fmt(digits) if s else "-"
 
 
 def section(results: dict[str, Any]) -> str:

@@ -12,15 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.request
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import REPO, ServerProcess, free_port
 from benchmarks.peers.model import MODEL_ENV
 from benchmarks.peers.peers import Peer, Ports
+from loadtests.workload import multipart_body
 
 
 def request_body(image: bytes, kind: str) -> tuple[bytes, str]:
@@ -29,13 +28,7 @@ def request_body(image: bytes, kind: str) -> tuple[bytes, str]:
         return image, "image/jpeg"
     if kind != "multipart":
         raise ValueError(f"unknown body kind {kind!r}")
-    boundary = uuid.uuid4().hex
-    head = (
-        f"--{boundary}\r\n"
-        'Content-Disposition: form-data; name="file"; filename="image.jpg"\r\n'
-        "Content-Type: image/jpeg\r\n\r\n"
-    ).encode()
-    return head + image + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+    return multipart_body(image, "image.jpg", "image/jpeg")
 
 
 def top_label(answer: Any) -> str:
@@ -55,53 +48,40 @@ def classify(
         return top_label(json.loads(resp.read()))
 
 
-@dataclass
-class Running:
-    """A started peer: the server process, the URL measured and where its output goes."""
+class Running(ServerProcess):
+    """A peer's server process, started from the checkout (the peers' own servers are modules of
+    it) on `ports` (free ones by default); `url` is the route measured."""
 
-    peer: Peer
-    process: ServerProcess
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def url(self) -> str:
-        return self.process.url
-
-    @property
-    def log(self) -> Path:
-        return self.process.log_path
-
-
-def start(peer: Peer, work: Path, model_dir: Path) -> Running:
-    """Start `peer` on free ports, from the checkout (the peers' own servers are modules of it)."""
-    ports = Ports(free_port(), tuple(free_port() for _ in range(peer.extra_ports)))
-    process = ServerProcess(
-        peer.argv(peer.bin_dir(), ports, work),
-        port=ports.http,
-        path=peer.path,
-        log_path=work / f"{peer.key}.log",
-        env={**peer.env, MODEL_ENV: str(model_dir), "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-    )
-    process.start()
-    return Running(peer, process)
+    def __init__(self, peer: Peer, work: Path, model_dir: Path, ports: Ports | None = None) -> None:
+        ports = ports or Ports(free_port(), tuple(free_port() for _ in range(peer.extra_ports)))
+        super().__init__(
+            peer.argv(peer.bin_dir(), ports, work),
+            port=ports.http,
+            path=peer.path,
+            log_path=work / f"{peer.key}.log",
+            env={**peer.env, MODEL_ENV: str(model_dir), "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+        )
+        self.peer = peer
 
 
 def wait_ready(server: Running, image: bytes, timeout_s: float = 180.0) -> str:
     """Poll with a real request until the peer answers; return its top label for `image`."""
-    return server.process.wait_ready(
+    return server.wait_ready(
         lambda: classify(server.url, image, server.peer.body, timeout_s=5.0, headers=server.peer.headers),
         timeout_s=timeout_s,
     )
 
 
 @contextlib.contextmanager
-def running(peer: Peer, work: Path, model_dir: Path) -> Iterator[Running]:
-    server = start(peer, work, model_dir)
+def running(
+    peer: Peer, work: Path, model_dir: Path, ports: Ports | None = None, *flags: str
+) -> Iterator[Running]:
+    """`peer` started (with `flags` after its own command line), stopped with its whole tree after."""
+    server = Running(peer, work, model_dir, ports)
+    server.argv += flags
+    server.start()
     try:
         yield server
     finally:
-        server.process.stop(grace_s=15.0)
+        server.stop(grace_s=15.0)

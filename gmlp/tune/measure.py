@@ -12,7 +12,6 @@ request.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gmlp.proc import tree_cpu_seconds
-from gmlp.server_process import gmlp_serve, http_get
+from gmlp.server_process import get_json, gmlp_serve
 from gmlp.tune.space import Candidate, Measured
 from loadtests.engine import run_closed_loop, task_requests
 
@@ -57,7 +56,7 @@ def measure(plan: Plan, candidate: Candidate, index: int) -> Measured:
     )
     try:
         with server:
-            listing = json.loads(http_get(f"{server.base_url}/models", timeout_s=10.0))
+            listing = get_json(f"{server.base_url}/models")
             info = next((m for m in listing["models"] if m["name"] == plan.model), None)
             if info is None:
                 raise RuntimeError(f"the server does not serve {plan.model}")
