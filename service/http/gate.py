@@ -32,6 +32,8 @@ refused before that is counted as `<unmatched>`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import Request
 from fastapi.routing import APIRoute
@@ -124,7 +126,7 @@ class RequestGate:
             response.headers["connection"] = "close"
             await response(scope, receive, send)
             return
-        route, needed = self.table.route(scope["method"], get_route_path(scope))
+        route, needed, child = self.table.route(scope["method"], get_route_path(scope))
         try:
             self.admit(scope, needed)
         except RequestError as refusal:
@@ -138,7 +140,7 @@ class RequestGate:
             await send(message)
 
         try:
-            await self.dispatch(route, scope, self.limited(scope, receive), watched_send)
+            await self.dispatch(route, child, scope, self.limited(scope, receive), watched_send)
         except Exception as exc:
             if started:  # too late for an answer: uvicorn closes the connection of an unfinished one
                 log.exception("error after the answer began on %s %s", scope["method"], scope["path"])
@@ -176,13 +178,26 @@ class RequestGate:
 
         return limited_receive
 
-    async def dispatch(self, route: BaseRoute | None, scope: Scope, receive: Receive, send: Send) -> None:
+    async def dispatch(
+        self,
+        route: BaseRoute | None,
+        child: Mapping[str, Any] | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Runs the matched route; `child`: the scope entries of a full match, as the table found
+        them for this method and path (a direct route's, with a copy of its path parameters)."""
         if route is None:
             raise HTTPException(status_code=404)  # answered as Starlette's router answers it
         if isinstance(route, APIRoute) and not isinstance(route, DirectRoute):
             await self.app(scope, receive, send)  # it needs FastAPI's injection: FastAPI's router
             return
-        match, child_scope = route.matches(scope)
+        child_scope: Mapping[str, Any]
+        if child is not None and isinstance(route, DirectRoute):
+            match, child_scope = Match.FULL, {**child, "path_params": dict(child["path_params"])}
+        else:
+            match, child_scope = route.matches(scope)
         scope.update(child_scope)  # the route, its endpoint and its path parameters
         if match is Match.PARTIAL:  # the path of a route that takes other methods
             raise HTTPException(status_code=405, headers={"Allow": ", ".join(getattr(route, "methods", ()))})

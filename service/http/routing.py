@@ -19,9 +19,9 @@ paths are not probed without one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -133,6 +133,15 @@ def flat(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
             yield from flat(included.routes)
 
 
+class Matched(NamedTuple):
+    """A request's route, the scope it needs, and the scope entries of its full match (the
+    endpoint and path parameters), None for a partial match or none."""
+
+    route: BaseRoute | None
+    needed: Scope | None
+    child: Mapping[str, Any] | None
+
+
 class RouteTable:
     """The app's routes in the router's order, each with its declared scope (checked now).
 
@@ -145,24 +154,25 @@ class RouteTable:
             declared_scope(route)
         self._lookup = lru_cache(maxsize=CACHE_SIZE)(self._find)
 
-    def route(self, method: str, path: str) -> tuple[BaseRoute | None, Scope | None]:
-        """The route the router takes for `method` and `path` (without the root path) and the scope
-        it needs: the first route that matches fully, else the first whose path matches with
-        another method (which answers 405); None and `UNMATCHED_SCOPE` when no route takes it."""
+    def route(self, method: str, path: str) -> Matched:
+        """The route the router takes for `method` and `path` (without the root path), the scope
+        it needs and, when it takes them fully, what its match adds to the request's scope: the
+        first route that matches fully, else the first whose path matches with another method
+        (which answers 405); None and `UNMATCHED_SCOPE` when no route takes it."""
         if len(path) > CACHED_PATH_LENGTH:
             return self._find(method, path)
         return self._lookup(method, path)
 
-    def _find(self, method: str, path: str) -> tuple[BaseRoute | None, Scope | None]:
+    def _find(self, method: str, path: str) -> Matched:
         probe = {"type": "http", "method": method, "path": path, "root_path": ""}
         partial = None
         for route in flat(self.app_routes):
-            match, _ = route.matches(probe)
+            match, child = route.matches(probe)
             if match == Match.FULL:
-                return route, declared_scope(route)
+                return Matched(route, declared_scope(route), child)
             if match == Match.PARTIAL and partial is None:
                 partial = route
-        return partial, UNMATCHED_SCOPE if partial is None else declared_scope(partial)
+        return Matched(partial, UNMATCHED_SCOPE if partial is None else declared_scope(partial), None)
 
     def operation_scopes(self) -> dict[tuple[str, str], Scope | None]:
         """The scope of each documented operation, by (path template, lower-case method)."""
