@@ -297,10 +297,10 @@ class KeyStore:
         Unauthenticated, PermissionDenied or RateLimited otherwise. Counted by name and outcome."""
         name = ANONYMOUS
         try:
-            if not self.enabled:
-                if scope is Scope.ADMIN:
-                    raise admin_closed()
+            if scope in self.open_scopes:
                 return name
+            if not self.enabled:
+                raise admin_closed()
             if not credential:
                 raise Unauthenticated(
                     ErrorCode.UNAUTHENTICATED,
