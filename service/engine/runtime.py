@@ -1,6 +1,9 @@
-"""ONNX Runtime sessions: provider choice, thread count, IO binding. No HTTP, no torch.
+"""The runtime seam and its ONNX Runtime side: provider choice, thread count, IO binding. No HTTP,
+no torch.
 
-`OnnxModel.run_batch` takes a list of per-request feeds (one dict of arrays *without* the batch axis
+`Runtime` is what the pipelines and the batcher see of a loaded graph, whichever library runs it
+(`service.engine.backends` opens the OpenVINO one and picks between them). `Runtime.run_batch`
+takes a list of per-request feeds (one dict of arrays *without* the batch axis
 per request), collates them (stacks them, or a task's own padding), runs the session once and
 splits the outputs back per request; it is what the `DynamicBatcher` calls from its worker threads
 (one per execution instance; a session may be run from several threads at once).
@@ -20,6 +23,8 @@ log = logging.getLogger(__name__)
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+# The backends (`ServiceSettings.backend` once `auto` is resolved).
+ONNXRUNTIME, OPENVINO = "onnxruntime", "openvino"
 
 Feeds = dict[str, np.ndarray]
 # Per-request feeds -> one batch of graph inputs (padding them to a common shape if needed).
@@ -41,11 +46,15 @@ def resolve_device(requested: str) -> str:
     return "cpu"
 
 
-def choose_variant(available: Mapping[str, str], device: str, requested: str | None) -> str:
+def choose_variant(
+    available: Mapping[str, str], device: str, requested: str | None, backend: str = ONNXRUNTIME
+) -> str:
     """The variant to load: the requested one if exported, else the fastest sound one for the device.
 
     int8 (dynamic quantisation) is the fast path on CPU, fp16 on GPU; fp16 on CPU and int8 on
-    CUDA are allowed when asked for explicitly but never chosen by default. A requested variant
+    CUDA are allowed when asked for explicitly but never chosen by default. OpenVINO takes the fp32
+    graph by default: it computes it in bf16 where the CPU has bf16 instructions, and its reading
+    of ONNX Runtime's int8 QDQ file is slower than that (docs/deploy.md, "Backends"). A requested variant
     a model lacks falls back to the default choice with a warning, so that one repository-wide
     setting works for models exported with different variants.
     """
@@ -54,6 +63,8 @@ def choose_variant(available: Mapping[str, str], device: str, requested: str | N
             return requested
         log.warning("variant %s not exported (have %s); choosing a default", requested, sorted(available))
     preferred = {"cpu": ["int8", "fp32"], "cuda": ["fp16", "fp32"]}[device]
+    if backend == OPENVINO:
+        preferred = ["fp32"]
     for variant in preferred:
         if variant in available:
             return variant
@@ -62,16 +73,17 @@ def choose_variant(available: Mapping[str, str], device: str, requested: str | N
     return sorted(available)[0]
 
 
-def rows_are_independent(session: ort.InferenceSession, path: Path) -> bool:
+def rows_are_independent(metadata: Mapping[str, str], path: Path) -> bool:
     """Whether a batch row's outputs depend only on that row (so batching cannot change results).
 
     Dynamic int8 quantisation (`DynamicQuantizeLinear`) computes one activation scale per *tensor*,
     i.e. over the whole batch; static quantisation and float graphs compute each row on its own.
     `gmlp export` records the int8 mode in the file's metadata (`gmlp.int8` = static|dynamic),
-    which ORT reads without the `onnx` package (absent from the serving image). Files without it
-    are inspected with `onnx` when installed, else an `.int8.onnx` is taken to be dynamic.
+    which ORT reads without the `onnx` package (absent from the serving image); `metadata` is the
+    file's. Files without it are inspected with `onnx` when installed, else an `.int8.onnx` is
+    taken to be dynamic.
     """
-    mode = session.get_modelmeta().custom_metadata_map.get("gmlp.int8")
+    mode = metadata.get("gmlp.int8")
     if mode is not None:
         return mode != "dynamic"
     try:
@@ -88,15 +100,60 @@ class RuntimeOptions:
     device: str = "cpu"  # resolved: cpu or cuda
     intra_op_threads: int = 1
     spinning: bool = False
+    backend: str = ONNXRUNTIME  # resolved: onnxruntime or openvino
+    instances: int = 1  # batches run at once (OpenVINO gives each its own stream)
 
 
-class OnnxModel:
-    """One ORT session over one variant of a served model."""
+class Runtime:
+    """One loaded graph of a served model, as the pipelines and the batcher use it: `run` (one
+    batch of graph inputs) and `static_dims` are the backend's own, the rest is shared.
 
-    def __init__(self, path: Path, options: RuntimeOptions, *, name: str = "") -> None:
+    `provider` names what runs the graph; `precision` is what its arithmetic is done in when the
+    backend chooses that itself (OpenVINO's inference precision: fp32 or bf16), None where it is the
+    file's own (ONNX Runtime).
+    """
+
+    provider: str
+    precision: str | None = None
+    input_names: list[str]
+    output_names: list[str]
+    row_independent: bool  # a batch row's outputs depend on that row alone
+
+    def __init__(self, path: Path, options: RuntimeOptions, name: str) -> None:
         self.path = path
         self.name = name or path.parent.name
         self.options = options
+
+    def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
+        """One run over already batched inputs, returning the outputs `names` (default: all)."""
+        raise NotImplementedError
+
+    def static_dims(self, name: str) -> list[int | None]:
+        """An input's shape as the graph declares it: an int where fixed, None where dynamic."""
+        raise NotImplementedError
+
+    def stack(self, items: Sequence[Feeds]) -> Feeds:
+        """The default collation: per-request feeds of equal shapes, stacked on a new batch axis."""
+        return {name: np.stack([item[name] for item in items]) for name in self.input_names}
+
+    def run_batch(
+        self, items: Sequence[Feeds], collate: Collate | None = None, names: Sequence[str] | None = None
+    ) -> list[Feeds]:
+        """Collate per-request feeds (default: stack), run once, split the outputs `names`
+        (default: all) per request."""
+        if not items:
+            return []
+        if not self.row_independent and len(items) > 1:
+            return [self.run_batch([item], collate, names)[0] for item in items]
+        outputs = self.run((collate or self.stack)(items), names)
+        return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
+
+
+class OnnxModel(Runtime):
+    """One ORT session over one variant of a served model."""
+
+    def __init__(self, path: Path, options: RuntimeOptions, *, name: str = "") -> None:
+        super().__init__(path, options, name)
         so = ort.SessionOptions()
         # Explicit threads: ORT otherwise sizes its pool from the host's cores (oversubscription in
         # containers). inter-op 1: our graphs are a chain, parallelism is inside the ops.
@@ -118,7 +175,8 @@ class OnnxModel:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         # A request's result must not depend on its batch-mates: graphs where it would run row by row.
-        self.row_independent = rows_are_independent(self.session, path)
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        self.row_independent = rows_are_independent(metadata, path)
         log.info(
             "model %s: %s on %s, %d intra-op threads%s",
             self.name,
@@ -129,8 +187,7 @@ class OnnxModel:
         )
 
     def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
-        """One session run over already batched inputs, returning the outputs `names` (default:
-        all); outputs not asked for are not copied out of the session."""
+        """Outputs not asked for are not copied out of the session."""
         names = list(names or self.output_names)
         if not self.use_io_binding:
             outputs = self.session.run(names, feeds)
@@ -146,30 +203,16 @@ class OnnxModel:
         return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
 
     def static_dims(self, name: str) -> list[int | None]:
-        """An input's shape as the graph declares it: an int where fixed, None where dynamic."""
         (shape,) = [i.shape for i in self.session.get_inputs() if i.name == name]
         return [d if isinstance(d, int) else None for d in shape]
-
-    def stack(self, items: Sequence[Feeds]) -> Feeds:
-        """The default collation: per-request feeds of equal shapes, stacked on a new batch axis."""
-        return {name: np.stack([item[name] for item in items]) for name in self.input_names}
-
-    def run_batch(
-        self, items: Sequence[Feeds], collate: Collate | None = None, names: Sequence[str] | None = None
-    ) -> list[Feeds]:
-        """Collate per-request feeds (default: stack), run once, split the outputs `names`
-        (default: all) per request."""
-        if not items:
-            return []
-        if not self.row_independent and len(items) > 1:
-            return [self.run_batch([item], collate, names)[0] for item in items]
-        outputs = self.run((collate or self.stack)(items), names)
-        return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 
 __all__ = [
     "rows_are_independent",
+    "Runtime",
     "OnnxModel",
+    "ONNXRUNTIME",
+    "OPENVINO",
     "RuntimeOptions",
     "choose_variant",
     "resolve_device",

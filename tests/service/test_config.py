@@ -249,7 +249,8 @@ def test_row_independence_without_the_onnx_package(tiny_vision_served: Path) -> 
         "import sys; sys.modules['onnx'] = None; from pathlib import Path; "
         "import onnxruntime as ort; from service.engine.runtime import rows_are_independent as r; "
         f"d = Path({str(tiny_vision_served)!r}); "
-        "s = lambda name: ort.InferenceSession(str(d / name), providers=['CPUExecutionProvider']); "
+        "s = lambda name: ort.InferenceSession(str(d / name), providers=['CPUExecutionProvider'])"
+        ".get_modelmeta().custom_metadata_map; "
         "assert r(s('model.onnx'), d / 'model.onnx') and not r(s('model.int8.onnx'), d / 'model.int8.onnx')"
     )
     result = subprocess.run(
