@@ -10,6 +10,7 @@ laptop, a CPU pod and a GPU node.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -135,6 +136,11 @@ class ServiceSettings(BaseSettings):
     device: Device = setting(Group.MODELS, "auto")
     """auto, cpu or cuda; auto uses CUDA when ONNX Runtime has it; cuda without it falls back to CPU with a
     warning"""
+    backend: Literal["onnxruntime", "openvino", "auto"] = setting(Group.MODELS, "onnxruntime")
+    """what runs the graphs: onnxruntime; openvino (the `openvino` extra; CPU only), which loads the fp32
+    graph (by default) and computes it in bf16 on a CPU with AVX512-BF16 or AMX, else in fp32; auto: openvino
+    on such a CPU when installed, else onnxruntime (docs/deploy.md, "Backends"). openvino without the package
+    refuses to start"""
     variant: Variant | None = setting(Group.MODELS, None)
     """fp32, int8 or fp16; unset: int8 on CPU, fp16 on CUDA when exported, else fp32. A variant a model lacks
     falls back to that default (warning)"""
@@ -271,6 +277,13 @@ class ServiceSettings(BaseSettings):
         if isinstance(data, dict):
             return {k: (None if v == "" else v) for k, v in data.items()}
         return data
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_installed(cls, value: str) -> str:
+        if value == "openvino" and importlib.util.find_spec("openvino") is None:
+            raise ValueError("backend openvino needs the openvino package: pip install gmlp-serve[openvino]")
+        return value
 
     @field_validator("version_policy")
     @classmethod

@@ -210,7 +210,14 @@ class ModelInfo(BaseModel):
     n: int | None = Field(description="sequence length (tokens or patches)")
     variant: str
     variants: list[str]
-    provider: str = Field(description="ONNX Runtime execution provider running the model")
+    provider: str = Field(
+        description="what runs the model: ONNX Runtime's execution provider, or `OpenVINO CPU` (setting "
+        "backend)"
+    )
+    precision: str = Field(
+        description="what the model's arithmetic is done in: the variant's own (fp32, int8, fp16), or the "
+        "precision OpenVINO chose for the CPU (fp32 or bf16)"
+    )
     instances: int = Field(description="batches of this model that may run at once (setting instances)")
     intra_op_threads: int = Field(description="ONNX Runtime intra-op threads of each instance")
     rows_batched: bool = Field(description="false when the variant runs batch rows one at a time")

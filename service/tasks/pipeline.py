@@ -22,10 +22,11 @@ from contract.spec import ModelSpec, SpecError
 from contract.tensors import Tensor
 from service.engine import request_context
 from service.engine import rows as batch_jobs
+from service.engine.backends import open_runtime, resolve_backend
 from service.engine.batcher import DynamicBatcher
 from service.engine.request_context import Deadline
 from service.engine.rows import Done, Job
-from service.engine.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
+from service.engine.runtime import Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.telemetry import tracing
@@ -102,14 +103,19 @@ class Pipeline:
         self.spec = spec
         self.name = spec.name
         self.settings = settings
-        self.variant = choose_variant(spec.variants, device, settings.variant)
+        backend = resolve_backend(settings.backend, device)
+        self.variant = choose_variant(spec.variants, device, settings.variant, backend)
         instances = settings.resolved_instances(device)
         options = RuntimeOptions(
             device=device,
             intra_op_threads=settings.resolved_threads(instances),
             spinning=settings.ort_spinning,
+            backend=backend,
+            instances=instances,
         )
-        self.runtime = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
+        self.runtime = open_runtime(spec.variant_path(self.variant), options, name=spec.name)
+        # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
+        self.precision = self.runtime.precision or self.variant
         self.graph_top_k = batch_jobs.graph_top_k(spec.config, self.runtime.output_names)
         self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
             self.run_batch,
@@ -207,7 +213,7 @@ class Pipeline:
                 "model %s: no recorded check in %s; only its contract is checked", self.name, self.spec.path
             )
             return
-        problem = run_check(self.spec.path, entry, self.variant, self.check_run)
+        problem = run_check(self.spec.path, entry, self.variant, self.check_run, self.runtime.precision)
         if problem is not None:
             raise SpecError(f"{self.variant} graph {self.spec.variant_path(self.variant).name}: {problem}")
 
@@ -224,6 +230,7 @@ class Pipeline:
             "variant": self.variant,
             "variants": sorted(self.spec.variants),
             "provider": self.runtime.provider,
+            "precision": self.precision,
             "instances": self.batcher.instances,
             "intra_op_threads": self.runtime.options.intra_op_threads,
             "rows_batched": self.runtime.row_independent,

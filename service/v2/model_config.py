@@ -78,6 +78,7 @@ def model_config(state: ServiceState, model: inference.ModelRef) -> dict[str, An
             for key, value in (
                 ("variant", served.variant),
                 ("execution_provider", served.runtime.provider),
+                ("precision", served.precision),
                 ("intra_op_threads", served.runtime.options.intra_op_threads),
                 ("queue_delay_policy", "always" if batcher.always_wait else "arriving"),
             )

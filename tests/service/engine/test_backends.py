@@ -1,0 +1,122 @@
+"""The backend seam: `auto`'s choice per CPU, the variant OpenVINO loads, OpenVINO's runtime against
+ONNX Runtime's on the tiny exported models, and a service without the openvino package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contract.check import CHECK_FILE
+from service.engine.backends import BF16_FLAGS, auto_backend, cpu_flags, open_runtime
+from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# /proc/cpuinfo flags of CPUs the table in docs/deploy.md names (the relevant part of each).
+ZEN5 = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16"}
+SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
+GRANITE_RAPIDS_AMX_ONLY = {"avx2", "avx512f", "amx_tile", "amx_bf16"}
+ICE_LAKE = {"avx2", "avx512f", "avx512_vnni"}
+HASWELL = {"avx", "avx2", "fma"}
+
+
+@pytest.mark.parametrize(
+    ("device", "flags", "installed", "expected"),
+    [
+        ("cpu", ZEN5, True, "openvino"),
+        ("cpu", SAPPHIRE_RAPIDS, True, "openvino"),
+        ("cpu", GRANITE_RAPIDS_AMX_ONLY, True, "openvino"),
+        ("cpu", ICE_LAKE, True, "onnxruntime"),  # VNNI int8 on ORT; OpenVINO would compute fp32
+        ("cpu", HASWELL, True, "onnxruntime"),
+        ("cpu", SAPPHIRE_RAPIDS, False, "onnxruntime"),  # the optional backend is not installed
+        ("cuda", SAPPHIRE_RAPIDS, True, "onnxruntime"),  # OpenVINO runs on the CPU only
+    ],
+)
+def test_auto_picks_openvino_only_on_cpus_with_bf16_instructions(device, flags, installed, expected):
+    assert auto_backend(device, flags, installed) == expected
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t\t: spectre_v1\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_openvino_loads_the_fp32_graph_unless_told_otherwise() -> None:
+    available = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+    assert choose_variant(available, "cpu", None) == "int8"
+    assert choose_variant(available, "cpu", None, "openvino") == "fp32"
+    assert choose_variant(available, "cpu", "int8", "openvino") == "int8"
+
+
+def recorded_inputs(served: Path) -> list[dict[str, np.ndarray]]:
+    """The inputs of the export's recorded check, one batch per case."""
+    with np.load(served / CHECK_FILE) as data:
+        cases = sorted({key.split("/")[0] for key in data.files if key.count("/") == 1})
+        return [{k.split("/")[1]: data[k] for k in data.files if k.startswith(f"{case}/")} for case in cases]
+
+
+@pytest.mark.parametrize("task", ["vision", "mlm"])
+def test_openvino_answers_as_onnx_runtime(tiny_vision_served: Path, tiny_mlm_served: Path, task: str) -> None:
+    pytest.importorskip("openvino")
+    served = tiny_vision_served if task == "vision" else tiny_mlm_served
+    path = served / "model.onnx"
+    options = RuntimeOptions(intra_op_threads=1, backend="openvino", instances=2)
+    model, reference = open_runtime(path, options), OnnxModel(path, RuntimeOptions(intra_op_threads=1))
+    assert model.provider == "OpenVINO CPU" and reference.precision is None
+    assert model.precision == ("bf16" if BF16_FLAGS & cpu_flags() else "fp32")
+    assert model.input_names == reference.input_names and model.output_names == reference.output_names
+    for name in model.input_names:
+        assert model.static_dims(name) == reference.static_dims(name)
+    assert model.row_independent
+    atol = 5e-2 if model.precision == "bf16" else 1e-4
+    for feeds in recorded_inputs(served):
+        rows = [{k: v[i] for k, v in feeds.items()} for i in range(len(next(iter(feeds.values()))))]
+        got, expected = model.run_batch(rows), reference.run_batch(rows)
+        for row, want in zip(got, expected, strict=True):
+            assert row.keys() == want.keys()
+            np.testing.assert_allclose(row["logits"], want["logits"], atol=atol)
+            assert row["topk_ids"].dtype == want["topk_ids"].dtype
+        assert model.run(feeds, ["logits"]).keys() == {"logits"}
+
+
+def run_without_openvino(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a Python where `import openvino` fails, as where the extra is not installed."""
+    blocked = "import sys; sys.modules['openvino'] = None; " + code
+    return subprocess.run(
+        [sys.executable, "-c", blocked], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_without_openvino_the_server_refuses_it_at_start(tiny_vision_served: Path) -> None:
+    code = (
+        "from service.cli import main; "
+        f"sys.exit(main(['--model-repository', {str(tiny_vision_served.parent)!r}, '--backend', 'openvino']))"
+    )
+    result = run_without_openvino(code)
+    assert result.returncode == 2, result.stderr
+    assert "backend openvino needs the openvino package" in result.stderr
+
+
+def test_without_openvino_auto_runs_onnx_runtime_even_on_a_bf16_cpu() -> None:
+    code = (
+        "import service.engine.backends as b; b.cpu_flags = lambda: frozenset({'amx_bf16'}); "
+        "print(b.resolve_backend('auto', 'cpu'))"
+    )
+    result = run_without_openvino(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["onnxruntime"]
+
+
+def test_with_openvino_auto_runs_it_on_a_bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("openvino")
+    import service.engine.backends as backends
+
+    monkeypatch.setattr(backends, "cpu_flags", lambda: frozenset({"avx2", "amx_bf16"}))
+    assert backends.resolve_backend("auto", "cpu") == "openvino"
+    monkeypatch.setattr(backends, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert backends.resolve_backend("auto", "cpu") == "onnxruntime"
