@@ -25,6 +25,7 @@ from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
 from .onnx_export import DEFAULT_OPSET, export_onnx, graph_top_k, io_spec, metadata_for
+from .other_runtimes import check_openvino
 from .variants import quantize_int8
 from .verify import (
     ExportCheckError,
@@ -105,6 +106,9 @@ def export_served_model(
                     f"{variant} check failed: {reports[variant]} "
                     f"(needs >= {100 * MIN_TOP1_AGREEMENT[variant]:.0f}% top-1 agreement)"
                 )
+        openvino = check_openvino(model, fp32)  # (report, config.json entry); None without OpenVINO
+        if openvino is not None:
+            reports["openvino"], served["openvino"] = openvino
         served["check"] = record_check(config, staging, served["variants"])
         (staging / CONFIG_FILE).write_text(json.dumps(served, indent=2) + "\n")
         for extra in ("labels", "tokenizer"):

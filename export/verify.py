@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,9 @@ class ExportCheckError(UserError):
 TOP_K_OWN_TOLERANCE = 1e-5
 TOP_K_TORCH_TOLERANCE = 3e-4
 
+# A runtime on the graph: batched inputs -> every output by name.
+Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
 # What `InferenceSession.run` raises for inputs the graph cannot take.
 ORT_RUN_ERRORS = (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.RuntimeException)
 
@@ -68,6 +72,13 @@ def session(path: str | Path, providers: list[str] | None = None, threads: int =
     return ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
 
 
+def ort_run(path: str | Path) -> Run:
+    """ONNX Runtime (CPU) on the graph at `path`."""
+    sess = session(path)
+    names = [o.name for o in sess.get_outputs()]
+    return lambda feeds: dict(zip(names, sess.run(names, feeds), strict=True))
+
+
 def torch_logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> np.ndarray:
     """PyTorch fp32 logits for graph inputs; a masked LM runs at its fixed window, `input_ids`
     padded to n, so a graph run at a shorter length is compared with the model as trained."""
@@ -92,12 +103,11 @@ def parity_cases(config: GMLPConfig) -> list[dict[str, int]]:
     return cases
 
 
-def check_parity(model: GMLPModel, path: str | Path, variant: str) -> ParityReport:
-    """Max abs logit difference and top-1 agreement between ORT (CPU) and PyTorch fp32 (at the
-    fixed window), over `parity_cases`; the top-k outputs, where the graph has them, checked by
-    `check_top_k`."""
-    sess = session(path)
-    names = [o.name for o in sess.get_outputs()]
+def check_parity(model: GMLPModel, path: str | Path, variant: str, run: Run | None = None) -> ParityReport:
+    """Max abs logit difference and top-1 agreement between ORT (CPU; or `run`, another runtime on
+    the graph) and PyTorch fp32 (at the fixed window), over `parity_cases`; the top-k outputs, where
+    the graph has them, checked by `check_top_k`."""
+    run = run or ort_run(path)
     diffs, agree, total, k = [], 0, 0, 0
     cases = parity_cases(model.config)
     for i, case in enumerate(cases):
@@ -105,7 +115,7 @@ def check_parity(model: GMLPModel, path: str | Path, variant: str) -> ParityRepo
         expected = torch_logits(model, inputs)
         feeds = {k: v.numpy() for k, v in inputs.items()}
         try:
-            outputs = dict(zip(names, sess.run(names, feeds), strict=True))
+            outputs = run(feeds)
         except ORT_RUN_ERRORS as exc:  # e.g. a graph that does not really take this length
             raise ExportCheckError(f"{variant}: ONNX Runtime failed on inputs of {case}: {exc}") from exc
         got = outputs["logits"]
@@ -215,9 +225,6 @@ def record_check(config: GMLPConfig, directory: Path, variants: dict[str, str]) 
     cases = check_cases(config)
     outputs = {}
     for variant, file in variants.items():
-        sess = session(directory / file)
-        names = [o.name for o in sess.get_outputs()]
-        outputs[variant] = {
-            case: dict(zip(names, sess.run(names, feeds), strict=True)) for case, feeds in cases.items()
-        }
+        run = ort_run(directory / file)
+        outputs[variant] = {case: run(feeds) for case, feeds in cases.items()}
     return write_check(directory / CHECK_FILE, cases, outputs)

@@ -53,6 +53,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"default {DEFAULT_GRAPH_TOP_K}); 0 exports logits alone",
     )
     p.set_defaults(handler=export)
+    p = sub.add_parser(
+        "inline",
+        help="write a served variant with its SGU function nodes inlined, for runtimes that know no ONNX "
+        "local functions (TensorRT, OpenVINO's tools)",
+    )
+    p.add_argument("served", type=Path, help="served-model directory")
+    p.add_argument("--variant", choices=VARIANTS, default="fp32", help="variant to write (default fp32)")
+    p.add_argument("--out", type=Path, required=True, help="file to write, or a folder to write it in")
+    p.set_defaults(handler=inline)
 
 
 def export(args: argparse.Namespace) -> int:
@@ -70,4 +79,11 @@ def export(args: argparse.Namespace) -> int:
     for report in reports.values():
         print(f"verified {report}")
     print(f"wrote {args.out}")
+    return 0
+
+
+def inline(args: argparse.Namespace) -> int:
+    from export.other_runtimes import write_inlined
+
+    print(f"wrote {write_inlined(args.served, args.variant, args.out)}")
     return 0
