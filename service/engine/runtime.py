@@ -3,10 +3,10 @@ no torch.
 
 `Runtime` is what the pipelines and the batcher see of a loaded graph, whichever library runs it
 (`service.engine.backends` opens the OpenVINO one and picks between them). `Runtime.run_batch`
-takes a list of per-request feeds (one dict of arrays *without* the batch axis
-per request), collates them (stacks them, or a task's own padding), runs the session once and
-splits the outputs back per request; it is what the `DynamicBatcher` calls from its worker threads
-(one per execution instance; a session may be run from several threads at once).
+takes a list of per-request feeds (one dict of arrays *without* the batch axis per request),
+collates them (stacks them, or a task's own padding), runs the graph once and splits the outputs
+back per request; it is what the `DynamicBatcher` calls from its worker threads (one per execution
+instance; a session may be run from several threads at once).
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def choose_variant(
 
     int8 (dynamic quantisation) is the fast path on CPU, fp16 on GPU; fp16 on CPU and int8 on
     CUDA are allowed when asked for explicitly but never chosen by default. OpenVINO takes the fp32
-    graph by default: it computes it in bf16 where the CPU has bf16 instructions, and its reading
-    of ONNX Runtime's int8 QDQ file is slower than that (docs/deploy.md, "Backends"). A requested variant
-    a model lacks falls back to the default choice with a warning, so that one repository-wide
-    setting works for models exported with different variants.
+    graph by default: it computes it in bf16 where the CPU has bf16 instructions, and its reading of
+    ONNX Runtime's int8 QDQ file is slower than that (docs/deploy.md, "Backends"). A requested
+    variant a model lacks falls back to the default choice with a warning, so that one
+    repository-wide setting works for models exported with different variants.
     """
     if requested is not None:
         if requested in available:
