@@ -51,10 +51,6 @@ class Peer:
     path: str = "/classify"
     extra_ports: int = 0
     env: dict[str, str] = field(default_factory=dict)
-    note: str = ""
-    large_photo: bool = False  # also measured on the 12-megapixel photo
-    large_only: bool = False  # measured on the 12-megapixel photo only (not in the table)
-    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
 
     def bin_dir(self) -> Path:
         return VENVS / self.venv / "bin" if self.venv else Path(sys.executable).parent
@@ -68,19 +64,6 @@ def _gmlp(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
         *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", "16"),
         *("--max-queue-delay-ms", "2", "--log-level", "warning"),
     )
-
-
-# The benchmark's own API key (not a secret: it guards nothing but the benchmark's server).
-BENCH_KEY = "gmlp_benchmark_key_for_the_authentication_overhead"
-
-
-def _gmlp_keyed(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-    """gmlp-serve with a keys file of one infer key, which every request presents."""
-    from service.access.keys import digest
-
-    keys = work / "api-keys"
-    keys.write_text(f"bench infer {digest(BENCH_KEY)}\n")
-    return [*_gmlp(bin_dir, ports, work), "--api-keys-file", str(keys)]
 
 
 def _module(name: str, *flags: str) -> Callable[[Path, Ports, Path], list[str]]:
@@ -122,32 +105,8 @@ def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
     ]
 
 
-FULL_DECODE = "gmlp-serve-full-decode"
-
 PEERS: tuple[Peer, ...] = (
-    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw", large_photo=True),
-    Peer(
-        FULL_DECODE,
-        "gmlp-serve (every JPEG pixel decoded)",
-        None,
-        (),
-        _gmlp,
-        "raw",
-        env={"GMLP_JPEG_DRAFT": "false"},
-        note="the same server with `GMLP_JPEG_DRAFT=false`, on the 12-megapixel photo only",
-        large_photo=True,
-        large_only=True,
-    ),
-    Peer(
-        "gmlp-serve-keyed",
-        "gmlp-serve (API key)",
-        None,
-        (),
-        _gmlp_keyed,
-        "raw",
-        headers={"Authorization": f"Bearer {BENCH_KEY}"},
-        note="the same server with a keys file, every request sending `Authorization: Bearer KEY`",
-    ),
+    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw"),
     Peer(
         "gmlp-serve-multipart",
         "gmlp-serve (multipart)",
@@ -155,7 +114,6 @@ PEERS: tuple[Peer, ...] = (
         (),
         _gmlp,
         "multipart",
-        note="the same server sent multipart bodies, as LitServe and BentoML are",
     ),
     Peer(
         "litserve",

@@ -38,12 +38,9 @@ def top_label(answer: Any) -> str:
     return str(answer["predictions"][0]["label"])
 
 
-def classify(
-    url: str, image: bytes, kind: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None
-) -> str:
+def classify(url: str, image: bytes, kind: str, timeout_s: float = 10.0) -> str:
     body, content_type = request_body(image, kind)
-    headers = {"Content-Type": content_type, **(headers or {})}
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return top_label(json.loads(resp.read()))
 
@@ -68,7 +65,7 @@ class Running(ServerProcess):
 def wait_ready(server: Running, image: bytes, timeout_s: float = 180.0) -> str:
     """Poll with a real request until the peer answers; return its top label for `image`."""
     return server.wait_ready(
-        lambda: classify(server.url, image, server.peer.body, timeout_s=5.0, headers=server.peer.headers),
+        lambda: classify(server.url, image, server.peer.body, timeout_s=5.0),
         timeout_s=timeout_s,
     )
 

@@ -87,7 +87,9 @@ def test_every_program_is_listed_with_its_command() -> None:
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     # The peer servers are started by the peer benchmark, not by hand.
     by_hand = [
-        m for m in PROGRAMS if not m.startswith("benchmarks.peers.") or m.endswith((".run", ".raw_ort"))
+        m
+        for m in PROGRAMS
+        if not m.startswith("benchmarks.peers.") or m.endswith((".run", ".pytriton_bench"))
     ]
     missing = [m for m in by_hand if f"python -m {m}" not in doc]
     assert not missing, f"docs/benchmarks.md gives no command for {missing}"
