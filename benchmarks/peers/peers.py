@@ -73,24 +73,13 @@ def _module(name: str, *flags: str) -> Callable[[Path, Ports, Path], list[str]]:
     return argv
 
 
-def _ray(direct: bool) -> Callable[[Path, Ports, Path], list[str]]:
-    def argv(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-        # Measured port first: the replica's own port with direct ingress, else the proxy's.
-        cmd = [str(bin_dir / "python"), "-m", "benchmarks.peers.ray_server", "--temp-dir", str(work / "ray")]
-        if direct:
-            proxy, grpc = ports.extra
-            return [
-                *cmd,
-                "--port",
-                str(proxy),
-                "--direct-port",
-                str(ports.http),
-                "--direct-grpc-port",
-                str(grpc),
-            ]
-        return [*cmd, "--port", str(ports.http)]
-
-    return argv
+def _ray(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+    """Ray Serve with direct ingress: the measured port is the replica's own, not the proxy's."""
+    proxy, grpc = ports.extra
+    return [
+        *(str(bin_dir / "python"), "-m", "benchmarks.peers.ray_server", "--temp-dir", str(work / "ray")),
+        *("--port", str(proxy), "--direct-port", str(ports.http), "--direct-grpc-port", str(grpc)),
+    ]
 
 
 def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
@@ -131,13 +120,12 @@ PEERS: tuple[Peer, ...] = (
         _module("litserve_server", "--fast-queue"),
         "multipart",
     ),
-    Peer("ray-proxy", "Ray Serve 2.60 (through its proxy)", "ray", (RAY,), _ray(direct=False), "raw"),
     Peer(
         "ray-direct",
         "Ray Serve 2.60 (direct ingress)",
         "ray",
         (RAY,),
-        _ray(direct=True),
+        _ray,
         "raw",
         extra_ports=2,
     ),
