@@ -185,16 +185,3 @@ def read_spec(directory: Path) -> ModelSpec | None:
 def export_command(checkpoint: Path, out_dir: Path) -> str:
     """The command that turns a checkpoint into a served-model directory (quoted in error messages)."""
     return f"gmlp export {checkpoint} --out {out_dir}"
-
-
-__all__ = [
-    "ModelSpec",
-    "SpecError",
-    "confined",
-    "model_name_problem",
-    "MAX_CONFIG_BYTES",
-    "read_format",
-    "is_checkpoint",
-    "read_spec",
-    "export_command",
-]

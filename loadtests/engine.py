@@ -360,18 +360,3 @@ async def open_loop(
             conn.close()
     result.seconds = seconds
     return result
-
-
-__all__ = [
-    "LoadResult",
-    "Outcome",
-    "PreparedRequest",
-    "classify_request",
-    "closed_loop",
-    "fill_mask_request",
-    "open_loop",
-    "percentile",
-    "run_closed_loop",
-    "send",
-    "task_requests",
-]

@@ -118,16 +118,3 @@ def rejections_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
         if delta > 0:
             out[f"{model}/{reason}"] = delta
     return out
-
-
-__all__ = [
-    "Snapshot",
-    "BatchStats",
-    "parse_metrics",
-    "scrape",
-    "batch_delta",
-    "overall",
-    "rejections_delta",
-    "http_get",
-    "get_json",
-]

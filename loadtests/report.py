@@ -211,6 +211,3 @@ def write_report(out_dir: Path, results: dict[str, Any]) -> dict[str, Path]:
     paths["md"].write_text(render_markdown(results), encoding="utf-8")
     plot(results, paths["png"])
     return paths
-
-
-__all__ = ["build_results", "render_markdown", "plot", "write_report", "SCHEMA"]

@@ -207,16 +207,3 @@ def best_of(results: Sequence[Measured], slo_p99_ms: float) -> Measured | None:
     """The candidate with the highest throughput that met the SLO, or None when none did."""
     meeting = [m for m in results if m.best_level(slo_p99_ms) is not None]
     return max(meeting, key=lambda m: m.rank(slo_p99_ms), default=None)
-
-
-__all__ = [
-    "KNOBS",
-    "Candidate",
-    "Measured",
-    "Space",
-    "best_of",
-    "coordinate_descent",
-    "full_grid",
-    "parse_values",
-    "power_of_two_steps",
-]
