@@ -263,29 +263,6 @@ def build(task: str, model_dir: Path, settings: ServiceSettings, all_images: boo
     return BareFillMask(model_dir, settings, sentences())
 
 
-def service_settings(
-    instances: int | None, intra_op_threads: int | None, variant: str | None
-) -> ServiceSettings:
-    """The service's settings from the environment, with the command line's overrides."""
-    overrides: dict[str, Any] = {
-        "instances": instances,
-        "intra_op_threads": intra_op_threads,
-        "variant": variant,
-    }
-    return ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
-
-
-def run_argv(
-    task: str, model_dir: Path, seconds: float, *, rounds: int = 1, extra: Sequence[str] = ()
-) -> list[str]:
-    """The command's arguments (after `python -m benchmarks.bare_pipeline`) for one task."""
-    return [
-        *("--task", task, "--model-dir", str(model_dir)),
-        *("--seconds", str(seconds), "--rounds", str(rounds)),
-        *extra,
-    ]
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--task", choices=(*TASKS, "both"), default="both")
@@ -303,7 +280,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.task == "both" and args.model_dir is not None:
         raise SystemExit("--model-dir needs --task classify or --task fill-mask")
-    settings = service_settings(args.instances, args.intra_op_threads, args.variant)
+    # The service's settings from the environment, with the command line's overrides.
+    overrides = {
+        "instances": args.instances,
+        "intra_op_threads": args.intra_op_threads,
+        "variant": args.variant,
+    }
+    settings = ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
     machine = cpu_line(cpu_facts())
     for task in TASKS if args.task == "both" else (args.task,):
         bare = build(task, args.model_dir or DEFAULT_MODELS[task], settings, args.all_images)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
-from benchmarks.bare_pipeline import run_argv as bare_run_argv
 from benchmarks.harness import REPO
 from benchmarks.peers.model import VARIANT, PeerModel, instances, intra_op_threads
 from benchmarks.peers.peers import Peer
@@ -136,9 +135,11 @@ def write_script(work: Path, key: str, image: bytes, kind: str) -> Path:
 def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
     """One round of the bare /classify pipeline with the peers' settings (instances, threads,
     variant), in its own process so that its CPU is its own."""
-    extra = ["--instances", str(instances()), "--intra-op-threads", str(intra_op_threads())]
-    argv = bare_run_argv("classify", model_dir, seconds, extra=[*extra, "--variant", VARIANT])
-    cmd = [sys.executable, "-m", "benchmarks.bare_pipeline", *argv]
+    cmd = [
+        *(sys.executable, "-m", "benchmarks.bare_pipeline", "--task", "classify"),
+        *("--model-dir", str(model_dir), "--seconds", str(seconds), "--rounds", "1", "--variant", VARIANT),
+        *("--instances", str(instances()), "--intra-op-threads", str(intra_op_threads())),
+    ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bare pipeline run failed: {done.stderr}")
