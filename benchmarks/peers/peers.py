@@ -66,11 +66,8 @@ def _gmlp(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
     )
 
 
-def _module(name: str, *flags: str) -> Callable[[Path, Ports, Path], list[str]]:
-    def argv(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-        return [str(bin_dir / "python"), "-m", f"benchmarks.peers.{name}", "--port", str(ports.http), *flags]
-
-    return argv
+def _litserve(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+    return [str(bin_dir / "python"), "-m", "benchmarks.peers.litserve_server", "--port", str(ports.http)]
 
 
 def _ray(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
@@ -109,15 +106,7 @@ PEERS: tuple[Peer, ...] = (
         "LitServe 0.2.19",
         "litserve",
         (LITSERVE, MULTIPART),
-        _module("litserve_server"),
-        "multipart",
-    ),
-    Peer(
-        "litserve-fast",
-        "LitServe 0.2.19 (fast queue)",
-        "litserve",
-        (LITSERVE, MULTIPART),
-        _module("litserve_server", "--fast-queue"),
+        _litserve,
         "multipart",
     ),
     Peer(
