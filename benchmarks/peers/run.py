@@ -33,7 +33,6 @@ MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "img" / "peers-throughput-latency.png"
 RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the section it feeds
-COMMAND = ".venv/bin/python -m benchmarks.peers.run"
 
 
 def ensure_model() -> None:
@@ -49,8 +48,8 @@ def labels(keys: list[str]) -> dict[str, str]:
 
 
 def section(results: dict[str, Any]) -> str:
-    """The markdown of the section: conditions, table, ratios and plot (the notes on what is not
-    like for like follow it in the document)."""
+    """The markdown between the markers: this run's conditions, table, ratios and plot (what is
+    measured and how, and what is not like for like, is prose around them in the document)."""
     meta, keys = results["meta"], [k for k in PEER_KEYS if k in results["meta"]["peers"]]
     names = labels(keys)
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
@@ -59,49 +58,16 @@ def section(results: dict[str, Any]) -> str:
     load = f"a median {background.fmt()} % of both CPUs" if background else "an unmeasured share"
     ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
     instances = int(meta.get("instances", 1))
-    threads = max(1, CPUS // instances)
-    instances_text = (
-        "one execution instance (one batch at a time)"
-        if instances == 1
-        else f"{instances} execution instances (up to {instances} batches running at once: gmlp-serve's "
-        f"`--instances`, LitServe's `workers_per_device`, Ray Serve's `max_concurrent_batches`, "
-        f"BentoML's `workers`; raw ONNX Runtime runs {instances} threads)"
-    )
     return f"""\
-The demo classifier (`models/cifar10-gmlp/model.{VARIANT}.onnx`, static int8, 32x32 inputs) served
-by gmlp-serve and by three other serving frameworks, each with its own dynamic batching set to the
-same limits (max batch 16, 2 ms wait), {instances_text}, ONNX Runtime with the same options
-({threads} intra-op thread(s) per instance, 1 inter-op, sequential, all graph optimisations, no
-spinning) and the same preprocessing
-(`contract.image.ImageTransform`), answering the same JSON as `/classify` (top 5). Load: wrk, one
-thread, {meta["duration_s"]:g} s per row after a warm-up, the same CIFAR-10 test JPEG on every
-request; server CPU is user + system time of the server's whole process tree (from /proc) over
-the row, divided by the requests served. {meta["rounds"]} round(s), each measuring every server at
-every client count (c = {", ".join(map(str, meta["levels"]))}), the order rotating; figures are
-medians over rounds, (ranges) beside them. Every server's answers to the 8 CIFAR-10 test JPEGs in
-`loadtests/data/` are checked against raw ONNX Runtime before it is timed.
-
 Measured {meta["date"]} on {m.get("cpu", "?")}, {m.get("cpus", "?")} vCPUs ({m.get("hypervisor")} guest;
-SIMD: {m.get("simd", "?")}), Python {m.get("python")}, shared with other work (the load generator
-runs on the same 2 cores; during the rows the rest of the machine used {load}), so
-absolute figures are low and noisy: read the ratios, measured side by side, and the CPU per
-request, which depends far less on the background load than requests/s.
-Re-run (about {meta["minutes"]:.0f} minutes):
-
-```bash
-{COMMAND}            # add --quick for a 1-round smoke run
-```
+SIMD: {m.get("simd", "?")}), Python {m.get("python")}: {instances} execution instance(s) of
+{max(1, CPUS // instances)} intra-op thread(s) each, `model.{VARIANT}.onnx`, {meta["duration_s"]:g} s
+per row, {meta["rounds"]} round(s) at c = {", ".join(map(str, meta["levels"]))} (about
+{meta["minutes"]:.0f} minutes); during the rows the rest of the machine used {load}.
 
 {report.table(results, names)}
 gmlp-serve, medians:
 {ratio_lines}
-
-The bare pipeline (`benchmarks.bare_pipeline`, run
-each round beside raw ORT with the same instances, threads and variant) does a request's
-unavoidable work and nothing else: decode and transform the same JPEG, batches of 16 from as
-many threads, softmax and top 5 of every row; its images/s and CPU per image are the limit the
-served figures are read against; beyond it, a server's CPU per request is its own (HTTP,
-queueing, serialisation).
 
 ![throughput against latency](img/{PLOT.name}){failed}
 """

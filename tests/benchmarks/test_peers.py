@@ -234,7 +234,7 @@ def test_plot_is_written(tmp_path: Path):
 
 
 def test_section_states_conditions_command_and_figures():
-    from benchmarks.peers.run import COMMAND, section
+    from benchmarks.peers.run import section
 
     results = _results()
     results["meta"] = {
@@ -248,7 +248,7 @@ def test_section_states_conditions_command_and_figures():
     }
     results["failed"] = {"litserve": "RuntimeError: boom"}
     text = section(results)
-    assert "Test CPU" in text and "SIMD: avx2" in text and COMMAND in text
+    assert "Test CPU" in text and "SIMD: avx2" in text and "c = 1, 8, 32, 64" in text
     assert "| LitServe 0.2.19 | 6.0 (5.4-7.2) |" in text
     assert "c=32 req/s: 1.33x the best peer's (LitServe 0.2.19)" in text
     assert "- litserve: not measured (RuntimeError: boom)" in text
