@@ -39,7 +39,8 @@ from typing import Any
 
 import uvloop
 
-from benchmarks.harness import command_line, cpu_facts, cpu_line, gmlp_serve
+from benchmarks.harness import command_line, cpu_facts, cpu_line
+from gmlp.server_process import gmlp_serve
 from loadtests.engine import (
     LoadResult,
     Outcome,

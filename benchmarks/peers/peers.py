@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import REPO, serve_argv
+from benchmarks.harness import REPO
 from benchmarks.peers.model import instances, intra_op_threads
+from gmlp.server_process import serve_argv
 
 VENVS = REPO / ".bench-venvs"
 # The packages whose versions decide the work every server does, pinned as the product pins them.

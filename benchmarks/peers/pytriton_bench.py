@@ -34,17 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import (
-    REPO,
-    ServerProcess,
-    command_line,
-    cpu_line,
-    free_port,
-    get_json,
-    http_get,
-    link_repository,
-    stop_on_sigterm,
-)
+from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS, Peer, Ports, ensure_venv
 from benchmarks.peers.report import publish
@@ -58,6 +48,7 @@ from benchmarks.perf_analyzer import (
 )
 from benchmarks.perf_analyzer_install import VERSION as PERF_ANALYZER_VERSION
 from benchmarks.perf_analyzer_install import perf_analyzer_command
+from gmlp.server_process import ServerProcess, free_port, get_json, http_get, link_repository
 
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"

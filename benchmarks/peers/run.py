@@ -23,11 +23,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, command_line, cpu_facts, link_repository
+from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers import report
 from benchmarks.peers.bench import Plan, run_rounds
 from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT
 from benchmarks.peers.peers import PEER_KEYS, PEERS, ensure_venv
+from gmlp.server_process import link_repository
 
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"

@@ -2,7 +2,7 @@
 
 "Ready" means a real /classify answer, not a health endpoint: frameworks report healthy before
 their replica or worker has loaded the model, and the first correct answer is what the timing
-needs anyway. Each peer is a `benchmarks.harness.ServerProcess`: its own session, stopped by
+needs anyway. Each peer is a `gmlp.server_process.ServerProcess`: its own session, stopped by
 signalling every process of its tree, since Ray and BentoML leave helpers behind a plain kill of
 the root.
 """
@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, ServerProcess, free_port
+from benchmarks.harness import REPO
 from benchmarks.peers.model import MODEL_ENV
 from benchmarks.peers.peers import Peer, Ports
+from gmlp.server_process import ServerProcess, free_port
 from loadtests.workload import multipart_body
 
 
