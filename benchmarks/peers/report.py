@@ -91,44 +91,29 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def best_peer(rows: Sequence[dict[str, Any]], peers: Iterable[str], c: int) -> tuple[str, float] | None:
-    """The peer with the highest median req/s at `c` (gmlp-serve's own rows excluded by the caller)."""
-    best = None
-    for key in peers:
-        s = figure(rows, key, c, "rps")
-        if s and (best is None or s.median > best[1]):
-            best = (key, s.median)
-    return best
-
-
 def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-serve") -> list[str]:
     """gmlp-serve against the best other server at each level, and against raw ORT."""
     rows = results["rows"]
     others = [k for k in labels if not k.startswith(ours)]
     out = []
-    p50 = figure(rows, ours, 1, "p50_ms")
-    fastest = min(
-        ((k, s.median) for k in others if (s := figure(rows, k, 1, "p50_ms"))),
-        key=lambda kv: kv[1],
-        default=None,
-    )
-    if p50 and fastest:
-        out.append(f"c=1 p50: {p50.median / fastest[1]:.2f}x the lowest peer's ({labels[fastest[0]]})")
-    for c in TABLE_LEVELS:
-        mine, best = figure(rows, ours, c, "rps"), best_peer(rows, others, c)
-        if mine and best:
-            out.append(f"c={c} req/s: {mine.median / best[1]:.2f}x the best peer's ({labels[best[0]]})")
-    cpu_mine = figure(rows, ours, CPU_LEVEL, "cpu_ms_per_request")
-    frugal = min(
-        ((k, s.median) for k in others if (s := figure(rows, k, CPU_LEVEL, "cpu_ms_per_request"))),
-        key=lambda kv: kv[1],
-        default=None,
-    )
-    if cpu_mine and frugal:
-        out.append(
-            f"c={CPU_LEVEL} server CPU per request: {cpu_mine.median / frugal[1]:.2f}x the most frugal"
-            f" peer's ({labels[frugal[0]]})"
-        )
+    # (clients, figure, which peer is the one to beat, what is compared, whose figure)
+    against = [
+        (1, "p50_ms", min, "c=1 p50", "the lowest peer's"),
+        *((c, "rps", max, f"c={c} req/s", "the best peer's") for c in TABLE_LEVELS),
+        (
+            CPU_LEVEL,
+            "cpu_ms_per_request",
+            min,
+            f"c={CPU_LEVEL} server CPU per request",
+            "the most frugal peer's",
+        ),
+    ]
+    for c, key, pick, what, whose in against:
+        mine = figure(rows, ours, c, key)
+        theirs = [(k, s.median) for k in others if (s := figure(rows, k, c, key))]
+        if mine and theirs:
+            peer, value = pick(theirs, key=lambda kv: kv[1])
+            out.append(f"{what}: {mine.median / value:.2f}x {whose} ({labels[peer]})")
     mine32 = figure(rows, ours, CPU_LEVEL, "rps")
     cpu32 = figure(rows, ours, CPU_LEVEL, "cpu_ms_per_request")
     names = {"raw": ("raw session.run images/s", "raw ORT CPU per image")}
