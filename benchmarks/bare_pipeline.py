@@ -31,8 +31,12 @@ runs it between its server rows, for served/bare ratios from one run.
 
 from __future__ import annotations
 
+import itertools
 import json
+import resource
 import statistics
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,7 +45,6 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_facts, cpu_line
-from benchmarks.peers.raw_ort import run_concurrently
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.image import ImageTransform
 from contract.scores import labelled_rows, ranked_labels
@@ -72,6 +75,11 @@ def sentences() -> list[str]:
     return [line.split("\t", 1)[1] for line in lines if line and not line.startswith("#")]
 
 
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 @dataclass(frozen=True)
 class Rate:
     """One timed run: batches and requests answered, wall and CPU seconds, and the two figures."""
@@ -85,17 +93,25 @@ class Rate:
 
 
 def timed(run: Callable[[int], object], threads: int, seconds: float, batch: int) -> Rate:
-    """`run(k)` (one batch of `batch` requests) from `threads` threads for `seconds`."""
-    runs = run_concurrently(run, threads, seconds)
-    requests = runs.calls * batch
-    return Rate(
-        runs.calls,
-        requests,
-        runs.wall_s,
-        runs.cpu_s,
-        requests / runs.wall_s,
-        runs.cpu_s * 1000.0 / max(requests, 1),
-    )
+    """`run(k)` (one batch of `batch` requests; k: the batch's number, 0, 1, ... across all
+    threads) from `threads` threads for `seconds`. ORT releases the GIL, so the threads run their
+    sessions in parallel, as the service's execution instances do."""
+    calls = itertools.count()
+    cpu0, t0 = _cpu_s(), time.perf_counter()
+
+    def worker() -> None:
+        while time.perf_counter() - t0 < seconds:
+            run(next(calls))
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    # `calls` has handed out one number per call made; the next one is their count.
+    batches, wall_s, cpu_s = next(calls), time.perf_counter() - t0, _cpu_s() - cpu0
+    requests = batches * batch
+    return Rate(batches, requests, wall_s, cpu_s, requests / wall_s, cpu_s * 1000.0 / max(requests, 1))
 
 
 class Bare:
@@ -247,29 +263,6 @@ def build(task: str, model_dir: Path, settings: ServiceSettings, all_images: boo
     return BareFillMask(model_dir, settings, sentences())
 
 
-def service_settings(
-    instances: int | None, intra_op_threads: int | None, variant: str | None
-) -> ServiceSettings:
-    """The service's settings from the environment, with the command line's overrides."""
-    overrides: dict[str, Any] = {
-        "instances": instances,
-        "intra_op_threads": intra_op_threads,
-        "variant": variant,
-    }
-    return ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
-
-
-def run_argv(
-    task: str, model_dir: Path, seconds: float, *, rounds: int = 1, extra: Sequence[str] = ()
-) -> list[str]:
-    """The command's arguments (after `python -m benchmarks.bare_pipeline`) for one task."""
-    return [
-        *("--task", task, "--model-dir", str(model_dir)),
-        *("--seconds", str(seconds), "--rounds", str(rounds)),
-        *extra,
-    ]
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--task", choices=(*TASKS, "both"), default="both")
@@ -287,7 +280,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.task == "both" and args.model_dir is not None:
         raise SystemExit("--model-dir needs --task classify or --task fill-mask")
-    settings = service_settings(args.instances, args.intra_op_threads, args.variant)
+    # The service's settings from the environment, with the command line's overrides.
+    overrides = {
+        "instances": args.instances,
+        "intra_op_threads": args.intra_op_threads,
+        "variant": args.variant,
+    }
+    settings = ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
     machine = cpu_line(cpu_facts())
     for task in TASKS if args.task == "both" else (args.task,):
         bare = build(task, args.model_dir or DEFAULT_MODELS[task], settings, args.all_images)

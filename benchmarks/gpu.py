@@ -1,6 +1,6 @@
 """CUDA checks for the served models: CUDA-EP parity against CPU, and throughput of CPU vs CUDA fp32
-vs CUDA fp16 with IO binding. Part of scripts/gpu-check.sh; needs only the serving install with
-onnxruntime-gpu (numpy, onnxruntime, contract), run from the checkout:
+vs CUDA fp16, each run by the service's own `OnnxModel` (on CUDA with IO binding, as served). Part
+of scripts/gpu-check.sh; needs only the serving install with onnxruntime-gpu, run from the checkout:
 
     python -m benchmarks.gpu --models models --out OUT [--batches 1,8,64] [--seconds 2]
 
@@ -11,14 +11,15 @@ provider it still runs the CPU rows and says that CUDA was not available.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from benchmarks.harness import command_line, cpu_line, median_rate
 from contract.formats import VISION_TASK
+from service.engine.runtime import OnnxModel, RuntimeOptions, cuda_available
 
 
 def make_inputs(cfg: dict, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -41,71 +42,40 @@ def make_inputs(cfg: dict, batch: int, rng: np.random.Generator) -> dict[str, np
     return feeds
 
 
-class Runner:
-    """One session; `run` either plain (host in/out) or with IO binding (device-resident in/out)."""
-
-    def __init__(self, path: Path, provider: str, io_binding: bool) -> None:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), options, providers=[provider, "CPUExecutionProvider"])
-        self.provider = self.session.get_providers()[0]
-        self.io_binding = io_binding and self.provider == "CUDAExecutionProvider"
-
-    def prepare(self, feeds: dict[str, np.ndarray]) -> Any:
-        if not self.io_binding:
-            return feeds
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
-        binding.bind_output("logits", "cuda", 0)
-        return binding
-
-    def run(self, prepared: Any) -> None:
-        if self.io_binding:
-            self.session.run_with_iobinding(prepared)
-        else:
-            self.session.run(["logits"], prepared)
-
-    def logits(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        return self.session.run(["logits"], feeds)[0]
-
-
-def throughput(runner: Runner, feeds: dict[str, np.ndarray], batch: int, seconds: float) -> float:
+def throughput(model: OnnxModel, feeds: dict[str, np.ndarray], batch: int, seconds: float) -> float:
     """Median items/s over 5 timed runs of `seconds` / 5 each, after 3 untimed calls."""
-    prepared = runner.prepare(feeds)
-    return median_rate(lambda: runner.run(prepared), batch, repeats=5, min_seconds=seconds / 5, warmups=3)
+    return median_rate(
+        lambda: model.run(feeds, ["logits"]), batch, repeats=5, min_seconds=seconds / 5, warmups=3
+    )
 
 
 def bench_model(model_dir: Path, batches: list[int], seconds: float) -> dict:
     cfg = json.loads((model_dir / "config.json").read_text())
     rng = np.random.default_rng(0)
-    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
-    rows = {"CPU fp32": Runner(model_dir / cfg["variants"]["fp32"], "CPUExecutionProvider", False)}
-    if "int8" in cfg["variants"]:
-        rows["CPU int8"] = Runner(model_dir / cfg["variants"]["int8"], "CPUExecutionProvider", False)
-    if has_cuda:
-        rows["CUDA fp32 (IO binding)"] = Runner(
-            model_dir / cfg["variants"]["fp32"], "CUDAExecutionProvider", True
+    has_cuda = cuda_available()
+    runs = [("cpu", "fp32"), ("cpu", "int8")] + ([("cuda", "fp32"), ("cuda", "fp16")] if has_cuda else [])
+    rows = {
+        f"{device.upper()} {variant}": OnnxModel(
+            model_dir / cfg["variants"][variant], RuntimeOptions(device, os.cpu_count() or 1)
         )
-        if "fp16" in cfg["variants"]:
-            rows["CUDA fp16 (IO binding)"] = Runner(
-                model_dir / cfg["variants"]["fp16"], "CUDAExecutionProvider", True
-            )
+        for device, variant in runs
+        if variant in cfg["variants"]
+    }
     result: dict = {"model": cfg["name"], "task": cfg["task"], "cuda_available": has_cuda, "parity": {}}
     check = make_inputs(cfg, 8, rng)
-    reference = rows["CPU fp32"].logits(check)
-    for name, runner in rows.items():
+    reference = rows["CPU fp32"].run(check, ["logits"])["logits"]
+    for name, model in rows.items():
         if name == "CPU fp32":
             continue
-        got = runner.logits(check)
+        got = model.run(check, ["logits"])["logits"]
         result["parity"][name] = {
-            "provider": runner.provider,
+            "provider": model.provider,
             "max_abs_diff_vs_cpu_fp32": float(np.abs(got - reference).max()),
             "top1_agreement": float((got.argmax(-1) == reference.argmax(-1)).mean()),
         }
     result["throughput"] = {
-        name: {str(b): throughput(runner, make_inputs(cfg, b, rng), b, seconds) for b in batches}
-        for name, runner in rows.items()
+        name: {str(b): throughput(model, make_inputs(cfg, b, rng), b, seconds) for b in batches}
+        for name, model in rows.items()
     }
     return result
 

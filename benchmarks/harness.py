@@ -1,13 +1,14 @@
-"""What every benchmark program shares: server processes, the machine's CPU facts, medians and
+"""What every benchmark program shares beside its servers: the machine's CPU facts, medians and
 the command line.
 
 Servers, ports and process trees come from `gmlp.server_process` (which `gmlp tune` shares and
-the wheel ships; re-exported here): `ServerProcess` runs any server command on 127.0.0.1 in its own
-session, waits until a probe succeeds and stops its whole process tree; `gmlp_serve` builds the
-one for `gmlp serve`. Server CPU time comes from `gmlp.proc`, load from `loadtests.engine` (or
-wrk, for the peer benchmark). Every figure a benchmark prints comes with `cpu_line()` (model
-name, vCPUs, SIMD flags), since int8 and bf16 speed depend on them. Standard library only: the
-GPU check runs the benchmarks from a virtual environment that has just the serving install.
+the wheel ships; the programs import it directly): `ServerProcess` runs any server command on
+127.0.0.1 in its own session, waits until a probe succeeds and stops its whole process tree;
+`gmlp_serve` builds the one for `gmlp serve`. Server CPU time comes from `gmlp.proc`, load from
+`loadtests.engine` (or wrk, for the peer benchmark). Every figure a benchmark prints comes with
+`cpu_line()` (model name, vCPUs, SIMD flags), since int8 and bf16 speed depend on them.
+Standard library only: the GPU check runs the benchmarks from a virtual environment that has
+just the serving install.
 
 The benchmarks run from a checkout (the wheel does not ship them): `REPO` is where they find the
 committed checkpoints and test data.
@@ -25,17 +26,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-
-from gmlp.server_process import (
-    HOST,
-    ServerProcess,
-    free_port,
-    get_json,
-    gmlp_serve,
-    http_get,
-    link_repository,
-    serve_argv,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 # The lscpu flags that decide int8 and bf16 speed (AVX2, AVX-512, VNNI, BF16, AMX, FMA, F16C).
@@ -108,21 +98,3 @@ def stop_on_sigterm() -> None:
 def command_line(doc: str | None) -> argparse.ArgumentParser:
     """A benchmark's command line; `--help` shows its whole docstring (what it measures, the command)."""
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-
-__all__ = [
-    "HOST",
-    "REPO",
-    "command_line",
-    "cpu_facts",
-    "cpu_line",
-    "free_port",
-    "get_json",
-    "gmlp_serve",
-    "http_get",
-    "link_repository",
-    "median_rate",
-    "serve_argv",
-    "ServerProcess",
-    "stop_on_sigterm",
-]

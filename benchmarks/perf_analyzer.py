@@ -40,22 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import (
-    REPO,
-    ServerProcess,
-    command_line,
-    cpu_line,
-    free_port,
-    get_json,
-    gmlp_serve,
-    stop_on_sigterm,
-)
+from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
 from benchmarks.peers.report import publish
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
 from gmlp.proc import tree_cpu_seconds
+from gmlp.server_process import ServerProcess, free_port, get_json, gmlp_serve
 from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
 
 DOC = REPO / "docs" / "benchmarks.md"

@@ -34,13 +34,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import wrk
 from benchmarks.bare_pipeline import sentences
-from benchmarks.harness import REPO, command_line, cpu_facts, get_json, gmlp_serve, http_get, link_repository
+from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers.bench import test_images, write_script
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS
 from benchmarks.peers.run import MODEL, ensure_model
 from benchmarks.peers.server import running, wait_ready
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
+from gmlp.server_process import get_json, gmlp_serve, http_get, link_repository
 
 # The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).
 # A sample whose innermost Python frame is the loop's `run` is in uvloop's C code (polling,

@@ -37,9 +37,11 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import psutil
 import uvloop
 
-from benchmarks.harness import command_line, cpu_facts, cpu_line, gmlp_serve
+from benchmarks.harness import command_line, cpu_facts, cpu_line
+from gmlp.server_process import gmlp_serve
 from loadtests.engine import (
     LoadResult,
     Outcome,
@@ -94,12 +96,9 @@ def _round(value: float | None) -> float | None:
 
 
 def proc_sample(pid: int) -> tuple[int, int, float]:
-    """(VmRSS in KiB, open file descriptors) of process `pid`, and the machine's load average."""
-    rss = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1])
-    return rss, len(os.listdir(f"/proc/{pid}/fd")), float(Path("/proc/loadavg").read_text().split()[0])
+    """(RSS in KiB, open file descriptors) of process `pid`, and the machine's load average."""
+    process = psutil.Process(pid)
+    return process.memory_info().rss // 1024, process.num_fds(), os.getloadavg()[0]
 
 
 async def ramp(args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:

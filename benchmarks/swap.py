@@ -24,7 +24,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.harness import command_line, cpu_line, gmlp_serve
+from benchmarks.harness import command_line, cpu_line
+from gmlp.server_process import gmlp_serve
 from loadtests.engine import LoadResult, Outcome, PreparedRequest, percentile, run_closed_loop
 from service.access.keys import key_line, new_key
 

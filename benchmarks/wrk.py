@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,16 +71,14 @@ def parse(output: str) -> WrkResult:
     )
 
 
-def lua_script(body_file: Path, content_type: str, headers: Mapping[str, str] | None = None) -> str:
-    """A wrk script that POSTs the bytes of `body_file` with `content_type` (and `headers`) on
-    every request."""
-    extra = "".join(f'wrk.headers["{name}"] = "{value}"\n' for name, value in (headers or {}).items())
+def lua_script(body_file: Path, content_type: str) -> str:
+    """A wrk script that POSTs the bytes of `body_file` with `content_type` on every request."""
     return (
         f'local f = assert(io.open("{body_file}", "rb"))\n'
         'wrk.body = f:read("*a")\n'
         "f:close()\n"
         'wrk.method = "POST"\n'
-        f'wrk.headers["Content-Type"] = "{content_type}"\n' + extra
+        f'wrk.headers["Content-Type"] = "{content_type}"\n'
     )
 
 

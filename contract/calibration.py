@@ -78,6 +78,3 @@ def write_calibration_set(
     out = checkpoint_dir / "calibration.npz"
     np.savez_compressed(out, calib_jpeg=blob, calib_offsets=offsets)
     return out
-
-
-__all__ = ["CALIBRATION_FILES", "image_bytes", "sentences", "bundled_calibration", "write_calibration_set"]

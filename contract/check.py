@@ -127,6 +127,3 @@ def _ids_differ(got: np.ndarray, expected: np.ndarray, scores: np.ndarray | None
             f"{int(recorded[row, rank])} (not tied within {allowed:.3g})"
         )
     return None
-
-
-__all__ = ["CHECK_FILE", "ATOL", "RTOL", "write_check", "run_check", "input_key", "output_key"]

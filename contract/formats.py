@@ -42,24 +42,3 @@ def package_version() -> str:
         return metadata.version("gmlp-serve")
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
         return "0+unknown"
-
-
-__all__ = [
-    "SERVED_FORMAT",
-    "CHECKPOINT_FORMAT",
-    "CONFIG_FILE",
-    "VISION_TASK",
-    "MLM_TASK",
-    "TASKS",
-    "Variant",
-    "VARIANTS",
-    "VARIANT_FILES",
-    "DEFAULT_EXPORT_VARIANTS",
-    "MASK_TOKEN",
-    "MAX_FILL_MASK_TOP_K",
-    "TOP_K_IDS_OUTPUT",
-    "TOP_K_SCORES_OUTPUT",
-    "GRAPH_TOP_K_KEY",
-    "DEFAULT_GRAPH_TOP_K",
-    "package_version",
-]

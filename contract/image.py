@@ -344,16 +344,3 @@ def decode_base64(text: str, field: str) -> bytes:
             ErrorCode.INVALID_BASE64,
             "'image' is not valid base64; send the image file's bytes base64-encoded",
         ) from None
-
-
-__all__ = [
-    "decode_base64",
-    "ImageTransform",
-    "DEFAULT_MAX_RESIZED_PIXELS",
-    "decode_image",
-    "open_image",
-    "load_image",
-    "to_rgb",
-    "SUPPORTED_FORMATS",
-    "ACCEPTED_DESCRIPTION",
-]

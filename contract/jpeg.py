@@ -74,6 +74,3 @@ def _draft_factor(width: int, height: int, min_side: int | None) -> int:
         return 1
     fits = min(width // min_side, height // min_side)
     return next((factor for factor in (8, 4, 2) if fits >= factor), 1)
-
-
-__all__ = ["PlainJpeg"]

@@ -47,6 +47,3 @@ def echo(value: object, limit: int = ECHO_LIMIT) -> str:
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-__all__ = ["CONTROL_CHARACTERS", "ECHO_LIMIT", "MESSAGE_LIMIT", "echo", "escape_controls", "shorten"]

@@ -129,16 +129,3 @@ def policy_from_config(config: str) -> VersionPolicy | None:
         raise PolicyError("the config parameter must be a JSON object (a model configuration)")
     value = document.get("version_policy")
     return None if value is None else VersionPolicy.parse(value)
-
-
-__all__ = [
-    "VersionPolicy",
-    "PolicyError",
-    "VersionError",
-    "parse_version",
-    "policy_from_config",
-    "POLICY_FILE",
-    "POLICY_FORMS",
-    "VERSION_FORM",
-    "MAX_VERSION_DIGITS",
-]

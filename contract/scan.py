@@ -303,16 +303,3 @@ def require_sources(repository: Path, *, every_model: bool = False) -> dict[str,
             f"the model repository {repository} holds models that cannot be served: {'; '.join(unservable)}"
         )
     return models
-
-
-__all__ = [
-    "VersionSource",
-    "ModelSource",
-    "Fingerprint",
-    "fingerprint",
-    "read_version",
-    "scan",
-    "require_sources",
-    "problems_of",
-    "FLAT_VERSION",
-]

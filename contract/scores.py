@@ -172,22 +172,3 @@ def ranked_labels(
     scores = ROW_SCORE_FUNCTIONS[function](np.asarray(logits))
     top = ranked_rows(scores, k)
     return labelled_rows(top, np.take_along_axis(scores, top, axis=1), labels)
-
-
-__all__ = [
-    "log_normaliser",
-    "top_probabilities",
-    "k_largest",
-    "softmax",
-    "ranked",
-    "log_normalisers",
-    "softmax_rows",
-    "ranked_rows",
-    "ranked_labels",
-    "labelled_rows",
-    "top_k_mismatch",
-    "sigmoid",
-    "ScoreFunction",
-    "SCORE_FUNCTIONS",
-    "ROW_SCORE_FUNCTIONS",
-]

@@ -182,50 +182,6 @@ def read_spec(directory: Path) -> ModelSpec | None:
     return ModelSpec(name=str(name), task=str(task), path=directory.resolve(), config=config)
 
 
-def discover(repository: Path) -> dict[str, ModelSpec]:
-    """All served models in `repository` (itself or its immediate subdirectories), by name."""
-    if not repository.is_dir():
-        raise SpecError(f"model repository {repository} does not exist or is not a directory")
-    candidates = [repository, *sorted(p for p in repository.iterdir() if p.is_dir())]
-    specs: dict[str, ModelSpec] = {}
-    for directory in candidates:
-        spec = read_spec(directory)
-        if spec is None:
-            continue
-        if spec.name in specs:
-            raise SpecError(
-                f"two served models are named {spec.name!r}: {specs[spec.name].path} and {spec.path}"
-            )
-        specs[spec.name] = spec
-    return specs
-
-
 def export_command(checkpoint: Path, out_dir: Path) -> str:
     """The command that turns a checkpoint into a served-model directory (quoted in error messages)."""
     return f"gmlp export {checkpoint} --out {out_dir}"
-
-
-def require_models(repository: Path) -> dict[str, ModelSpec]:
-    """`discover`, refusing a repository without any served model (with the command that makes one)."""
-    specs = discover(repository)
-    if not specs:
-        raise SpecError(
-            f"no served models (directories with a {SERVED_FORMAT} config.json) in {repository}; "
-            f"create one with `{export_command(Path('CHECKPOINT_DIR'), repository / 'NAME')}`"
-        )
-    return specs
-
-
-__all__ = [
-    "ModelSpec",
-    "SpecError",
-    "confined",
-    "model_name_problem",
-    "MAX_CONFIG_BYTES",
-    "read_format",
-    "is_checkpoint",
-    "read_spec",
-    "discover",
-    "require_models",
-    "export_command",
-]

@@ -128,6 +128,3 @@ def _short(part: int | str) -> int | str:
 
 def _dotted(loc: Loc) -> str:
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
-
-
-__all__ = ["loads", "JSONError", "MAX_JSON_DEPTH", "ACCEPTED"]

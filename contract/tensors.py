@@ -232,20 +232,3 @@ def _bytes_array(items: list[bytes], shape: Sequence[int]) -> np.ndarray:
 def bytes_tensor(name: str, items: Sequence[bytes], shape: Sequence[int] | None = None) -> Tensor:
     """A BYTES output tensor of `shape` (default: 1-D, one element per request row)."""
     return Tensor(name, BYTES, _bytes_array(list(items), [len(items)] if shape is None else shape))
-
-
-__all__ = [
-    "Tensor",
-    "DATATYPES",
-    "MAX_DIMS",
-    "MAX_ELEMENTS",
-    "SHAPE_LIMITS",
-    "NUMPY_TYPES",
-    "BYTES",
-    "datatype_of",
-    "from_json",
-    "from_raw",
-    "from_items",
-    "split_bytes",
-    "bytes_tensor",
-]

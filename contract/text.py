@@ -222,6 +222,3 @@ class FillMaskCodec:
             "token_str": token_str,
             "sequence": self.tokenizer.decode(visible, skip_special_tokens=False),
         }
-
-
-__all__ = ["FillMaskCodec", "EncodedText", "LENGTH_MULTIPLE"]

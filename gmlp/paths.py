@@ -43,15 +43,3 @@ def gutenberg_dir() -> Path | None:
 
 def bert_tokenizer() -> Path | None:
     return shared_data("bert-base-uncased", "tokenizer.json")
-
-
-__all__ = [
-    "SHARED_DATA_ENV",
-    "CHECKPOINTS_DIR",
-    "CACHE_DIR",
-    "IMAGENET_CLASS_INDEX",
-    "shared_data",
-    "cifar10_npz",
-    "gutenberg_dir",
-    "bert_tokenizer",
-]

@@ -4,8 +4,8 @@ stopped with its whole process tree.
 `ServerProcess` runs any server command (SIGTERM, then SIGKILL, to every process of the tree,
 since some frameworks leave helpers behind a plain kill of the root); `gmlp_serve` builds the one
 for `gmlp serve`. `gmlp tune` starts its candidates with it and the benchmark programs their
-servers. Standard library only (plus `gmlp.proc` and the load tests' HTTP GET): it runs wherever
-the serving install does.
+servers. Standard library only (plus `gmlp.proc`, psutil, and the load tests' HTTP GET): it runs
+wherever the serving install does.
 """
 
 from __future__ import annotations

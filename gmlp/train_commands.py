@@ -22,29 +22,17 @@ from .paths import CACHE_DIR, CHECKPOINTS_DIR, SHARED_DATA_ENV, bert_tokenizer, 
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
-def _common(
-    p: argparse.ArgumentParser,
-    *,
-    depth: int,
-    d_model: int,
-    d_ffn: int,
-    batch: int,
-    lr: float,
-    wd: float,
-    warmup: int,
-    out: Path,
-    reserve: float,
-    drop_path: float = 0.0,
-) -> None:
-    p.add_argument("--out", type=Path, default=out, help="checkpoint directory to write")
-    p.add_argument("--depth", type=int, default=depth)
-    p.add_argument("--d-model", type=int, default=d_model)
-    p.add_argument("--d-ffn", type=int, default=d_ffn)
-    p.add_argument("--drop-path", type=float, default=drop_path, help="stochastic depth rate")
-    p.add_argument("--batch-size", type=int, default=batch)
-    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
-    p.add_argument("--weight-decay", type=float, default=wd)
-    p.add_argument("--warmup-steps", type=int, default=warmup)
+def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
+    """The options both trainers take; `defaults` are the model's own (its `set_defaults`)."""
+    p.add_argument("--out", type=Path, help="checkpoint directory to write")
+    p.add_argument("--depth", type=int)
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--d-ffn", type=int)
+    p.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--warmup-steps", type=int)
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
     p.add_argument(
         "--time-budget-min",
@@ -56,7 +44,6 @@ def _common(
     p.add_argument(
         "--eval-reserve-s",
         type=float,
-        default=reserve,
         help="seconds of the budget kept for the final evaluation and checkpoint",
     )
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training examples")
@@ -83,6 +70,7 @@ def _common(
         "--state-dir", type=Path, default=None, help="training state (default .cache/train/<out name>)"
     )
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data", help="decoded/tokenised data cache")
+    p.set_defaults(**defaults)
 
 
 def _data_argument(p: argparse.ArgumentParser, flag: str, default: Path | None, what: str) -> None:
@@ -106,12 +94,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         depth=10,
         d_model=128,
         d_ffn=512,
-        batch=128,
+        batch_size=128,
         lr=2e-3,
-        wd=0.05,
-        warmup=400,
+        weight_decay=0.05,
+        warmup_steps=400,
         out=CHECKPOINTS_DIR / "cifar10-gmlp",
-        reserve=120,
+        eval_reserve_s=120,
         drop_path=0.05,
     )
     p.add_argument("--epochs", type=float, default=None, help="stop after this many epochs")
@@ -128,12 +116,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         depth=6,
         d_model=256,
         d_ffn=1024,
-        batch=48,
+        batch_size=48,
         lr=2e-3,
-        wd=0.01,
-        warmup=200,
+        weight_decay=0.01,
+        warmup_steps=200,
         out=CHECKPOINTS_DIR / "gutenberg-gmlp-mlm",
-        reserve=240,
+        eval_reserve_s=240,
     )
     p.add_argument(
         "--attn-dim", type=int, default=64, help="aMLP tiny-attention size (paper: 64); 0 for plain gMLP"

@@ -112,6 +112,3 @@ def check_fill_mask(body: Any, text: str, top_k: int, expected_model: str | None
         if error:
             return error
     return None
-
-
-__all__ = ["check_classify", "check_fill_mask", "MASK_TOKEN"]

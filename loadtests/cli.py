@@ -81,7 +81,7 @@ def _workload_env(args: argparse.Namespace) -> dict[str, str]:
 
 def run_loadtest(args: argparse.Namespace) -> int:
     """Handler of `gmlp loadtest`: sweep, report, exit status 1 on any failed request."""
-    from loadtests.report import build_results, write_report
+    from loadtests.report import build_results, summary_table, write_report
     from loadtests.runner import (
         SweepConfig,
         describe_server,
@@ -136,17 +136,8 @@ def run_loadtest(args: argparse.Namespace) -> int:
         finished=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     paths = write_report(args.out, results)
-    print(f"{'users':>6} {'req/s':>9} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'failures':>9} {'batch':>6}")
+    print("\n".join(summary_table(results["steps"])))
     for step in steps:
-        t = step.total
-        mean = step.batch_all.mean if step.batch_all else None
-        print(
-            f"{step.users:>6} {t.rps if t else float('nan'):>9.1f} "
-            f"{(t.p50_ms if t and t.p50_ms is not None else float('nan')):>7.0f} "
-            f"{(t.p95_ms if t and t.p95_ms is not None else float('nan')):>7.0f} "
-            f"{(t.p99_ms if t and t.p99_ms is not None else float('nan')):>7.0f} "
-            f"{step.failures:>9} {mean if mean is not None else float('nan'):>6.2f}"
-        )
         if step.error:
             print(f"  step error: {step.error.splitlines()[0]}", file=sys.stderr)
     print(f"report: {paths['md']}  plot: {paths['png']}  data: {paths['json']}")

@@ -20,6 +20,7 @@ Content-Length and chunked bodies): `gmlp tune` runs it wherever the serving ins
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
@@ -131,8 +132,7 @@ def task_requests(task: str, model: str, n_tokens: int | None, top_k: int = 5) -
     body), or /fill-mask with each bundled masked sentence that fits its window of `n_tokens`."""
     if task == VISION_TASK:
         images, _ = load_images(None)
-        path = "/classify?" + urlencode({"model": model, "top_k": top_k})
-        return [classify_request(image, top_k, path=path, model=model) for image in images]
+        return [classify_request(image, top_k, model=model) for image in images]
     if task == MLM_TASK:
         sentences = fitting(load_sentences(LoadConfig(top_k=top_k))[0], n_tokens)
         if not sentences:
@@ -141,21 +141,11 @@ def task_requests(task: str, model: str, n_tokens: int | None, top_k: int = 5) -
     raise UserError(f"model {model} serves {task!r}; the load generator sends {VISION_TASK} and {MLM_TASK}")
 
 
-def classify_request(
-    image: bytes,
-    top_k: int,
-    *,
-    path: str | None = None,
-    model: str | None = None,
-    headers: tuple[tuple[str, str], ...] = (),
-) -> PreparedRequest:
+def classify_request(image: bytes, top_k: int, *, model: str | None = None) -> PreparedRequest:
     """POST /classify with a raw JPEG body, checked."""
-    check = _classify_check(top_k, model)
-    return PreparedRequest(path or f"/classify?top_k={top_k}", image, "image/jpeg", check, headers)
-
-
-def _classify_check(top_k: int, model: str | None) -> Callable[[Any], str | None]:
-    return lambda answer: check_classify(answer, top_k, model)
+    query = urlencode({"top_k": top_k} | ({"model": model} if model else {}))
+    check = functools.partial(check_classify, top_k=top_k, expected_model=model)
+    return PreparedRequest(f"/classify?{query}", image, "image/jpeg", check)
 
 
 def fill_mask_request(text: str, top_k: int, *, model: str | None = None) -> PreparedRequest:
@@ -360,18 +350,3 @@ async def open_loop(
             conn.close()
     result.seconds = seconds
     return result
-
-
-__all__ = [
-    "LoadResult",
-    "Outcome",
-    "PreparedRequest",
-    "classify_request",
-    "closed_loop",
-    "fill_mask_request",
-    "open_loop",
-    "percentile",
-    "run_closed_loop",
-    "send",
-    "task_requests",
-]

@@ -9,7 +9,6 @@ and one just after it. Other traffic during the step is counted too: run against
 from __future__ import annotations
 
 import json
-import re
 import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,25 +39,11 @@ class Snapshot:
     rejections: dict[tuple[str, str], float]
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def _samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of every sample, with prometheus_client's parser when it is installed.
+    """(name, labels, value) of every sample (prometheus-client is in the `loadtest` extra; imported
+    here, since `http_get` runs in the serving install too)."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    The loadtest image installs only the `loadtest` extra, which may lack prometheus-client; the
-    fallback reads the plain text format's sample lines, which is all we need here.
-    """
-    try:
-        from prometheus_client.parser import text_string_to_metric_families
-    except ImportError:
-        for line in text.splitlines():
-            match = _SAMPLE.match(line)
-            if match and not line.startswith("#"):
-                labels = dict(_LABEL.findall(match.group(2) or ""))
-                yield match.group(1), labels, float(match.group(3))
-        return
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             yield sample.name, sample.labels, sample.value
@@ -133,16 +118,3 @@ def rejections_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
         if delta > 0:
             out[f"{model}/{reason}"] = delta
     return out
-
-
-__all__ = [
-    "Snapshot",
-    "BatchStats",
-    "parse_metrics",
-    "scrape",
-    "batch_delta",
-    "overall",
-    "rejections_delta",
-    "http_get",
-    "get_json",
-]

@@ -69,6 +69,22 @@ def _models_table(models: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def summary_table(steps: list[dict[str, Any]]) -> list[str]:
+    """One row per user count, all endpoints together (report.md's summary; `gmlp loadtest` prints it)."""
+    lines = [
+        "| users | requests | req/s | p50 ms | p95 ms | p99 ms | failures | avg batch size |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in steps:
+        t = s["total"] or {}
+        lines.append(
+            f"| {s['users']} | {_fmt(t.get('requests'))} | {_fmt(t.get('rps'), 1)} | "
+            f"{_fmt(t.get('p50_ms'))} | {_fmt(t.get('p95_ms'))} | {_fmt(t.get('p99_ms'))} | "
+            f"{s['failures']} | {_batch_text(s['batch_size_all'])} |"
+        )
+    return lines
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     """report.md: summary per user count, per endpoint, batch sizes per model, failures."""
     steps = results["steps"]
@@ -89,17 +105,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         "## Summary (all endpoints)",
         "",
-        "| users | requests | req/s | p50 ms | p95 ms | p99 ms | failures | avg batch size |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in steps:
-        t = s["total"] or {}
-        lines.append(
-            f"| {s['users']} | {_fmt(t.get('requests'))} | {_fmt(t.get('rps'), 1)} | "
-            f"{_fmt(t.get('p50_ms'))} | {_fmt(t.get('p95_ms'))} | {_fmt(t.get('p99_ms'))} | "
-            f"{s['failures']} | {_batch_text(s['batch_size_all'])} |"
-        )
-    lines += [
+        *summary_table(steps),
         "",
         "## Per endpoint",
         "",
@@ -211,6 +217,3 @@ def write_report(out_dir: Path, results: dict[str, Any]) -> dict[str, Path]:
     paths["md"].write_text(render_markdown(results), encoding="utf-8")
     plot(results, paths["png"])
     return paths
-
-
-__all__ = ["build_results", "render_markdown", "plot", "write_report", "SCHEMA"]

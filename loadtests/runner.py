@@ -313,19 +313,3 @@ def run_sweep(config: SweepConfig) -> list[StepResult]:
             time.sleep(config.pause_s)  # let the previous step's queue drain
         results.append(run_step(config, users))
     return results
-
-
-__all__ = [
-    "SweepConfig",
-    "StepResult",
-    "EndpointStats",
-    "run_sweep",
-    "run_step",
-    "wait_ready",
-    "describe_server",
-    "parse_duration",
-    "parse_users",
-    "read_stats_csv",
-    "read_failures_csv",
-    "read_exceptions_csv",
-]

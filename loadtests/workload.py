@@ -276,16 +276,3 @@ def multipart_body(data: bytes, filename: str, content_type: str, field: str = "
     ).encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
     return head + data + tail, f"multipart/form-data; boundary={boundary}"
-
-
-__all__ = [
-    "LoadConfig",
-    "MaskedSentence",
-    "load_images",
-    "load_sentences",
-    "fitting",
-    "split_sentences",
-    "mask_one_word",
-    "estimate_tokens",
-    "multipart_body",
-]

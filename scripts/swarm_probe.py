@@ -19,12 +19,12 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from collections import defaultdict
 from pathlib import Path
 
 from loadtests.checks import check_classify
 from loadtests.engine import PreparedRequest, fill_mask_request, percentile, run_closed_loop
+from loadtests.workload import multipart_body
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "loadtests" / "data" / "cifar10-test-03000-cat.jpg"
@@ -35,13 +35,7 @@ KEPT_FAILURES = 50
 
 def _classify_request(image: bytes) -> PreparedRequest:
     """POST /classify of the JPEG as a multipart form, as a browser's upload sends it."""
-    boundary = uuid.uuid4().hex
-    head = (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="cat.jpg"\r\n'
-        "Content-Type: image/jpeg\r\n\r\n"
-    )
-    body = head.encode() + image + f"\r\n--{boundary}--\r\n".encode()
-    content_type = f"multipart/form-data; boundary={boundary}"
+    body, content_type = multipart_body(image, "cat.jpg", "image/jpeg")
     return PreparedRequest(f"/classify?top_k={TOP_K}", body, content_type, lambda b: check_classify(b, TOP_K))
 
 

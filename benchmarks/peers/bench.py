@@ -19,16 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
-from benchmarks.bare_pipeline import run_argv as bare_run_argv
 from benchmarks.harness import REPO
 from benchmarks.peers.model import VARIANT, PeerModel, instances, intra_op_threads
 from benchmarks.peers.peers import Peer
 from benchmarks.peers.server import Running, classify, request_body, running, wait_ready
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
 from loadtests.workload import BUNDLED_DIR
-
-CIFAR = "cifar"
-LARGE = "12mp"
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,6 @@ class Row:
 
     peer: str
     round: int
-    image: str
     concurrency: int
     rps: float
     p50_ms: float
@@ -58,16 +53,15 @@ class Plan:
     levels: list[int]
     rounds: int
     duration_s: float
-    raw_seconds: float
-    large_concurrency: int = 8
+    bare_seconds: float
     warmup_s: float = 2.0
 
 
 @dataclass
 class Results:
     rows: list[Row] = field(default_factory=list)
-    raw: list[dict[str, float]] = field(default_factory=list)
-    # The bare /classify pipeline (benchmarks.bare_pipeline), one run per round beside raw ORT.
+    # The bare /classify pipeline (benchmarks.bare_pipeline) and raw `session.run` beside it
+    # (its "raw"), one run per round.
     bare: list[dict[str, Any]] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     reference: dict[str, str] = field(default_factory=dict)
@@ -75,7 +69,6 @@ class Results:
     def to_json(self) -> dict[str, Any]:
         return {
             "rows": [asdict(r) for r in self.rows],
-            "raw": self.raw,
             "bare": self.bare,
             "failed": self.failed,
         }
@@ -83,17 +76,6 @@ class Results:
 
 def test_images() -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))}
-
-
-def large_photo(source: bytes, out: Path, size: tuple[int, int] = (4000, 3000)) -> bytes:
-    """A 12-megapixel JPEG (quality 90) upscaled from a CIFAR image: a phone photo's decode cost."""
-    import io
-
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(source)).convert("RGB").resize(size, Image.Resampling.BICUBIC)
-    img.save(out, format="JPEG", quality=90)
-    return out.read_bytes()
 
 
 def reference_labels(model_dir: Path, images: dict[str, bytes]) -> dict[str, str]:
@@ -109,14 +91,13 @@ def check_answers(server: Running, images: dict[str, bytes], reference: dict[str
     wrong = {
         name: (got, reference[name])
         for name, data in images.items()
-        if (got := classify(server.url, data, server.peer.body, headers=server.peer.headers))
-        != reference[name]
+        if (got := classify(server.url, data, server.peer.body)) != reference[name]
     }
     if wrong:
         raise AssertionError(f"{server.peer.key} answers differ from raw ORT (got, expected): {wrong}")
 
 
-def measure_row(server: Running, script: Path, peer_round: tuple[int, str], c: int, seconds: float) -> Row:
+def measure_row(server: Running, script: Path, rnd: int, c: int, seconds: float) -> Row:
     before, busy0, wrk0, t0 = (
         tree_cpu_seconds(server.pid),
         machine_busy_seconds(),
@@ -130,8 +111,7 @@ def measure_row(server: Running, script: Path, peer_round: tuple[int, str], c: i
     capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
     return Row(
         peer=server.peer.key,
-        round=peer_round[0],
-        image=peer_round[1],
+        round=rnd,
         concurrency=c,
         rps=result.rps,
         p50_ms=result.p50_ms,
@@ -143,31 +123,23 @@ def measure_row(server: Running, script: Path, peer_round: tuple[int, str], c: i
     )
 
 
-def write_script(
-    work: Path, key: str, image: bytes, kind: str, headers: dict[str, str] | None = None
-) -> Path:
+def write_script(work: Path, key: str, image: bytes, kind: str) -> Path:
     body, content_type = request_body(image, kind)
     body_file = work / f"{key}.body"
     body_file.write_bytes(body)
     script = work / f"{key}.lua"
-    script.write_text(wrk.lua_script(body_file, content_type, headers))
+    script.write_text(wrk.lua_script(body_file, content_type))
     return script
-
-
-def raw_ort(model_dir: Path, seconds: float) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "benchmarks.peers.raw_ort", "--model-dir", str(model_dir)]
-    done = subprocess.run([*cmd, "--seconds", str(seconds)], cwd=REPO, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"raw ORT run failed: {done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
     """One round of the bare /classify pipeline with the peers' settings (instances, threads,
     variant), in its own process so that its CPU is its own."""
-    extra = ["--instances", str(instances()), "--intra-op-threads", str(intra_op_threads())]
-    argv = bare_run_argv("classify", model_dir, seconds, extra=[*extra, "--variant", VARIANT])
-    cmd = [sys.executable, "-m", "benchmarks.bare_pipeline", *argv]
+    cmd = [
+        *(sys.executable, "-m", "benchmarks.bare_pipeline", "--task", "classify"),
+        *("--model-dir", str(model_dir), "--seconds", str(seconds), "--rounds", "1", "--variant", VARIANT),
+        *("--instances", str(instances()), "--intra-op-threads", str(intra_op_threads())),
+    ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bare pipeline run failed: {done.stderr}")
@@ -188,50 +160,31 @@ def run_peer(
     with running(peer, work, model_dir) as server:
         wait_ready(server, first)
         check_answers(server, images, results.reference)
-        script = write_script(work, peer.key, first, peer.body, peer.headers)
+        script = write_script(work, peer.key, first, peer.body)
         wrk.run(server.url, script, 8, plan.warmup_s)  # warm-up, not recorded
-        for c in () if peer.large_only else plan.levels:
-            row = measure_row(server, script, (rnd, CIFAR), c, plan.duration_s)
+        for c in plan.levels:
+            row = measure_row(server, script, rnd, c, plan.duration_s)
             results.rows.append(row)
             log(
                 f"  {peer.key:22s} c={c:<3d} {row.rps:8.1f} req/s  p50 {row.p50_ms:7.2f} ms"
                 f"  CPU {row.cpu_ms_per_request:6.2f} ms/req  errors {row.errors}"
                 f"  others {row.others_cpu_pct:3.0f}%"
             )
-        if peer.large_photo:
-            photo = (work / f"{LARGE}.jpg").read_bytes()
-            expected = results.reference[LARGE]
-            if (got := classify(server.url, photo, peer.body, 60.0, peer.headers)) != expected:
-                raise AssertionError(f"12 MP photo: got {got}, raw ORT says {expected}")
-            script = write_script(work, f"{peer.key}-{LARGE}", photo, peer.body, peer.headers)
-            row = measure_row(server, script, (rnd, LARGE), plan.large_concurrency, plan.duration_s)
-            results.rows.append(row)
-            log(
-                f"  {peer.key:22s} 12 MP c={plan.large_concurrency}: {row.rps:.1f} req/s,"
-                f" CPU {row.cpu_ms_per_request:.1f} ms/req"
-            )
 
 
 def run_rounds(plan: Plan, work: Path, model_dir: Path, log: Callable[[str], None] = print) -> Results:
-    """Every round: raw ORT, the bare pipeline, then each peer (rotated order) at every level."""
+    """Every round: the bare pipeline and raw ORT, then each peer (rotated order) at every level."""
     results = Results()
-    images = test_images()
-    photo = large_photo(images["cifar10-test-03000-cat.jpg"], work / f"{LARGE}.jpg")
-    results.reference = reference_labels(model_dir, {**images, LARGE: photo})
+    results.reference = reference_labels(model_dir, test_images())
     for rnd in range(plan.rounds):
         log(f"round {rnd + 1}/{plan.rounds}")
-        raw = raw_ort(model_dir, plan.raw_seconds)
-        results.raw.append({"round": rnd, **raw})
-        log(
-            f"  raw session.run b16: {raw['images_per_s']:.1f} images/s,"
-            f" {raw['cpu_ms_per_image']:.2f} CPU ms/image"
-        )
-        bare = bare_pipeline(model_dir, plan.raw_seconds)
+        bare = bare_pipeline(model_dir, plan.bare_seconds)
         results.bare.append({"round": rnd, **bare["bare"], "raw": bare["raw"]})
-        log(
-            f"  bare pipeline b16: {bare['bare']['requests_per_s']:.1f} images/s,"
-            f" {bare['bare']['cpu_ms_per_request']:.2f} CPU ms/image"
-        )
+        for kind in ("bare", "raw"):
+            log(
+                f"  {kind} b16: {bare[kind]['requests_per_s']:.1f} images/s,"
+                f" {bare[kind]['cpu_ms_per_request']:.2f} CPU ms/image"
+            )
         order = plan.peers[rnd % len(plan.peers) :] + plan.peers[: rnd % len(plan.peers)]
         for peer in order:
             if peer.key in results.failed:

@@ -6,7 +6,7 @@ which LitServe calls per request in its inference worker before it forms the bat
 gmlp-serve's per-request transform before its batcher. Its execution instances are inference
 workers (`workers_per_device`), each a process with its own batching. Run in the LitServe venv:
 
-    python -m benchmarks.peers.litserve_server --port 8001 [--fast-queue]
+    python -m benchmarks.peers.litserve_server --port 8001
 """
 
 import argparse
@@ -49,10 +49,9 @@ class ClassifierAPI(ls.LitAPI):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--fast-queue", action="store_true", help="LitServe's ZeroMQ queue")
     args = parser.parse_args()
     api = ClassifierAPI(max_batch_size=MAX_BATCH, batch_timeout=MAX_WAIT_S, api_path="/classify")
-    server = ls.LitServer(api, accelerator="cpu", workers_per_device=instances(), fast_queue=args.fast_queue)
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=instances())
     server.run(
         host="127.0.0.1", port=args.port, num_api_servers=1, generate_client_file=False, log_level="warning"
     )

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import REPO, serve_argv
+from benchmarks.harness import REPO
 from benchmarks.peers.model import instances, intra_op_threads
+from gmlp.server_process import serve_argv
 
 VENVS = REPO / ".bench-venvs"
 # The packages whose versions decide the work every server does, pinned as the product pins them.
@@ -51,10 +52,6 @@ class Peer:
     path: str = "/classify"
     extra_ports: int = 0
     env: dict[str, str] = field(default_factory=dict)
-    note: str = ""
-    large_photo: bool = False  # also measured on the 12-megapixel photo
-    large_only: bool = False  # measured on the 12-megapixel photo only (not in the table)
-    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
 
     def bin_dir(self) -> Path:
         return VENVS / self.venv / "bin" if self.venv else Path(sys.executable).parent
@@ -70,44 +67,17 @@ def _gmlp(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
     )
 
 
-# The benchmark's own API key (not a secret: it guards nothing but the benchmark's server).
-BENCH_KEY = "gmlp_benchmark_key_for_the_authentication_overhead"
+def _litserve(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+    return [str(bin_dir / "python"), "-m", "benchmarks.peers.litserve_server", "--port", str(ports.http)]
 
 
-def _gmlp_keyed(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-    """gmlp-serve with a keys file of one infer key, which every request presents."""
-    from service.access.keys import digest
-
-    keys = work / "api-keys"
-    keys.write_text(f"bench infer {digest(BENCH_KEY)}\n")
-    return [*_gmlp(bin_dir, ports, work), "--api-keys-file", str(keys)]
-
-
-def _module(name: str, *flags: str) -> Callable[[Path, Ports, Path], list[str]]:
-    def argv(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-        return [str(bin_dir / "python"), "-m", f"benchmarks.peers.{name}", "--port", str(ports.http), *flags]
-
-    return argv
-
-
-def _ray(direct: bool) -> Callable[[Path, Ports, Path], list[str]]:
-    def argv(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-        # Measured port first: the replica's own port with direct ingress, else the proxy's.
-        cmd = [str(bin_dir / "python"), "-m", "benchmarks.peers.ray_server", "--temp-dir", str(work / "ray")]
-        if direct:
-            proxy, grpc = ports.extra
-            return [
-                *cmd,
-                "--port",
-                str(proxy),
-                "--direct-port",
-                str(ports.http),
-                "--direct-grpc-port",
-                str(grpc),
-            ]
-        return [*cmd, "--port", str(ports.http)]
-
-    return argv
+def _ray(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+    """Ray Serve with direct ingress: the measured port is the replica's own, not the proxy's."""
+    proxy, grpc = ports.extra
+    return [
+        *(str(bin_dir / "python"), "-m", "benchmarks.peers.ray_server", "--temp-dir", str(work / "ray")),
+        *("--port", str(proxy), "--direct-port", str(ports.http), "--direct-grpc-port", str(grpc)),
+    ]
 
 
 def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
@@ -122,32 +92,8 @@ def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
     ]
 
 
-FULL_DECODE = "gmlp-serve-full-decode"
-
 PEERS: tuple[Peer, ...] = (
-    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw", large_photo=True),
-    Peer(
-        FULL_DECODE,
-        "gmlp-serve (every JPEG pixel decoded)",
-        None,
-        (),
-        _gmlp,
-        "raw",
-        env={"GMLP_JPEG_DRAFT": "false"},
-        note="the same server with `GMLP_JPEG_DRAFT=false`, on the 12-megapixel photo only",
-        large_photo=True,
-        large_only=True,
-    ),
-    Peer(
-        "gmlp-serve-keyed",
-        "gmlp-serve (API key)",
-        None,
-        (),
-        _gmlp_keyed,
-        "raw",
-        headers={"Authorization": f"Bearer {BENCH_KEY}"},
-        note="the same server with a keys file, every request sending `Authorization: Bearer KEY`",
-    ),
+    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw"),
     Peer(
         "gmlp-serve-multipart",
         "gmlp-serve (multipart)",
@@ -155,31 +101,21 @@ PEERS: tuple[Peer, ...] = (
         (),
         _gmlp,
         "multipart",
-        note="the same server sent multipart bodies, as LitServe and BentoML are",
     ),
     Peer(
         "litserve",
         "LitServe 0.2.19",
         "litserve",
         (LITSERVE, MULTIPART),
-        _module("litserve_server"),
+        _litserve,
         "multipart",
     ),
-    Peer(
-        "litserve-fast",
-        "LitServe 0.2.19 (fast queue)",
-        "litserve",
-        (LITSERVE, MULTIPART),
-        _module("litserve_server", "--fast-queue"),
-        "multipart",
-    ),
-    Peer("ray-proxy", "Ray Serve 2.60 (through its proxy)", "ray", (RAY,), _ray(direct=False), "raw"),
     Peer(
         "ray-direct",
         "Ray Serve 2.60 (direct ingress)",
         "ray",
         (RAY,),
-        _ray(direct=True),
+        _ray,
         "raw",
         extra_ports=2,
     ),

@@ -1,4 +1,4 @@
-"""Ray Serve peer: one replica with `@serve.batch`, reached through Serve's HTTP proxy or directly.
+"""Ray Serve peer: one replica with `@serve.batch`, reached directly (direct ingress).
 
 Each request is preprocessed in the replica's `__call__` (per request, before the batch queue, in a
 worker thread as gmlp-serve does, so that the replica's event loop keeps accepting requests), then
@@ -8,15 +8,15 @@ execution instances are concurrent batches (`max_concurrent_batches`) of the one
 batch at 5 and queue the rest in the router, a configuration choice rather than a property of
 the framework.
 
-Two ingress paths are measured:
-- proxy: Serve's HTTP proxy actor (a separate process) forwards each request to the replica;
-- direct ingress (`RAY_SERVE_ENABLE_DIRECT_INGRESS=1`): the replica runs its own HTTP server on a
-  port from a configured range and clients talk to it without the proxy hop. The runner sets the
-  range to a single free port, so that port is the replica's.
+With direct ingress (`RAY_SERVE_ENABLE_DIRECT_INGRESS=1`) the replica runs its own HTTP server on
+a port from a configured range and clients talk to it without the hop through Serve's HTTP proxy
+actor (a separate process, still running, idle), Ray's fastest path. The runner sets the range to
+a single free port, so that port is the replica's.
 
 Run in the Ray venv (blocks until killed):
 
-    python -m benchmarks.peers.ray_server --port 8002 --temp-dir /tmp/peer-ray [--direct-port 8102]
+    python -m benchmarks.peers.ray_server --temp-dir /tmp/peer-ray --port 8002 \\
+        --direct-port 8102 --direct-grpc-port 8103
 """
 
 from __future__ import annotations
@@ -74,20 +74,14 @@ def build_app() -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True, help="Serve's HTTP proxy port")
-    parser.add_argument("--direct-port", type=int, help="enable direct ingress on this replica port")
-    parser.add_argument("--direct-grpc-port", type=int, help="the replica's gRPC port (direct ingress)")
+    parser.add_argument("--direct-port", type=int, required=True, help="the replica's own HTTP port")
+    parser.add_argument("--direct-grpc-port", type=int, required=True, help="the replica's gRPC port")
     parser.add_argument("--temp-dir", required=True, help="Ray's session directory (not shared /tmp/ray)")
     args = parser.parse_args()
-    if args.direct_port:
-        grpc = args.direct_grpc_port or args.direct_port + 1
-        ports = {
-            "http": args.direct_port,
-            "http_end": args.direct_port + 1,
-            "grpc": grpc,
-            "grpc_end": grpc + 1,
-        }
-        for key, value in DIRECT_ENV.items():
-            os.environ[key] = value.format(**ports)
+    http, grpc = args.direct_port, args.direct_grpc_port
+    ports = {"http": http, "http_end": http + 1, "grpc": grpc, "grpc_end": grpc + 1}
+    for key, value in DIRECT_ENV.items():
+        os.environ[key] = value.format(**ports)
     import ray
     from ray import serve
 

@@ -43,9 +43,15 @@ def stat(values: Iterable[float]) -> Stat | None:
     return Stat(statistics.median(vals), min(vals), max(vals), len(vals))
 
 
-def figure(rows: Sequence[dict[str, Any]], peer: str, image: str, c: int, key: str) -> Stat | None:
-    match = (r for r in rows if r["peer"] == peer and r["image"] == image and r["concurrency"] == c)
+def figure(rows: Sequence[dict[str, Any]], peer: str, c: int, key: str) -> Stat | None:
+    match = (r for r in rows if r["peer"] == peer and r["concurrency"] == c)
     return stat(r.get(key, float("nan")) for r in match)
+
+
+def floors(results: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
+    """The runs without HTTP, each round's: the bare pipeline and raw `session.run` beside it."""
+    bare = results.get("bare") or []
+    return {"raw": [b["raw"] for b in bare], "bare": bare}
 
 
 def cell(s: Stat | None, digits: int = 0) -> str:
@@ -65,35 +71,24 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     )
     lines = []
     for key, label in labels.items():
-        if not any(r["peer"] == key and r["image"] == "cifar" for r in rows):
+        if not any(r["peer"] == key for r in rows):
             continue
-        cells = [cell(figure(rows, key, "cifar", 1, "p50_ms"), 1)]
-        cells += [cell(figure(rows, key, "cifar", c, "rps")) for c in TABLE_LEVELS]
-        cells.append(cell(figure(rows, key, "cifar", CPU_LEVEL, "cpu_ms_per_request"), 2))
-        cells.append(cell(figure(rows, key, "cifar", CPU_LEVEL, "others_cpu_pct")))
+        cells = [cell(figure(rows, key, 1, "p50_ms"), 1)]
+        cells += [cell(figure(rows, key, c, "rps")) for c in TABLE_LEVELS]
+        cells.append(cell(figure(rows, key, CPU_LEVEL, "cpu_ms_per_request"), 2))
+        cells.append(cell(figure(rows, key, CPU_LEVEL, "others_cpu_pct")))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     # The floors beside the servers (no HTTP): raw ORT, and the bare pipeline when it was run.
-    floors = (
-        ("raw `session.run`, batch 16 (no HTTP)", "raw", "images_per_s", "cpu_ms_per_image"),
-        ("bare pipeline: decode, batch 16, rank (no HTTP)", "bare", "requests_per_s", "cpu_ms_per_request"),
-    )
-    for label, key, rate, cpu in floors:
-        runs = results.get(key) or []
+    labels = {
+        "raw": "raw `session.run`, batch 16 (no HTTP)",
+        "bare": "bare pipeline: decode, batch 16, rank (no HTTP)",
+    }
+    for key, runs in floors(results).items():
         if runs:
-            empty = " |" * (len(TABLE_LEVELS) - 2)
-            rps, ms = stat(r[rate] for r in runs), stat(r[cpu] for r in runs)
+            label, empty = labels[key], " |" * (len(TABLE_LEVELS) - 2)
+            rps, ms = stat(r["requests_per_s"] for r in runs), stat(r["cpu_ms_per_request"] for r in runs)
             lines.append(f"| {label} | |{empty} {cell(rps)} images/s | | {cell(ms, 2)} per image | |")
     return head + "\n".join(lines) + "\n"
-
-
-def best_peer(rows: Sequence[dict[str, Any]], peers: Iterable[str], c: int) -> tuple[str, float] | None:
-    """The peer with the highest median req/s at `c` (gmlp-serve's own rows excluded by the caller)."""
-    best = None
-    for key in peers:
-        s = figure(rows, key, "cifar", c, "rps")
-        if s and (best is None or s.median > best[1]):
-            best = (key, s.median)
-    return best
 
 
 def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-serve") -> list[str]:
@@ -101,46 +96,34 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
     rows = results["rows"]
     others = [k for k in labels if not k.startswith(ours)]
     out = []
-    p50 = figure(rows, ours, "cifar", 1, "p50_ms")
-    fastest = min(
-        ((k, s.median) for k in others if (s := figure(rows, k, "cifar", 1, "p50_ms"))),
-        key=lambda kv: kv[1],
-        default=None,
-    )
-    if p50 and fastest:
-        out.append(f"c=1 p50: {p50.median / fastest[1]:.2f}x the lowest peer's ({labels[fastest[0]]})")
-    for c in TABLE_LEVELS:
-        mine, best = figure(rows, ours, "cifar", c, "rps"), best_peer(rows, others, c)
-        if mine and best:
-            out.append(f"c={c} req/s: {mine.median / best[1]:.2f}x the best peer's ({labels[best[0]]})")
-    cpu_mine = figure(rows, ours, "cifar", CPU_LEVEL, "cpu_ms_per_request")
-    frugal = min(
-        ((k, s.median) for k in others if (s := figure(rows, k, "cifar", CPU_LEVEL, "cpu_ms_per_request"))),
-        key=lambda kv: kv[1],
-        default=None,
-    )
-    if cpu_mine and frugal:
-        out.append(
-            f"c={CPU_LEVEL} server CPU per request: {cpu_mine.median / frugal[1]:.2f}x the most frugal"
-            f" peer's ({labels[frugal[0]]})"
-        )
-    raw = results.get("raw") or []
-    mine32 = figure(rows, ours, "cifar", CPU_LEVEL, "rps")
-    cpu32 = figure(rows, ours, "cifar", CPU_LEVEL, "cpu_ms_per_request")
-    if raw and mine32 and cpu32:
-        ips = statistics.median(r["images_per_s"] for r in raw)
-        cpu = statistics.median(r["cpu_ms_per_image"] for r in raw)
-        out.append(f"c={CPU_LEVEL} req/s: {mine32.median / ips:.2f}x raw session.run images/s")
-        out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x raw ORT CPU per image")
-    bare = results.get("bare") or []
-    if bare and mine32 and cpu32:
-        rps = statistics.median(r["requests_per_s"] for r in bare)
-        cpu = statistics.median(r["cpu_ms_per_request"] for r in bare)
-        out.append(f"c={CPU_LEVEL} req/s: {mine32.median / rps:.2f}x the bare pipeline's images/s")
-        out.append(
-            f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x"
-            " the bare pipeline's CPU per image"
-        )
+    # (clients, figure, which peer is the one to beat, what is compared, whose figure)
+    against = [
+        (1, "p50_ms", min, "c=1 p50", "the lowest peer's"),
+        *((c, "rps", max, f"c={c} req/s", "the best peer's") for c in TABLE_LEVELS),
+        (
+            CPU_LEVEL,
+            "cpu_ms_per_request",
+            min,
+            f"c={CPU_LEVEL} server CPU per request",
+            "the most frugal peer's",
+        ),
+    ]
+    for c, key, pick, what, whose in against:
+        mine = figure(rows, ours, c, key)
+        theirs = [(k, s.median) for k in others if (s := figure(rows, k, c, key))]
+        if mine and theirs:
+            peer, value = pick(theirs, key=lambda kv: kv[1])
+            out.append(f"{what}: {mine.median / value:.2f}x {whose} ({labels[peer]})")
+    mine32 = figure(rows, ours, CPU_LEVEL, "rps")
+    cpu32 = figure(rows, ours, CPU_LEVEL, "cpu_ms_per_request")
+    names = {"raw": ("raw session.run images/s", "raw ORT CPU per image")}
+    names["bare"] = ("the bare pipeline's images/s", "the bare pipeline's CPU per image")
+    for key, runs in floors(results).items():
+        if runs and mine32 and cpu32:
+            rps = statistics.median(r["requests_per_s"] for r in runs)
+            cpu = statistics.median(r["cpu_ms_per_request"] for r in runs)
+            out.append(f"c={CPU_LEVEL} req/s: {mine32.median / rps:.2f}x {names[key][0]}")
+            out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x {names[key][1]}")
     return out
 
 
@@ -154,19 +137,17 @@ def plot(results: dict[str, Any], labels: dict[str, str], out: Path) -> None:
     rows = results["rows"]
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for key, label in labels.items():
-        levels = sorted({r["concurrency"] for r in rows if r["peer"] == key and r["image"] == "cifar"})
-        stats = [
-            (figure(rows, key, "cifar", c, "rps"), figure(rows, key, "cifar", c, "p50_ms"), c) for c in levels
-        ]
+        levels = sorted({r["concurrency"] for r in rows if r["peer"] == key})
+        stats = [(figure(rows, key, c, "rps"), figure(rows, key, c, "p50_ms"), c) for c in levels]
         pts = [(x.median, y.median, c) for x, y, c in stats if x and y]
         if not pts:
             continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         for x, y, c in pts:
             ax.annotate(f"{c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    raw = results.get("raw") or []
+    raw = floors(results)["raw"]
     if raw:
-        ax.axvline(statistics.median(r["images_per_s"] for r in raw), color="grey", ls="--", lw=1)
+        ax.axvline(statistics.median(r["requests_per_s"] for r in raw), color="grey", ls="--", lw=1)
         ax.text(
             0.99, 0.02, "dashed: raw session.run, batch 16", transform=ax.transAxes, ha="right", fontsize=7
         )

@@ -17,56 +17,23 @@ import functools
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, command_line, cpu_facts, link_repository
+from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers import report
-from benchmarks.peers.bench import LARGE, Plan, run_rounds
+from benchmarks.peers.bench import Plan, run_rounds
 from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT
-from benchmarks.peers.peers import FULL_DECODE, PEER_KEYS, PEERS, ensure_venv
+from benchmarks.peers.peers import PEER_KEYS, PEERS, ensure_venv
+from gmlp.server_process import link_repository
 
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "img" / "peers-throughput-latency.png"
 RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the section it feeds
-COMMAND = ".venv/bin/python -m benchmarks.peers.run"
-
-NOTES = """\
-Not like for like, and why:
-- **Request format.** gmlp-serve and Ray Serve take the raw JPEG as the body; LitServe parses only
-  JSON or forms and BentoML takes files as multipart fields, so those two are sent multipart
-  (field `file`). The "gmlp-serve (multipart)" row is the same server sent the same multipart
-  bodies, the like-for-like comparison for them.
-- **Ray Serve through its proxy** adds a hop: the proxy actor (its own process) receives the HTTP
-  request and forwards it to the replica over Ray's RPC. **Direct ingress**
-  (`RAY_SERVE_ENABLE_DIRECT_INGRESS=1`) makes the replica serve HTTP on its own port; the proxy
-  still runs, idle. Ray also runs its GCS, raylet, controller and dashboard agent: their CPU is in
-  the server CPU figures (the whole process tree is counted). `max_ongoing_requests` is 256, not
-  Ray's default of 5, which would cap every batch at 5.
-- **BentoML's batching** has no fixed wait: it adapts the wait to the batch times it observes,
-  bounded by `max_latency_ms` (set to 10 s, so that no request is refused). Its batchable API
-  receives the whole batch of inputs, so preprocessing runs one image after another inside the
-  batch call; in the other servers it runs per request before batching.
-- **LitServe** runs decode (preprocessing), batching and the model in its inference worker
-  processes, fed by the API server process through a queue (a multiprocessing manager queue, or
-  ZeroMQ with `fast_queue=True`).
-- **Execution instances** are what each framework offers for running batches side by side:
-  threads over one session in gmlp-serve (`--instances`) and Ray Serve (`max_concurrent_batches`
-  of the one replica, each batch run in a thread), worker processes in LitServe
-  (`workers_per_device`) and BentoML (`workers`), each process with its own copy of the model and
-  its own batching, so their batches form from half the requests each.
-- Access logs are off in every server (gmlp-serve's default; set for Ray and BentoML); every other
-  setting is the framework's default (Ray's `RAY_SERVE_THROUGHPUT_OPTIMIZED` mode is not set).
-- **Preprocessing** is the product's `contract.image` in every server, so its direct
-  libjpeg-turbo decode of plain JPEGs (simplejpeg) serves the peers as it serves gmlp-serve.
-- The large-photo row is gmlp-serve's only, as served and with `GMLP_JPEG_DRAFT=false`; its answer
-  is checked against raw ONNX Runtime too, and the photo is made by the script (Pillow, bicubic
-  upscale of a CIFAR-10 test JPEG), not shipped."""
 
 
 def ensure_model() -> None:
@@ -81,93 +48,29 @@ def labels(keys: list[str]) -> dict[str, str]:
     return {p.key: p.label for p in PEERS if p.key in keys}
 
 
-def large_photo_line(results: dict[str, Any]) -> str:
-    rows = results["rows"]
-    c = next((r["concurrency"] for r in rows if r["image"] == LARGE), None)
-    if c is None:
-        return ""
-    rps = report.figure(rows, "gmlp-serve", LARGE, c, "rps")
-    cpu = report.figure(rows, "gmlp-serve", LARGE, c, "cpu_ms_per_request")
-    line = (
-        f"**Large photo**: a 12-megapixel JPEG (4000x3000, quality 90, a CIFAR-10 test image "
-        f"upscaled) at {c} clients: gmlp-serve **{report.cell(rps, 1)} req/s**, server CPU "
-        f"**{report.cell(cpu, 1)} ms/request**."
-    )
-    full_rps = report.figure(rows, FULL_DECODE, LARGE, c, "rps")
-    full_cpu = report.figure(rows, FULL_DECODE, LARGE, c, "cpu_ms_per_request")
-    if rps and cpu and full_rps and full_cpu:
-        speedup, cpu_share = rps.median / full_rps.median, cpu.median / full_cpu.median
-        line += (
-            " Decoding every pixel (`GMLP_JPEG_DRAFT=false`), the same rounds:"
-            f" {report.cell(full_rps, 1)} req/s"
-            f" and {report.cell(full_cpu, 1)} ms, so the reduced decode serves **{speedup:.1f}x** the"
-            f" requests/s at {cpu_share:.2f}x the CPU each."
-        )
-    return line
-
-
 def section(results: dict[str, Any]) -> str:
-    """The markdown of the section: conditions, table, ratios, large photo, plot, notes."""
+    """The markdown between the markers: this run's conditions, table, ratios and plot (what is
+    measured and how, and what is not like for like, is prose around them in the document)."""
     meta, keys = results["meta"], [k for k in PEER_KEYS if k in results["meta"]["peers"]]
     names = labels(keys)
-    raw = results.get("raw") or []
-    pre = statistics.median(r["preprocess_cpu_ms_per_image"] for r in raw) if raw else float("nan")
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
     m = meta["machine"]
     background = report.stat(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
     load = f"a median {background.fmt()} % of both CPUs" if background else "an unmeasured share"
     ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
     instances = int(meta.get("instances", 1))
-    threads = max(1, CPUS // instances)
-    instances_text = (
-        "one execution instance (one batch at a time)"
-        if instances == 1
-        else f"{instances} execution instances (up to {instances} batches running at once: gmlp-serve's "
-        f"`--instances`, LitServe's `workers_per_device`, Ray Serve's `max_concurrent_batches`, "
-        f"BentoML's `workers`; raw ONNX Runtime runs {instances} threads)"
-    )
     return f"""\
-The demo classifier (`models/cifar10-gmlp/model.{VARIANT}.onnx`, static int8, 32x32 inputs) served
-by gmlp-serve and by three other serving frameworks, each with its own dynamic batching set to the
-same limits (max batch 16, 2 ms wait), {instances_text}, ONNX Runtime with the same options
-({threads} intra-op thread(s) per instance, 1 inter-op, sequential, all graph optimisations, no
-spinning) and the same preprocessing
-(`contract.image.ImageTransform`), answering the same JSON as `/classify` (top 5). Load: wrk, one
-thread, {meta["duration_s"]:g} s per row after a warm-up, the same CIFAR-10 test JPEG on every
-request; server CPU is user + system time of the server's whole process tree (from /proc) over
-the row, divided by the requests served. {meta["rounds"]} round(s), each measuring every server at
-every client count (c = {", ".join(map(str, meta["levels"]))}), the order rotating; figures are
-medians over rounds, (ranges) beside them. Every server's answers to the 8 CIFAR-10 test JPEGs in
-`loadtests/data/` are checked against raw ONNX Runtime before it is timed.
-
 Measured {meta["date"]} on {m.get("cpu", "?")}, {m.get("cpus", "?")} vCPUs ({m.get("hypervisor")} guest;
-SIMD: {m.get("simd", "?")}), Python {m.get("python")}, shared with other work (the load generator
-runs on the same 2 cores; during the rows the rest of the machine used {load}), so
-absolute figures are low and noisy: read the ratios, measured side by side, and the CPU per
-request, which depends far less on the background load than requests/s.
-Re-run (about {meta["minutes"]:.0f} minutes):
-
-```bash
-{COMMAND}            # add --quick for a 1-round smoke run
-```
+SIMD: {m.get("simd", "?")}), Python {m.get("python")}: {instances} execution instance(s) of
+{max(1, CPUS // instances)} intra-op thread(s) each, `model.{VARIANT}.onnx`, {meta["duration_s"]:g} s
+per row, {meta["rounds"]} round(s) at c = {", ".join(map(str, meta["levels"]))} (about
+{meta["minutes"]:.0f} minutes); during the rows the rest of the machine used {load}.
 
 {report.table(results, names)}
 gmlp-serve, medians:
 {ratio_lines}
 
-Preprocessing alone (decode + resize + normalise, one CIFAR-10 JPEG) costs {pre:.2f} ms of CPU per
-image on this machine; the rest of a server's CPU per request beyond raw ORT's per image is the
-server's own (HTTP, queueing, serialisation). The bare pipeline (`benchmarks.bare_pipeline`, run
-each round beside raw ORT with the same instances, threads and variant) does a request's
-unavoidable work and nothing else: decode and transform the same JPEG, batches of 16 from as
-many threads, softmax and top 5 of every row; its images/s and CPU per image are the limit the
-served figures are read against.
-
-{large_photo_line(results)}
-
-![throughput against latency](img/{PLOT.name})
-
-{NOTES}{failed}
+![throughput against latency](img/{PLOT.name}){failed}
 """
 
 

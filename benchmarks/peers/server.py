@@ -2,7 +2,7 @@
 
 "Ready" means a real /classify answer, not a health endpoint: frameworks report healthy before
 their replica or worker has loaded the model, and the first correct answer is what the timing
-needs anyway. Each peer is a `benchmarks.harness.ServerProcess`: its own session, stopped by
+needs anyway. Each peer is a `gmlp.server_process.ServerProcess`: its own session, stopped by
 signalling every process of its tree, since Ray and BentoML leave helpers behind a plain kill of
 the root.
 """
@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import REPO, ServerProcess, free_port
+from benchmarks.harness import REPO
 from benchmarks.peers.model import MODEL_ENV
 from benchmarks.peers.peers import Peer, Ports
+from gmlp.server_process import ServerProcess, free_port
 from loadtests.workload import multipart_body
 
 
@@ -38,12 +39,9 @@ def top_label(answer: Any) -> str:
     return str(answer["predictions"][0]["label"])
 
 
-def classify(
-    url: str, image: bytes, kind: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None
-) -> str:
+def classify(url: str, image: bytes, kind: str, timeout_s: float = 10.0) -> str:
     body, content_type = request_body(image, kind)
-    headers = {"Content-Type": content_type, **(headers or {})}
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return top_label(json.loads(resp.read()))
 
@@ -68,7 +66,7 @@ class Running(ServerProcess):
 def wait_ready(server: Running, image: bytes, timeout_s: float = 180.0) -> str:
     """Poll with a real request until the peer answers; return its top label for `image`."""
     return server.wait_ready(
-        lambda: classify(server.url, image, server.peer.body, timeout_s=5.0, headers=server.peer.headers),
+        lambda: classify(server.url, image, server.peer.body, timeout_s=5.0),
         timeout_s=timeout_s,
     )
 

@@ -215,6 +215,3 @@ def _print_progress(index: int, measured: Any, slo: float) -> None:
     print(
         f"[{index}] {measured.candidate.label()} ({measured.seconds:.0f} s): {levels}: {verdict}", flush=True
     )
-
-
-__all__ = ["register", "run_tune"]

@@ -95,6 +95,3 @@ def _levels(
         summary["server_cpu_ms"] = round(1000 * cpu / load.answered, 3) if load.answered else None
         levels.append(summary)
     return levels, []
-
-
-__all__ = ["Plan", "measure"]

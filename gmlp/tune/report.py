@@ -161,6 +161,3 @@ def write_all(out: Path, results: Sequence[Measured], meta: dict[str, Any]) -> d
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     files.append(str(out / "results.json"))
     return {**document, "files": files, "notes": notes}
-
-
-__all__ = ["ENV_FILE", "results_document", "write_all"]

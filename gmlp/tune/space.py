@@ -12,27 +12,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from contract.errors import UserError
 
-# The knobs in the order coordinate descent visits them: the variant and the split of the CPUs
-# first (they move throughput most), the batching knobs after.
-KNOBS = (
-    "variant",
-    "instances",
-    "intra_op_threads",
-    "max_batch_size",
-    "max_queue_delay_ms",
-    "queue_delay_policy",
-)
 QUEUE_DELAY_POLICIES = ("arriving", "always")
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """One setting of every knob (the `ServiceSettings` fields of the same names)."""
+    """One setting of every knob (the `ServiceSettings` fields of the same names), in the order
+    coordinate descent visits them: the variant and the split of the CPUs first (they move
+    throughput most), the batching knobs after."""
 
     variant: str
     instances: int
@@ -42,7 +34,7 @@ class Candidate:
     queue_delay_policy: str
 
     def settings(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
     def flags(self) -> list[str]:
         """`gmlp serve` flags that start a server with these settings."""
@@ -57,6 +49,9 @@ class Candidate:
             f"{self.variant} {self.instances}x{self.intra_op_threads}t b{self.max_batch_size} "
             f"{self.max_queue_delay_ms:g}ms {self.queue_delay_policy}"
         )
+
+
+KNOBS = tuple(f.name for f in fields(Candidate))
 
 
 def _flag(name: str) -> str:
@@ -207,16 +202,3 @@ def best_of(results: Sequence[Measured], slo_p99_ms: float) -> Measured | None:
     """The candidate with the highest throughput that met the SLO, or None when none did."""
     meeting = [m for m in results if m.best_level(slo_p99_ms) is not None]
     return max(meeting, key=lambda m: m.rank(slo_p99_ms), default=None)
-
-
-__all__ = [
-    "KNOBS",
-    "Candidate",
-    "Measured",
-    "Space",
-    "best_of",
-    "coordinate_descent",
-    "full_grid",
-    "parse_values",
-    "power_of_two_steps",
-]

@@ -35,6 +35,3 @@ def grpc_scope(method: str) -> Scope | None:
     if name in ADMIN_METHODS:
         return Scope.ADMIN
     return Scope.INFER
-
-
-__all__ = ["Scope", "grpc_scope"]

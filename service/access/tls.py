@@ -106,6 +106,3 @@ class TlsFiles:
     def _observe(self, ok: bool) -> None:
         if self.metrics is not None:
             self.metrics.file_reloaded("tls", ok)
-
-
-__all__ = ["TlsFiles", "Pem", "TLS12_CIPHERS"]

@@ -65,6 +65,3 @@ async def watch(items: Sequence[Reloadable], interval: float) -> None:
                     item.reload()
             except Exception:  # a watcher that dies would silently stop every future rotation
                 log.exception("re-reading %s failed", item)
-
-
-__all__ = ["signature", "Reloadable", "reload_all", "watch", "Signature"]

@@ -119,6 +119,3 @@ class RepositoryPoller:
 
 def _prints(source: ModelSource) -> dict[int, object]:
     return {v: s.fingerprint for v, s in source.versions.items()}
-
-
-__all__ = ["RepositoryPoller", "ScanReport"]

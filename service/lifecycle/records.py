@@ -102,18 +102,3 @@ class IndexEntry:
     version: str
     state: str
     reason: str
-
-
-__all__ = [
-    "Servable",
-    "S",
-    "LifecycleObserver",
-    "NullObserver",
-    "Loaded",
-    "Version",
-    "ModelRecord",
-    "IndexEntry",
-    "VersionState",
-    "NOT_LOADED",
-    "UNLOADED",
-]

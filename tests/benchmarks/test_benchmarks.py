@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import harness
-from gmlp import proc
+from gmlp import proc, server_process
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "benchmarks"
@@ -87,7 +87,9 @@ def test_every_program_is_listed_with_its_command() -> None:
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     # The peer servers are started by the peer benchmark, not by hand.
     by_hand = [
-        m for m in PROGRAMS if not m.startswith("benchmarks.peers.") or m.endswith((".run", ".raw_ort"))
+        m
+        for m in PROGRAMS
+        if not m.startswith("benchmarks.peers.") or m.endswith((".run", ".pytriton_bench"))
     ]
     missing = [m for m in by_hand if f"python -m {m}" not in doc]
     assert not missing, f"docs/benchmarks.md gives no command for {missing}"
@@ -132,9 +134,9 @@ def test_no_file_edits_sys_path() -> None:
 def test_free_port_can_be_bound() -> None:
     import socket
 
-    port = harness.free_port()
+    port = server_process.free_port()
     with socket.socket() as sock:
-        sock.bind((harness.HOST, port))
+        sock.bind((server_process.HOST, port))
 
 
 # A server with a helper process: an HTTP server on the port given, and a child that only sleeps.
@@ -150,14 +152,14 @@ SERVER = textwrap.dedent(
 
 
 def test_server_process_is_ready_when_the_probe_answers_and_stops_its_whole_tree(tmp_path: Path) -> None:
-    port = harness.free_port()
-    server = harness.ServerProcess(
+    port = server_process.free_port()
+    server = server_process.ServerProcess(
         [sys.executable, "-c", SERVER, str(port)], port=port, log_path=tmp_path / "server.log", cwd=tmp_path
     )
     (tmp_path / "hello.txt").write_text("hello")
     server.start()
     try:
-        body = server.wait_ready(lambda: harness.http_get(f"{server.url}/hello.txt"), timeout_s=60)
+        body = server.wait_ready(lambda: server_process.http_get(f"{server.url}/hello.txt"), timeout_s=60)
         assert body == b"hello"
         helper = int(server.log_tail().split()[1])
         assert proc.tree_pids(server.pid) == {server.pid, helper}
@@ -168,9 +170,11 @@ def test_server_process_is_ready_when_the_probe_answers_and_stops_its_whole_tree
 
 
 def test_a_server_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
-    port = harness.free_port()
+    port = server_process.free_port()
     code = "import sys; print('cannot load the models', flush=True); sys.exit(3)"
-    server = harness.ServerProcess([sys.executable, "-c", code], port=port, log_path=tmp_path / "s.log")
+    server = server_process.ServerProcess(
+        [sys.executable, "-c", code], port=port, log_path=tmp_path / "s.log"
+    )
     dead = r"exited with 3 before it was ready[\s\S]*cannot load the models"
     with pytest.raises(RuntimeError, match=dead), server:
         pass
@@ -178,7 +182,7 @@ def test_a_server_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
 
 
 def test_gmlp_serve_serves_exactly_the_repository_over_http_only(tmp_path: Path) -> None:
-    server = harness.gmlp_serve(
+    server = server_process.gmlp_serve(
         tmp_path / "models", log_path=tmp_path / "s.log", serve_args=["--instances", "1"]
     )
     argv = server.argv
@@ -194,7 +198,7 @@ def test_link_repository_holds_only_the_model(tmp_path: Path) -> None:
     model.mkdir(parents=True)
     (tmp_path / "elsewhere" / "other").mkdir()
     (tmp_path / "work").mkdir()
-    repository = harness.link_repository(tmp_path / "work", model)
+    repository = server_process.link_repository(tmp_path / "work", model)
     assert [p.name for p in repository.iterdir()] == ["m"]
     assert (repository / "m").resolve() == model.resolve()
 

@@ -76,18 +76,6 @@ def test_lua_script_posts_the_body_file(tmp_path: Path):
     assert 'wrk.method = "POST"' in script and '"Content-Type"] = "image/jpeg"' in script
 
 
-def test_stat_fields_counted_after_the_command_name():
-    # A command name with spaces and parentheses must not shift the fields.
-    text = "4242 (we) ird (name)) S 17 4242 4242 0 -1 4194560 1 0 0 0 250 75 0 0 20 0 3 0 100 1 1"
-    assert proc.parse_stat(text) == (17, 250, 75)
-
-
-def test_descendants_follow_the_parent_chain():
-    parents = {1: 0, 10: 1, 11: 10, 12: 11, 20: 1, 30: 99}
-    assert proc.descendants(10, parents) == {10, 11, 12}
-    assert proc.descendants(30, parents) == {30}
-
-
 CHILD = """
 import subprocess, sys, time
 grandchild = subprocess.Popen([sys.executable, "-c", "import time\\nt=time.process_time()\\n"
@@ -113,13 +101,20 @@ def test_tree_cpu_counts_children_and_grandchildren():
         while cpu < 0.7 and time.monotonic() < deadline:  # the grandchild may still be spinning
             time.sleep(0.1)
             cpu = proc.tree_cpu_seconds(child.pid)
-        # 0.3 s (child) + 0.4 s (grandchild) of CPU, plus interpreter start-up, in clock ticks.
-        assert 0.7 - 2.0 / proc.CLOCK_TICKS <= cpu < 5.0
+        # 0.3 s (child) + 0.4 s (grandchild) of CPU, plus interpreter start-up, to a clock tick.
+        assert 0.7 - 0.02 <= cpu < 5.0
     finally:
         for pid in proc.tree_pids(child.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         child.wait(timeout=10)
+
+
+def test_machine_busy_counts_this_process_spinning():
+    before, start = proc.machine_busy_seconds(), time.process_time()
+    while time.process_time() - start < 0.2:
+        pass
+    assert proc.machine_busy_seconds() - before >= 0.15
 
 
 def test_multipart_body_parses_as_a_form_with_the_image():
@@ -167,7 +162,6 @@ def _results() -> dict:
                     {
                         "peer": peer,
                         "round": rnd,
-                        "image": "cifar",
                         "concurrency": c,
                         "rps": rps * jitter * (1 if c > 1 else 0.3),
                         "p50_ms": p50 * jitter * c,
@@ -177,8 +171,11 @@ def _results() -> dict:
                         "errors": 0,
                     }
                 )
-    raw = [{"images_per_s": 600.0, "cpu_ms_per_image": 2.0}]
-    return {"rows": rows, "raw": raw}
+    raw = {"requests_per_s": 600.0, "cpu_ms_per_request": 2.0}
+    return {
+        "rows": rows,
+        "bare": [{"round": 0, "requests_per_s": 500.0, "cpu_ms_per_request": 2.5, "raw": raw}],
+    }
 
 
 LABELS = {"gmlp-serve": "gmlp-serve", "litserve": "LitServe"}
@@ -207,8 +204,9 @@ def test_ratios_against_the_best_peer_and_raw_ort():
 def test_bare_pipeline_row_and_ratios():
     """The bare pipeline's rounds become a table row and served/bare ratios (medians over rounds)."""
     results = _results()
+    raw = {"requests_per_s": 600.0, "cpu_ms_per_request": 2.0}
     results["bare"] = [
-        {"round": r, "requests_per_s": rps, "cpu_ms_per_request": cpu}
+        {"round": r, "requests_per_s": rps, "cpu_ms_per_request": cpu, "raw": raw}
         for r, (rps, cpu) in enumerate(((500.0, 2.4), (480.0, 2.5), (520.0, 2.6)))
     ]
     bare_row = report.table(results, LABELS).splitlines()[-1]
@@ -217,7 +215,7 @@ def test_bare_pipeline_row_and_ratios():
     lines = report.ratios(results, LABELS)
     assert "c=32 req/s: 0.80x the bare pipeline's images/s" in lines
     assert "c=32 server CPU per request: 1.20x the bare pipeline's CPU per image" in lines
-    assert not any("bare" in line for line in report.ratios(_results(), LABELS))
+    assert "c=32 req/s: 0.67x raw session.run images/s" in lines
 
 
 def test_section_is_replaced_between_markers_and_appended_once():
@@ -235,16 +233,10 @@ def test_plot_is_written(tmp_path: Path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_machine_busy_counts_steal_but_not_idle_or_iowait(tmp_path: Path):
-    (tmp_path / "stat").write_text("cpu  100 5 50 1000 30 2 3 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
-    assert proc.machine_busy_seconds(tmp_path) == pytest.approx(170 / proc.CLOCK_TICKS)
-
-
 def test_section_states_conditions_command_and_figures():
-    from benchmarks.peers.run import COMMAND, section
+    from benchmarks.peers.run import section
 
     results = _results()
-    results["raw"][0].update(preprocess_cpu_ms_per_image=0.3)
     results["meta"] = {
         "date": "2026-01-01",
         "machine": {"cpu": "Test CPU", "cpus": "2", "hypervisor": "none", "simd": "avx2", "python": "3.11"},
@@ -256,25 +248,10 @@ def test_section_states_conditions_command_and_figures():
     }
     results["failed"] = {"litserve": "RuntimeError: boom"}
     text = section(results)
-    assert "Test CPU" in text and "SIMD: avx2" in text and COMMAND in text
+    assert "Test CPU" in text and "SIMD: avx2" in text and "c = 1, 8, 32, 64" in text
     assert "| LitServe 0.2.19 | 6.0 (5.4-7.2) |" in text
     assert "c=32 req/s: 1.33x the best peer's (LitServe 0.2.19)" in text
     assert "- litserve: not measured (RuntimeError: boom)" in text
-
-
-def test_large_photo_line_compares_the_reduced_and_the_full_decode():
-    from benchmarks.peers.bench import LARGE
-    from benchmarks.peers.peers import FULL_DECODE
-    from benchmarks.peers.run import large_photo_line
-
-    def row(peer: str, rps: float, cpu: float) -> dict:
-        return {"peer": peer, "image": LARGE, "concurrency": 8, "rps": rps, "cpu_ms_per_request": cpu}
-
-    rows = [row("gmlp-serve", 100.0, 18.0), row(FULL_DECODE, 16.0, 120.0), row(FULL_DECODE, 14.0, 130.0)]
-    text = large_photo_line({"rows": rows})
-    assert "gmlp-serve **100.0 req/s**" in text and "15.0 (14.0-16.0) req/s" in text
-    assert "**6.7x** the requests/s at 0.14x the CPU each" in text
-    assert "Decoding every pixel" not in large_photo_line({"rows": rows[:1]})
 
 
 def test_fill_mask_script_sends_every_sentence_as_json():

@@ -210,15 +210,7 @@ def _metrics_text(batches: dict[str, tuple[float, float]], rejected: float = 0.0
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(params=["prometheus_client", "fallback"])
-def metrics_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both parsers: prometheus_client's, and the fallback for images without prometheus-client."""
-    if request.param == "fallback":
-        monkeypatch.setitem(sys.modules, "prometheus_client.parser", None)  # import -> ImportError
-    return request.param
-
-
-def test_batch_size_delta_from_prometheus_text(metrics_parser: str) -> None:
+def test_batch_size_delta_from_prometheus_text() -> None:
     before = parse_metrics(_metrics_text({"v": (2.0, 2.0), "m": (1.0, 1.0)}))
     after = parse_metrics(_metrics_text({"v": (102.0, 27.0), "m": (1.0, 1.0)}, rejected=3.0))
     delta = batch_delta(before, after)

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from contract.spec import SpecError, discover, read_spec, require_models
+from contract.scan import scan
+from contract.spec import SpecError, read_spec
 from gmlp.serve_command import export_missing
 from service.cli import (
     SETTINGS_BEGIN,
@@ -164,8 +165,11 @@ def test_cuda_request_falls_back_to_cpu_with_a_log_line(caplog: pytest.LogCaptur
     assert resolve_device("auto") == "cpu"
 
 
-def test_discover_names_both_models(repository: Path) -> None:
-    specs = discover(repository)
+def test_scan_names_both_models(repository: Path) -> None:
+    specs = {
+        name: source.versions[source.complete_versions()[-1]].spec
+        for name, source in scan(repository).items()
+    }
     assert {name: spec.task for name, spec in specs.items()} == {
         "tiny-vision": "image-classification",
         "tiny-mlm": "fill-mask",
@@ -175,14 +179,7 @@ def test_discover_names_both_models(repository: Path) -> None:
 
 
 def test_repository_errors(tmp_path: Path, tiny_vision_served: Path) -> None:
-    with pytest.raises(SpecError, match="does not exist"):
-        discover(tmp_path / "missing")
-    with pytest.raises(SpecError, match="gmlp export"):
-        require_models(tmp_path)
-    for copy in ("a", "b"):  # two directories claiming the same model name
-        shutil.copytree(tiny_vision_served, tmp_path / copy)
-    with pytest.raises(SpecError, match="two served models are named 'tiny-vision'"):
-        discover(tmp_path)
+    shutil.copytree(tiny_vision_served, tmp_path / "b")
     (tmp_path / "b" / "model.int8.onnx").unlink()
     with pytest.raises(SpecError, match="variant files missing"):
         read_spec(tmp_path / "b")
@@ -196,11 +193,11 @@ def test_missing_exports_are_made_from_checkpoints(tmp_path: Path, tiny_vision_c
     shutil.copytree(tiny_vision_checkpoint, checkpoints / "demo-vision")
     written = export_missing(checkpoints, tmp_path / "models", ("fp32",))
     assert written == [tmp_path / "models" / "demo-vision"]
-    assert list(discover(tmp_path / "models")) == ["demo-vision"]
+    assert list(scan(tmp_path / "models")) == ["demo-vision"]
     assert (tmp_path / "models" / "demo-vision" / "model.onnx").is_file()
     # Second start: nothing to export, same result.
     assert export_missing(checkpoints, tmp_path / "models") == []
-    assert list(discover(tmp_path / "models")) == ["demo-vision"]
+    assert list(scan(tmp_path / "models")) == ["demo-vision"]
 
 
 def test_run_serve_reports_an_unusable_repository(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
