@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +33,8 @@ from service.telemetry import tracing
 from service.telemetry.metrics import DEFAULT_VERSION, ServiceMetrics
 
 log = logging.getLogger(__name__)
+
+_NO_SPAN: AbstractContextManager[Any] = nullcontext()
 
 
 @dataclass(frozen=True)
@@ -111,16 +114,19 @@ class Pipeline:
         )
         self.runtime = OnnxModel(spec.variant_path(self.variant), options, name=spec.name)
         self.graph_top_k = batch_jobs.graph_top_k(spec.config, self.runtime.output_names)
+        # Chosen once, at build: with tracing off (the common case) no request or batch of this
+        # model enters the tracing code at all.
+        self.traced = tracing.configured()
+        observers = [metrics.observer(spec.name, version)]
+        if self.traced:
+            observers.append(tracing.BatchTracing(spec.name, self.batch_attributes))
         self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
             self.run_batch,
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
             name=spec.name,
-            observers=[
-                metrics.observer(spec.name, version),
-                tracing.BatchTracing(spec.name, self.batch_attributes),
-            ],
+            observers=observers,
             always_wait=settings.queue_delay_policy == "always",
             instances=instances,
         )
@@ -237,6 +243,16 @@ class Pipeline:
             },
             "card": self.card,
         }
+
+    def span(self, name: str) -> AbstractContextManager[Any]:
+        """A child span of the request's span around a step (`tracing.span`); a shared no-op
+        when tracing is off."""
+        return tracing.span(name) if self.traced else _NO_SPAN
+
+    def span_after(self, name: str, start: float, end: float) -> None:
+        """A child span of the request's span for a step measured elsewhere (`tracing.span_after`)."""
+        if self.traced:
+            tracing.span_after(name, start, end)
 
     async def queued(self, job: Job, deadline: Deadline) -> Done:
         """One row through the batcher; the times it returns go to the request's Server-Timing."""

@@ -3,8 +3,9 @@
 Off unless the standard variables ask for it (`configured`): `OTEL_TRACES_EXPORTER=otlp`, or an
 OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) with
 `OTEL_TRACES_EXPORTER` unset; `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true` keep it off.
-Off, the SDK is never imported and no exporter thread runs; the request path then pays one
-context-variable lookup per step (`span` returns a shared no-op context manager).
+Off, the SDK is never imported and no exporter thread runs, and the request path never enters this
+module: a pipeline decides at build whether its steps are spanned and its batches observed
+(`service.tasks.pipeline`), the transports whether their requests get a server span.
 On, the SDK reads the rest of the standard variables itself: `OTEL_SERVICE_NAME` and
 `OTEL_RESOURCE_ATTRIBUTES` (the resource; service.name defaults to gmlp-serve),
 `OTEL_TRACES_SAMPLER[_ARG]` (the sampler), `OTEL_EXPORTER_OTLP_*` (endpoint, headers, timeout)
