@@ -16,8 +16,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from service.engine.batch_run import BatchRun
 from service.engine.batcher import BatchObserver
+from service.engine.request_context import BatchRun
 from service.telemetry.statistics import DEFAULT_VERSION, StatisticsSeries
 
 MV = ["model", "version"]

@@ -30,8 +30,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from service.engine import request_context
-from service.engine.batch_run import BatchRun
 from service.engine.batcher import BatchObserver
+from service.engine.request_context import BatchRun
 
 log = logging.getLogger(__name__)
 
