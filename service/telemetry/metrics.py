@@ -251,9 +251,6 @@ class ServiceMetrics:
         """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
         return PredictionMetrics(self, model, version, labels)
 
-    def lifecycle(self) -> LifecycleMetrics:
-        return LifecycleMetrics(self)
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
