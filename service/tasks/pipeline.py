@@ -23,7 +23,7 @@ from contract.spec import ModelSpec, SpecError
 from contract.tensors import Tensor
 from service.engine import request_context
 from service.engine import rows as batch_jobs
-from service.engine.batcher import DynamicBatcher
+from service.engine.batcher import BatchObserver, DynamicBatcher
 from service.engine.request_context import Deadline
 from service.engine.rows import Done, Job
 from service.engine.runtime import Feeds, OnnxModel, RuntimeOptions, choose_variant
@@ -117,7 +117,7 @@ class Pipeline:
         # Chosen once, at build: with tracing off (the common case) no request or batch of this
         # model enters the tracing code at all.
         self.traced = tracing.configured()
-        observers = [metrics.observer(spec.name, version)]
+        observers: list[BatchObserver] = [metrics.observer(spec.name, version)]
         if self.traced:
             observers.append(tracing.BatchTracing(spec.name, self.batch_attributes))
         self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
