@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,8 +33,6 @@ from service.telemetry import tracing
 from service.telemetry.metrics import DEFAULT_VERSION, ServiceMetrics
 
 log = logging.getLogger(__name__)
-
-_NO_SPAN: AbstractContextManager[Any] = nullcontext()
 
 
 @dataclass(frozen=True)
@@ -247,7 +245,7 @@ class Pipeline:
     def span(self, name: str) -> AbstractContextManager[Any]:
         """A child span of the request's span around a step (`tracing.span`); a shared no-op
         when tracing is off."""
-        return tracing.span(name) if self.traced else _NO_SPAN
+        return tracing.span(name) if self.traced else tracing.NO_SPAN
 
     def span_after(self, name: str, start: float, end: float) -> None:
         """A child span of the request's span for a step measured elsewhere (`tracing.span_after`)."""

@@ -36,7 +36,7 @@ from service.engine.request_context import BatchRun
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "gmlp-serve"
-_NO_SPAN: AbstractContextManager[Any] = nullcontext()
+NO_SPAN: AbstractContextManager[Any] = nullcontext()  # the shared no-op of an unsampled step
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:
@@ -171,7 +171,7 @@ def span(name: str) -> AbstractContextManager[Any]:
     is not traced or not sampled. An exception leaving the block is recorded on the span."""
     request = request_context.current()
     if not sampled(request):  # off, or this request not sampled: its children would not be either
-        return _NO_SPAN
+        return NO_SPAN
     assert request is not None
     return request.tracer.tracer.start_as_current_span(name)
 
@@ -239,4 +239,13 @@ class BatchTracing(BatchObserver):
         batch.end(end_time=to_ns(run.run_end))
 
 
-__all__ = ["Tracing", "BatchTracing", "configured", "span", "sampled", "epoch_ns", "DEFAULT_SERVICE_NAME"]
+__all__ = [
+    "Tracing",
+    "BatchTracing",
+    "configured",
+    "span",
+    "sampled",
+    "epoch_ns",
+    "DEFAULT_SERVICE_NAME",
+    "NO_SPAN",
+]
