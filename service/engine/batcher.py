@@ -38,8 +38,7 @@ from typing import Generic, TypeVar
 
 from contract.errors import Closed, ErrorCode, Overloaded
 from service.engine import request_context
-from service.engine.batch_run import Batched, BatchRun, RunClock
-from service.engine.request_context import Deadline, RequestContext
+from service.engine.request_context import Batched, BatchRun, Deadline, RequestContext, RunClock
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,10 @@ formatter reads the id, route, model and trace from it; the request notes the qu
 model run its batcher returned with each of its rows (`note_batch`, what `Server-Timing` reports);
 the tracing code keeps the request's server span and tracer here, `None` when tracing is off.
 
+What a batch tells: each of its rows comes back to its request as a `Batched` result, with its
+queue wait and the batch's model run, and the batch's observers (metrics, tracing) get one
+`BatchRun` per executed batch, with the `RequestContext` of each of its rows.
+
 Request ids come from the client (`X-Request-ID`, REST; `x-request-id` metadata, gRPC) when they
 are short and plain (`REQUEST_ID_PATTERN`), so that they can be logged and echoed without
 escaping; anything else is replaced by a generated id, never echoed.
@@ -23,11 +27,11 @@ import asyncio
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from contract.errors import DeadlineExceeded, ErrorCode
 
@@ -77,6 +81,73 @@ class RequestContext:
 
 
 _current: ContextVar[RequestContext | None] = ContextVar("gmlp_request", default=None)
+
+
+O = TypeVar("O")  # noqa: E741
+
+
+@dataclass(frozen=True)
+class Batched(Generic[O]):
+    """A request's result from its batch, with where its time went: `queue_s` from enqueue to the
+    batch's start, `run_s` the model run of the batch that answered it (what Server-Timing says)."""
+
+    output: O
+    queue_s: float
+    run_s: float
+
+
+@dataclass
+class RunClock:
+    """When the model run of a batch started and ended, as measured in its worker thread."""
+
+    start: float = 0.0
+    end: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    """One executed batch, the one event its observers get (metrics, tracing): the instance that
+    ran it, its items, each row's `RequestContext` (None outside a request), when each row was
+    queued, when the batch was formed, when the model run started and ended, when the batch was
+    done (its rows answered, retried one by one if it failed; all `time.monotonic()` instants),
+    and the error the batch raised, if any."""
+
+    instance: int
+    items: list[Any]
+    requests: list[RequestContext | None]
+    enqueued: list[float]
+    started: float
+    run_start: float
+    run_end: float
+    done: float
+    error: BaseException | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+    @property
+    def queue_waits(self) -> list[float]:
+        """Each row's wait, from enqueue to the batch's start."""
+        return [self.started - enqueued for enqueued in self.enqueued]
+
+    @classmethod
+    def of(
+        cls, instance: int, batch: Sequence[Any], started: float, clock: RunClock, error: BaseException | None
+    ) -> BatchRun:
+        """The run of `batch` (the batcher's pending rows: `.item`, `.request`, `.enqueued`), done now."""
+        now = time.monotonic()
+        return cls(
+            instance,
+            [p.item for p in batch],
+            [p.request for p in batch],
+            [p.enqueued for p in batch],
+            started,
+            clock.start or started,
+            clock.end or now,
+            now,
+            error,
+        )
 
 
 def current() -> RequestContext | None:
@@ -173,6 +244,9 @@ async def encode_off_loop(encode: Callable[[], T], size: int) -> T:
 
 __all__ = [
     "RequestContext",
+    "Batched",
+    "BatchRun",
+    "RunClock",
     "accepted_request_id",
     "current",
     "open_request",

@@ -24,24 +24,23 @@ from contract.errors import ErrorCode, InvalidInput, RequestError
 from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
 from service.engine.request_context import Deadline, before
-from service.http.answers import json_answer, unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import (
+    MAX_TARGETS,
+    MAX_TEXT_LENGTH,
     RAW_TYPES,
+    Target,
+    TopK,
     json_body,
     media_type,
     unsupported_media_type,
     validated,
 )
-from service.http.routing import DirectRoute, get_state, requires
+from service.http.routing import DirectRoute, get_state, json_answer, requires, unless_disconnected
 from service.http.schemas import (
-    MAX_TARGETS,
-    MAX_TEXT_LENGTH,
     LabelScore,
     MaskPrediction,
     MessageError,
-    Target,
-    TopK,
     error_responses,
     inline_schema,
 )

@@ -1,4 +1,6 @@
-"""Reading a request: its content type, query, JSON body and image.
+"""Reading a request: what the task routes' requests may be (their query and body schemas, each
+limit declared where OpenAPI states it), and how any request is read: its content type, query, JSON
+body and image.
 
 Bodies are parsed here rather than by FastAPI's `File`/`Body` parameters because FastAPI turns any
 error raised while reading a body into a bare 400; we want 413 for too large, 415 for a wrong
@@ -10,19 +12,112 @@ another refuses.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import re
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from contract import strict_json
 from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType
+from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION, decode_base64
 from contract.messages import echo
 from service.http.errors import validation_error
-from service.http.schemas import ClassifyJSONRequest
 
 M = TypeVar("M", bound=BaseModel)
+
+# Request limits, each checked where it is declared (the schemas below), so OpenAPI states them.
+MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token window is checked later)
+MAX_TARGETS = 1000
+MAX_TARGET_LENGTH = 100  # characters of one target word
+Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
+# What `base64.b64decode(validate=True)` accepts, optionally behind a data: URL header.
+BASE64_PATTERN = r"^(data:[^,]*;base64,)?([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+# A text is refused without one (the codec checks the tokens; this states it in the schema).
+MASK_PATTERN = r"\[MASK\]"
+# Integers are strict in every API: a JSON integer (not 5.0, "5" or true, which pydantic's lax mode
+# would turn into 5 or 1), and in a query string decimal ASCII digits (not "5.0", "true" or "٥"), as
+# gRPC's typed parameters are.
+JSON_INTEGER = 'a JSON integer is expected (5, not 5.0, "5" or true)'
+
+
+def json_integer(value: Any) -> Any:
+    """A JSON integer as it is; anything else (a float even when integral, which JSON Schema's
+    `integer` would let through, a string, a boolean) refused with its own error type."""
+    if type(value) is not int:
+        raise PydanticCustomError("json_integer", JSON_INTEGER)
+    return value
+
+
+# A JSON integer's constraints go before its validator, so that the JSON schema states them.
+TopK = Annotated[int, Field(ge=1, le=MAX_FILL_MASK_TOP_K), BeforeValidator(json_integer)]
+_DIGITS = re.compile(r"-?[0-9]{1,18}")  # any int64
+
+
+def _query_int(value: Any) -> Any:
+    """A query string's integer: an optional minus and up to 18 ASCII digits."""
+    if isinstance(value, str):
+        if not _DIGITS.fullmatch(value):
+            raise PydanticCustomError("int_parsing", "an integer is expected (decimal digits, e.g. 5)")
+        return int(value)
+    return value
+
+
+QueryInt = Annotated[int, Strict(), BeforeValidator(_query_int)]
+# A 1x1 PNG: an example request that really works.
+TINY_PNG_BASE64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGM4IScHAAK2AQU0pnWqAAAAAElFTkSuQmCC"
+)
+
+
+class ClassifyQuery(BaseModel):
+    """The query string of /classify."""
+
+    top_k: QueryInt = Field(5, ge=1, description="number of labels to return (at most the number of labels)")
+    model: str | None = Field(None, description="served model name; default: the service's classifier")
+
+
+class ClassifyJSONRequest(BaseModel):
+    """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"image": TINY_PNG_BASE64}]})
+    image: str = Field(
+        min_length=1,
+        pattern=BASE64_PATTERN,
+        description="the image file, base64-encoded (standard alphabet, padded); a data: URL is accepted",
+    )
+
+
+class FillMaskRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"text": "paris is the [MASK] of france.", "top_k": 5}]},
+    )
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_TEXT_LENGTH,
+        json_schema_extra={"pattern": MASK_PATTERN},
+        description="text with one or more [MASK] tokens (at most the model's window of tokens)",
+    )
+    top_k: TopK = Field(5, description="predictions per [MASK]")
+    targets: list[Target] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_TARGETS,
+        description="restrict the candidates to these words; a word that is not one vocabulary token is "
+        "replaced by its first wordpiece (as Hugging Face's fill-mask pipeline does)",
+    )
+    model: str | None = Field(None, description="served model name; default: the service's fill-mask model")
+
+    @field_validator("text")
+    @classmethod
+    def _has_mask(cls, text: str) -> str:
+        """The schema's `pattern`, checked with a message that says what to do."""
+        if MASK_TOKEN not in text:
+            raise ValueError(f"the text contains no {MASK_TOKEN} token; put one where a word is missing")
+        return text
 
 
 # Content types that say nothing about a raw body: none, generic bytes, and curl's default for
@@ -132,6 +227,15 @@ def validated(schema: type[M], document: Any, where: str) -> M:
 
 
 __all__ = [
+    "ClassifyQuery",
+    "ClassifyJSONRequest",
+    "FillMaskRequest",
+    "TopK",
+    "Target",
+    "json_integer",
+    "JSON_INTEGER",
+    "MAX_TEXT_LENGTH",
+    "MAX_TARGETS",
     "read_query",
     "query_parameters",
     "read_image",

@@ -14,15 +14,27 @@ from fastapi.responses import JSONResponse
 from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
 from service.engine.request_context import Deadline, before
-from service.http.answers import json_answer, unless_disconnected
-from service.http.parsing import query_parameters, read_image, read_json, read_query
-from service.http.routing import DirectRoute, get_state, model_response, public, requires
-from service.http.schemas import (
-    ERROR_RESPONSES,
+from service.http.parsing import (
     ClassifyJSONRequest,
     ClassifyQuery,
-    ClassifyResponse,
     FillMaskRequest,
+    query_parameters,
+    read_image,
+    read_json,
+    read_query,
+)
+from service.http.routing import (
+    DirectRoute,
+    get_state,
+    json_answer,
+    model_response,
+    public,
+    requires,
+    unless_disconnected,
+)
+from service.http.schemas import (
+    ERROR_RESPONSES,
+    ClassifyResponse,
     FillMaskResponse,
     HealthResponse,
     ModelInfo,

@@ -1,58 +1,13 @@
-"""Request and response bodies (pydantic), with the examples shown in the OpenAPI docs."""
+"""The REST response bodies and error documents (pydantic), with the examples shown in the OpenAPI
+docs; the requests' schemas are read where requests are read (`service.http.parsing`)."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field
 
 from contract.errors import ErrorCode
-from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
-
-# Request limits, each checked where it is declared (the schemas below), so OpenAPI states them.
-MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token window is checked later)
-MAX_TARGETS = 1000
-MAX_TARGET_LENGTH = 100  # characters of one target word
-Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
-# What `base64.b64decode(validate=True)` accepts, optionally behind a data: URL header.
-BASE64_PATTERN = r"^(data:[^,]*;base64,)?([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-# A text is refused without one (the codec checks the tokens; this states it in the schema).
-MASK_PATTERN = r"\[MASK\]"
-# Integers are strict in every API: a JSON integer (not 5.0, "5" or true, which pydantic's lax mode
-# would turn into 5 or 1), and in a query string decimal ASCII digits (not "5.0", "true" or "٥"), as
-# gRPC's typed parameters are.
-JSON_INTEGER = 'a JSON integer is expected (5, not 5.0, "5" or true)'
-
-
-def json_integer(value: Any) -> Any:
-    """A JSON integer as it is; anything else (a float even when integral, which JSON Schema's
-    `integer` would let through, a string, a boolean) refused with its own error type."""
-    if type(value) is not int:
-        raise PydanticCustomError("json_integer", JSON_INTEGER)
-    return value
-
-
-# A JSON integer's constraints go before its validator, so that the JSON schema states them.
-TopK = Annotated[int, Field(ge=1, le=MAX_FILL_MASK_TOP_K), BeforeValidator(json_integer)]
-_DIGITS = re.compile(r"-?[0-9]{1,18}")  # any int64
-
-
-def _query_int(value: Any) -> Any:
-    """A query string's integer: an optional minus and up to 18 ASCII digits."""
-    if isinstance(value, str):
-        if not _DIGITS.fullmatch(value):
-            raise PydanticCustomError("int_parsing", "an integer is expected (decimal digits, e.g. 5)")
-        return int(value)
-    return value
-
-
-QueryInt = Annotated[int, Strict(), BeforeValidator(_query_int)]
-# A 1x1 PNG: an example request that really works.
-TINY_PNG_BASE64 = (
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGM4IScHAAK2AQU0pnWqAAAAAElFTkSuQmCC"
-)
 
 
 class LabelScore(BaseModel):
@@ -73,54 +28,6 @@ class ClassifyResponse(BaseModel):
     )
     model: str = Field(description="the served model that answered")
     predictions: list[LabelScore] = Field(description="top_k labels, highest score first")
-
-
-class ClassifyQuery(BaseModel):
-    """The query string of /classify."""
-
-    top_k: QueryInt = Field(5, ge=1, description="number of labels to return (at most the number of labels)")
-    model: str | None = Field(None, description="served model name; default: the service's classifier")
-
-
-class ClassifyJSONRequest(BaseModel):
-    """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"image": TINY_PNG_BASE64}]})
-    image: str = Field(
-        min_length=1,
-        pattern=BASE64_PATTERN,
-        description="the image file, base64-encoded (standard alphabet, padded); a data: URL is accepted",
-    )
-
-
-class FillMaskRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"text": "paris is the [MASK] of france.", "top_k": 5}]},
-    )
-    text: str = Field(
-        min_length=1,
-        max_length=MAX_TEXT_LENGTH,
-        json_schema_extra={"pattern": MASK_PATTERN},
-        description="text with one or more [MASK] tokens (at most the model's window of tokens)",
-    )
-    top_k: TopK = Field(5, description="predictions per [MASK]")
-    targets: list[Target] | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_TARGETS,
-        description="restrict the candidates to these words; a word that is not one vocabulary token is "
-        "replaced by its first wordpiece (as Hugging Face's fill-mask pipeline does)",
-    )
-    model: str | None = Field(None, description="served model name; default: the service's fill-mask model")
-
-    @field_validator("text")
-    @classmethod
-    def _has_mask(cls, text: str) -> str:
-        """The schema's `pattern`, checked with a message that says what to do."""
-        if MASK_TOKEN not in text:
-            raise ValueError(f"the text contains no {MASK_TOKEN} token; put one where a word is missing")
-        return text
 
 
 class MaskPrediction(BaseModel):

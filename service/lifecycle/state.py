@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import TypeVar
@@ -35,7 +35,7 @@ from service.lifecycle.versions import VersionTable
 from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline
 from service.tasks.registry import load_pipeline
-from service.telemetry.metrics import ServiceMetrics
+from service.telemetry.metrics import LifecycleMetrics, ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,13 @@ class ServiceState:
         self.settings = settings
         self.metrics = metrics
         metrics.request_timeout.set(settings.request_timeout_s)
+        self._defaults: dict[str, str | None] | None = None  # None: to be worked out again
         self.table: VersionTable[Pipeline] = VersionTable(
             self._load_version,
             policy=VersionPolicy.parse(settings.version_policy),
             drain_timeout_s=settings.drain_timeout_s,
             max_loaded=settings.max_loaded_versions,
-            observer=metrics.lifecycle(),
+            observer=_TableObserver(metrics, self._versions_changed),
         )
         self.phase: Phase = Phase.LOADING
         self.error: str | None = None
@@ -99,13 +100,20 @@ class ServiceState:
     @property
     def defaults(self) -> dict[str, str | None]:
         """The model a task route uses when the request names none: the configured one, else the
-        first served model of the task in repository order."""
-        configured = self._configured_defaults()
-        served = self.newest_ready()
-        return {
-            task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
-            for task in TASKS
-        }
+        first served model of the task in repository order. Read by every request that names no
+        model, so worked out once per change of the version table, not per request."""
+        if self._defaults is None:
+            configured = self._configured_defaults()
+            served = self.newest_ready()
+            self._defaults = {
+                task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
+                for task in TASKS
+            }
+        return self._defaults
+
+    def _versions_changed(self) -> None:
+        """A version changed state (or came or went): the defaults are worked out again when next read."""
+        self._defaults = None
 
     def _configured_defaults(self) -> dict[str, str | None]:
         return {VISION_TASK: self.settings.default_classifier, MLM_TASK: self.settings.default_fill_mask}
@@ -300,6 +308,19 @@ class ServiceState:
         for name in self.table.models:
             self.metrics.model_ready.labels(name).set(0)
         log.info("drained and closed %d models", count)
+
+
+class _TableObserver(LifecycleMetrics):
+    """The version table's observer: the lifecycle metrics, and `changed()` after every change of a
+    version's state (the table reports each one, a version added or removed included)."""
+
+    def __init__(self, metrics: ServiceMetrics, changed: Callable[[], None]) -> None:
+        super().__init__(metrics)
+        self._changed = changed
+
+    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
+        super().state_changed(model, version, old, new)
+        self._changed()
 
 
 def _why_not(source: ModelSource) -> str:

@@ -39,7 +39,6 @@ from service.tasks.forms import (
     utf8,
 )
 from service.tasks.pipeline import HFOptions, Pipeline
-from service.telemetry import tracing
 
 # Texts this short are tokenised on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than tokenising them. Anything longer is tokenised in a
@@ -119,7 +118,7 @@ class FillMaskPipeline(Pipeline):
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
         _, _, done = await self._submit(text, deadline, targets, top_k, NOTHING)
-        tracing.span_after("postprocess", *done.finished)
+        self.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
 
@@ -142,7 +141,7 @@ class FillMaskPipeline(Pipeline):
     ) -> tuple[EncodedText, list[int] | None, Done]:
         """A text through the model's tokenizer and the batcher; decoded in the batch thread when
         `top_k` is given."""
-        with self.batcher.arriving(), tracing.span("preprocess"):
+        with self.batcher.arriving(), self.span("preprocess"):
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)
             else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +24,7 @@ from contract.tensors import Tensor
 from service.engine import request_context
 from service.engine import rows as batch_jobs
 from service.engine.backends import open_runtime, resolve_backend
-from service.engine.batcher import DynamicBatcher
+from service.engine.batcher import BatchObserver, DynamicBatcher
 from service.engine.request_context import Deadline
 from service.engine.rows import Done, Job
 from service.engine.runtime import Feeds, RuntimeOptions, choose_variant
@@ -117,16 +118,19 @@ class Pipeline:
         # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
         self.precision = self.runtime.precision or self.variant
         self.graph_top_k = batch_jobs.graph_top_k(spec.config, self.runtime.output_names)
+        # Chosen once, at build: with tracing off (the common case) no request or batch of this
+        # model enters the tracing code at all.
+        self.traced = tracing.configured()
+        observers: list[BatchObserver] = [metrics.observer(spec.name, version)]
+        if self.traced:
+            observers.append(tracing.BatchTracing(spec.name, self.batch_attributes))
         self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
             self.run_batch,
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
             name=spec.name,
-            observers=[
-                metrics.observer(spec.name, version),
-                tracing.BatchTracing(spec.name, self.batch_attributes),
-            ],
+            observers=observers,
             always_wait=settings.queue_delay_policy == "always",
             instances=instances,
         )
@@ -244,6 +248,16 @@ class Pipeline:
             },
             "card": self.card,
         }
+
+    def span(self, name: str) -> AbstractContextManager[Any]:
+        """A child span of the request's span around a step (`tracing.span`); a shared no-op
+        when tracing is off."""
+        return tracing.span(name) if self.traced else tracing.NO_SPAN
+
+    def span_after(self, name: str, start: float, end: float) -> None:
+        """A child span of the request's span for a step measured elsewhere (`tracing.span_after`)."""
+        if self.traced:
+            tracing.span_after(name, start, end)
 
     async def queued(self, job: Job, deadline: Deadline) -> Done:
         """One row through the batcher; the times it returns go to the request's Server-Timing."""

@@ -27,7 +27,6 @@ from service.settings import ServiceSettings
 from service.tasks.decode_budget import decode_in_thread
 from service.tasks.forms import IMAGE_INPUT, Forms, check_outputs, gather_or_cancel, stacked
 from service.tasks.pipeline import HFOptions, Pipeline
-from service.telemetry import tracing
 
 # Images this small are decoded on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than decoding them, which stays short enough not to hold up
@@ -82,7 +81,7 @@ class VisionPipeline(Pipeline):
         self, image: bytes, deadline: Deadline, answer: Ranking | None, reads: Reads = NOTHING
     ) -> Done:
         """One encoded image through the model's own transform and the batcher."""
-        with self.batcher.arriving(), tracing.span("preprocess"):
+        with self.batcher.arriving(), self.span("preprocess"):
             img = self.transform.open(image)  # the header only: cheap whatever the image
             if img.width * img.height <= INLINE_DECODE_PIXELS:
                 pixels = self.transform.finish(img)
@@ -102,7 +101,7 @@ class VisionPipeline(Pipeline):
                 f"top_k must be between 1 and {len(self.labels)} (the number of labels)",
             )
         done = await self._submit(image, deadline, Ranking(top_k, function))
-        tracing.span_after("postprocess", *done.finished)
+        self.span_after("postprocess", *done.finished)
         answer: list[dict[str, Any]] = done.answer
         return answer
 

@@ -8,6 +8,7 @@ free of Prometheus. Nothing here knows a transport.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import suppress
 
@@ -15,8 +16,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from service.engine.batch_run import BatchRun
 from service.engine.batcher import BatchObserver
+from service.engine.request_context import BatchRun
 from service.telemetry.statistics import DEFAULT_VERSION, StatisticsSeries
 
 MV = ["model", "version"]
@@ -235,7 +236,9 @@ class ServiceMetrics:
 
     def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
         """One inference request of the protocol's API answered (ok) or refused, and its duration."""
-        self.statistics.request(model, version, ok, seconds)
+        outcome = "success" if ok else "fail"
+        self.statistics.requests.labels(model, version, outcome).inc()
+        self.statistics.request_seconds.labels(model, version, outcome).inc(seconds)
 
     def key_request(self, key: str, transport: str, outcome: str) -> None:
         """One access decision: the key's configured name (never the key), transport and outcome."""
@@ -248,15 +251,13 @@ class ServiceMetrics:
         """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
         return PredictionMetrics(self, model, version, labels)
 
-    def lifecycle(self) -> LifecycleMetrics:
-        return LifecycleMetrics(self)
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class ModelObserver(BatchObserver):
-    """The metrics of one model version's batcher: queue depth, refusals, batch sizes and times."""
+    """The metrics of one model version's batcher: queue depth, refusals, batch sizes and times,
+    and the version's statistics (`service.telemetry.statistics`), fed from the same batch."""
 
     def __init__(self, metrics: ServiceMetrics, model: str, version: str) -> None:
         self._depth = metrics.queue_depth.labels(model, version)
@@ -264,8 +265,16 @@ class ModelObserver(BatchObserver):
         self._wait = metrics.queue_wait.labels(model)
         self._inference = metrics.inference.labels(model)
         self._rejections = metrics.rejections
-        self._model = model
-        self._statistics = metrics.statistics.model(model, version)
+        self._model, self._version = model, version
+        series = self._series = metrics.statistics
+        self._inferences = series.inferences.labels(model, version)
+        self._executions = series.executions.labels(model, version)
+        self._queue = series.queue_seconds.labels(model, version)
+        self._compute = series.compute_seconds.labels(model, version)
+        self._last = series.last_inference.labels(model, version)
+        for outcome in ("success", "fail"):  # listed at zero from the start
+            series.requests.labels(model, version, outcome)
+            series.request_seconds.labels(model, version, outcome)
         self._depth.set(0)
 
     def queue_depth(self, depth: int) -> None:
@@ -280,7 +289,14 @@ class ModelObserver(BatchObserver):
         self._inference.observe(run_seconds)
         for wait in waits:
             self._wait.observe(wait)
-        self._statistics.batch_done(run.size, sum(waits), run_seconds)
+        size = str(run.size)
+        self._inferences.inc(run.size)
+        self._executions.inc()
+        self._queue.inc(sum(waits))
+        self._compute.inc(run_seconds * run.size)
+        self._series.batch_executions.labels(self._model, self._version, size).inc()
+        self._series.batch_seconds.labels(self._model, self._version, size).inc(run_seconds)
+        self._last.set(time.time())
 
 
 class PredictionMetrics:

@@ -1,7 +1,8 @@
 """Per-model statistics kept as Prometheus series, and read back as one model's counters.
 
-The batcher's observer (`service.telemetry.metrics.ModelObserver`) adds every executed batch here, and
-the protocol's inference handlers add every answered or refused request; `/metrics` exposes the
+The batcher's observer (`service.telemetry.metrics.ModelObserver`, which feeds the batch metrics
+too, in the same step) adds every executed batch to these series, and the protocol's inference
+handlers every answered or refused request (`ServiceMetrics.model_request`); `/metrics` exposes the
 series, and the Open Inference Protocol's statistics extension reads the same series back through
 `StatisticsSeries.counters`, so the two can never disagree. Series are labelled by model and
 version (one version per model: `DEFAULT_VERSION`).
@@ -15,7 +16,6 @@ gRPC, with their durations inside the server.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -101,15 +101,6 @@ class StatisticsSeries:
             "gmlp_model_last_inference_timestamp_seconds", "Unix time of the last batch run", mv, registry=r
         )
 
-    def model(self, model: str, version: str) -> ModelStatisticsRecorder:
-        """The recorder of one model version (its series start at zero, so they are listed at once)."""
-        return ModelStatisticsRecorder(self, model, version)
-
-    def request(self, model: str, version: str, ok: bool, seconds: float) -> None:
-        outcome = "success" if ok else "fail"
-        self.requests.labels(model, version, outcome).inc()
-        self.request_seconds.labels(model, version, outcome).inc(seconds)
-
     def counters(self, model: str, version: str) -> ModelCounters:
         """The model version's statistics, read from the series /metrics exposes."""
 
@@ -150,34 +141,8 @@ class StatisticsSeries:
         )
 
 
-class ModelStatisticsRecorder:
-    """Adds one model version's executed batches to the series (called from the batcher's observer)."""
-
-    def __init__(self, series: StatisticsSeries, model: str, version: str) -> None:
-        self.series = series
-        self.model, self.version = model, version
-        self._inferences = series.inferences.labels(model, version)
-        self._executions = series.executions.labels(model, version)
-        self._queue = series.queue_seconds.labels(model, version)
-        self._compute = series.compute_seconds.labels(model, version)
-        self._last = series.last_inference.labels(model, version)
-        for outcome in ("success", "fail"):
-            series.requests.labels(model, version, outcome)
-            series.request_seconds.labels(model, version, outcome)
-
-    def batch_done(self, size: int, queue_seconds: float, run_seconds: float) -> None:
-        self._inferences.inc(size)
-        self._executions.inc()
-        self._queue.inc(queue_seconds)
-        self._compute.inc(run_seconds * size)
-        self.series.batch_executions.labels(self.model, self.version, str(size)).inc()
-        self.series.batch_seconds.labels(self.model, self.version, str(size)).inc(run_seconds)
-        self._last.set(time.time())
-
-
 __all__ = [
     "StatisticsSeries",
-    "ModelStatisticsRecorder",
     "ModelCounters",
     "Duration",
     "DEFAULT_VERSION",

@@ -3,8 +3,9 @@
 Off unless the standard variables ask for it (`configured`): `OTEL_TRACES_EXPORTER=otlp`, or an
 OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) with
 `OTEL_TRACES_EXPORTER` unset; `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true` keep it off.
-Off, the SDK is never imported and no exporter thread runs; the request path then pays one
-context-variable lookup per step (`span` returns a shared no-op context manager).
+Off, the SDK is never imported and no exporter thread runs, and the request path never enters this
+module: a pipeline decides at build whether its steps are spanned and its batches observed
+(`service.tasks.pipeline`), the transports whether their requests get a server span.
 On, the SDK reads the rest of the standard variables itself: `OTEL_SERVICE_NAME` and
 `OTEL_RESOURCE_ATTRIBUTES` (the resource; service.name defaults to gmlp-serve),
 `OTEL_TRACES_SAMPLER[_ARG]` (the sampler), `OTEL_EXPORTER_OTLP_*` (endpoint, headers, timeout)
@@ -29,13 +30,13 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from service.engine import request_context
-from service.engine.batch_run import BatchRun
 from service.engine.batcher import BatchObserver
+from service.engine.request_context import BatchRun
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "gmlp-serve"
-_NO_SPAN: AbstractContextManager[Any] = nullcontext()
+NO_SPAN: AbstractContextManager[Any] = nullcontext()  # the shared no-op of an unsampled step
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:
@@ -170,7 +171,7 @@ def span(name: str) -> AbstractContextManager[Any]:
     is not traced or not sampled. An exception leaving the block is recorded on the span."""
     request = request_context.current()
     if not sampled(request):  # off, or this request not sampled: its children would not be either
-        return _NO_SPAN
+        return NO_SPAN
     assert request is not None
     return request.tracer.tracer.start_as_current_span(name)
 
@@ -238,4 +239,13 @@ class BatchTracing(BatchObserver):
         batch.end(end_time=to_ns(run.run_end))
 
 
-__all__ = ["Tracing", "BatchTracing", "configured", "span", "sampled", "epoch_ns", "DEFAULT_SERVICE_NAME"]
+__all__ = [
+    "Tracing",
+    "BatchTracing",
+    "configured",
+    "span",
+    "sampled",
+    "epoch_ns",
+    "DEFAULT_SERVICE_NAME",
+    "NO_SPAN",
+]

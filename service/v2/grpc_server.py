@@ -44,8 +44,7 @@ from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline
 from service.telemetry.tracing import Tracing
 from service.v2 import inference, repository
-from service.v2.grpc_access import connection_options, server_credentials
-from service.v2.grpc_calls import CallHandling
+from service.v2.grpc_calls import CallHandling, connection_options, server_credentials
 from service.v2.inference import InferRequest
 from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb

@@ -22,10 +22,9 @@ from contract.messages import echo
 from contract.tensors import Tensor, from_json, from_raw
 from service.access.scope import Scope
 from service.engine.request_context import Deadline, before, encode_off_loop
-from service.http.answers import unless_disconnected
 from service.http.errors import REST_ERRORS, ErrorTable
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
-from service.http.routing import DirectRoute, get_state, model_response, public, requires
+from service.http.routing import DirectRoute, get_state, model_response, public, requires, unless_disconnected
 from service.http.schemas import inline_schema
 from service.tasks.pipeline import Pipeline
 from service.v2 import inference

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from contract.tensors import DATATYPES, MAX_DIMS, MAX_ELEMENTS, SHAPE_LIMITS
-from service.http.schemas import MessageError, TopK, error_responses, json_integer
+from service.http.parsing import TopK, json_integer
+from service.http.schemas import MessageError, error_responses
 
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
 Scalar = str | int | float | bool

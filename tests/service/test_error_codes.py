@@ -28,7 +28,9 @@ ERROR_TYPES = {
     for name, cls in vars(contract.errors).items()
     if inspect.isclass(cls) and issubclass(cls, RequestError)
 }
-# Modules of the HTTP transport (and v2 REST, built on it): a code only they raise never reaches gRPC.
+# Modules of the HTTP transport (and v2 REST, built on it): a code only they raise never reaches gRPC,
+# nor one raised in functions that only they call (by name, at any depth: a name that something
+# else calls too counts as reaching gRPC).
 HTTP_ONLY = ("service/http/", "service/v2/rest.py", "service/v2/schemas.py")
 HEADER = "| code | type | REST tasks | Hugging Face | v2 REST | v2 gRPC | meaning |"
 
@@ -102,20 +104,37 @@ def test_no_code_is_written_as_a_string() -> None:
     assert not found, f"write these as ErrorCode members: {found}"
 
 
-def _users() -> dict[ErrorCode, set[str]]:
-    """For each code, the files that name it."""
-    users: dict[ErrorCode, set[str]] = {code: set() for code in ErrorCode}
+def _functions(tree: ast.Module) -> dict[int, str]:
+    """For each node of `tree` inside a function, the innermost function's name."""
+    inside: dict[int, str] = {}
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    for function in functions:  # outer functions come first in the walk; inner ones overwrite
+        for node in ast.walk(function):
+            inside[id(node)] = function.name
+    return inside
+
+
+def _users() -> tuple[dict[ErrorCode, set[tuple[str, str | None]]], dict[str, set[tuple[str, str | None]]]]:
+    """For each code, the files that name it with the function naming it (None: module level); for
+    each function name, the files and functions that call a function of that name."""
+    users: dict[ErrorCode, set[tuple[str, str | None]]] = {code: set() for code in ErrorCode}
+    calls: dict[str, set[tuple[str, str | None]]] = {}
     for path, tree in SOURCES.items():
         if path == LIST:
             continue
+        name, inside = str(path.relative_to(ROOT)), _functions(tree)
         for node in ast.walk(tree):
             code = _code_of(node) if isinstance(node, ast.Attribute) else None
             if code is not None:
-                users[code].add(str(path.relative_to(ROOT)))
-    return users
+                users[code].add((name, inside.get(id(node))))
+            if isinstance(node, ast.Call):
+                called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if called is not None:
+                    calls.setdefault(called, set()).add((name, inside.get(id(node))))
+    return users, calls
 
 
-USERS = _users()
+USERS, CALLS = _users()
 
 
 def test_every_code_is_raised_somewhere() -> None:
@@ -128,8 +147,17 @@ def _http_status(table: ErrorTable, code: ErrorCode) -> str:
     return "its own" if code.error is RequestError else str(table.status(code.error))
 
 
+def _http_only(file: str, function: str | None, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether code in `function` of `file` runs only for HTTP requests."""
+    if file.startswith(HTTP_ONLY):
+        return True
+    if function is None or function in seen or not CALLS.get(function):
+        return False
+    return all(_http_only(f, caller, seen | {function}) for f, caller in CALLS[function])
+
+
 def _row(code: ErrorCode) -> str:
-    http_only = all(name.startswith(HTTP_ONLY) for name in USERS[code])
+    http_only = all(_http_only(file, function) for file, function in USERS[code])
     grpc_status = (
         "—" if http_only else f"`{most_specific(GRPC_STATUS, code.error, grpc.StatusCode.INTERNAL).name}`"
     )

@@ -17,9 +17,8 @@ import pytest
 
 from contract.errors import Closed, DeadlineExceeded, Overloaded
 from service.engine import request_context
-from service.engine.batch_run import BatchRun
 from service.engine.batcher import BatchObserver, DynamicBatcher
-from service.engine.request_context import Deadline
+from service.engine.request_context import BatchRun, Deadline
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,7 @@ error, a missing field, an empty body), because every constraint a validator che
 schema could have stated, and then the schema lied. REST refusals carry a machine code, which
 must be one of `SEMANTIC_CODES`; v2 and HF refusals must not be validation messages. One
 validation refusal is allowed: an integer written as a decimal (5.0), which JSON Schema's
-`integer` accepts and every API refuses (service.http.schemas.JSON_INTEGER: integers are strict everywhere).
+`integer` accepts and every API refuses (service.http.parsing.JSON_INTEGER: integers are strict everywhere).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ SEMANTIC_CODES = {
 }
 # The v2 and HF bodies carry only a message: these mark refusals by validation.
 VALIDATION_MESSAGES = ("is invalid: ", "the body is empty")
-# The start of service.http.schemas.JSON_INTEGER (this hook runs in schemathesis' process, which
+# The start of service.http.parsing.JSON_INTEGER (this hook runs in schemathesis' process, which
 # does not import the service).
 JSON_INTEGER = "a JSON integer is expected"
 

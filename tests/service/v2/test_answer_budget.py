@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from contract.tensors import Tensor
-from service.v2.answer_budget import answer_size
+from service.v2.inference import answer_size
 
 if TYPE_CHECKING:
     from support.servers import RunningServer

@@ -16,8 +16,8 @@ from hypothesis.extra import numpy as hnp
 
 import service.v2.answer_json as answer_json_module
 from contract.tensors import NUMPY_TYPES, Tensor, bytes_tensor
-from service.v2.answer_budget import JSON_ELEMENT_BYTES, answer_size, check_answer, json_bytes, raw_bytes
 from service.v2.answer_json import answer_json, json_data
+from service.v2.inference import JSON_ELEMENT_BYTES, answer_size, check_answer, json_bytes, raw_bytes
 
 NUMERIC = sorted(JSON_ELEMENT_BYTES)
 
