@@ -186,19 +186,16 @@ class OnnxModel:
         all); outputs not asked for are not copied out of the session. One row runs on the lone
         session, all its threads, when no other run is going as it starts (module docstring)."""
         names = list(names or self.output_names)
-        if self.use_io_binding:
-            return self._run_bound(feeds, names)
-        if self._every_session and self.lone_session is not None:
-            self.lone_session.run(names, feeds)
-            return dict(zip(names, self.session.run(names, feeds), strict=True))
-        with RUNS.running() as alone:
-            one_row = next(iter(feeds.values())).shape[0] == 1
-            session = self.lone_session if alone and one_row and self.lone_session else self.session
-            return dict(zip(names, session.run(names, feeds), strict=True))
-
-    def _run_bound(self, feeds: Feeds, names: list[str]) -> Feeds:
-        """IO binding (CUDA): inputs are copied to the GPU once, outputs stay there until one copy
-        back, instead of ORT allocating and copying per run."""
+        if not self.use_io_binding:
+            if self._every_session and self.lone_session is not None:
+                self.lone_session.run(names, feeds)
+                return dict(zip(names, self.session.run(names, feeds), strict=True))
+            with RUNS.running() as alone:
+                one_row = next(iter(feeds.values())).shape[0] == 1
+                session = self.lone_session if alone and one_row and self.lone_session else self.session
+                return dict(zip(names, session.run(names, feeds), strict=True))
+        # IO binding: inputs are copied to the GPU once, outputs stay there until one copy back,
+        # instead of ORT allocating and copying per run.
         binding = self.session.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
