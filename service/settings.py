@@ -153,6 +153,10 @@ class ServiceSettings(BaseSettings):
     (1 if intra_op_threads alone takes them all), 1 on CUDA"""
     intra_op_threads: int | None = setting(Group.MODELS, None, ge=1)
     """ONNX Runtime intra-op threads of each instance; unset: the usable CPUs divided by the instances"""
+    lone_threads: int | None = setting(Group.MODELS, None, ge=0)
+    """intra-op threads of a one-row batch that starts while no other batch of any model runs (a lone request
+    at low load), on a second ORT session of the model (a second copy of its weights); unset: the usable CPUs;
+    0, or not above intra_op_threads: off, every batch on its instance's threads. CPU only"""
     ort_spinning: bool = setting(Group.MODELS, False)
     """let ORT worker threads spin between runs (lower latency at low load, burns idle CPU)"""
     fixed_length: bool = setting(Group.MODELS, False)
@@ -312,6 +316,12 @@ class ServiceSettings(BaseSettings):
     def resolved_threads(self, instances: int = 1) -> int:
         """Intra-op threads per instance: the explicit setting, or the usable CPUs shared out."""
         return self.intra_op_threads or max(1, self.usable_cpus() // instances)
+
+    def resolved_lone_threads(self, device: str) -> int:
+        """Intra-op threads of a lone batch: the explicit setting, else every usable CPU (0 on CUDA)."""
+        if device != "cpu":
+            return 0
+        return self.usable_cpus() if self.lone_threads is None else self.lone_threads
 
     def usable_cpus(self) -> int:
         return self.cpus or available_cpus()

@@ -7,12 +7,22 @@ takes a list of per-request feeds (one dict of arrays *without* the batch axis p
 collates them (stacks them, or a task's own padding), runs the graph once and splits the outputs
 back per request; it is what the `DynamicBatcher` calls from its worker threads (one per execution
 instance; a session may be run from several threads at once).
+
+Adaptive threading: a run of one row that starts while no other run of any model is going (a lone
+request at low load) takes a second session over the same file whose intra-op pool has
+`lone_threads` threads, all the CPUs by default; other runs take the instance's own few threads,
+so that under load each batch keeps its core. Batches of several rows are left out: they form
+under load, when the next batch is about to start beside them, and a small model's wide run stalls
+on a partner thread preempted by that batch or the event loop. ORT fixes a session's pool when it
+opens the session (no per-run thread count), hence two sessions: a second copy of the weights.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +112,32 @@ class RuntimeOptions:
     spinning: bool = False
     backend: str = ONNXRUNTIME  # resolved: onnxruntime or openvino
     instances: int = 1  # batches run at once (OpenVINO gives each its own stream)
+    # Intra-op threads of a one-row run that starts while no other run goes; not above intra_op_threads: off.
+    lone_threads: int = 0
+
+
+class _Runs:
+    """Session runs going on now in this process, over every model: whether a run starting now is
+    the only one decides its session (`OnnxModel.run`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._going = 0
+
+    @contextmanager
+    def running(self) -> Iterator[bool]:
+        """Count a run while the block lasts; yields whether no other run was going when it began."""
+        with self._lock:
+            alone = self._going == 0
+            self._going += 1
+        try:
+            yield alone
+        finally:
+            with self._lock:
+                self._going -= 1
+
+
+RUNS = _Runs()
 
 
 class Runtime:
@@ -132,6 +168,12 @@ class Runtime:
         """An input's shape as the graph declares it: an int where fixed, None where dynamic."""
         raise NotImplementedError
 
+    @contextmanager
+    def on_every_session(self) -> Iterator[None]:
+        """Within the block every run goes to each of the backend's sessions (the warm-up); one
+        session: nothing to do."""
+        yield
+
     def stack(self, items: Sequence[Feeds]) -> Feeds:
         """The default collation: per-request feeds of equal shapes, stacked on a new batch axis."""
         return {name: np.stack([item[name] for item in items]) for name in self.input_names}
@@ -154,18 +196,10 @@ class OnnxModel(Runtime):
 
     def __init__(self, path: Path, options: RuntimeOptions, *, name: str = "") -> None:
         super().__init__(path, options, name)
-        so = ort.SessionOptions()
-        # Explicit threads: ORT otherwise sizes its pool from the host's cores (oversubscription in
-        # containers). inter-op 1: our graphs are a chain, parallelism is inside the ops.
-        so.intra_op_num_threads = options.intra_op_threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # Several sessions share the CPU with the event loop; spinning workers would burn it.
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
-        so.log_severity_level = 3
-        providers = [CUDA, CPU] if options.device == "cuda" else [CPU]
-        self.session = ort.InferenceSession(str(path), sess_options=so, providers=providers)
+        self.session = self._open(options.intra_op_threads)
+        wide = options.device == "cpu" and options.lone_threads > options.intra_op_threads
+        self.lone_session = self._open(options.lone_threads) if wide else None
+        self._every_session = False
         self.provider = self.session.get_providers()[0]
         if options.device == "cuda" and self.provider != CUDA:
             log.warning(
@@ -178,20 +212,51 @@ class OnnxModel(Runtime):
         metadata = self.session.get_modelmeta().custom_metadata_map
         self.row_independent = rows_are_independent(metadata, path)
         log.info(
-            "model %s: %s on %s, %d intra-op threads%s",
+            "model %s: %s on %s, %d intra-op threads%s%s",
             self.name,
             path.name,
             self.provider,
             options.intra_op_threads,
+            f" ({options.lone_threads} for a lone run)" if self.lone_session else "",
             "" if self.row_independent else " (per-tensor dynamic quantisation: rows run one at a time)",
         )
 
+    def _open(self, threads: int) -> ort.InferenceSession:
+        so = ort.SessionOptions()
+        # Explicit threads: ORT otherwise sizes its pool from the host's cores (oversubscription in
+        # containers). inter-op 1: our graphs are a chain, parallelism is inside the ops.
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Several sessions share the CPU with the event loop; spinning workers would burn it.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.options.spinning else "0")
+        so.log_severity_level = 3
+        providers = [CUDA, CPU] if self.options.device == "cuda" else [CPU]
+        return ort.InferenceSession(str(self.path), sess_options=so, providers=providers)
+
+    @contextmanager
+    def on_every_session(self) -> Iterator[None]:
+        """Within the block, every run runs on each session (the warm-up: each allocates its memory
+        arenas for each shape before a client's request would)."""
+        self._every_session = True
+        try:
+            yield
+        finally:
+            self._every_session = False
+
     def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
-        """Outputs not asked for are not copied out of the session."""
+        """Outputs not asked for are not copied out of the session. One row runs on the lone
+        session, all its threads, when no other run is going as it starts (module docstring)."""
         names = list(names or self.output_names)
         if not self.use_io_binding:
-            outputs = self.session.run(names, feeds)
-            return dict(zip(names, outputs, strict=True))
+            if self._every_session and self.lone_session is not None:
+                self.lone_session.run(names, feeds)
+                return dict(zip(names, self.session.run(names, feeds), strict=True))
+            with RUNS.running() as alone:
+                one_row = next(iter(feeds.values())).shape[0] == 1
+                session = self.lone_session if alone and one_row and self.lone_session else self.session
+                return dict(zip(names, session.run(names, feeds), strict=True))
         # IO binding: inputs are copied to the GPU once, outputs stay there until one copy back,
         # instead of ORT allocating and copying per run.
         binding = self.session.io_binding()

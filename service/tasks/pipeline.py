@@ -113,6 +113,7 @@ class Pipeline:
             spinning=settings.ort_spinning,
             backend=backend,
             instances=instances,
+            lone_threads=settings.resolved_lone_threads(device),
         )
         self.runtime = open_runtime(spec.variant_path(self.variant), options, name=spec.name)
         # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
@@ -202,10 +203,11 @@ class Pipeline:
         """Run every shape at batch 1, the largest also as a full batch (blocking): the first runs of
         a shape allocate ORT's memory arenas, which should not happen on a client's request."""
         shapes = self.warmup_feeds()
-        for feeds in shapes:
-            self.check_outputs(feeds, self.run_rows([feeds])[0])
-        if self.settings.max_batch_size > 1:
-            self.check_outputs(shapes[-1], self.run_rows([shapes[-1]] * self.settings.max_batch_size)[0])
+        with self.runtime.on_every_session():
+            for feeds in shapes:
+                self.check_outputs(feeds, self.run_rows([feeds])[0])
+            if self.settings.max_batch_size > 1:
+                self.check_outputs(shapes[-1], self.run_rows([shapes[-1]] * self.settings.max_batch_size)[0])
 
     def verify(self) -> None:
         """Raise SpecError unless the chosen variant answers the export's recorded check as the export

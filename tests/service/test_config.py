@@ -148,6 +148,14 @@ def test_instances_share_out_the_cpus() -> None:
     assert ServiceSettings(instances=64).resolved_threads(64) == 1
 
 
+def test_a_lone_batch_gets_every_cpu_unless_set() -> None:
+    assert ServiceSettings().resolved_lone_threads("cpu") == available_cpus()
+    assert ServiceSettings(cpus=3).resolved_lone_threads("cpu") == 3
+    assert ServiceSettings(lone_threads=0).resolved_lone_threads("cpu") == 0
+    assert ServiceSettings(lone_threads=5).resolved_lone_threads("cpu") == 5
+    assert ServiceSettings(lone_threads=5).resolved_lone_threads("cuda") == 0
+
+
 def test_variant_choice() -> None:
     both = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
     assert choose_variant(both, "cpu", None) == "int8"

@@ -1,0 +1,237 @@
+"""A real-size model end to end: raw ONNX Runtime, the served figures, the GEMM peak and int8 agreement.
+
+    .venv/bin/python -m benchmarks.realsize                                  # gMLP-S/16, 3 rounds x 5 s
+    .venv/bin/python -m benchmarks.realsize --arch gmlp_b16_224 --rounds 3 --seconds 10
+    .venv/bin/python -m benchmarks.realsize --model-dir DIR --rounds 1 --seconds 1    # a smoke run
+
+Without `--model-dir`, builds the named timm-layout config (`model.configs`) with the repository's
+own model code, random weights moved off the init, saves it as a checkpoint and runs `gmlp export`
+(fp32 + static int8, calibrated on 64 CIFAR-10 photos of the demo checkpoint's calibration set)
+into a temporary directory. Then, in rounds that interleave every row (medians printed):
+
+- **raw**: `session.run` of the fp32 and int8 files at batch 1 (latency) and batch 8 (images/s),
+  one session on all the usable CPUs;
+- **served**: `gmlp serve` on that directory with its defaults (int8 on CPU), and again with
+  `GMLP_LONE_THREADS=0` (every batch on its instance's threads): 8 closed-loop clients (req/s)
+  and one client (p50 ms) posting real photos to /classify;
+- **peak**: a square GEMM on the same threads: fp32 `torch.matmul`, int8 ORT `MatMulInteger`
+  (uint8 x int8 -> int32, the MLAS kernels a quantised MatMul runs on), in FLOP/s (2 per MAC);
+- **achieved**: the model's FLOP/s at batch 8, from the MACs its shapes imply (`model_macs`).
+
+Top-1 agreement of int8 with fp32 is over the 256 CIFAR-10 photos of
+`checkpoints/cifar10-gmlp/calibration.npz` (upscaled by the model's transform; 64 of them
+calibrated the int8 file). Prints one JSON line per round and one of medians and ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from benchmarks.harness import REPO, command_line, cpu_facts
+from contract.calibration import image_bytes
+from contract.image import ImageTransform
+from gmlp.server_process import ServerProcess, gmlp_serve, link_repository
+from loadtests.engine import classify_request, run_closed_loop
+from service.settings import available_cpus
+
+CALIBRATION = REPO / "checkpoints" / "cifar10-gmlp" / "calibration.npz"
+GEMM_SIDE = 1024
+
+
+def model_macs(model: dict[str, Any]) -> int:
+    """Multiply-accumulates per image of a gMLP vision classifier, from its config's shapes: the
+    patch projection, per block the channel projections (d -> d_ffn, d_ffn/2 -> d) and the SGU's
+    spatial n x n projection of d_ffn/2 channels, and the head (norms and gates are not MACs)."""
+    n = (model["img_size"] // model["patch_size"]) ** 2
+    d, half = model["d_model"], model["d_ffn"] // 2
+    patch = n * model["patch_size"] ** 2 * model["in_chans"] * d
+    block = n * d * 2 * half + n * n * half + n * half * d
+    return patch + model["depth"] * block + d * model["num_classes"]
+
+
+def build(arch: str, work: Path) -> Path:
+    """A served directory of `arch` with random weights, exported by `gmlp export`."""
+    import torch
+
+    from model import build_model, get_config, save_checkpoint
+    from model.timm_import import TIMM_PREPROCESSING
+
+    torch.manual_seed(0)
+    model = build_model(get_config(arch))
+    with torch.no_grad():  # off the init (zero head, spatial W ~ 0), so that answers differ per photo
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.02)
+    labels = [f"class_{i}" for i in range(get_config(arch).to_dict()["num_classes"])]
+    checkpoint = save_checkpoint(
+        model.eval(), work / "checkpoint", labels=labels, preprocessing=TIMM_PREPROCESSING
+    )
+    out = work / arch.replace("_", "-")
+    export = [sys.executable, "-m", "gmlp", "export", str(checkpoint), "--out", str(out)]
+    subprocess.run([*export, "--calibration", str(CALIBRATION), "--calibration-samples", "64"], check=True)
+    return out
+
+
+def session(path: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def timed(fn: Callable[[], object], seconds: float) -> float:
+    """Median seconds per call of `fn` over `seconds` (at least 3 calls), after one untimed call."""
+    fn()
+    times: list[float] = []
+    stop = time.perf_counter() + seconds
+    while len(times) < 3 or time.perf_counter() < stop:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def int8_gemm(threads: int, side: int = GEMM_SIDE) -> Callable[[], object]:
+    """One ORT `MatMulInteger` of two side x side matrices (uint8 activations, int8 weights)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.integers(-64, 64, (side, side), dtype=np.int8), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+        "gemm",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [side, side])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    gemm = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    a = rng.integers(0, 255, (side, side), dtype=np.uint8)
+    return lambda: gemm.run(None, {"a": a})
+
+
+def fp32_gemm(threads: int, side: int = GEMM_SIDE) -> Callable[[], object]:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(side, side), torch.randn(side, side)
+    return lambda: torch.matmul(a, b)
+
+
+def agreement(directory: Path, config: dict[str, Any], threads: int) -> tuple[float, int]:
+    """Share of photos whose top-1 class the int8 file gives as the fp32 one does, and how many."""
+    transform = ImageTransform.for_model(config, max_pixels=50_000_000)
+    photos = np.stack([transform(data) for data in image_bytes(CALIBRATION, 256, seed=0)])
+    top1 = {}
+    name = config["inputs"][0]["name"]
+    for variant in ("fp32", "int8"):
+        run = session(directory / config["variants"][variant], threads)
+        chunks = np.array_split(photos, 32)
+        top1[variant] = np.concatenate([run.run(["logits"], {name: c})[0] for c in chunks]).argmax(-1)
+    return float(np.mean(top1["fp32"] == top1["int8"])), len(photos)
+
+
+def one_round(directory: Path, config: dict[str, Any], servers: dict[str, ServerProcess], args: Any) -> dict:
+    """Every row once: raw ORT, the two GEMM peaks, each server at each number of clients."""
+    threads, seconds = available_cpus(), args.seconds
+    (spec,) = config["inputs"]
+    row: dict[str, Any] = {}
+    for variant in ("fp32", "int8"):
+        run = session(directory / config["variants"][variant], threads)
+        for batch in (1, 8):
+            x = np.random.default_rng(batch).standard_normal((batch, *spec["shape"][1:])).astype(np.float32)
+            per_call = timed(lambda: run.run(["logits"], {spec["name"]: x}), seconds)  # noqa: B023
+            row[f"raw_{variant}_b{batch}"] = {"ms": 1000 * per_call, "img_s": batch / per_call}
+    side_flops = 2 * GEMM_SIDE**3
+    row["peak_fp32_gflops"] = side_flops / timed(fp32_gemm(threads), seconds) / 1e9
+    row["peak_int8_gops"] = side_flops / timed(int8_gemm(threads), seconds) / 1e9
+    requests = [classify_request(photo, 5, model=directory.name) for photo in image_bytes(CALIBRATION, 16, seed=1)]
+    for name, server in servers.items():
+        for clients in args.clients:
+            load = run_closed_loop(
+                server.base_url, requests, concurrency=clients, seconds=seconds, warmup_s=1
+            )
+            row[f"{name}_c{clients}"] = {
+                "rps": load.rps,
+                "p50_ms": load.percentile_ms(50),
+                "failed": load.failed,
+            }
+    return row
+
+
+def summary(rounds: list[dict], macs: int, clients: list[int]) -> dict[str, Any]:
+    """Medians over the rounds, the achieved share of each GEMM peak, and the served rows against
+    raw int8: throughput against batch 8, one client's p50 against batch 1's latency."""
+
+    def med(key: str, field: str | None = None) -> float:
+        return statistics.median(r[key][field] if field else r[key] for r in rounds)
+
+    out = {"gmacs_per_image": macs / 1e9, "peak_fp32_gflops": med("peak_fp32_gflops")}
+    out["peak_int8_gops"] = med("peak_int8_gops")
+    for variant, peak in (("fp32", out["peak_fp32_gflops"]), ("int8", out["peak_int8_gops"])):
+        for batch in (1, 8):
+            out[f"raw_{variant}_b{batch}_img_s"] = med(f"raw_{variant}_b{batch}", "img_s")
+        out[f"raw_{variant}_b1_ms"] = med(f"raw_{variant}_b1", "ms")
+        achieved = out[f"raw_{variant}_b8_img_s"] * 2 * macs / 1e9
+        out[f"achieved_{variant}_b8_g"], out[f"achieved_{variant}_of_peak"] = achieved, achieved / peak
+    for name in ("served", "served_lone_off"):
+        for c in clients:
+            out[f"{name}_c{c}_rps"], out[f"{name}_c{c}_p50_ms"] = (
+                med(f"{name}_c{c}", "rps"),
+                med(f"{name}_c{c}", "p50_ms"),
+            )
+        if 8 in clients:
+            out[f"{name}_c8_over_raw_int8_b8"] = out[f"{name}_c8_rps"] / out["raw_int8_b8_img_s"]
+        if 1 in clients:
+            out[f"{name}_c1_over_raw_int8_b1"] = out[f"{name}_c1_p50_ms"] / out["raw_int8_b1_ms"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = command_line(__doc__)
+    parser.add_argument("--arch", default="gmlp_s16_224", help="named config to build (without --model-dir)")
+    parser.add_argument("--model-dir", type=Path, default=None, help="an exported served directory instead")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per row and round")
+    parser.add_argument(
+        "--clients", type=lambda text: [int(c) for c in text.split(",")], default=[8, 1], help="e.g. 1,8,32"
+    )
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gmlp-realsize-") as tmp:
+        work = Path(tmp)
+        directory = args.model_dir or build(args.arch, work)
+        config = json.loads((directory / "config.json").read_text())
+        macs = model_macs(config["model"])
+        repository = link_repository(work, directory)
+        facts = cpu_facts()
+        print(json.dumps({"machine": facts, "model": str(directory), "gmacs": macs / 1e9}), flush=True)
+        print(json.dumps({"top1_int8_vs_fp32": agreement(directory, config, available_cpus())}), flush=True)
+        servers = {
+            "served": gmlp_serve(repository, log_path=work / "served.log"),
+            "served_lone_off": gmlp_serve(
+                repository, log_path=work / "lone_off.log", env={"GMLP_LONE_THREADS": "0"}
+            ),
+        }
+        rounds = []
+        with servers["served"], servers["served_lone_off"]:
+            for index in range(args.rounds):
+                rounds.append(one_round(directory, config, servers, args))
+                print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
+        print(json.dumps({"medians": summary(rounds, macs, args.clients)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
