@@ -157,7 +157,8 @@ def one_round(directory: Path, config: dict[str, Any], servers: dict[str, Server
     side_flops = 2 * GEMM_SIDE**3
     row["peak_fp32_gflops"] = side_flops / timed(fp32_gemm(threads), seconds) / 1e9
     row["peak_int8_gops"] = side_flops / timed(int8_gemm(threads), seconds) / 1e9
-    requests = [classify_request(photo, 5, model=directory.name) for photo in image_bytes(CALIBRATION, 16, seed=1)]
+    photos = image_bytes(CALIBRATION, 16, seed=1)
+    requests = [classify_request(photo, 5, model=directory.name) for photo in photos]
     for name, server in servers.items():
         for clients in args.clients:
             load = run_closed_loop(
