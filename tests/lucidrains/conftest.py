@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import torch
 
+from gmlp.cli import main as gmlp
 from support.helpers import BERT_TOKENIZER
-from support.lucidrains import CACHE, PACKAGE, install, reference_model
+from support.lucidrains import ALL_VARIANTS, CACHE, CASES, PACKAGE, install, reference_model
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +45,6 @@ def convert(
 ) -> Callable[..., tuple[torch.nn.Module, Path]]:
     """Factory: (the package's model, our checkpoint directory converted by the CLI from its
     saved state_dict and arguments); cached by name."""
-    from gmlp.cli import main as gmlp
-
     made: dict[str, tuple[torch.nn.Module, Path]] = {}
 
     def make(name: str, args: dict[str, Any]) -> tuple[torch.nn.Module, Path]:
@@ -58,6 +57,25 @@ def convert(
             command = ["convert-lucidrains", str(root / "state.pt"), "--config", str(root / "args.json")]
             assert gmlp([*command, "--out", str(root / "checkpoint"), *extra]) == 0
             made[name] = reference, root / "checkpoint"
+        return made[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def served(
+    convert: Callable[..., tuple[torch.nn.Module, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[torch.nn.Module, Path]]:
+    """Factory: (the package's model, our served directory) for a case name; cached."""
+    made: dict[str, tuple[torch.nn.Module, Path]] = {}
+
+    def make(name: str) -> tuple[torch.nn.Module, Path]:
+        if name not in made:
+            reference, checkpoint = convert(name, CASES[name])
+            out = tmp_path_factory.mktemp("served") / name
+            variants = "fp32,int8,fp16" if name in ALL_VARIANTS else "fp32"
+            assert gmlp(["export", str(checkpoint), "--out", str(out), "--variants", variants]) == 0
+            made[name] = reference, out
         return made[name]
 
     return make

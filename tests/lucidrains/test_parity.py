@@ -14,40 +14,11 @@ import torch
 
 from contract.check import run_check
 from export.sgu_function import DOMAIN, OP_TYPE
-from gmlp.cli import main as gmlp
-from support.lucidrains import VOCAB
+from support.lucidrains import ALL_VARIANTS, CASES, VOCAB
 
-VISION = {"image_size": 16, "patch_size": 4, "num_classes": 5, "dim": 16, "depth": 2}
-LANGUAGE = {"num_tokens": VOCAB, "dim": 16, "depth": 2, "seq_len": 8}
-CASES = {
-    "vision": VISION,
-    "vision-heads-attn": {**VISION, "heads": 4, "attn_dim": 8},
-    "lm": LANGUAGE,
-    "lm-heads": {**LANGUAGE, "heads": 4},
-    "lm-circulant": {**LANGUAGE, "heads": 2, "circulant_matrix": True},
-    "lm-attn": {**LANGUAGE, "attn_dim": 8},
-    "lm-shift-act": {**LANGUAGE, "shift_tokens": 1, "act": "Tanh"},
-}
-# These are exported in every variant; the others in fp32 only (the export checks each variant).
-ALL_VARIANTS = {"vision-heads-attn", "lm-circulant", "lm-shift-act"}
+pytestmark = pytest.mark.pypi
+
 PARITY = 1e-4
-
-
-@pytest.fixture(scope="session")
-def served(convert, tmp_path_factory):
-    """Factory: (the package's model, our served directory) for a case name; cached."""
-    made = {}
-
-    def make(name):
-        if name not in made:
-            reference, checkpoint = convert(name, CASES[name])
-            out = tmp_path_factory.mktemp("served") / name
-            variants = "fp32,int8,fp16" if name in ALL_VARIANTS else "fp32"
-            assert gmlp(["export", str(checkpoint), "--out", str(out), "--variants", variants]) == 0
-            made[name] = reference, out
-        return made[name]
-
-    return make
 
 
 def graph_inputs(args: dict, batch: int = 3) -> dict[str, np.ndarray]:

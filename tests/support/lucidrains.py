@@ -18,6 +18,21 @@ REQUIREMENTS = [PACKAGE, "einops==0.8.2"]
 CACHE = REPO_ROOT / ".cache" / "g-mlp-pytorch-0.1.5"
 VOCAB = 30522  # the test tokenizer's (BERT's) vocabulary; gMLP's num_tokens must match it
 
+# The constructor arguments tested, tiny (the suite runs on 2 cores).
+VISION = {"image_size": 16, "patch_size": 4, "num_classes": 5, "dim": 16, "depth": 2}
+LANGUAGE = {"num_tokens": VOCAB, "dim": 16, "depth": 2, "seq_len": 8}
+CASES = {
+    "vision": VISION,
+    "vision-heads-attn": {**VISION, "heads": 4, "attn_dim": 8},
+    "lm": LANGUAGE,
+    "lm-heads": {**LANGUAGE, "heads": 4},
+    "lm-circulant": {**LANGUAGE, "heads": 2, "circulant_matrix": True},
+    "lm-attn": {**LANGUAGE, "attn_dim": 8},
+    "lm-shift-act": {**LANGUAGE, "shift_tokens": 1, "act": "Tanh"},
+}
+# These are exported in every variant; the others in fp32 only (the export checks each variant).
+ALL_VARIANTS = {"vision-heads-attn", "lm-circulant", "lm-shift-act"}
+
 
 def install() -> str | None:
     """Install into CACHE unless it is there; the error text when pip fails."""
