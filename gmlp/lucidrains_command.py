@@ -49,7 +49,7 @@ def convert_lucidrains(args: argparse.Namespace) -> int:
             raise UserError("a gMLP language model needs --tokenizer (its tokenizers JSON file)")
         special = SpecialIds.from_tokenizer(args.tokenizer)
         num_tokens = constructor.get("num_tokens")
-        if special.vocab_size != num_tokens:
+        if isinstance(num_tokens, int) and special.vocab_size != num_tokens:
             raise UserError(f"{args.tokenizer} has {special.vocab_size} tokens, num_tokens is {num_tokens}")
         ids = {"pad_token_id": special.pad, "mask_token_id": special.mask}
     state = read_state_dict(args.checkpoint)

@@ -47,6 +47,8 @@ LUCIDRAINS_EPS = 1e-5
 
 def _square(value: Any, name: str, problems: list[str]) -> int:
     """An int, or a pair of equal ints (the package takes either); anything else is a problem."""
+    if value is _REQUIRED:
+        return 1  # already named as missing
     if isinstance(value, list | tuple) and len(value) == 2 and value[0] == value[1]:
         value = value[0]
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -76,7 +78,9 @@ def lucidrains_config(
     values = {**spec, **args}
     for key in ("dim", "depth", "heads", "ff_mult", "num_classes", "channels", "seq_len", "num_tokens"):
         value = values.get(key)
-        if key in values and value is not _REQUIRED and not (isinstance(value, int) and value > 0):
+        if key == "num_tokens" and value is None:
+            problems.append("num_tokens=None: a gMLP without embedding and logits has nothing to serve")
+        elif key in values and value is not _REQUIRED and not (isinstance(value, int) and value > 0):
             problems.append(f"{key}={value!r} must be a positive int")
     if values["attn_dim"] is not None and not (
         isinstance(values["attn_dim"], int) and values["attn_dim"] > 0
@@ -95,6 +99,9 @@ def lucidrains_config(
     shift = values.get("shift_tokens", 0)
     if not isinstance(shift, int) or shift < 0:
         problems.append(f"shift_tokens={shift!r} must be an int >= 0")
+    if vision:
+        img_size = _square(values["image_size"], "image_size", problems)
+        patch_size = _square(values["patch_size"], "patch_size", problems)
     if problems:
         raise CheckpointError(f"cannot convert this {cls_name}: " + "; ".join(problems))
     common = {
@@ -108,10 +115,6 @@ def lucidrains_config(
     }
     try:
         if vision:
-            img_size = _square(values["image_size"], "image_size", problems)
-            patch_size = _square(values["patch_size"], "patch_size", problems)
-            if problems:
-                raise UserError("; ".join(problems))
             return GMLPVisionConfig(
                 **common,
                 img_size=img_size,
@@ -134,64 +137,50 @@ def lucidrains_config(
         raise CheckpointError(f"cannot convert this {cls_name}: {exc}") from exc
 
 
-def _key_plan(config: GMLPConfig, circulant: bool) -> list[tuple[str, str | None, tuple[int, ...]]]:
+Plan = list[tuple[str, str | None, tuple[int, ...]]]
+
+
+def _with_bias(theirs: str, ours: str, shape: tuple[int, ...]) -> Plan:
+    """A weight of `shape` and a bias of its first dimension, as Linear and LayerNorm hold them."""
+    return [(theirs + "weight", ours + "weight", shape), (theirs + "bias", ours + "bias", shape[:1])]
+
+
+def _key_plan(config: GMLPConfig, circulant: bool) -> Plan:
     """(g-mlp-pytorch key, our key or None when folded into another, its shape), in order."""
     d, f, n, h = config.d_model, config.d_ffn, config.seq_len, config.heads
     e = f // 2
-    plan: list[tuple[str, str | None, tuple[int, ...]]] = []
     if isinstance(config, GMLPVisionConfig):
-        plan += [
-            (
-                "to_patch_embed.1.weight",
-                "patch_embed.proj.weight",
-                (d, config.in_chans * config.patch_size**2),
-            ),
-            ("to_patch_embed.1.bias", "patch_embed.proj.bias", (d,)),
-        ]
+        plan = _with_bias(
+            "to_patch_embed.1.", "patch_embed.proj.", (d, config.in_chans * config.patch_size**2)
+        )
+        head = _with_bias("to_logits.2.", "head.", (config.num_classes, d))
         inner = "fn."
     else:
         assert isinstance(config, GMLPMaskedLMConfig)
-        plan.append(("to_embed.weight", "embed.weight", (config.vocab_size, d)))
-        inner = "fn.fn."
+        vocab = config.vocab_size
+        plan = [("to_embed.weight", "embed.weight", (vocab, d))]
+        head = [
+            ("to_logits.1.weight", "decoder.weight", (vocab, d)),
+            ("to_logits.1.bias", "decoder_bias", (vocab,)),
+        ]
+        inner = "fn.fn."  # the token shift's wrapper
     for i in range(config.depth):
         theirs, ours = f"layers.{i}.fn.", f"blocks.{i}."
         block = theirs + inner
-        plan += [
-            (theirs + "norm.weight", ours + "norm.weight", (d,)),
-            (theirs + "norm.bias", ours + "norm.bias", (d,)),
-            (block + "proj_in.0.weight", ours + "proj_in.weight", (f, d)),
-            (block + "proj_in.0.bias", ours + "proj_in.bias", (f,)),
-            (block + "sgu.norm.weight", ours + "sgu.norm.weight", (e,)),
-            (block + "sgu.norm.bias", ours + "sgu.norm.bias", (e,)),
+        plan += _with_bias(theirs + "norm.", ours + "norm.", (d,)) + _with_bias(
+            block + "proj_in.0.", ours + "proj_in.", (f, d)
+        )
+        plan += _with_bias(block + "sgu.norm.", ours + "sgu.norm.", (e,)) + [
             (block + "sgu.weight", ours + "sgu.spatial_proj.weight", (h, n) if circulant else (h, n, n)),
             (block + "sgu.bias", ours + "sgu.spatial_proj.bias", (h, n)),
-            (block + "proj_out.weight", ours + "proj_out.weight", (d, e)),
-            (block + "proj_out.bias", ours + "proj_out.bias", (d,)),
         ]
         if circulant:
-            plan += [
-                (block + "sgu.circulant_pos_x", None, (h, n)),
-                (block + "sgu.circulant_pos_y", None, (h, n)),
-            ]
+            plan += [(block + f"sgu.circulant_pos_{axis}", None, (h, n)) for axis in "xy"]
         if config.attn_dim:
-            a = config.attn_dim
-            plan += [
-                (block + "attn.to_qkv.weight", ours + "attn.qkv.weight", (3 * a, d)),
-                (block + "attn.to_out.weight", ours + "attn.proj.weight", (e, a)),
-                (block + "attn.to_out.bias", ours + "attn.proj.bias", (e,)),
-            ]
-    plan += [("to_logits.0.weight", "norm.weight", (d,)), ("to_logits.0.bias", "norm.bias", (d,))]
-    if isinstance(config, GMLPVisionConfig):
-        plan += [
-            ("to_logits.2.weight", "head.weight", (config.num_classes, d)),
-            ("to_logits.2.bias", "head.bias", (config.num_classes,)),
-        ]
-    else:
-        plan += [
-            ("to_logits.1.weight", "decoder.weight", (config.vocab_size, d)),
-            ("to_logits.1.bias", "decoder_bias", (config.vocab_size,)),
-        ]
-    return plan
+            plan.append((block + "attn.to_qkv.weight", ours + "attn.qkv.weight", (3 * config.attn_dim, d)))
+            plan += _with_bias(block + "attn.to_out.", ours + "attn.proj.", (e, config.attn_dim))
+        plan += _with_bias(block + "proj_out.", ours + "proj_out.", (d, e))
+    return plan + _with_bias("to_logits.0.", "norm.", (d,)) + head
 
 
 def circulant_weight(weight: torch.Tensor, pos_x: torch.Tensor, pos_y: torch.Tensor) -> torch.Tensor:
