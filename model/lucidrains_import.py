@@ -77,10 +77,10 @@ def lucidrains_config(
     ]
     values = {**spec, **args}
     for key in ("dim", "depth", "heads", "ff_mult", "num_classes", "channels", "seq_len", "num_tokens"):
-        value = values.get(key)
+        value = values.get(key, _REQUIRED)  # absent: not an argument of this class, or named missing
         if key == "num_tokens" and value is None:
             problems.append("num_tokens=None: a gMLP without embedding and logits has nothing to serve")
-        elif key in values and value is not _REQUIRED and not (isinstance(value, int) and value > 0):
+        elif value is not _REQUIRED and not (isinstance(value, int) and value > 0):
             problems.append(f"{key}={value!r} must be a positive int")
     if values["attn_dim"] is not None and not (
         isinstance(values["attn_dim"], int) and values["attn_dim"] > 0

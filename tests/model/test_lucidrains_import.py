@@ -16,12 +16,14 @@ VOCAB, DIM, N = 30522, 8, 4
 LANGUAGE = {"num_tokens": VOCAB, "dim": DIM, "depth": 1, "seq_len": N, "ff_mult": 2}
 
 
-def language_state() -> dict[str, torch.Tensor]:
-    """A depth-1 g-mlp-pytorch gMLP's state_dict, keys and shapes as the package names them
-    (token shift wraps each block, hence `fn.fn.fn`)."""
-    block = "layers.0.fn.fn.fn."
+VISION = {"image_size": 8, "patch_size": 4, "num_classes": 3, "dim": DIM, "depth": 1, "ff_mult": 2}  # n = 4
+
+
+def package_state(vision: bool = False) -> dict[str, torch.Tensor]:
+    """A depth-1 g-mlp-pytorch gMLP's (or gMLPVision's) state_dict, keys and shapes as the package
+    names them (the language model's token shift wraps each block, hence `fn.fn.fn`)."""
+    block = "layers.0.fn.fn." if vision else "layers.0.fn.fn.fn."
     shapes = {
-        "to_embed.weight": (VOCAB, DIM),
         "layers.0.fn.norm.weight": (DIM,),
         "layers.0.fn.norm.bias": (DIM,),
         block + "proj_in.0.weight": (2 * DIM, DIM),
@@ -34,23 +36,34 @@ def language_state() -> dict[str, torch.Tensor]:
         block + "proj_out.bias": (DIM,),
         "to_logits.0.weight": (DIM,),
         "to_logits.0.bias": (DIM,),
-        "to_logits.1.weight": (VOCAB, DIM),
-        "to_logits.1.bias": (VOCAB,),
     }
+    if vision:
+        shapes |= {"to_patch_embed.1.weight": (DIM, 3 * 4 * 4), "to_patch_embed.1.bias": (DIM,)}
+        shapes |= {"to_logits.2.weight": (3, DIM), "to_logits.2.bias": (3,)}
+    else:
+        shapes |= {
+            "to_embed.weight": (VOCAB, DIM),
+            "to_logits.1.weight": (VOCAB, DIM),
+            "to_logits.1.bias": (VOCAB,),
+        }
     return {key: torch.randn(shape) for key, shape in shapes.items()}
 
 
 def convert(tmp_path, args, state=None, *extra: str) -> int:
-    torch.save(language_state() if state is None else state, tmp_path / "state.pt")
+    torch.save(package_state() if state is None else state, tmp_path / "state.pt")
     (tmp_path / "args.json").write_text(json.dumps(args))
     command = ["convert-lucidrains", str(tmp_path / "state.pt"), "--config", str(tmp_path / "args.json")]
     return gmlp([*command, "--out", str(tmp_path / "out"), *extra])
 
 
-def test_a_language_model_converts(tmp_path):
+def test_a_language_model_and_a_classifier_convert(tmp_path):
     assert convert(tmp_path, LANGUAGE, None, "--tokenizer", str(BERT_TOKENIZER)) == 0
     info = json.loads((tmp_path / "out" / "config.json").read_text())
     assert info["task"] == "fill-mask" and info["model"]["tie_embeddings"] is False
+    (tmp_path / "vision").mkdir()
+    assert convert(tmp_path / "vision", VISION, package_state(vision=True)) == 0
+    info = json.loads((tmp_path / "vision" / "out" / "config.json").read_text())
+    assert info["task"] == "image-classification" and info["seq_len"] == N
 
 
 @pytest.mark.parametrize(
@@ -81,7 +94,7 @@ def test_vision_arguments_it_cannot_honour_are_named(tmp_path, capsys):
 
 
 def test_every_missing_unexpected_and_misshaped_key_is_named(tmp_path, capsys):
-    state = language_state()
+    state = package_state()
     del state["layers.0.fn.fn.fn.sgu.bias"]
     state["layers.0.fn.fn.fn.sgu.weight"] = torch.randn(1, N + 1, N + 1)
     state["layers.0.fn.fn.fn.extra"] = torch.zeros(1)
