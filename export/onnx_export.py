@@ -279,6 +279,8 @@ def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -
         has_attn=has_attn,
         opset=opset,
         variable_length=is_mlm,  # a classifier's patch grid is fixed
+        heads=config.heads,
+        gate_act=config.gate_act,
     )
     onnx_model.functions[function.identifier()] = function
     onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION

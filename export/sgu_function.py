@@ -6,10 +6,15 @@ Body (paper section 2, with the exported layout of `model.layers.SpatialGatingUn
     z2     = LayerNormalization(z2, gamma, beta, epsilon)
     z2     = Mul(z2, token_mask)                      # masked LM only: padding takes no part
     L      = Shape(z, start=1, end=2)                 # masked LM only: this run's length
-    W, b   = Slice(W, [0, 0], [L, L]), Slice(b, [0], L)
+    W, b   = Slice(W, [0, 0], [L, L], axes=[-2, -1]), Slice(b, [0], L, axes=[-1])
     gate   = Add(MatMul(W, z2), Unsqueeze(b, [-1]))   # W [L, L] broadcast over the batch
     gate   = Add(gate, attn)                          # aMLP only: the tiny attention's output
+    gate   = act(gate)                                # a gate activation other than the identity
     out    = Mul(z1, gate)
+
+With h > 1 heads W is [h, n, n] and b [h, n]: z2, W and b are split into h parts (channels for
+z2), each head's `W_h @ z2_h + b_h` computed as above and the h gates concatenated over channels.
+The head count and the activation are part of the function's body (one function per model).
 
 Inputs, in order: z, gamma, beta, W, b, then `token_mask` [batch, L, 1] if the model masks
 padding, then `attn` [batch, L, d_ffn/2] if it is an aMLP. A model uses one signature for all its
@@ -47,12 +52,20 @@ def sgu_input_names(has_mask: bool, has_attn: bool) -> list[str]:
 
 
 def build_sgu_function(
-    *, epsilon: float, has_mask: bool, has_attn: bool, opset: int, variable_length: bool = False
+    *,
+    epsilon: float,
+    has_mask: bool,
+    has_attn: bool,
+    opset: int,
+    variable_length: bool = False,
+    heads: int = 1,
+    gate_act: str = "identity",
 ) -> ir.Function:
     """The FunctionProto (as an onnx_ir Function) for one model's SGU signature.
 
     Its default-domain opset must equal the model's, or ONNX Runtime refuses the model. With
-    `variable_length`, W and b are sliced to the input's length (masked LM).
+    `variable_length`, W and b are sliced to the input's length (masked LM). `heads` and
+    `gate_act` are `GMLPConfig`'s (gelu needs opset >= 20).
     """
     names = sgu_input_names(has_mask, has_attn)
 
@@ -65,14 +78,39 @@ def build_sgu_function(
         weight, bias = args["spatial_weight"], args["spatial_bias"]
         if variable_length:
             length = op.Shape(args["z"], start=1, end=2)
-            weight = op.Slice(weight, op.Constant(value_ints=[0, 0]), op.Concat(length, length, axis=0))
-            bias = op.Slice(bias, op.Constant(value_ints=[0]), length)
+            weight = op.Slice(
+                weight,
+                op.Constant(value_ints=[0, 0]),
+                op.Concat(length, length, axis=0),
+                op.Constant(value_ints=[-2, -1]),
+            )
+            bias = op.Slice(bias, op.Constant(value_ints=[0]), length, op.Constant(value_ints=[-1]))
         bias = op.Unsqueeze(bias, op.Constant(value_ints=[-1]))
-        gate = op.Add(op.MatMul(weight, z2), bias)
+        if heads == 1:
+            gate = op.Add(op.MatMul(weight, z2), bias)
+        else:
+            # Head by head on its channel slice: no Transpose of the activations.
+            slices = op.Split(z2, axis=-1, num_outputs=heads, _outputs=heads)
+            weights = op.Split(weight, axis=0, num_outputs=heads, _outputs=heads)
+            biases = op.Split(bias, axis=0, num_outputs=heads, _outputs=heads)
+            gate = op.Concat(
+                *(op.Add(op.MatMul(w, z), b) for w, z, b in zip(weights, slices, biases, strict=True)),
+                axis=-1,
+            )
         if has_attn:
             gate = op.Add(gate, args["attn"])
-        return op.Mul(z1, gate)
+        return op.Mul(z1, _activation(op, gate, gate_act))
 
     inputs = [ir.Value(name=name) for name in names]
     function = onnxscript.build_function(body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset})
     return function
+
+
+def _activation(op: onnxscript.OpBuilder, gate: ir.Value, name: str) -> ir.Value:
+    """`model.layers.GATE_FUNCTIONS[name]` in ONNX ops."""
+    if name == "identity":
+        return gate
+    if name == "silu":
+        return op.Mul(gate, op.Sigmoid(gate))
+    ops = {"tanh": op.Tanh, "sigmoid": op.Sigmoid, "relu": op.Relu, "gelu": op.Gelu}
+    return ops[name](gate)

@@ -17,6 +17,7 @@ from contract.errors import UserError
 # `set_defaults(handler=...)`
 _REGISTRARS = [
     ("gmlp.model_commands", "register", "export"),
+    ("gmlp.lucidrains_command", "register", "export"),
     ("gmlp.export_commands", "register", "export"),
     ("gmlp.train_commands", "register", "train"),
     ("gmlp.serve_command", "register", "serve"),

@@ -36,10 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def convert_timm(args: argparse.Namespace) -> int:
-    from model.checkpoint import read_labels, save_checkpoint
-    from model.timm_import import TIMM_PREPROCESSING, gmlp_from_timm, read_timm_state_dict
+    from model.checkpoint import read_labels, read_state_dict, save_checkpoint
+    from model.timm_import import TIMM_PREPROCESSING, gmlp_from_timm
 
-    state = read_timm_state_dict(args.checkpoint)
+    state = read_state_dict(args.checkpoint)
     model = gmlp_from_timm(state, args.arch, source=str(args.checkpoint))
     labels: list[str] | None
     if args.labels is None:

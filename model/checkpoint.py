@@ -143,20 +143,54 @@ def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
     return info
 
 
-def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load `state` into `model` or raise naming every missing, unexpected or mis-shaped key."""
-    expected = model.state_dict()
+def check_state_shapes(
+    expected: dict[str, tuple[int, ...]], state: dict[str, torch.Tensor], source: str
+) -> None:
+    """Raise naming every missing, unexpected or mis-shaped key of `state` against `expected`."""
     problems = [f"missing key {k!r}" for k in expected if k not in state]
     problems += [f"unexpected key {k!r}" for k in state if k not in expected]
     problems += [
-        f"key {k!r} has shape {tuple(state[k].shape)}, the model expects {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
+        f"key {k!r} has shape {tuple(state[k].shape)}, the model expects {shape}"
+        for k, shape in expected.items()
+        if k in state and tuple(state[k].shape) != shape
     ]
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise CheckpointError(f"{source} does not fit the model: {shown}")
+
+
+def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load `state` into `model` or raise naming every missing, unexpected or mis-shaped key."""
+    check_state_shapes({k: tuple(v.shape) for k, v in model.state_dict().items()}, state, source)
     model.load_state_dict(state, strict=True)
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a PyTorch checkpoint (.pt, .pth, .pth.tar, .bin or .safetensors), never
+    unpickling objects (`torch.load(weights_only=True)`).
+
+    Training checkpoints wrap the weights as {"state_dict": ...}, {"model": ...} or
+    {"state_dict_ema": ...}; those are unwrapped, and a `module.` prefix from DataParallel dropped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    state: Any
+    try:
+        if path.suffix == ".safetensors":
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for corrupt or non-tensor files
+        raise CheckpointError(f"cannot read {path} as a weights-only checkpoint: {exc}") from exc
+    if isinstance(state, dict):
+        for wrapper in ("state_dict_ema", "state_dict", "model"):
+            if isinstance(state.get(wrapper), dict):
+                state = state[wrapper]
+                break
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors")
+    return {k.removeprefix("module."): v for k, v in state.items()}
 
 
 def load_checkpoint(path: str | Path) -> GMLPModel:

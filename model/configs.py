@@ -14,6 +14,9 @@ from typing import Any, ClassVar
 from contract.errors import UserError
 from contract.formats import MLM_TASK, VISION_TASK
 
+# Gate activations (`GMLPConfig.gate_act`), applied in PyTorch and in the exported SGU function.
+GATE_ACTIVATIONS = ("identity", "tanh", "sigmoid", "relu", "gelu", "silu")
+
 
 @dataclass
 class GMLPConfig:
@@ -24,6 +27,12 @@ class GMLPConfig:
         d_model: token width between blocks.
         d_ffn: width after the channel expansion U; the SGU halves it.
         attn_dim: size of the single-head "tiny attention" of aMLP; None for plain gMLP.
+        heads: independent spatial projections, each over its own d_ffn / 2 / heads channels of
+            the gate (g-mlp-pytorch's multi-head SGU; the paper's is 1).
+        gate_act: activation of the gate before it multiplies z1 (one of `GATE_ACTIVATIONS`; the
+            paper's is the identity).
+        shift_tokens: token shift before the channel projection: the normalised input's first
+            2s + 1 channel groups move by -s..s positions (g-mlp-pytorch; 0 for the paper's).
         norm_eps: eps of the pre-block and final LayerNorms (timm: 1e-6).
         sgu_norm_eps: eps of the LayerNorm on the gate half (timm: PyTorch's default 1e-5).
         drop_path_rate: stochastic depth, linearly increasing over blocks (training only).
@@ -33,6 +42,9 @@ class GMLPConfig:
     d_model: int = 256
     d_ffn: int = 1536
     attn_dim: int | None = None
+    heads: int = 1
+    gate_act: str = "identity"
+    shift_tokens: int = 0
     norm_eps: float = 1e-6
     sgu_norm_eps: float = 1e-5
     drop_path_rate: float = 0.0
@@ -48,6 +60,12 @@ class GMLPConfig:
             raise UserError(f"d_ffn must be even (the SGU splits it in two), got {self.d_ffn}")
         if self.depth < 1 or self.d_model < 1:
             raise UserError("depth and d_model must be positive")
+        if self.heads < 1 or (self.d_ffn // 2) % self.heads:
+            raise UserError(f"heads={self.heads} must divide the gate's {self.d_ffn // 2} channels")
+        if self.gate_act not in GATE_ACTIVATIONS:
+            raise UserError(f"gate_act {self.gate_act!r} is not one of {', '.join(GATE_ACTIVATIONS)}")
+        if self.shift_tokens < 0 or self.d_model < 2 * self.shift_tokens + 1:
+            raise UserError(f"shift_tokens={self.shift_tokens} needs 0 <= s and 2s + 1 <= d_model")
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, **dataclasses.asdict(self)}
@@ -83,6 +101,8 @@ class GMLPMaskedLMConfig(GMLPConfig):
     `max_predictions` is the most positions the exported graph decodes per sequence (the
     vocabulary projection is only computed where it is needed); `pad_token_id` marks padding,
     which the SGU removes from the spatial mixing (see `layers.SpatialGatingUnit`).
+    `tie_embeddings`: the vocabulary projection reuses the embedding matrix (BERT's layout);
+    False gives it its own (g-mlp-pytorch's).
     """
 
     vocab_size: int = 30522
@@ -90,6 +110,7 @@ class GMLPMaskedLMConfig(GMLPConfig):
     pad_token_id: int = 0
     mask_token_id: int = 103
     max_predictions: int = 16
+    tie_embeddings: bool = True
 
     task: ClassVar[str] = MLM_TASK
 

@@ -12,11 +12,16 @@ W is an n x n matrix over *tokens*, so W carries position and n is the longest s
 reads. A masked LM may read fewer tokens, L <= n: the spatial projection is then the top-left
 L x L block of W (and the first L entries of b), which gives the real tokens exactly what padding
 to n would (docs/model.md, "Variable length").
+
+The options of g-mlp-pytorch (docs/model.md, "Public gMLP layouts") are here too: a multi-head SGU
+(W [heads, n, n], each head mixing its own slice of the gate's channels), an activation of the gate
+and a token shift of the normalised block input.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +29,15 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .configs import GMLPConfig
+
+GATE_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": lambda gate: gate,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+}
 
 
 class SpatialGatingUnit(nn.Module):
@@ -37,13 +51,21 @@ class SpatialGatingUnit(nn.Module):
     `token_mask` (1 for real tokens, 0 for padding) zeroes the padded rows of the normalised gate
     input, so padding contributes nothing through W's columns and a short padded sentence is mixed
     exactly as the same tokens followed by nothing would be.
+
+    With `heads` > 1, W is [heads, n, n] and b [heads, n]: head h mixes the h-th of `heads` equal
+    slices of the gate's channels. `gate_act` is applied to the gate (after the tiny attention's
+    output is added) before it multiplies z1.
     """
 
-    def __init__(self, d_ffn: int, seq_len: int, norm_eps: float = 1e-5) -> None:
+    def __init__(
+        self, d_ffn: int, seq_len: int, norm_eps: float = 1e-5, heads: int = 1, gate_act: str = "identity"
+    ) -> None:
         super().__init__()
         self.seq_len = seq_len
+        self.heads = heads
+        self.gate_act = gate_act
         self.norm = nn.LayerNorm(d_ffn // 2, eps=norm_eps)
-        self.spatial_proj = nn.Linear(seq_len, seq_len)
+        self.spatial_proj = nn.Linear(seq_len, seq_len) if heads == 1 else HeadsProjection(heads, seq_len)
 
     def init_weights(self) -> None:
         # Paper section 2: W near zero and b = 1, so at init the unit computes z1 * 1 and every
@@ -64,7 +86,7 @@ class SpatialGatingUnit(nn.Module):
         gate = self.spatial_projection(z2)
         if gate_residual is not None:
             gate = gate + gate_residual
-        return z1 * gate
+        return z1 * GATE_FUNCTIONS[self.gate_act](gate)
 
     def spatial_projection(self, z2: torch.Tensor) -> torch.Tensor:
         """`W @ z2 + b` over tokens, for z2 [B, L, e] with L <= n.
@@ -83,8 +105,36 @@ class SpatialGatingUnit(nn.Module):
         weight: torch.Tensor = self.spatial_proj.weight
         bias: torch.Tensor = self.spatial_proj.bias
         if not statically_known_true(length == self.seq_len):
-            weight, bias = weight[:length, :length], bias[:length]
-        return torch.baddbmm(bias[:, None], weight.expand(z2.shape[0], -1, -1), z2)
+            weight, bias = weight[..., :length, :length], bias[..., :length]
+        if self.heads == 1:
+            return torch.baddbmm(bias[:, None], weight.expand(z2.shape[0], -1, -1), z2)
+        per_head = z2.unflatten(-1, (self.heads, -1)).transpose(1, 2)  # [B, heads, L, e / heads]
+        gate = torch.matmul(weight, per_head) + bias[..., None]
+        return gate.transpose(1, 2).flatten(2)
+
+
+class HeadsProjection(nn.Module):
+    """The multi-head SGU's W [heads, n, n] and b [heads, n], named as `nn.Linear`'s."""
+
+    def __init__(self, heads: int, seq_len: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(heads, seq_len, seq_len))
+        self.bias = nn.Parameter(torch.empty(heads, seq_len))
+
+
+def shift_tokens(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """Move the first 2s + 1 channel groups (width d // (2s + 1)) of x [B, L, d] by -s..s tokens,
+    zero-filled at the ends; leftover channels stay. Group k reads token i - (k - s)."""
+    width = x.shape[-1] // (2 * shift + 1)
+    groups = list(x.split(width, dim=-1))
+    for k, amount in enumerate(range(-shift, shift + 1)):
+        group = groups[k]
+        if amount:
+            zeros = group.new_zeros(group.shape[0], abs(amount), group.shape[2])
+            # Concatenate and cut back to L: valid at every length, L = 1 included.
+            padded = torch.cat((zeros, group) if amount > 0 else (group, zeros), dim=1)
+            groups[k] = padded[:, : group.shape[1]] if amount > 0 else padded[:, -amount:]
+    return torch.cat(groups, dim=-1)
 
 
 class TinyAttention(nn.Module):
@@ -134,11 +184,15 @@ class GMLPBlock(nn.Module):
         norm_eps: float = 1e-6,
         sgu_norm_eps: float = 1e-5,
         drop_path: float = 0.0,
+        heads: int = 1,
+        gate_act: str = "identity",
+        token_shift: int = 0,
     ) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.token_shift = token_shift
         self.proj_in = nn.Linear(d_model, d_ffn)  # U
-        self.sgu = SpatialGatingUnit(d_ffn, seq_len, norm_eps=sgu_norm_eps)
+        self.sgu = SpatialGatingUnit(d_ffn, seq_len, norm_eps=sgu_norm_eps, heads=heads, gate_act=gate_act)
         self.attn = TinyAttention(d_model, d_ffn // 2, attn_dim) if attn_dim else None
         self.proj_out = nn.Linear(d_ffn // 2, d_model)  # V
         self.drop_path = DropPath(drop_path)
@@ -158,6 +212,9 @@ class GMLPBlock(nn.Module):
     def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         shortcut = x
         x = self.norm(x)
+        if self.token_shift:
+            # Padding is zeroed first, so a text shifts in zeros at its end at any padded length.
+            x = shift_tokens(x if token_mask is None else x * token_mask, self.token_shift)
         gate_residual = self.attn(x, token_mask) if self.attn is not None else None
         z = F.gelu(self.proj_in(x))
         z = self.sgu(z, token_mask=token_mask, gate_residual=gate_residual)
@@ -177,6 +234,9 @@ def build_blocks(config: GMLPConfig) -> nn.ModuleList:
             norm_eps=config.norm_eps,
             sgu_norm_eps=config.sgu_norm_eps,
             drop_path=rate,
+            heads=config.heads,
+            gate_act=config.gate_act,
+            token_shift=config.shift_tokens,
         )
         for rate in rates
     )

@@ -1,5 +1,5 @@
 """gMLP masked language model (paper section 4): token embedding -> gMLP blocks -> LayerNorm ->
-vocabulary projection tied to the embedding.
+vocabulary projection (tied to the embedding unless the config unties it).
 
 There are no position embeddings: the spatial projection W of every block is position-aware.
 The window is n tokens. A sequence may be shorter, L <= n: each block then mixes with the top-left
@@ -41,13 +41,19 @@ class GMLPForMaskedLM(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = build_blocks(config)
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
-        # The decoder shares the embedding matrix (tied weights) and adds a per-token bias.
+        # The decoder shares the embedding matrix (tied weights) unless the config unties it, and
+        # adds a per-token bias.
+        self.decoder = (
+            None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        )
         self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
         nn.init.normal_(self.embed.weight, std=0.02)
+        if self.decoder is not None:
+            nn.init.normal_(self.decoder.weight, std=0.02)
         for block in cast("list[GMLPBlock]", self.blocks):
             block.init_weights()
         nn.init.zeros_(self.decoder_bias)
@@ -75,7 +81,8 @@ class GMLPForMaskedLM(nn.Module):
         if positions is not None:
             index = positions.unsqueeze(-1).expand(-1, -1, features.shape[-1])
             features = torch.gather(features, 1, index)
-        return torch.matmul(features, self.embed.weight.t()) + self.decoder_bias
+        weight = self.embed.weight if self.decoder is None else self.decoder.weight
+        return torch.matmul(features, weight.t()) + self.decoder_bias
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, L, vocab] for `input_ids` [batch, L] (1 <= L <= n), or [batch, k, vocab] at

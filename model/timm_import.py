@@ -17,11 +17,8 @@ the same W as ours, so no tensor is transposed on the way.
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from .checkpoint import CheckpointError, load_state_dict_strict
 from .configs import GMLPVisionConfig, get_config
@@ -42,33 +39,6 @@ def timm_key_to_ours(key: str) -> str:
         if count:
             return new
     return key
-
-
-def read_timm_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of a timm checkpoint (.pth, .pth.tar, .bin or .safetensors), never unpickling objects.
-
-    Training checkpoints wrap the weights as {"state_dict": ...}, {"model": ...} or
-    {"state_dict_ema": ...}; those are unwrapped, and a `module.` prefix from DataParallel dropped.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path} does not exist")
-    state: Any
-    try:
-        if path.suffix == ".safetensors":
-            state = load_file(path)
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for corrupt or non-tensor files
-        raise CheckpointError(f"cannot read {path} as a weights-only checkpoint: {exc}") from exc
-    if isinstance(state, dict):
-        for wrapper in ("state_dict_ema", "state_dict", "model"):
-            if isinstance(state.get(wrapper), dict):
-                state = state[wrapper]
-                break
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{path} does not hold a state dict of tensors")
-    return {k.removeprefix("module."): v for k, v in state.items()}
 
 
 def convert_timm_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ from support.helpers import (  # noqa: E402 - after the rewrite hook, which must
 # servers on 127.0.0.1, `e2e` runs the product's processes, containers and third-party programs.
 KINDS = (
     ("e2e", ("deploy", "gmlp", "loadtests", "benchmarks")),
-    ("integration", ("service/http", "service/v2", "service/access")),
+    ("integration", ("service/http", "service/v2", "service/access", "lucidrains")),
     ("unit", ("",)),
 )
 TESTS_ROOT = Path(__file__).resolve().parent

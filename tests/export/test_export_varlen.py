@@ -36,11 +36,27 @@ def amlp_variants(tmp_path_factory, tiny_amlp_checkpoint):
     return root / "served", load_checkpoint(checkpoint)
 
 
-@pytest.fixture(params=["mlm", "amlp"])
-def served_mlm(request, tiny_mlm_served, tiny_mlm_checkpoint, amlp_variants):
+@pytest.fixture(scope="module")
+def options_served(tmp_path_factory):
+    """A tiny MLM with a 4-head SGU, a gate activation, a token shift and an untied decoder (fp32)."""
+    from model import build_model, save_checkpoint
+    from support.helpers import BERT_TOKENIZER, perturbed, tiny_mlm_config
+
+    root = tmp_path_factory.mktemp("varlen-options")
+    torch.manual_seed(0)
+    config = tiny_mlm_config(heads=4, shift_tokens=1, gate_act="gelu", tie_embeddings=False)
+    save_checkpoint(perturbed(build_model(config)), root / "checkpoint", tokenizer=BERT_TOKENIZER)
+    export_served_model(root / "checkpoint", root / "served", ["fp32"])
+    return root / "served", load_checkpoint(root / "checkpoint")
+
+
+@pytest.fixture(params=["mlm", "amlp", "options"])
+def served_mlm(request):
+    """(served directory, PyTorch model); each built only when a test asks for it."""
     if request.param == "mlm":
-        return tiny_mlm_served, load_checkpoint(tiny_mlm_checkpoint)
-    return amlp_variants
+        checkpoint = request.getfixturevalue("tiny_mlm_checkpoint")
+        return request.getfixturevalue("tiny_mlm_served"), load_checkpoint(checkpoint)
+    return request.getfixturevalue("amlp_variants" if request.param == "amlp" else "options_served")
 
 
 def window_logits(model, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:

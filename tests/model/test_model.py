@@ -17,6 +17,10 @@ from model import (
 from model.layers import GMLPBlock
 from support.helpers import perturbed, tiny_mlm_config, tiny_vision_config
 
+# g-mlp-pytorch's options together: a multi-head SGU, a gate activation, a token shift, an untied decoder.
+OPTIONS = {"heads": 4, "shift_tokens": 1, "gate_act": "gelu", "tie_embeddings": False}
+MLM_VARIANTS = [{"attn_dim": None}, {"attn_dim": 8}, {"attn_dim": 8, **OPTIONS}]
+
 
 def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
@@ -141,12 +145,12 @@ def test_sgu_slices_w_only_for_shorter_sequences():
     assert "SliceBackward0" in _autograd_ops(short)
 
 
-@pytest.mark.parametrize("attn_dim", [None, 8])
-def test_mlm_at_any_length_equals_the_padded_window(attn_dim):
+@pytest.mark.parametrize("options", MLM_VARIANTS)
+def test_mlm_at_any_length_equals_the_padded_window(options):
     """A text run at its own length L (1..n), or padded only to a batch's longest text, gives the
     same logits at its masked positions as the same text padded to the full window n, for 1 to
     max_predictions positions: the top-left block of W is exact, not an approximation."""
-    config = tiny_mlm_config(attn_dim=attn_dim)
+    config = tiny_mlm_config(**options)
     model = perturbed(build_model(config))
     gen = torch.Generator().manual_seed(3)
     for length in range(1, config.n + 1):
@@ -171,7 +175,16 @@ def test_mlm_refuses_more_than_n_tokens():
         model(torch.ones(1, config.n + 1, dtype=torch.long))
 
 
-@pytest.mark.parametrize("make", [tiny_vision_config, tiny_mlm_config, lambda: tiny_mlm_config(attn_dim=8)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        tiny_vision_config,
+        lambda: tiny_vision_config(heads=2, attn_dim=8),
+        tiny_mlm_config,
+        lambda: tiny_mlm_config(attn_dim=8),
+        lambda: tiny_mlm_config(**OPTIONS),
+    ],
+)
 def test_no_leakage_across_the_batch(make):
     """Changing sample j must never change sample i's output (W mixes tokens, never samples)."""
     config = make()
@@ -204,14 +217,14 @@ def test_amlp_forward_backward():
     assert model.blocks[0].sgu.spatial_proj.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("attn_dim", [None, 8])
-def test_padding_takes_no_part_in_token_mixing(attn_dim):
+@pytest.mark.parametrize("options", MLM_VARIANTS)
+def test_padding_takes_no_part_in_token_mixing(options):
     """Documented padding rule: what sits at the [PAD] positions cannot reach the real tokens.
 
     We change the [PAD] embedding itself: real-token logits stay the same, while the logits of
     a model run without the token mask do change (so the test can see a leak when there is one).
     """
-    config = tiny_mlm_config(attn_dim=attn_dim)
+    config = tiny_mlm_config(**options)
     model = perturbed(build_model(config))
     ids = torch.randint(1000, config.vocab_size, (2, config.n))
     ids[:, 12:] = config.pad_token_id
@@ -221,7 +234,7 @@ def test_padding_takes_no_part_in_token_mixing(attn_dim):
         model.embed.weight[config.pad_token_id] += torch.randn(config.d_model)
         after = model(ids)[:, :12]
         unmasked_after = _logits_without_mask(model, ids)[:, :12]
-    # The decoder is tied to the embedding, so the [PAD] logit itself (column 0) moves; no other.
+    # A decoder tied to the embedding moves the [PAD] logit itself (column 0); no other moves.
     torch.testing.assert_close(before[..., 1:], after[..., 1:], rtol=0, atol=1e-5)
     assert (unmasked_before - unmasked_after).abs().max() > 1e-3
 
