@@ -1,6 +1,10 @@
 """The model-repository extension over REST: `POST /v2/repository/index`, `.../models/{name}/load`
 and `.../unload`, as tritonclient.http calls them (an empty body, or JSON; any content type).
 
+The index lists every model version the service knows with its state (READY, LOADING, UNLOADING,
+UNAVAILABLE) and, unless READY, the reason; load and unload are taken only in explicit model
+control (`service.v2.inference.load_model`, `ServiceState.unload_model`, shared with gRPC).
+
 Every path here is a control route: access control gives it the admin scope. Errors take the
 protocol's shape and statuses (`V2_ERRORS`).
 """
@@ -16,7 +20,7 @@ from pydantic import BaseModel, Field, StrictBool
 from service.access.scope import Scope
 from service.http.parsing import json_body
 from service.http.routing import DirectRoute, get_state, requires
-from service.v2 import repository
+from service.v2 import inference
 from service.v2.rest import V2_ERRORS
 from service.v2.schemas import ERROR_RESPONSES
 
@@ -58,14 +62,14 @@ async def _body(request: Request, schema: type[Any]) -> Any:
 @requires(Scope.ADMIN)
 async def repository_index(request: Request) -> JSONResponse:
     body = await _body(request, IndexRequest)
-    return JSONResponse(repository.index(get_state(request), body.ready))
+    return JSONResponse([vars(entry) for entry in get_state(request).table.index(body.ready)])
 
 
 @router.post("/models/{name}/load", responses=ERROR_RESPONSES, summary="Load a model")
 @requires(Scope.ADMIN)
 async def load_model(request: Request, name: str) -> Response:
     body = await _body(request, ControlRequest)
-    await repository.load(get_state(request), name, body.parameters)
+    await inference.load_model(get_state(request), name, body.parameters)
     return Response(status_code=200)
 
 
