@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, StrictBool
 from service.access.scope import Scope
 from service.http.parsing import json_body
 from service.http.routing import DirectRoute, get_state, requires
+from service.http.schemas import VersionState
 from service.v2 import inference
 from service.v2.rest import V2_ERRORS
 from service.v2.schemas import ERROR_RESPONSES
@@ -44,13 +45,6 @@ class ControlRequest(BaseModel):
     )
 
 
-class IndexEntry(BaseModel):
-    name: str
-    version: str
-    state: str = Field(description="READY, LOADING, UNLOADING or UNAVAILABLE")
-    reason: str = Field(description="why the version is not READY (empty when READY)")
-
-
 async def _body(request: Request, schema: type[Any]) -> Any:
     raw = await request.body()
     if not raw.strip():
@@ -58,7 +52,9 @@ async def _body(request: Request, schema: type[Any]) -> Any:
     return json_body(raw, schema, "the request body")
 
 
-@router.post("/index", response_model=list[IndexEntry], responses=ERROR_RESPONSES, summary="Repository index")
+@router.post(
+    "/index", response_model=list[VersionState], responses=ERROR_RESPONSES, summary="Repository index"
+)
 @requires(Scope.ADMIN)
 async def repository_index(request: Request) -> JSONResponse:
     body = await _body(request, IndexRequest)
