@@ -199,9 +199,6 @@ class ServiceMetrics:
         self.grpc_calls.labels(method, code).inc()
         self.grpc_latency.labels(method, code).observe(seconds)
 
-    def observer(self, model: str, version: str) -> ModelObserver:
-        return ModelObserver(self, model, version)
-
     def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
         """One inference request of the protocol's API answered (ok) or refused, and its duration."""
         outcome = "success" if ok else "fail"
@@ -214,10 +211,6 @@ class ServiceMetrics:
 
     def file_reloaded(self, file: str, ok: bool) -> None:
         self.file_reloads.labels(file, "ok" if ok else "error").inc()
-
-    def predictions(self, model: str, labels: Sequence[str] | None, version: str) -> PredictionMetrics:
-        """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
-        return PredictionMetrics(self, model, version, labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
