@@ -46,7 +46,6 @@ from service.engine import request_context
 from service.engine.request_context import Deadline
 from service.lifecycle.state import Phase, ServiceState
 from service.tasks.pipeline import Pipeline
-from service.telemetry.statistics import DEFAULT_VERSION
 
 SERVER_NAME = "gmlp-serve"
 # Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
@@ -171,8 +170,8 @@ class ModelRef:
 class InferResult:
     model_name: str
     outputs: list[Tensor]
+    model_version: str  # the version that answered
     id: str = ""
-    model_version: str = DEFAULT_VERSION  # what a response names when it has no model version
     size: AnswerSize = AnswerSize(0, 0)  # bounds of the encoded answer (`answer_size`), checked
 
 
