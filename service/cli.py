@@ -111,12 +111,6 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
     return ServiceSettings(**overrides)
 
 
-def settings_from_cli(argv: Sequence[str] | None = None) -> ServiceSettings:
-    """Parse `gmlp serve`-style flags (for scripts and tests)."""
-    parser = add_serve_arguments(argparse.ArgumentParser(prog="gmlp serve"))
-    return settings_from_args(parser.parse_args(argv))
-
-
 def serve(settings: ServiceSettings) -> None:
     """Run the service in the foreground until SIGINT/SIGTERM (then drain and exit)."""
     import uvicorn

@@ -125,10 +125,6 @@ REST_ERRORS = ErrorTable(
 CONNECTION_ERRORS = replace(REST_ERRORS, transport="http")
 
 
-def _covers(prefix: str, path: str) -> bool:
-    return path == prefix or path.startswith(prefix + "/")
-
-
 @dataclass(frozen=True)
 class ErrorResponder:
     """Renders a refusal with the error table of the route a request is for, and counts it.
@@ -148,7 +144,7 @@ class ErrorResponder:
             return table
         path = get_route_path(scope)
         for prefix, owned in self.namespaces.items():
-            if _covers(prefix, path):
+            if path == prefix or path.startswith(prefix + "/"):
                 return owned
         return self.default
 
@@ -162,7 +158,10 @@ class ErrorResponder:
     ) -> JSONResponse:
         if isinstance(error, DeadlineExceeded) and scope.get(BODY_PENDING):
             # The deadline passed while the client was still sending: its slowness, not ours.
-            error = body_timeout(error.message)
+            error = RequestTimeout(
+                ErrorCode.REQUEST_TIMEOUT,
+                f"the body did not arrive in time: {error.message}; the connection is closed",
+            )
         return self.answer(self.table(scope, route), error, status=status)
 
     def answer(self, table: ErrorTable, error: RequestError, *, status: int | None = None) -> JSONResponse:
@@ -184,7 +183,8 @@ class ErrorResponder:
         elif isinstance(exc, RequestValidationError):
             error = validation_error(list(exc.errors()), "the request")
         elif isinstance(exc, StarletteHTTPException):
-            error = framework_error(exc)
+            kind, code = FRAMEWORK_ERRORS.get(exc.status_code, (RequestError, ErrorCode.HTTP_ERROR))
+            error = kind(code, str(exc.detail))
             # A status of the framework's own that no type stands for is answered as it is.
             status = exc.status_code if error.code == ErrorCode.HTTP_ERROR else None
             headers = exc.headers or {}
@@ -200,12 +200,6 @@ class ErrorResponder:
 
 # Set in a request's scope while its body has not all arrived (`service.http.gate`).
 BODY_PENDING = "gmlp.body_pending"
-
-
-def body_timeout(detail: str) -> RequestTimeout:
-    return RequestTimeout(
-        ErrorCode.REQUEST_TIMEOUT, f"the body did not arrive in time: {detail}; the connection is closed"
-    )
 
 
 def payload_too_large(limit: int) -> InputTooLarge:
@@ -238,18 +232,13 @@ def validation_error(errors: list[Any], where: str) -> InvalidInput:
     return InvalidInput(ErrorCode.INVALID_REQUEST, f"{where} is invalid: {summary}", details=details)
 
 
-def framework_error(exc: StarletteHTTPException) -> RequestError:
-    """A refusal by Starlette itself (unknown path, wrong method, unparsable multipart) as ours."""
-    message = str(exc.detail)
-    if exc.status_code == 404:
-        return RouteNotFound(ErrorCode.NOT_FOUND, message)
-    if exc.status_code == 405:
-        return MethodNotAllowed(ErrorCode.METHOD_NOT_ALLOWED, message)
-    if exc.status_code == 400:
-        return MalformedRequest(ErrorCode.BAD_REQUEST, message)
-    if exc.status_code == 413:
-        return InputTooLarge(ErrorCode.PAYLOAD_TOO_LARGE, message)
-    return RequestError(ErrorCode.HTTP_ERROR, message)
+# Starlette's own refusals (unknown path, wrong method, unparsable multipart) as ours, by status.
+FRAMEWORK_ERRORS: dict[int, tuple[type[RequestError], ErrorCode]] = {
+    404: (RouteNotFound, ErrorCode.NOT_FOUND),
+    405: (MethodNotAllowed, ErrorCode.METHOD_NOT_ALLOWED),
+    400: (MalformedRequest, ErrorCode.BAD_REQUEST),
+    413: (InputTooLarge, ErrorCode.PAYLOAD_TOO_LARGE),
+}
 
 
 __all__ = [
@@ -260,7 +249,6 @@ __all__ = [
     "rest_body",
     "payload_too_large",
     "client_gone",
-    "body_timeout",
     "BODY_PENDING",
     "validation_error",
     "CLIENT_CLOSED_REQUEST",

@@ -150,7 +150,7 @@ class VersionState(BaseModel):
     name: str
     version: str
     state: str = Field(description="READY, LOADING, UNLOADING or UNAVAILABLE")
-    reason: str = Field("", description="why the version is not READY")
+    reason: str = Field("", description="why the version is not READY (empty when READY)")
 
 
 class ModelsResponse(BaseModel):
@@ -215,19 +215,15 @@ _ERROR_DESCRIPTIONS = {
 }
 
 
-def error_responses(
-    body: type[BaseModel], *, invalid: int = 422, statuses: tuple[int, ...] = tuple(_ERROR_DESCRIPTIONS)
-) -> dict[int | str, dict[str, Any]]:
+def error_responses(body: type[BaseModel], *, invalid: int = 422) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for the refusals of a route; `invalid` is the transport's status for an
     invalid request (REST 422, the Open Inference Protocol 400)."""
-    responses: dict[int | str, dict[str, Any]] = {}
-    for code in statuses:
-        text = _ERROR_DESCRIPTIONS[code]
-        if code == invalid:
-            text = _ERROR_DESCRIPTIONS[422] if invalid != 422 else text
-        elif code == 422:
-            continue
-        responses[code] = {"model": body, "description": text}
+    responses: dict[int | str, dict[str, Any]] = {
+        code: {"model": body, "description": text}
+        for code, text in _ERROR_DESCRIPTIONS.items()
+        if code != 422
+    }
+    responses[invalid] = {"model": body, "description": _ERROR_DESCRIPTIONS[422]}
     return responses
 
 

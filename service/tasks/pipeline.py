@@ -31,7 +31,7 @@ from service.engine.runtime import Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.telemetry import tracing
-from service.telemetry.metrics import DEFAULT_VERSION, ServiceMetrics
+from service.telemetry.metrics import DEFAULT_VERSION, ModelObserver, PredictionMetrics, ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class Pipeline:
         # Chosen once, at build: with tracing off (the common case) no request or batch of this
         # model enters the tracing code at all.
         self.traced = tracing.configured()
-        observers: list[BatchObserver] = [metrics.observer(spec.name, version)]
+        observers: list[BatchObserver] = [ModelObserver(metrics, spec.name, version)]
         if self.traced:
             observers.append(tracing.BatchTracing(spec.name, self.batch_attributes))
         self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
@@ -138,7 +138,7 @@ class Pipeline:
         self.ready = False
         self.version = version  # the repository version it was loaded from
         self.card = card_summary(spec.path, self.variant)
-        self.predictions = metrics.predictions(spec.name, self.prediction_labels(spec), version)
+        self.predictions = PredictionMetrics(metrics, spec.name, version, self.prediction_labels(spec))
         metrics.queue_capacity.labels(spec.name, version).set(settings.max_queue_size)
         metrics.model_instances.labels(spec.name, version).set(instances)
         self.prepare(spec, settings)

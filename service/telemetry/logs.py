@@ -22,7 +22,6 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
@@ -75,10 +74,6 @@ def request_fields() -> dict[str, Any]:
 _JSON_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
-def _one_line(text: str) -> str:
-    return text.translate(_JSON_BREAKS)
-
-
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, on one line."""
 
@@ -98,7 +93,7 @@ class JsonFormatter(logging.Formatter):
             line["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)
-        return _one_line(json.dumps(line, ensure_ascii=False, default=str))
+        return json.dumps(line, ensure_ascii=False, default=str).translate(_JSON_BREAKS)
 
 
 class TextFormatter(logging.Formatter):
@@ -144,13 +139,12 @@ class NativeOutput:
     """The process's file descriptors 1 and 2 replaced by pipes that a thread each reads, writing
     every line on to the original descriptor as `native_line` makes it."""
 
-    def __init__(self, fds: Sequence[int] = (1, 2)) -> None:
-        self.fds = tuple(fds)
+    def __init__(self) -> None:
         self._saved: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for fd in self.fds:
+        for fd in (1, 2):
             saved = os.dup(fd)
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
@@ -185,7 +179,7 @@ class NativeOutput:
                 if raw.strip():
                     os.write(out, (native_line(raw.decode("utf-8", "replace"), name) + "\n").encode())
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def stop(self) -> None:
         """Put the original descriptors back (the pipes close, the threads write what is left)."""
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
@@ -194,7 +188,7 @@ class NativeOutput:
             os.dup2(saved, fd)
         self._saved.clear()
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(timeout=2.0)
         self._threads.clear()
 
 
@@ -222,9 +216,9 @@ def uvicorn_log_config(settings: ServiceSettings) -> dict[str, Any]:
     """uvicorn's logging configuration: its loggers hand their records to ours (the root's handler)."""
     level = settings.log_level.upper()
     loggers = {
-        name: {"level": level, "handlers": [], "propagate": True} for name in ("uvicorn", "uvicorn.error")
+        name: {"level": level, "handlers": [], "propagate": True}
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
     }
-    loggers["uvicorn.access"] = {"level": level, "handlers": [], "propagate": True}
     return {"version": 1, "disable_existing_loggers": False, "loggers": loggers}
 
 

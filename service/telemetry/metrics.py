@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from contextlib import suppress
+from functools import partial
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -42,172 +43,139 @@ class ServiceMetrics:
 
     def __init__(self, max_batch_size: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
-            "gmlp_http_requests",
-            "HTTP requests by route, method and status",
-            ["route", "method", "status"],
-            registry=r,
+        counter = partial(Counter, registry=self.registry)
+        gauge = partial(Gauge, registry=self.registry)
+        histogram = partial(Histogram, registry=self.registry)
+        self.requests = counter(
+            "gmlp_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"]
         )
-        self.latency = Histogram(
+        self.latency = histogram(
             "gmlp_http_request_duration_seconds",
             "HTTP request latency by route, method and status",
             ["route", "method", "status"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.in_flight = Gauge("gmlp_http_requests_in_flight", "HTTP requests being handled", registry=r)
-        self.grpc_calls = Counter(
-            "gmlp_grpc_calls", "gRPC calls by method and status code", ["method", "code"], registry=r
+        self.in_flight = gauge("gmlp_http_requests_in_flight", "HTTP requests being handled")
+        self.grpc_calls = counter(
+            "gmlp_grpc_calls", "gRPC calls by method and status code", ["method", "code"]
         )
-        self.grpc_latency = Histogram(
+        self.grpc_latency = histogram(
             "gmlp_grpc_call_duration_seconds",
             "gRPC call latency by method and status code",
             ["method", "code"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         # The three gauges of a version's batcher are labelled by version: two versions are loaded
         # at once during a swap (and with latest:N, all), and each has its own queue and sessions.
-        self.queue_depth = Gauge(
-            "gmlp_queue_depth", "requests waiting in the batch queue of a model version", MV, registry=r
+        self.queue_depth = gauge(
+            "gmlp_queue_depth", "requests waiting in the batch queue of a model version", MV
         )
-        self.batch_size = Histogram(
+        self.batch_size = histogram(
             "gmlp_batch_size",
             "requests per executed batch",
             ["model"],
             buckets=power_of_two_buckets(max_batch_size),
-            registry=r,
         )
-        self.queue_wait = Histogram(
-            "gmlp_queue_wait_seconds",
-            "time from enqueue to batch start",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.queue_wait = histogram(
+            "gmlp_queue_wait_seconds", "time from enqueue to batch start", ["model"], buckets=LATENCY_BUCKETS
         )
-        self.inference = Histogram(
-            "gmlp_inference_seconds", "run time of one batch", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        self.inference = histogram(
+            "gmlp_inference_seconds", "run time of one batch", ["model"], buckets=LATENCY_BUCKETS
         )
-        self.refusals = Counter(
+        self.refusals = counter(
             "gmlp_refusals",
             "error answers by transport (rest, v2, hf, grpc; http: the connection cap) and machine code "
             "(e.g. invalid_image, payload_too_large, overloaded, timeout)",
             ["transport", "code"],
-            registry=r,
         )
-        self.connections_closed = Counter(
+        self.connections_closed = counter(
             "gmlp_connections_closed",
             "connections the server closed to keep its connection caps (http, grpc) by reason "
             "(idle_evicted: an idle keep-alive connection closed to make room for a newcomer)",
             ["transport", "reason"],
-            registry=r,
         )
-        self.rejections = Counter(
+        self.rejections = counter(
             "gmlp_rejections",
             "requests refused or dropped by the batcher (queue_full, deadline, cancelled, shutting_down)",
             ["model", "reason"],
-            registry=r,
         )
-        self.model_ready = Gauge(
-            "gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"], registry=r
-        )
+        self.model_ready = gauge("gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"])
         # --- per-model statistics (what the v2 statistics extension reports) ---
-        self.statistics = StatisticsSeries(r)
+        self.statistics = StatisticsSeries(self.registry)
         # --- access control ---
-        self.key_requests = Counter(
+        self.key_requests = counter(
             "gmlp_api_key_requests",
             "requests that needed a scope, by the key's configured name (anonymous: no keys configured or "
             "none sent; invalid: an unknown key), transport and outcome (allowed, unauthenticated, "
             "forbidden, rate_limited)",
             ["key", "transport", "outcome"],
-            registry=r,
         )
-        self.api_keys = Gauge("gmlp_api_keys", "API keys loaded from GMLP_API_KEYS_FILE", registry=r)
-        self.file_reloads = Counter(
+        self.api_keys = gauge("gmlp_api_keys", "API keys loaded from GMLP_API_KEYS_FILE")
+        self.file_reloads = counter(
             "gmlp_file_reloads",
             "re-reads of a changed keys or TLS file, by file (api_keys, tls) and result (ok, error: the "
             "old contents stay in force)",
             ["file", "result"],
-            registry=r,
         )
         # --- prediction quality ---
         # What the models answer, as the drift signal: a shift in the top-1 labels or a fall in the
         # confidence or the margin between the first and second answer (docs/service.md).
-        self.prediction_top1 = Counter(
+        self.prediction_top1 = counter(
             "gmlp_prediction_top1",
             "top-1 label of each classified image (labels: the model's own)",
             ["model", "version", "label"],
-            registry=r,
         )
-        self.prediction_confidence = Histogram(
+        self.prediction_confidence = histogram(
             "gmlp_prediction_confidence",
             "softmax probability of the top-1 answer (fill-mask: per [MASK])",
             ["model", "version"],
             buckets=QUALITY_BUCKETS,
-            registry=r,
         )
-        self.prediction_margin = Histogram(
+        self.prediction_margin = histogram(
             "gmlp_prediction_margin",
             "softmax probability of the top-1 answer minus the second's (fill-mask: per [MASK])",
             ["model", "version"],
             buckets=QUALITY_BUCKETS,
-            registry=r,
         )
         # --- what the alert rules compare with (deploy/observability/rules.yml) ---
-        self.queue_capacity = Gauge(
-            "gmlp_queue_capacity",
-            "waiting requests per model version before 503 (max_queue_size)",
-            MV,
-            registry=r,
+        self.queue_capacity = gauge(
+            "gmlp_queue_capacity", "waiting requests per model version before 503 (max_queue_size)", MV
         )
-        self.model_instances = Gauge(
-            "gmlp_model_instances",
-            "execution instances of the model version (batches run at once)",
-            MV,
-            registry=r,
+        self.model_instances = gauge(
+            "gmlp_model_instances", "execution instances of the model version (batches run at once)", MV
         )
-        self.request_timeout = Gauge(
-            "gmlp_request_timeout_seconds",
-            "deadline of a request from its arrival (request_timeout_s)",
-            registry=r,
+        self.request_timeout = gauge(
+            "gmlp_request_timeout_seconds", "deadline of a request from its arrival (request_timeout_s)"
         )
         # --- model lifecycle ---
-        self.model_versions = Gauge(
+        self.model_versions = gauge(
             "gmlp_model_versions",
             "model versions known to the service by state (READY, LOADING, UNLOADING, UNAVAILABLE)",
             ["state"],
-            registry=r,
         )
-        self.version_loads = Counter(
-            "gmlp_model_version_loads", "versions loaded, warmed up and checked", ["model"], registry=r
+        self.version_loads = counter(
+            "gmlp_model_version_loads", "versions loaded, warmed up and checked", ["model"]
         )
-        self.version_unloads = Counter(
-            "gmlp_model_version_unloads", "versions drained and closed", ["model"], registry=r
-        )
-        self.version_refusals = Counter(
+        self.version_unloads = counter("gmlp_model_version_unloads", "versions drained and closed", ["model"])
+        self.version_refusals = counter(
             "gmlp_model_version_refusals",
             "loads refused by reason (load_failed: the load, warm-up or check failed; too_many_versions)",
             ["model", "reason"],
-            registry=r,
         )
-        self.version_requests = Counter(
+        self.version_requests = counter(
             "gmlp_model_version_requests",
             "requests answered by a model version (every task API and v2, REST and gRPC)",
             ["model", "version"],
-            registry=r,
         )
         # --- the model repository (contract.scan, service.lifecycle.poller) ---
-        self.repository_problems = Gauge(
+        self.repository_problems = gauge(
             "gmlp_repository_problems",
             "problems the latest repository scan found (models and versions listed UNAVAILABLE with "
             "the reason: malformed or incomplete directories, duplicate names, ignored entries)",
-            registry=r,
         )
-        self.poller_restarts = Counter(
+        self.poller_restarts = counter(
             "gmlp_repository_poller_restarts",
             "times the repository poller failed and was restarted (poll model control)",
-            registry=r,
         )
         for state in ("READY", "LOADING", "UNLOADING", "UNAVAILABLE"):
             self.model_versions.labels(state).set(0)
@@ -231,9 +199,6 @@ class ServiceMetrics:
         self.grpc_calls.labels(method, code).inc()
         self.grpc_latency.labels(method, code).observe(seconds)
 
-    def observer(self, model: str, version: str) -> ModelObserver:
-        return ModelObserver(self, model, version)
-
     def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
         """One inference request of the protocol's API answered (ok) or refused, and its duration."""
         outcome = "success" if ok else "fail"
@@ -246,10 +211,6 @@ class ServiceMetrics:
 
     def file_reloaded(self, file: str, ok: bool) -> None:
         self.file_reloads.labels(file, "ok" if ok else "error").inc()
-
-    def predictions(self, model: str, labels: Sequence[str] | None, version: str) -> PredictionMetrics:
-        """The prediction-quality series of one model version (`labels`: a classifier's labels)."""
-        return PredictionMetrics(self, model, version, labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

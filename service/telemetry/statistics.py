@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -67,38 +68,36 @@ class StatisticsSeries:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         mv = ["model", "version"]
-        r = registry
-        self.inferences = Counter("gmlp_model_inferences", "rows run by the model", mv, registry=r)
-        self.executions = Counter("gmlp_model_executions", "batches run by the model", mv, registry=r)
-        self.queue_seconds = Counter(
-            "gmlp_model_queue_seconds", "time rows waited in the batch queue, summed", mv, registry=r
+        counter = partial(Counter, registry=registry)
+        self.inferences = counter("gmlp_model_inferences", "rows run by the model", mv)
+        self.executions = counter("gmlp_model_executions", "batches run by the model", mv)
+        self.queue_seconds = counter(
+            "gmlp_model_queue_seconds", "time rows waited in the batch queue, summed", mv
         )
-        self.compute_seconds = Counter(
-            "gmlp_model_compute_seconds", "batch run time, counted once per row of the batch", mv, registry=r
+        self.compute_seconds = counter(
+            "gmlp_model_compute_seconds", "batch run time, counted once per row of the batch", mv
         )
-        self.batch_executions = Counter(
-            "gmlp_model_batch_executions", "batches run, by batch size", [*mv, "batch_size"], registry=r
+        self.batch_executions = counter(
+            "gmlp_model_batch_executions", "batches run, by batch size", [*mv, "batch_size"]
         )
-        self.batch_seconds = Counter(
-            "gmlp_model_batch_compute_seconds",
-            "batch run time, by batch size",
-            [*mv, "batch_size"],
-            registry=r,
+        self.batch_seconds = counter(
+            "gmlp_model_batch_compute_seconds", "batch run time, by batch size", [*mv, "batch_size"]
         )
-        self.requests = Counter(
+        self.requests = counter(
             "gmlp_model_requests",
             "Open Inference Protocol inference requests by outcome (success, fail)",
             [*mv, "outcome"],
-            registry=r,
         )
-        self.request_seconds = Counter(
+        self.request_seconds = counter(
             "gmlp_model_request_seconds",
             "time inside the server of those requests, summed, by outcome",
             [*mv, "outcome"],
-            registry=r,
         )
         self.last_inference = Gauge(
-            "gmlp_model_last_inference_timestamp_seconds", "Unix time of the last batch run", mv, registry=r
+            "gmlp_model_last_inference_timestamp_seconds",
+            "Unix time of the last batch run",
+            mv,
+            registry=registry,
         )
 
     def counters(self, model: str, version: str) -> ModelCounters:

@@ -191,9 +191,9 @@ def sampled(request: request_context.RequestContext | None) -> bool:
     return request is not None and request.span is not None and request.span.is_recording()
 
 
-def epoch_ns(monotonic: Callable[[], float] = time.monotonic) -> Callable[[float], int]:
-    """A converter from `monotonic()` instants to the epoch nanoseconds spans are stamped with."""
-    offset = time.time_ns() - int(monotonic() * 1e9)
+def epoch_ns() -> Callable[[float], int]:
+    """A converter from `time.monotonic()` instants to the epoch nanoseconds spans are stamped with."""
+    offset = time.time_ns() - int(time.monotonic() * 1e9)
     return lambda instant: offset + int(instant * 1e9)
 
 

@@ -43,7 +43,7 @@ from service.lifecycle.state import ServiceState
 from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline
 from service.telemetry.tracing import Tracing
-from service.v2 import inference, repository
+from service.v2 import inference
 from service.v2.grpc_calls import CallHandling, connection_options, server_credentials
 from service.v2.inference import InferRequest
 from service.v2.model_config import model_config, model_statistics
@@ -225,16 +225,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- the model-repository extension (control calls: admin scope under access control) ----------
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext) -> Any:
-        entries = repository.index(self.state, request.ready)
+        entries = self.state.table.index(request.ready)
         return pb.RepositoryIndexResponse(
-            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries]
+            models=[pb.RepositoryIndexResponse.ModelIndex(**vars(entry)) for entry in entries]
         )
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
     ) -> Any:
         async def load() -> pb.RepositoryModelLoadResponse:
-            await repository.load(self.state, request.model_name, _parameters(request.parameters))
+            await inference.load_model(self.state, request.model_name, _parameters(request.parameters))
             return pb.RepositoryModelLoadResponse()
 
         return await self._answer(context, load())

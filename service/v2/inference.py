@@ -33,11 +33,11 @@ is refused too.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.errors import ErrorCode, InputTooLarge, ModelNotFound
+from contract.errors import ErrorCode, InputTooLarge, InvalidInput, ModelNotFound
 from contract.formats import package_version
 from contract.messages import echo
 from contract.repository import VersionError, parse_version
@@ -46,7 +46,6 @@ from service.engine import request_context
 from service.engine.request_context import Deadline
 from service.lifecycle.state import Phase, ServiceState
 from service.tasks.pipeline import Pipeline
-from service.telemetry.statistics import DEFAULT_VERSION
 
 SERVER_NAME = "gmlp-serve"
 # Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
@@ -171,8 +170,8 @@ class ModelRef:
 class InferResult:
     model_name: str
     outputs: list[Tensor]
+    model_version: str  # the version that answered
     id: str = ""
-    model_version: str = DEFAULT_VERSION  # what a response names when it has no model version
     size: AnswerSize = AnswerSize(0, 0)  # bounds of the encoded answer (`answer_size`), checked
 
 
@@ -222,6 +221,22 @@ def model_metadata(state: ServiceState, model: ModelRef) -> dict[str, Any]:
     }
 
 
+async def load_model(state: ServiceState, name: str, parameters: Mapping[str, Any]) -> None:
+    """The model-repository extension's load (beside what serves `name` now; switched to only once
+    warmed up and checked). Its `config` parameter is a JSON model configuration whose
+    `version_policy` (Triton's form, or `latest:N`, `all`, `specific:V,...`) chooses the versions;
+    other parameters (Triton's `file:` overrides) are accepted and ignored: models load from the
+    repository only."""
+    config = parameters.get("config")
+    if isinstance(config, bytes):
+        config = config.decode("utf-8", "replace")
+    if config is not None and not isinstance(config, str):
+        raise InvalidInput(
+            ErrorCode.INVALID_VERSION_POLICY, "the config parameter must be a string holding a JSON object"
+        )
+    await state.load_model(name, config)
+
+
 async def infer(
     state: ServiceState,
     model: ModelRef,
@@ -262,6 +277,7 @@ __all__ = [
     "infer",
     "ModelRef",
     "model_metadata",
+    "load_model",
     "resolve",
     "version_number",
     "server_metadata",

@@ -1,6 +1,10 @@
 """The model-repository extension over REST: `POST /v2/repository/index`, `.../models/{name}/load`
 and `.../unload`, as tritonclient.http calls them (an empty body, or JSON; any content type).
 
+The index lists every model version the service knows with its state (READY, LOADING, UNLOADING,
+UNAVAILABLE) and, unless READY, the reason; load and unload are taken only in explicit model
+control (`service.v2.inference.load_model`, `ServiceState.unload_model`, shared with gRPC).
+
 Every path here is a control route: access control gives it the admin scope. Errors take the
 protocol's shape and statuses (`V2_ERRORS`).
 """
@@ -16,7 +20,8 @@ from pydantic import BaseModel, Field, StrictBool
 from service.access.scope import Scope
 from service.http.parsing import json_body
 from service.http.routing import DirectRoute, get_state, requires
-from service.v2 import repository
+from service.http.schemas import VersionState
+from service.v2 import inference
 from service.v2.rest import V2_ERRORS
 from service.v2.schemas import ERROR_RESPONSES
 
@@ -40,13 +45,6 @@ class ControlRequest(BaseModel):
     )
 
 
-class IndexEntry(BaseModel):
-    name: str
-    version: str
-    state: str = Field(description="READY, LOADING, UNLOADING or UNAVAILABLE")
-    reason: str = Field(description="why the version is not READY (empty when READY)")
-
-
 async def _body(request: Request, schema: type[Any]) -> Any:
     raw = await request.body()
     if not raw.strip():
@@ -54,18 +52,20 @@ async def _body(request: Request, schema: type[Any]) -> Any:
     return json_body(raw, schema, "the request body")
 
 
-@router.post("/index", response_model=list[IndexEntry], responses=ERROR_RESPONSES, summary="Repository index")
+@router.post(
+    "/index", response_model=list[VersionState], responses=ERROR_RESPONSES, summary="Repository index"
+)
 @requires(Scope.ADMIN)
 async def repository_index(request: Request) -> JSONResponse:
     body = await _body(request, IndexRequest)
-    return JSONResponse(repository.index(get_state(request), body.ready))
+    return JSONResponse([vars(entry) for entry in get_state(request).table.index(body.ready)])
 
 
 @router.post("/models/{name}/load", responses=ERROR_RESPONSES, summary="Load a model")
 @requires(Scope.ADMIN)
 async def load_model(request: Request, name: str) -> Response:
     body = await _body(request, ControlRequest)
-    await repository.load(get_state(request), name, body.parameters)
+    await inference.load_model(get_state(request), name, body.parameters)
     return Response(status_code=200)
 
 

@@ -26,7 +26,6 @@ from service.cli import (
     add_serve_arguments,
     run_serve,
     settings_from_args,
-    settings_from_cli,
     settings_tables,
 )
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
@@ -34,6 +33,11 @@ from service.settings import Group, ServiceSettings, available_cpus, group_of
 from support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def settings_from_cli(argv: list[str]) -> ServiceSettings:
+    """The settings `gmlp serve` would run with, given `argv`."""
+    return settings_from_args(add_serve_arguments(argparse.ArgumentParser()).parse_args(argv))
 
 
 def test_env_prefix_and_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
