@@ -20,7 +20,7 @@ from typing import Any
 from contract.errors import ErrorCode, ModelNotFound
 from contract.tensors import BYTES
 from service.lifecycle.state import ServiceState
-from service.telemetry.statistics import DEFAULT_VERSION, Duration, ModelCounters
+from service.telemetry.statistics import Duration, ModelCounters
 from service.v2 import inference
 
 BACKEND = "onnxruntime"
@@ -129,17 +129,15 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
     if not name:
         if version:
             raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, "a version needs a model name")
-        names = [(n, n) for n in sorted(state.newest_ready())]
+        newest = state.newest_ready()
+        names = [(n, n, str(newest[n].version)) for n in sorted(newest)]
     else:
         model = inference.resolve(state, name, version)
-        state.loaded(model.name, model.version)  # a model or version not served: ModelNotFound
-        names = [(model.name, model.shown)]  # a model's two names share its counters
+        # A model or version not served: ModelNotFound; no version named: the newest READY one's.
+        served = state.loaded(model.name, model.version)
+        names = [(model.name, model.shown, str(served.version))]  # a model's two names share its counters
     counters = state.metrics.statistics.counters
-    return {
-        "model_stats": [
-            _model_statistics(counters(model, version or DEFAULT_VERSION), shown) for model, shown in names
-        ]
-    }
+    return {"model_stats": [_model_statistics(counters(model, v), shown) for model, shown, v in names]}
 
 
 __all__ = ["model_config", "model_statistics"]

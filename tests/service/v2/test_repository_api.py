@@ -73,6 +73,15 @@ def infer(client: Any, image: bytes, version: str = "") -> tuple[str, np.ndarray
     return response["model_version"], result.as_numpy("logits")
 
 
+def statistics(client: Any, version: str = "") -> tuple[str, int]:
+    """The version a statistics answer names for tiny-vision and its inference count."""
+    stats = client.get_inference_statistics(
+        "tiny-vision", version, **({"as_json": True} if is_grpc(client) else {})
+    )
+    (entry,) = stats["model_stats"]
+    return entry["version"], int(entry.get("inference_count", 0))  # gRPC's JSON leaves zeros out
+
+
 def refusal(call: Any) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as caught:
         call()
@@ -110,6 +119,9 @@ def test_load_pin_unload(server: RunningServer, cifar_images: list[bytes], trans
     version, oldest = infer(client, image, "1")
     assert version == "1" and not np.allclose(oldest, newest)
     assert infer(client, image)[0] == "2"  # no version: the newest READY one
+    # Statistics without a version are the newest READY version's, as inference is.
+    assert statistics(client) == statistics(client, "2") != statistics(client, "1")
+    assert statistics(client)[0] == "2" and statistics(client, "1")[0] == "1"
 
     # Back to the newest only: version 1 drains and is unloaded.
     client.load_model("tiny-vision", config=json.dumps({"version_policy": {"latest": {"num_versions": 1}}}))
