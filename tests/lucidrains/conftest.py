@@ -1,42 +1,27 @@
-"""g-mlp-pytorch itself, installed from PyPI, and its models converted and exported as a user would.
-
-The package is installed once (`pip install --no-deps --target`) into `.cache/`, beside this
-interpreter's torch: the reference forward is the package's own code. Offline, its tests are
-skipped with the reason; under CI (env CI set) a failed install fails them instead, so CI cannot
-pass by skipping.
-"""
+"""g-mlp-pytorch itself (the `dev` extra installs it from PyPI), and its models converted and
+exported as a user would: the reference forward is the package's own code."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import g_mlp_pytorch as package
 import pytest
 import torch
 
 from gmlp.cli import main as gmlp
 from support.helpers import BERT_TOKENIZER
-from support.lucidrains import ALL_VARIANTS, CACHE, CASES, PACKAGE, install, reference_model
+from support.lucidrains import ALL_VARIANTS, CASES, reference_model
 
 
 @pytest.fixture(scope="session")
 def g_mlp_pytorch() -> ModuleType:
     """The installed `g_mlp_pytorch` module (gMLP, gMLPVision)."""
-    error = install()
-    if error is not None:
-        message = f"pip could not install {PACKAGE} from PyPI: {error}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    if str(CACHE) not in sys.path:
-        sys.path.insert(0, str(CACHE))
-    return importlib.import_module("g_mlp_pytorch")
+    return package
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,6 @@ from contract.check import run_check
 from export.sgu_function import DOMAIN, OP_TYPE
 from support.lucidrains import ALL_VARIANTS, CASES, VOCAB
 
-pytestmark = pytest.mark.pypi
-
 PARITY = 1e-4
 
 

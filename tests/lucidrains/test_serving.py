@@ -17,8 +17,6 @@ from support.helpers import BERT_TOKENIZER
 from support.lucidrains import CASES
 from support.servers import RunningServer
 
-pytestmark = pytest.mark.pypi
-
 
 @pytest.fixture(scope="module")
 def server(served, tmp_path_factory):

@@ -1,21 +1,13 @@
-"""g-mlp-pytorch itself, from PyPI: installed once (`pip install --no-deps --target`) into `.cache/`,
-beside this interpreter's torch, so that the reference forward is the package's own code."""
+"""The g-mlp-pytorch models the parity tests build: their constructor arguments, and the
+package's model with every weight perturbed."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from support.helpers import REPO_ROOT
-
-PACKAGE = "g-mlp-pytorch==0.1.5"
-REQUIREMENTS = [PACKAGE, "einops==0.8.2"]
-CACHE = REPO_ROOT / ".cache" / "g-mlp-pytorch-0.1.5"
 VOCAB = 30522  # the test tokenizer's (BERT's) vocabulary; gMLP's num_tokens must match it
 
 # The constructor arguments tested, tiny (the suite runs on 2 cores).
@@ -32,20 +24,6 @@ CASES = {
 }
 # These are exported in every variant; the others in fp32 only (the export checks each variant).
 ALL_VARIANTS = {"vision-heads-attn", "lm-circulant", "lm-shift-act"}
-
-
-def install() -> str | None:
-    """Install into CACHE unless it is there; the error text when pip fails."""
-    if (CACHE / "g_mlp_pytorch" / "g_mlp_pytorch.py").is_file():
-        return None
-    staging = CACHE.with_name(CACHE.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(staging)]
-    done = subprocess.run([*command, *REQUIREMENTS], capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        return done.stderr[-2000:]
-    staging.rename(CACHE)
-    return None
 
 
 def reference_model(g_mlp_pytorch: ModuleType, args: dict[str, Any], seed: int = 0) -> torch.nn.Module:
