@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
-from benchmarks.peers.report import publish
+from benchmarks.peers.report import replace_section
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec
@@ -65,8 +65,12 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def add_window_options(parser: argparse.ArgumentParser) -> None:
-    """The options of every perf_analyzer program: loads, transports and the measurement window."""
+def parser() -> argparse.ArgumentParser:
+    """The command line; the measurement window's flags are perf_analyzer's own."""
+    parser = command_line(__doc__)
+    parser.add_argument(
+        "--models", type=Path, default=REPO / "models", help="model repository (default ./models)"
+    )
     parser.add_argument(
         "--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients (default 1,8,32)"
     )
@@ -78,10 +82,18 @@ def add_window_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
     )
+    parser.add_argument(
+        "--rate-fractions", default="0.5,0.9", help="open-loop rates, of the best closed-loop"
+    )
+    parser.add_argument("--data", default="random,real", help="data sets (default random,real)")
+    parser.add_argument("--serve-args", default="", help="extra `gmlp serve` flags, space separated")
+    parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
+    parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
+    return parser
 
 
 def window_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """perf_analyzer's measurement-window flags from `add_window_options`' values (checked)."""
+    """perf_analyzer's measurement-window flags from the options (checked)."""
     if args.max_trials < 3:
         parser.error("--max-trials must be 3 or more: perf_analyzer compares the last three windows")
     bad = set(args.transports.split(",")) - {"http", "grpc"}
@@ -133,24 +145,34 @@ def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, 
     raise SystemExit(f"model {config['name']}: no data for the required inputs {required}")
 
 
-def run_perf_analyzer(
-    command: Sequence[str], args: Sequence[str], log: Path, csv_path: Path, timeout_s: float
-) -> dict[str, str]:
-    """One perf_analyzer run; its CSV row (empty when it measured nothing), output kept in `log`."""
+def measured(
+    command: Sequence[str], flags: Sequence[str], stem: Path, server: ServerProcess, model: str
+) -> tuple[dict[str, str], float | None]:
+    """One perf_analyzer run, its output and CSV kept beside `stem`: the measured row of the CSV
+    (empty when it measured nothing) and the server's CPU ms per inference over the run. That is
+    user + system time of the server's process tree (/proc) over the inferences its statistics
+    extension counted meanwhile, warm-up and unstable windows included, which perf_analyzer's own
+    figures leave out."""
+
+    def now() -> tuple[float, int]:
+        stats = get_json(f"{server.base_url}/v2/models/{model}/stats")["model_stats"]
+        return tree_cpu_seconds(server.pid), sum(int(s["inference_count"]) for s in stats)
+
+    cpu0, count0 = now()
+    csv_path = stem.with_suffix(".csv")
     done = subprocess.run(
-        [*command, *args, "-f", str(csv_path)], capture_output=True, text=True, timeout=timeout_s
+        [*command, *flags, "-f", str(csv_path)], capture_output=True, text=True, timeout=600
     )
-    log.write_text(" ".join(["perf_analyzer", *args]) + "\n\n" + done.stdout + done.stderr)
+    stem.with_suffix(".txt").write_text(
+        " ".join(["perf_analyzer", *flags]) + "\n\n" + done.stdout + done.stderr
+    )
     if not csv_path.exists():
-        print(f"perf_analyzer failed ({log}):\n{(done.stdout + done.stderr)[-2000:]}", file=sys.stderr)
-        return {}
-    return csv_row(csv_path)
-
-
-def csv_row(csv_path: Path) -> dict[str, str]:
-    """The measured row of perf_analyzer's `-f` CSV (empty when the file has none)."""
+        print(f"perf_analyzer failed ({stem}):\n{(done.stdout + done.stderr)[-2000:]}", file=sys.stderr)
+        return {}, None
     with csv_path.open() as f:
-        return next(csv.DictReader(f), {})
+        row = next(csv.DictReader(f), {})
+    cpu1, count1 = now()
+    return row, 1000 * (cpu1 - cpu0) / (count1 - count0) if count1 > count0 else None
 
 
 def _us(row: dict[str, str], key: str) -> float:
@@ -170,49 +192,10 @@ def table_row(
     )
 
 
-class ServerCost:
-    """The server's CPU per inference across one perf_analyzer run: user + system time of its
-    process tree (/proc) over the inferences its statistics extension counted meanwhile, warm-up
-    and unstable windows included, which perf_analyzer's own figures leave out."""
-
-    def __init__(self, pid: int, base_url: str, model: str) -> None:
-        self.pid, self.url = pid, f"{base_url}/v2/models/{model}/stats"
-        self.start = self._now()
-
-    def _now(self) -> tuple[float, int]:
-        stats = get_json(self.url)["model_stats"]
-        return tree_cpu_seconds(self.pid), sum(int(s["inference_count"]) for s in stats)
-
-    def ms_per_inference(self) -> float | None:
-        (cpu0, count0), (cpu1, count1) = self.start, self._now()
-        return 1000 * (cpu1 - cpu0) / (count1 - count0) if count1 > count0 else None
-
-
-def _measured(
-    command: Sequence[str], flags: Sequence[str], path: Path, server: ServerProcess, model: str
-) -> tuple[dict[str, str], float | None]:
-    """One perf_analyzer run (output and CSV beside `path`): its CSV row and the server's CPU ms
-    per inference over it."""
-    cost = ServerCost(server.pid, server.base_url, model)
-    row = run_perf_analyzer(command, flags, path.with_suffix(".txt"), path.with_suffix(".csv"), 600)
-    return row, cost.ms_per_inference() if row else None
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = command_line(__doc__)
-    parser.add_argument(
-        "--models", type=Path, default=REPO / "models", help="model repository (default ./models)"
-    )
-    add_window_options(parser)
-    parser.add_argument(
-        "--rate-fractions", default="0.5,0.9", help="open-loop rates, of the best closed-loop"
-    )
-    parser.add_argument("--data", default="random,real", help="data sets (default random,real)")
-    parser.add_argument("--serve-args", default="", help="extra `gmlp serve` flags, space separated")
-    parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
-    parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
-    args = parser.parse_args(argv)
-    window = window_flags(parser, args)
+    cli = parser()
+    args = cli.parse_args(argv)
+    window = window_flags(cli, args)
     stop_on_sigterm()
     command = perf_analyzer_command()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -237,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 best = 0.0
                 for c in args.concurrency:
                     load = ["--concurrency-range", str(c)]
-                    row, cpu = _measured(command, [*base, *load], Path(f"{stem}c{c}"), server, name)
+                    row, cpu = measured(command, [*base, *load], Path(f"{stem}c{c}"), server, name)
                     if row:
                         best = max(best, float(row["Inferences/Second"]))
                         rows.append(table_row(name, transport, data, f"{c} clients", row, cpu))
@@ -245,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                     rate = max(1, round(best * float(fraction)))
                     load = ["--request-rate-range", str(rate), *POISSON_FLAGS]
                     path = Path(f"{stem}r{fraction.replace('.', '_')}")
-                    row, cpu = _measured(command, [*base, *load], path, server, name)
+                    row, cpu = measured(command, [*base, *load], path, server, name)
                     if row:
                         rows.append(
                             table_row(name, transport, data, f"Poisson {rate}/s ({fraction}x)", row, cpu)
@@ -262,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             *rows,
         ]
     )
-    publish(section, DOC, BEGIN, END, HEADING, write=not args.no_doc)
+    print(section)
+    if not args.no_doc:
+        DOC.write_text(replace_section(DOC.read_text(), section, BEGIN, END, HEADING))
     return 0 if rows else 1
 
 

@@ -171,10 +171,3 @@ def replace_section(
     if begin in doc and end in doc:
         return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     return doc.rstrip() + f"\n\n{heading}\n\n{block}\n"
-
-
-def publish(section: str, doc: Path, begin: str, end: str, heading: str, *, write: bool) -> None:
-    """Print a benchmark's table and, when `write`, put it in `doc` between its markers."""
-    print(section)
-    if write:
-        doc.write_text(replace_section(doc.read_text(), section, begin, end, heading))
