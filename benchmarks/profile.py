@@ -39,7 +39,7 @@ from benchmarks.peers.bench import test_images, write_script
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS
 from benchmarks.peers.run import MODEL, ensure_model
-from benchmarks.peers.server import running, wait_ready
+from benchmarks.peers.server import running
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 from gmlp.server_process import get_json, gmlp_serve, http_get, link_repository
 
@@ -180,9 +180,8 @@ def classify_target(work: Path) -> Iterator[Target]:
     image = next(iter(test_images().values()))
     link_repository(work, MODEL)
     script = write_script(work, peer.key, image, peer.body)
-    with running(peer, work, MODEL) as server:
-        wait_ready(server, image)
-        yield Target(server.pid, server.url.removesuffix(peer.path), server.url, script)
+    with running(peer, work, MODEL, image) as server:
+        yield Target(server.pid, server.base_url, server.url, script)
 
 
 @contextlib.contextmanager

@@ -22,8 +22,9 @@ from benchmarks import wrk
 from benchmarks.harness import REPO
 from benchmarks.peers.model import VARIANT, PeerModel, instances, intra_op_threads
 from benchmarks.peers.peers import Peer
-from benchmarks.peers.server import Running, classify, request_body, running, wait_ready
+from benchmarks.peers.server import classify, request_body, running
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
+from gmlp.server_process import ServerProcess
 from loadtests.workload import BUNDLED_DIR
 
 
@@ -87,17 +88,17 @@ def reference_labels(model_dir: Path, images: dict[str, bytes]) -> dict[str, str
     }
 
 
-def check_answers(server: Running, images: dict[str, bytes], reference: dict[str, str]) -> None:
+def check_answers(url: str, peer: Peer, images: dict[str, bytes], reference: dict[str, str]) -> None:
     wrong = {
         name: (got, reference[name])
         for name, data in images.items()
-        if (got := classify(server.url, data, server.peer.body)) != reference[name]
+        if (got := classify(url, data, peer.body)) != reference[name]
     }
     if wrong:
-        raise AssertionError(f"{server.peer.key} answers differ from raw ORT (got, expected): {wrong}")
+        raise AssertionError(f"{peer.key} answers differ from raw ORT (got, expected): {wrong}")
 
 
-def measure_row(server: Running, script: Path, rnd: int, c: int, seconds: float) -> Row:
+def measure_row(server: ServerProcess, peer: str, script: Path, rnd: int, c: int, seconds: float) -> Row:
     before, busy0, wrk0, t0 = (
         tree_cpu_seconds(server.pid),
         machine_busy_seconds(),
@@ -110,7 +111,7 @@ def measure_row(server: Running, script: Path, rnd: int, c: int, seconds: float)
     others = machine_busy_seconds() - busy0 - cpu_s - (reaped_children_cpu_seconds() - wrk0)
     capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
     return Row(
-        peer=server.peer.key,
+        peer=peer,
         round=rnd,
         concurrency=c,
         rps=result.rps,
@@ -157,13 +158,12 @@ def run_peer(
 ) -> None:
     images = test_images()
     first = next(iter(images.values()))
-    with running(peer, work, model_dir) as server:
-        wait_ready(server, first)
-        check_answers(server, images, results.reference)
+    with running(peer, work, model_dir, first) as server:
+        check_answers(server.url, peer, images, results.reference)
         script = write_script(work, peer.key, first, peer.body)
         wrk.run(server.url, script, 8, plan.warmup_s)  # warm-up, not recorded
         for c in plan.levels:
-            row = measure_row(server, script, rnd, c, plan.duration_s)
+            row = measure_row(server, peer.key, script, rnd, c, plan.duration_s)
             results.rows.append(row)
             log(
                 f"  {peer.key:22s} c={c:<3d} {row.rps:8.1f} req/s  p50 {row.p50_ms:7.2f} ms"

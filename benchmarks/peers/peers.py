@@ -49,7 +49,6 @@ class Peer:
     packages: tuple[str, ...]
     argv: Callable[[Path, Ports, Path], list[str]]  # (python or venv bin dir, ports, work dir) -> argv
     body: str  # "raw" (image/jpeg body) or "multipart" (field `file`)
-    path: str = "/classify"
     extra_ports: int = 0
     env: dict[str, str] = field(default_factory=dict)
 
@@ -81,51 +80,17 @@ def _ray(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
 
 
 def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-    return [
-        str(bin_dir / "bentoml"),
-        "serve",
-        "benchmarks.peers.bentoml_service:Classifier",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(ports.http),
-    ]
+    service = "benchmarks.peers.bentoml_service:Classifier"
+    return [str(bin_dir / "bentoml"), "serve", service, "--host", "127.0.0.1", "--port", str(ports.http)]
 
 
 PEERS: tuple[Peer, ...] = (
     Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw"),
+    Peer("gmlp-serve-multipart", "gmlp-serve (multipart)", None, (), _gmlp, "multipart"),
+    Peer("litserve", "LitServe 0.2.19", "litserve", (LITSERVE, MULTIPART), _litserve, "multipart"),
+    Peer("ray-direct", "Ray Serve 2.60 (direct ingress)", "ray", (RAY,), _ray, "raw", extra_ports=2),
     Peer(
-        "gmlp-serve-multipart",
-        "gmlp-serve (multipart)",
-        None,
-        (),
-        _gmlp,
-        "multipart",
-    ),
-    Peer(
-        "litserve",
-        "LitServe 0.2.19",
-        "litserve",
-        (LITSERVE, MULTIPART),
-        _litserve,
-        "multipart",
-    ),
-    Peer(
-        "ray-direct",
-        "Ray Serve 2.60 (direct ingress)",
-        "ray",
-        (RAY,),
-        _ray,
-        "raw",
-        extra_ports=2,
-    ),
-    Peer(
-        "bentoml",
-        "BentoML 1.4.40 (batchable API)",
-        "bentoml",
-        (BENTOML,),
-        _bentoml,
-        "multipart",
+        *("bentoml", "BentoML 1.4.40 (batchable API)", "bentoml", (BENTOML,), _bentoml, "multipart"),
         env={"BENTOML_DO_NOT_TRACK": "True"},
     ),
 )

@@ -46,40 +46,22 @@ def classify(url: str, image: bytes, kind: str, timeout_s: float = 10.0) -> str:
         return top_label(json.loads(resp.read()))
 
 
-class Running(ServerProcess):
-    """A peer's server process, started from the checkout (the peers' own servers are modules of
-    it) on `ports` (free ones by default); `url` is the route measured."""
-
-    def __init__(self, peer: Peer, work: Path, model_dir: Path, ports: Ports | None = None) -> None:
-        ports = ports or Ports(free_port(), tuple(free_port() for _ in range(peer.extra_ports)))
-        super().__init__(
-            peer.argv(peer.bin_dir(), ports, work),
-            port=ports.http,
-            path=peer.path,
-            log_path=work / f"{peer.key}.log",
-            env={**peer.env, MODEL_ENV: str(model_dir), "PYTHONPATH": str(REPO)},
-            cwd=REPO,
-        )
-        self.peer = peer
-
-
-def wait_ready(server: Running, image: bytes, timeout_s: float = 180.0) -> str:
-    """Poll with a real request until the peer answers; return its top label for `image`."""
-    return server.wait_ready(
-        lambda: classify(server.url, image, server.peer.body, timeout_s=5.0),
-        timeout_s=timeout_s,
-    )
-
-
 @contextlib.contextmanager
-def running(
-    peer: Peer, work: Path, model_dir: Path, ports: Ports | None = None, *flags: str
-) -> Iterator[Running]:
-    """`peer` started (with `flags` after its own command line), stopped with its whole tree after."""
-    server = Running(peer, work, model_dir, ports)
-    server.argv += flags
+def running(peer: Peer, work: Path, model_dir: Path, image: bytes) -> Iterator[ServerProcess]:
+    """`peer` started from the checkout (the peers' own servers are modules of it) on free ports
+    and answering `image`; stopped with its whole tree after. Its `url` is the route measured."""
+    ports = Ports(free_port(), tuple(free_port() for _ in range(peer.extra_ports)))
+    server = ServerProcess(
+        peer.argv(peer.bin_dir(), ports, work),
+        port=ports.http,
+        path="/classify",
+        log_path=work / f"{peer.key}.log",
+        env={**peer.env, MODEL_ENV: str(model_dir), "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
     server.start()
     try:
+        server.wait_ready(lambda: classify(server.url, image, peer.body, timeout_s=5.0), timeout_s=180.0)
         yield server
     finally:
         server.stop(grace_s=15.0)
