@@ -3,30 +3,14 @@
     .venv/bin/python -m benchmarks.bare_pipeline                       # both tasks, 3 rounds x 10 s
     .venv/bin/python -m benchmarks.bare_pipeline --task classify --seconds 5 --rounds 1
 
-No HTTP, no event loop, no queue: threads, as many as the service runs execution instances
-(each with the service's intra-op threads, as `ServiceSettings` resolves them from the
-environment, or `--instances` / `--intra-op-threads`), each calling one ONNX Runtime session
-built by the product's own `OnnxModel`, batch after batch of 16 requests:
-
-- **classify** ("bare"): decode and preprocess 16 JPEGs with the model's own `contract.image`
-  transform (the peer benchmark's /classify image on every request, unless `--all-images`), run
-  them as one batch, rank the scores of every row (softmax, top 5, labels: the batch's rows at
-  once, `contract.scores.ranked_labels`, as the service's batch threads do).
-- **fill-mask** ("bare"): tokenise 16 masked sentences (`loadtests/data/sentences.tsv`, in turn)
-  with the model's own `contract.text` codec, run them at the batch's padded length, take the
-  top 5 of every [MASK] with the token strings and filled-in sequences a response carries
-  (`FillMaskCodec.decode_batch`, what the service's batch threads run).
-- **raw**, beside each: `session.run` alone on a batch prepared once (the model's own cost).
-
-A graph exported with top-k outputs (`topk_ids`, `topk_scores`; docs/formats.md) is asked for
-those alone, by both bare and raw runs, and the answers are built from them, as the service builds
-them; an older graph's answers come from its logits.
-
-Rounds alternate bare and raw, so that drift in the machine's speed hits both alike. CPU is
-getrusage of the whole process (ORT's threads included) over each run, divided by the requests
-(images or sentences) it answered. Prints one JSON object per task (one line each) with the
-machine, the settings, every round and the medians; `benchmarks.peers.run`
-runs it between its server rows, for served/bare ratios from one run.
+No HTTP, no event loop, no queue: as many threads as the service runs execution instances, each
+with the service's intra-op threads, call a session built by the product's `OnnxModel`, batch
+after batch of 16 requests. "bare" is the task's whole work with the product's own libraries
+(classify: decode, transform, run, rank; fill-mask: tokenise, run at the padded length, top 5 of
+every [MASK] with the strings a response carries); "raw" is `session.run` alone on inputs prepared
+once. Rounds alternate the two; CPU is getrusage of the whole process per request answered. One
+JSON line per task; `benchmarks.peers.run` runs it every round for served/bare ratios
+(docs/benchmarks.md, "The limit: the bare pipeline").
 """
 
 from __future__ import annotations
@@ -50,7 +34,7 @@ from contract.image import ImageTransform
 from contract.scores import labelled_rows, ranked_labels
 from contract.spec import ModelSpec, read_spec
 from contract.text import FillMaskCodec
-from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES
+from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
 from service.engine.rows import TOP_K_OUTPUTS, graph_top_k
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
@@ -71,8 +55,7 @@ def peer_images() -> list[bytes]:
 
 def sentences() -> list[str]:
     """The bundled masked sentences (Project Gutenberg, one [MASK] each)."""
-    lines = BUNDLED_SENTENCES.read_text().splitlines()
-    return [line.split("\t", 1)[1] for line in lines if line and not line.startswith("#")]
+    return [s.text for s in read_sentences_tsv(BUNDLED_SENTENCES)]
 
 
 def _cpu_s() -> float:
@@ -118,6 +101,7 @@ class Bare:
     """One served model as the service runs it (variant, instances, threads), and its task's work."""
 
     task = ""
+    inputs = 0  # how many distinct inputs the batches cycle through
 
     def __init__(self, model_dir: Path, settings: ServiceSettings, batch: int = BATCH) -> None:
         spec = read_spec(model_dir)
@@ -142,14 +126,10 @@ class Bare:
         """Batch number `k` of `session.run` alone, on inputs prepared once."""
         raise NotImplementedError
 
-    def inputs(self) -> int:
-        """How many distinct inputs the batches cycle through."""
-        raise NotImplementedError
-
     def settings(self) -> dict[str, Any]:
         """What the measured work was: model, variant, threads, batch and distinct inputs."""
         return {
-            "inputs": self.inputs(),
+            "inputs": self.inputs,
             "task": self.task,
             "model": self.spec.name,
             "variant": self.variant,
@@ -174,6 +154,7 @@ class BareClassify(Bare):
         )
         self.labels = self.spec.labels()
         self.images = list(images)
+        self.inputs = len(self.images)
         self.pixels = np.stack([self.transform(self._image(0, i)) for i in range(batch)])
 
     def _image(self, k: int, i: int) -> bytes:
@@ -189,9 +170,6 @@ class BareClassify(Bare):
 
     def raw(self, k: int) -> object:
         return self.model.run({"pixel_values": self.pixels}, self.outputs)
-
-    def inputs(self) -> int:
-        return len(self.images)
 
 
 class BareFillMask(Bare):
@@ -212,6 +190,7 @@ class BareFillMask(Bare):
         self.texts = [t for t in texts if len(self.codec.tokenizer.encode(t).ids) <= self.codec.n]
         if not self.texts:
             raise SystemExit(f"no text fits the {self.codec.n}-token window of {self.spec.name}")
+        self.inputs = len(self.texts)
         # Whole batches of the texts in turn, collated once for the raw runs.
         feeds = [self.codec.encode(t).feeds for t in self.texts]
         starts = range(0, max(1, len(feeds) - batch + 1), batch)
@@ -232,9 +211,6 @@ class BareFillMask(Bare):
 
     def raw(self, k: int) -> object:
         return self.model.run(self.batches[k % len(self.batches)], self.outputs)
-
-    def inputs(self) -> int:
-        return len(self.texts)
 
 
 def measure(bare: Bare, seconds: float, rounds: int) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import command_line, cpu_line, median_rate
+from benchmarks.harness import command_line, cpu_line, median_seconds
 from contract.formats import VISION_TASK
 from service.engine.runtime import OnnxModel, RuntimeOptions, cuda_available
 
@@ -43,10 +43,8 @@ def make_inputs(cfg: dict, batch: int, rng: np.random.Generator) -> dict[str, np
 
 
 def throughput(model: OnnxModel, feeds: dict[str, np.ndarray], batch: int, seconds: float) -> float:
-    """Median items/s over 5 timed runs of `seconds` / 5 each, after 3 untimed calls."""
-    return median_rate(
-        lambda: model.run(feeds, ["logits"]), batch, repeats=5, min_seconds=seconds / 5, warmups=3
-    )
+    """Items/s at the median call's time over `seconds`, after 3 untimed calls."""
+    return batch / median_seconds(lambda: model.run(feeds, ["logits"]), seconds, warmups=3)
 
 
 def bench_model(model_dir: Path, batches: list[int], seconds: float) -> dict:

@@ -69,24 +69,18 @@ def cpu_line(facts: Mapping[str, str] | None = None) -> str:
     return f"CPU: {f.get('cpu', '?')}, {f.get('cpus', '?')} vCPUs{guest}; SIMD: {simd}; Python {f['python']}"
 
 
-def median_rate(
-    fn: Callable[[], object], items: int, *, repeats: int, min_seconds: float, warmups: int = 1
-) -> float:
-    """Items per second of `fn` (`items` per call): the median over `repeats` timed runs, each of
-    as many calls as fill `min_seconds` (at least one), after `warmups` untimed calls."""
+def median_seconds(fn: Callable[[], object], seconds: float, warmups: int = 1) -> float:
+    """Median seconds per call of `fn` over calls that fill `seconds` (at least 3), after `warmups`
+    untimed calls (ORT allocates its arena on the first runs)."""
     for _ in range(warmups):
         fn()
-    rates = []
-    for _ in range(repeats):
-        calls, start = 0, time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-        rates.append(calls * items / elapsed)
-    return statistics.median(rates)
+    times: list[float] = []
+    stop = time.perf_counter() + seconds
+    while len(times) < 3 or time.perf_counter() < stop:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def stop_on_sigterm() -> None:

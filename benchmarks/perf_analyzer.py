@@ -2,29 +2,15 @@
 
     python -m benchmarks.perf_analyzer --models models     # after `make demo-models`
 
-perf_analyzer is Triton's own load generator; it reads the model's metadata and configuration
-(the configuration extension), sends what the configuration requires and reads the server's
-queue and compute times from the statistics extension. The benchmark installs perf_analyzer 2.60
-itself (`benchmarks.perf_analyzer_install`: pip where the system's glibc is 2.38 or newer, else a
-private copy of Debian 13's C library in .bench-tools/), starts one `gmlp serve` with gRPC on the
-repository, and runs, for every model, transport (http, grpc) and data set:
-
-- closed loop: `--concurrency-range C` for each of `--concurrency` (clients that each send the next
-  request when the last is answered);
-- open loop: `--request-rate-range R --request-distribution poisson --async`, at each of
-  `--rate-fractions` times the best closed-loop throughput of that model, transport and data.
-
-Data sets, each a perf_analyzer `--input-data` file of the inputs the configuration lists under
-the model's name (the graph's tensors; perf_analyzer's own random generator draws token ids
-outside the vocabulary, and its random pixels are bytes rather than images' values):
-
-- `random`: values drawn at random, pixels from a normal distribution, token ids from the
-  vocabulary (32 tokens, at most the model's n, one mask);
-- `real`: the bundled CIFAR-10 test JPEGs through the model's own transform, and the bundled
-  Gutenberg sentences through its tokenizer (loadtests/data).
-
-The table (with the machine and the command) replaces the "perf_analyzer" section of
-docs/benchmarks.md unless `--no-doc`; every run's perf_analyzer output and CSV are kept in `--out`.
+It installs perf_analyzer 2.60 (`benchmarks.perf_analyzer_install`), starts one `gmlp serve` with
+gRPC on the repository and runs, for every model, transport and data set, the closed loop at each
+of `--concurrency` clients and the Poisson open loop (`--async`) at each of `--rate-fractions` of
+the best closed-loop throughput. Each data set is an `--input-data` file of the inputs the model
+configuration lists: `random` (pixels from a normal distribution, token ids from the vocabulary:
+perf_analyzer's own generator draws ids outside it, and bytes rather than pixel values) or `real`
+(the bundled CIFAR-10 JPEGs and Gutenberg sentences through the model's own transform and
+tokenizer). The table replaces the "perf_analyzer" section of docs/benchmarks.md unless
+`--no-doc`; every run's output and CSV stay in `--out`.
 """
 
 from __future__ import annotations

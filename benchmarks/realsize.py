@@ -4,23 +4,13 @@
     .venv/bin/python -m benchmarks.realsize --arch gmlp_b16_224 --rounds 3 --seconds 10
     .venv/bin/python -m benchmarks.realsize --model-dir DIR --rounds 1 --seconds 1    # a smoke run
 
-Without `--model-dir`, builds the named timm-layout config (`model.configs`) with the repository's
-own model code, random weights moved off the init, saves it as a checkpoint and runs `gmlp export`
-(fp32 + static int8, calibrated on 64 CIFAR-10 photos of the demo checkpoint's calibration set)
-into a temporary directory. Then, in rounds that interleave every row (medians printed):
-
-- **raw**: `session.run` of the fp32 and int8 files at batch 1 (latency) and batch 8 (images/s),
-  one session on all the usable CPUs;
-- **served**: `gmlp serve` on that directory with its defaults (int8 on CPU), and again with
-  `GMLP_LONE_THREADS=0` (every batch on its instance's threads): 8 closed-loop clients (req/s)
-  and one client (p50 ms) posting real photos to /classify;
-- **peak**: a square GEMM on the same threads: fp32 `torch.matmul`, int8 ORT `MatMulInteger`
-  (uint8 x int8 -> int32, the MLAS kernels a quantised MatMul runs on), in FLOP/s (2 per MAC);
-- **achieved**: the model's FLOP/s at batch 8, from the MACs its shapes imply (`model_macs`).
-
-Top-1 agreement of int8 with fp32 is over the 256 CIFAR-10 photos of
-`checkpoints/cifar10-gmlp/calibration.npz` (upscaled by the model's transform; 64 of them
-calibrated the int8 file). Prints one JSON line per round and one of medians and ratios.
+Without `--model-dir`, builds the named config with random weights (moved off the init) and
+exports it (fp32 + static int8). Rounds interleave every row: raw `session.run` of both files at
+batch 1 and 8, `gmlp serve` with its defaults and with `GMLP_LONE_THREADS=0` under closed-loop
+clients, a square GEMM per precision for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`),
+and the model's achieved FLOP/s at batch 8 from the MACs its shapes imply. Prints one JSON line per
+round, then the medians and the int8 file's top-1 agreement with fp32 over 256 CIFAR-10 photos
+(docs/benchmarks.md, "A real-size model").
 """
 
 from __future__ import annotations
@@ -30,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,11 +27,12 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from benchmarks.harness import REPO, command_line, cpu_facts
+from benchmarks.harness import REPO, command_line, cpu_facts, median_seconds
 from contract.calibration import image_bytes
 from contract.image import ImageTransform
 from gmlp.server_process import ServerProcess, gmlp_serve, link_repository
 from loadtests.engine import classify_request, run_closed_loop
+from service.engine.runtime import OnnxModel, RuntimeOptions
 from service.settings import available_cpus
 
 CALIBRATION = REPO / "checkpoints" / "cifar10-gmlp" / "calibration.npz"
@@ -83,22 +73,8 @@ def build(arch: str, work: Path) -> Path:
 
 
 def session(path: Path, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def timed(fn: Callable[[], object], seconds: float) -> float:
-    """Median seconds per call of `fn` over `seconds` (at least 3 calls), after one untimed call."""
-    fn()
-    times: list[float] = []
-    stop = time.perf_counter() + seconds
-    while len(times) < 3 or time.perf_counter() < stop:
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """A session with the service's CPU options (sequential, no spinning) on `threads` threads."""
+    return OnnxModel(path, RuntimeOptions("cpu", threads)).session
 
 
 def int8_gemm(threads: int, side: int = GEMM_SIDE) -> Callable[[], object]:
@@ -152,11 +128,11 @@ def one_round(directory: Path, config: dict[str, Any], servers: dict[str, Server
         run = session(directory / config["variants"][variant], threads)
         for batch in (1, 8):
             x = np.random.default_rng(batch).standard_normal((batch, *spec["shape"][1:])).astype(np.float32)
-            per_call = timed(lambda: run.run(["logits"], {spec["name"]: x}), seconds)  # noqa: B023
+            per_call = median_seconds(lambda: run.run(["logits"], {spec["name"]: x}), seconds)  # noqa: B023
             row[f"raw_{variant}_b{batch}"] = {"ms": 1000 * per_call, "img_s": batch / per_call}
     side_flops = 2 * GEMM_SIDE**3
-    row["peak_fp32_gflops"] = side_flops / timed(fp32_gemm(threads), seconds) / 1e9
-    row["peak_int8_gops"] = side_flops / timed(int8_gemm(threads), seconds) / 1e9
+    row["peak_fp32_gflops"] = side_flops / median_seconds(fp32_gemm(threads), seconds) / 1e9
+    row["peak_int8_gops"] = side_flops / median_seconds(int8_gemm(threads), seconds) / 1e9
     photos = image_bytes(CALIBRATION, 16, seed=1)
     requests = [classify_request(photo, 5, model=directory.name) for photo in photos]
     for name, server in servers.items():

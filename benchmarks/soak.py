@@ -1,27 +1,16 @@
 """Soak benchmark: minutes of mixed /classify + /fill-mask load at a multiple of the sustainable rate.
 
-1. Ramp (open loop): requests arrive at 25, 50, 100, 150, 200, 300... per second, `--ramp-seconds`
-   each, until a step is not answered entirely with 200s (a 503, an error, an arrival not sent) or
-   leaves a backlog (its last answers come over a second after its last arrival: the queue grew);
-   the last rate before it is the *sustainable rate*. (Closed-loop clients measure the client as much as
-   the server: a few of them do not fill the batches, many of them compete for the CPU.)
-2. Soak (open loop): requests arrive at `--factor` x that rate (default 2x) for `--minutes`,
-   alternating a CIFAR-10 JPEG to /classify and a masked sentence to /fill-mask, whatever the
-   server answers; at most `--max-outstanding` requests are open at once (the client's own bound:
-   arrivals past it are counted as `client_skipped`, not sent), and an arrival the client is too
-   late to send (it shares the CPU with the server) is counted as `client_late`, not sent.
-3. Per minute: requests/s sent and answered 200, 503s, other errors (any status but 200 and 503,
-   a wrong answer, a reset or timed-out connection), p50/p99 latency of the 200s, and the
-   server's RSS and open file descriptors (from /proc/PID, sampled every few seconds).
-
-Goals (printed with the figures): RSS growth after the first minute < 5 %, the per-minute p99 of
-accepted requests within 20 % of its median, zero non-503 errors. Everything is bounded: the
-duration, the number of requests (`--max-requests`) and each request (`--timeout`).
-
     .venv/bin/python -m benchmarks.soak --repository models --minutes 10 --out soak.json --server-cpus 0
     .venv/bin/python -m benchmarks.soak --url http://127.0.0.1:8000 --pid PID   # a running server
 
-Without `--url`, it starts `gmlp serve --model-repository REPOSITORY` on a free port itself.
+An open-loop ramp (25, 50, 100... requests/s, `--ramp-seconds` each) finds the sustainable rate:
+the last step answered entirely with 200s that left no backlog. (Closed-loop clients measure the
+client as much as the server: a few do not fill the batches, many compete for the CPU.) Then
+`--factor` x that rate for `--minutes`, open loop, alternating a JPEG to /classify and a masked
+sentence to /fill-mask; arrivals past `--max-outstanding` or too late to send are counted, not
+sent. Per minute: rates, 503s, other errors, p50/p99 of the 200s, the server's RSS and open fds.
+Goals: RSS growth after the first minute < 5 %, per-minute p99 within 20 % of its median, no
+error but 503 (docs/reliability.md, "Soak"). Without `--url` it starts `gmlp serve` itself.
 """
 
 from __future__ import annotations
