@@ -35,11 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks import wrk
 from benchmarks.bare_pipeline import sentences
 from benchmarks.harness import REPO, command_line, cpu_facts
-from benchmarks.peers.bench import test_images, write_script
 from benchmarks.peers.model import INSTANCES_ENV
-from benchmarks.peers.peers import PEERS
-from benchmarks.peers.run import MODEL, ensure_model
-from benchmarks.peers.server import running
+from benchmarks.peers.peers import PEERS, running
+from benchmarks.peers.run import MODEL, ensure_model, test_images, write_script
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 from gmlp.server_process import get_json, gmlp_serve, http_get, link_repository
 

@@ -7,33 +7,182 @@ It installs each peer into its own venv under .bench-venvs/ (once), exports the 
 if models/ lacks it, and needs wrk (Debian/Ubuntu: apt-get install wrk). Raw results go to
 benchmarks/peers/results.json, kept in git beside the section for before/after comparisons; the
 section and plot are rewritten from them (`--report-only` redraws them without measuring).
+
+On a small shared machine the background load drifts by tens of percent within minutes, so the
+peers are interleaved: each round runs the bare pipeline and raw ORT, then starts, checks and
+measures every peer at every concurrency (the order rotating from round to round); the report
+takes medians over rounds. A peer's answers are checked against raw ONNX Runtime's before any
+timing: a fast wrong server is no result.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import wrk
 from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers import report
-from benchmarks.peers.bench import Plan, run_rounds
-from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT
-from benchmarks.peers.peers import PEER_KEYS, PEERS, ensure_venv
-from gmlp.server_process import link_repository
+from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT, PeerModel, instances, intra_op_threads
+from benchmarks.peers.peers import PEER_KEYS, PEERS, Peer, classify, ensure_venv, request_body, running
+from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
+from gmlp.server_process import ServerProcess, link_repository
+from loadtests.workload import BUNDLED_DIR
 
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "img" / "peers-throughput-latency.png"
 RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the section it feeds
+WARMUP_S = 2.0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One wrk run against one peer."""
+
+    peer: str
+    round: int
+    concurrency: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_request: float
+    requests: int
+    errors: int
+    # CPU the rest of the machine used during the row (not the server, not wrk), as a share of
+    # all CPUs: the background load that makes a row slow for reasons outside the server.
+    others_cpu_pct: float = float("nan")
+
+
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    # The bare /classify pipeline (benchmarks.bare_pipeline) and raw `session.run` beside it
+    # (its "raw"), one run per round.
+    bare: list[dict[str, Any]] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    reference: dict[str, str] = field(default_factory=dict)  # raw ORT's top labels, not saved
+
+
+def test_images() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))}
+
+
+def reference_labels(model_dir: Path, images: dict[str, bytes]) -> dict[str, str]:
+    """Top labels from raw ONNX Runtime with the product's preprocessing: the answers to match."""
+    model = PeerModel.load(model_dir)
+    return {
+        name: model.predict([model.preprocess(data)])[0]["predictions"][0]["label"]
+        for name, data in images.items()
+    }
+
+
+def check_answers(url: str, peer: Peer, images: dict[str, bytes], reference: dict[str, str]) -> None:
+    wrong = {
+        name: (got, reference[name])
+        for name, data in images.items()
+        if (got := classify(url, data, peer.body)) != reference[name]
+    }
+    if wrong:
+        raise AssertionError(f"{peer.key} answers differ from raw ORT (got, expected): {wrong}")
+
+
+def measure_row(server: ServerProcess, peer: str, script: Path, rnd: int, c: int, seconds: float) -> Row:
+    before, busy0, wrk0, t0 = (
+        tree_cpu_seconds(server.pid),
+        machine_busy_seconds(),
+        reaped_children_cpu_seconds(),
+        time.monotonic(),
+    )
+    result = wrk.run(server.url, script, c, seconds)
+    cpu_s = tree_cpu_seconds(server.pid) - before
+    # wrk is the only child that finishes (and is reaped) during the row.
+    others = machine_busy_seconds() - busy0 - cpu_s - (reaped_children_cpu_seconds() - wrk0)
+    capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
+    return Row(
+        peer=peer,
+        round=rnd,
+        concurrency=c,
+        rps=result.rps,
+        p50_ms=result.p50_ms,
+        p99_ms=result.percentiles_ms.get(99.0, float("nan")),
+        cpu_ms_per_request=cpu_s * 1000.0 / max(result.requests, 1),
+        requests=result.requests,
+        errors=result.errors,
+        others_cpu_pct=100.0 * max(others, 0.0) / capacity,
+    )
+
+
+def write_script(work: Path, key: str, image: bytes, kind: str) -> Path:
+    body, content_type = request_body(image, kind)
+    body_file = work / f"{key}.body"
+    body_file.write_bytes(body)
+    script = work / f"{key}.lua"
+    script.write_text(wrk.lua_script(body_file, content_type))
+    return script
+
+
+def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
+    """One round of the bare /classify pipeline with the peers' settings (instances, threads,
+    variant), in its own process so that its CPU is its own."""
+    cmd = [
+        *(sys.executable, "-m", "benchmarks.bare_pipeline", "--task", "classify"),
+        *("--model-dir", str(model_dir), "--seconds", str(seconds), "--rounds", "1", "--variant", VARIANT),
+        *("--instances", str(instances()), "--intra-op-threads", str(intra_op_threads())),
+    ]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bare pipeline run failed: {done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: Results) -> None:
+    images = test_images()
+    first = next(iter(images.values()))
+    with running(peer, work, MODEL, first) as server:
+        check_answers(server.url, peer, images, results.reference)
+        script = write_script(work, peer.key, first, peer.body)
+        wrk.run(server.url, script, 8, WARMUP_S)  # warm-up, not recorded
+        for c in args.levels:
+            row = measure_row(server, peer.key, script, rnd, c, args.duration)
+            results.rows.append(row)
+            print(
+                f"  {peer.key:22s} c={c:<3d} {row.rps:8.1f} req/s  p50 {row.p50_ms:7.2f} ms"
+                f"  CPU {row.cpu_ms_per_request:6.2f} ms/req  errors {row.errors}"
+                f"  others {row.others_cpu_pct:3.0f}%",
+                flush=True,
+            )
+
+
+def run_rounds(args: argparse.Namespace, peers: list[Peer], work: Path) -> Results:
+    """Every round: the bare pipeline and raw ORT, then each peer (rotated order) at every level."""
+    results = Results(reference=reference_labels(MODEL, test_images()))
+    for rnd in range(args.rounds):
+        print(f"round {rnd + 1}/{args.rounds}", flush=True)
+        bare = bare_pipeline(MODEL, args.duration)
+        results.bare.append({"round": rnd, **bare["bare"], "raw": bare["raw"]})
+        for kind in ("bare", "raw"):
+            rate, cpu = bare[kind]["requests_per_s"], bare[kind]["cpu_ms_per_request"]
+            print(f"  {kind} b16: {rate:.1f} images/s, {cpu:.2f} CPU ms/image", flush=True)
+        for peer in peers[rnd % len(peers) :] + peers[: rnd % len(peers)]:
+            if peer.key in results.failed:
+                continue
+            try:
+                run_peer(peer, rnd, args, work, results)
+            except Exception as exc:  # one broken peer must not lose the others' rows
+                results.failed[peer.key] = f"{type(exc).__name__}: {exc}"
+                print(f"  {peer.key} FAILED: {results.failed[peer.key]}", flush=True)
+    return results
 
 
 def ensure_model() -> None:
@@ -117,25 +266,27 @@ def measure(args: argparse.Namespace) -> None:
     ensure_model()
     for peer in peers:
         ensure_venv(peer)
-    plan = Plan(peers, [int(c) for c in args.levels.split(",")], args.rounds, args.duration, args.duration)
+    args.levels = [int(c) for c in args.levels.split(",")]
     started = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="gmlp-peers-") as tmp:
         work = Path(tmp)
         link_repository(work, MODEL)
-        results = run_rounds(plan, work, MODEL, log=functools.partial(print, flush=True))
+        results = run_rounds(args, peers, work)
     minutes = (datetime.datetime.now(datetime.UTC) - started).total_seconds() / 60.0
     meta = {
         "date": started.strftime("%Y-%m-%d"),
         "machine": cpu_facts(),
-        "rounds": plan.rounds,
-        "levels": plan.levels,
+        "rounds": args.rounds,
+        "levels": args.levels,
         "instances": args.instances,
-        "duration_s": plan.duration_s,
+        "duration_s": args.duration,
         "peers": keys,
         "minutes": minutes,
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"meta": meta, **results.to_json()}, indent=1))
+    rows = [asdict(r) for r in results.rows]
+    document = {"meta": meta, "rows": rows, "bare": results.bare, "failed": results.failed}
+    args.results.write_text(json.dumps(document, indent=1))
     print(f"wrote {args.results}")
 
 

@@ -18,8 +18,7 @@ import pytest
 
 from benchmarks import wrk
 from benchmarks.peers import report
-from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins
-from benchmarks.peers.server import request_body, top_label
+from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins, request_body, top_label
 from gmlp import proc
 
 WRK_OUTPUT = """\
