@@ -1,4 +1,4 @@
-"""Results -> the "Against other servers" section of docs/benchmarks.md and its plot.
+"""Results -> the "Against other servers" section of docs/benchmarks.md.
 
 Every figure is a median over rounds; the table shows the range over rounds beside it when
 there was more than one, since on a shared machine the spread is part of the result.
@@ -10,7 +10,6 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 BEGIN = "<!-- peers:begin (written by benchmarks/peers/run.py) -->"
@@ -125,42 +124,6 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
             out.append(f"c={CPU_LEVEL} req/s: {mine32.median / rps:.2f}x {names[key][0]}")
             out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x {names[key][1]}")
     return out
-
-
-def plot(results: dict[str, Any], labels: dict[str, str], out: Path) -> None:
-    """Throughput (x) against median latency (y, log) per server, one point per client count."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = results["rows"]
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for key, label in labels.items():
-        levels = sorted({r["concurrency"] for r in rows if r["peer"] == key})
-        stats = [(figure(rows, key, c, "rps"), figure(rows, key, c, "p50_ms"), c) for c in levels]
-        pts = [(x.median, y.median, c) for x, y, c in stats if x and y]
-        if not pts:
-            continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        for x, y, c in pts:
-            ax.annotate(f"{c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    raw = floors(results)["raw"]
-    if raw:
-        ax.axvline(statistics.median(r["requests_per_s"] for r in raw), color="grey", ls="--", lw=1)
-        ax.text(
-            0.99, 0.02, "dashed: raw session.run, batch 16", transform=ax.transAxes, ha="right", fontsize=7
-        )
-    ax.set_xlabel("requests/s (median over rounds)")
-    ax.set_ylabel("p50 latency, ms (log)")
-    ax.set_yscale("log")
-    ax.set_title("/classify, demo classifier int8; numbers at points: concurrent clients")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
 
 
 def replace_section(

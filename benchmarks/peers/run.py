@@ -6,7 +6,7 @@
 It installs each peer into its own venv under .bench-venvs/ (once), exports the demo classifier
 if models/ lacks it, and needs wrk (Debian/Ubuntu: apt-get install wrk). Raw results go to
 benchmarks/peers/results.json, kept in git beside the section for before/after comparisons; the
-section and plot are rewritten from them (`--report-only` redraws them without measuring).
+section is rewritten from them (`--report-only` redraws it without measuring).
 
 On a small shared machine the background load drifts by tens of percent within minutes, so the
 peers are interleaved: each round runs the bare pipeline and raw ORT, then starts, checks and
@@ -41,7 +41,6 @@ from loadtests.workload import BUNDLED_DIR
 
 MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
-PLOT = REPO / "docs" / "img" / "peers-throughput-latency.png"
 RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the section it feeds
 WARMUP_S = 2.0
 
@@ -198,7 +197,7 @@ def labels(keys: list[str]) -> dict[str, str]:
 
 
 def section(results: dict[str, Any]) -> str:
-    """The markdown between the markers: this run's conditions, table, ratios and plot (what is
+    """The markdown between the markers: this run's conditions, table and ratios (what is
     measured and how, and what is not like for like, is prose around them in the document)."""
     meta, keys = results["meta"], [k for k in PEER_KEYS if k in results["meta"]["peers"]]
     names = labels(keys)
@@ -217,9 +216,7 @@ per row, {meta["rounds"]} round(s) at c = {", ".join(map(str, meta["levels"]))} 
 
 {report.table(results, names)}
 gmlp-serve, medians:
-{ratio_lines}
-
-![throughput against latency](img/{PLOT.name}){failed}
+{ratio_lines}{failed}
 """
 
 
@@ -245,10 +242,8 @@ def main() -> None:
         measure(args)
     results = json.loads(args.results.read_text())
     if not args.no_docs:
-        names = labels(results["meta"]["peers"])
-        report.plot(results, names, PLOT)
         DOC.write_text(report.replace_section(DOC.read_text(), section(results)))
-        print(f"wrote {DOC} and {PLOT}")
+        print(f"wrote {DOC}")
 
 
 def measure(args: argparse.Namespace) -> None:

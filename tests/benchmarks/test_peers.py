@@ -226,12 +226,6 @@ def test_section_is_replaced_between_markers_and_appended_once():
     assert twice.rstrip().endswith("## Later section")
 
 
-def test_plot_is_written(tmp_path: Path):
-    out = tmp_path / "img" / "plot.png"
-    report.plot(_results(), LABELS, out)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def test_section_states_conditions_command_and_figures():
     from benchmarks.peers.run import section
 
