@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,19 +99,17 @@ def layer(frame: Frame) -> str:
     return OTHER
 
 
-def by_layer(stacks: collections.Counter[tuple[Frame, ...]]) -> collections.Counter[str]:
-    totals: collections.Counter[str] = collections.Counter()
-    for stack, count in stacks.items():
-        totals[layer(stack[-1])] += count
-    return totals
+def function(frame: Frame) -> str:
+    return f"{frame.function} ({frame.file})"
 
 
-def by_function(stacks: collections.Counter[tuple[Frame, ...]]) -> collections.Counter[str]:
-    """Samples per innermost function (its own time, not its callees')."""
+def samples_by(
+    stacks: collections.Counter[tuple[Frame, ...]], key: Callable[[Frame], str]
+) -> collections.Counter[str]:
+    """Samples per `key` (`layer`, `function`) of the innermost frame: its own time, not its callees'."""
     totals: collections.Counter[str] = collections.Counter()
     for stack, count in stacks.items():
-        frame = stack[-1]
-        totals[f"{frame.function} ({frame.file})"] += count
+        totals[key(stack[-1])] += count
     return totals
 
 
@@ -124,19 +122,15 @@ def table(counts: collections.Counter[str], ms_per_request: float, top: int | No
     return rows
 
 
-def batch_totals(base_url: str) -> tuple[float, float, float]:
-    """(batches, items in them, seconds spent running them) so far, all models, from /metrics."""
+def batch_totals(base_url: str) -> list[float]:
+    """[batches, items in them, seconds spent running them] so far, all models, from /metrics."""
     text = http_get(f"{base_url}/metrics", timeout_s=10).decode()
     totals = {"gmlp_batch_size_count": 0.0, "gmlp_batch_size_sum": 0.0, "gmlp_inference_seconds_sum": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in totals:
                 totals[sample.name] += sample.value
-    return (
-        totals["gmlp_batch_size_count"],
-        totals["gmlp_batch_size_sum"],
-        totals["gmlp_inference_seconds_sum"],
-    )
+    return list(totals.values())
 
 
 def instances_of(base_url: str) -> int:
@@ -272,11 +266,11 @@ def report(
     yield ""
     yield "The event loop's CPU by layer (innermost frame):"
     yield ""
-    yield from table(by_layer(stacks), main_ms)
+    yield from table(samples_by(stacks, layer), main_ms)
     yield ""
     yield f"Its {top} busiest functions (own time):"
     yield ""
-    yield from table(by_function(stacks), main_ms, top)
+    yield from table(samples_by(stacks, function), main_ms, top)
 
 
 def main() -> None:

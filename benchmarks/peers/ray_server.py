@@ -29,16 +29,6 @@ from typing import Any
 
 import numpy as np
 
-# Direct ingress is read from the environment when Serve's modules are imported.
-# Port ranges are half-open, [min, max): a range of one port pins the replica to it.
-DIRECT_ENV = {
-    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
-    "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "{http}",
-    "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "{http_end}",
-    "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": "{grpc}",
-    "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": "{grpc_end}",
-}
-
 
 def build_app() -> Any:
     """The Serve application (imports Ray lazily, after the environment is set)."""
@@ -78,10 +68,12 @@ def main() -> None:
     parser.add_argument("--direct-grpc-port", type=int, required=True, help="the replica's gRPC port")
     parser.add_argument("--temp-dir", required=True, help="Ray's session directory (not shared /tmp/ray)")
     args = parser.parse_args()
-    http, grpc = args.direct_port, args.direct_grpc_port
-    ports = {"http": http, "http_end": http + 1, "grpc": grpc, "grpc_end": grpc + 1}
-    for key, value in DIRECT_ENV.items():
-        os.environ[key] = value.format(**ports)
+    # Direct ingress is read from the environment when Serve's modules are imported. Port ranges
+    # are half-open, [min, max): a range of one port pins the replica to it.
+    os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+    for kind, port in (("HTTP", args.direct_port), ("GRPC", args.direct_grpc_port)):
+        os.environ[f"RAY_SERVE_DIRECT_INGRESS_MIN_{kind}_PORT"] = str(port)
+        os.environ[f"RAY_SERVE_DIRECT_INGRESS_MAX_{kind}_PORT"] = str(port + 1)
     import ray
     from ray import serve
 

@@ -37,14 +37,14 @@ def test_frames_keep_names_with_spaces_and_parentheses() -> None:
 def test_one_threads_samples_by_layer_and_by_function() -> None:
     stacks = profile.thread_stacks(RAW, 100)
     assert sum(stacks.values()) == 30 + 10 + 8 + 2 + 4  # not thread 1000, nor 10 (a prefix of 100)
-    layers = profile.by_layer(stacks)
+    layers = profile.samples_by(stacks, profile.layer)
     assert layers == {
         "event loop (uvloop's C code, asyncio)": 30,
         "preprocessing and scores (contract, numpy)": 12,
         "uvicorn (HTTP parsing, writes)": 8,
         profile.OTHER: 4,
     }
-    functions = profile.by_function(stacks)
+    functions = profile.samples_by(stacks, profile.function)
     assert functions["PlainJpeg.decode (contract/jpeg.py)"] == 12  # lines of one function summed
     rows = profile.table(layers, ms_per_request=0.54)
     assert (
@@ -100,5 +100,5 @@ def test_real_py_spy_output_is_read(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     pid = int(re.search(r"^pid=(\d+)$", done.stdout, re.M).group(1))  # type: ignore[union-attr]
-    functions = profile.by_function(profile.thread_stacks(out.read_text(), pid))
+    functions = profile.samples_by(profile.thread_stacks(out.read_text(), pid), profile.function)
     assert functions["spin (<string>)"] >= 50
