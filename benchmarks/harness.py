@@ -1,17 +1,10 @@
-"""What every benchmark program shares beside its servers: the machine's CPU facts, medians and
-the command line.
+"""What every benchmark program shares beside its servers: the machine's CPU facts, a median timer,
+the command line and the checkout's root (`REPO`: the wheel does not ship the benchmarks).
 
-Servers, ports and process trees come from `gmlp.server_process` (which `gmlp tune` shares and
-the wheel ships; the programs import it directly): `ServerProcess` runs any server command on
-127.0.0.1 in its own session, waits until a probe succeeds and stops its whole process tree;
-`gmlp_serve` builds the one for `gmlp serve`. Server CPU time comes from `gmlp.proc`, load from
-`loadtests.engine` (or wrk, for the peer benchmark). Every figure a benchmark prints comes with
-`cpu_line()` (model name, vCPUs, SIMD flags), since int8 and bf16 speed depend on them.
-Standard library only: the GPU check runs the benchmarks from a virtual environment that has
-just the serving install.
-
-The benchmarks run from a checkout (the wheel does not ship them): `REPO` is where they find the
-committed checkpoints and test data.
+Servers, ports and process trees come from `gmlp.server_process` and `gmlp.proc` (which `gmlp
+tune` shares), load from `loadtests.engine` (or wrk, for the peer benchmark). Every figure comes
+with `cpu_line()`, since int8 and bf16 speed depend on the SIMD flags. Standard library only: the
+GPU check runs the benchmarks from a virtual environment with just the serving install.
 """
 
 from __future__ import annotations

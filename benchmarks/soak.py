@@ -31,15 +31,7 @@ import uvloop
 
 from benchmarks.harness import command_line, cpu_facts, cpu_line
 from gmlp.server_process import gmlp_serve
-from loadtests.engine import (
-    LoadResult,
-    Outcome,
-    PreparedRequest,
-    classify_request,
-    fill_mask_request,
-    open_loop,
-    percentile,
-)
+from loadtests import engine
 from loadtests.workload import BUNDLED_DIR
 
 IMAGE = BUNDLED_DIR / "cifar10-test-03000-cat.jpg"
@@ -53,16 +45,18 @@ KEPT_ERRORS = 20
 Sample = tuple[float, tuple[int, int, float]]
 
 
-def traffic() -> list[PreparedRequest]:
+def traffic() -> list[engine.PreparedRequest]:
     """The two request kinds, alternating: a JPEG to /classify, a masked sentence to /fill-mask."""
     image = IMAGE.read_bytes()
     requests = []
     for text in TEXTS:
-        requests += [classify_request(image, TOP_K), fill_mask_request(text, TOP_K)]
+        requests += [engine.classify_request(image, TOP_K), engine.fill_mask_request(text, TOP_K)]
     return requests
 
 
-def report(outcomes: list[Outcome], seconds: float, samples: list[tuple[int, int, float]]) -> dict[str, Any]:
+def report(
+    outcomes: list[engine.Outcome], seconds: float, samples: list[tuple[int, int, float]]
+) -> dict[str, Any]:
     """A minute's (or a ramp step's) figures: rates, refusals, errors, latency, RSS, fds, load."""
     ok = [1000 * o.seconds for o in outcomes if o.error is None]
     refused = sum(1 for o in outcomes if o.status == 503)
@@ -71,8 +65,8 @@ def report(outcomes: list[Outcome], seconds: float, samples: list[tuple[int, int
         "ok_per_s": round(len(ok) / seconds, 1),
         "refused_503": refused,
         "errors": len(outcomes) - len(ok) - refused,
-        "p50_ms": _round(percentile(ok, 50)),
-        "p99_ms": _round(percentile(ok, 99)),
+        "p50_ms": _round(engine.percentile(ok, 50)),
+        "p99_ms": _round(engine.percentile(ok, 99)),
         "rss_mib": round(max(s[0] for s in samples) / 1024, 1) if samples else None,
         "open_fds": max(s[1] for s in samples) if samples else None,
         # The machine's 1-minute load average: other work on the CPUs shows in the latencies.
@@ -112,8 +106,10 @@ async def ramp(args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:
     return sustainable, steps
 
 
-def _open_loop(args: argparse.Namespace, rate: float, seconds: float) -> Coroutine[Any, Any, LoadResult]:
-    return open_loop(
+def _open_loop(
+    args: argparse.Namespace, rate: float, seconds: float
+) -> Coroutine[Any, Any, engine.LoadResult]:
+    return engine.open_loop(
         args.url,
         traffic(),
         rate=rate,
@@ -132,7 +128,7 @@ async def sample(pid: int | None, until: float, into: list[Sample]) -> None:
 
 
 def summarise(
-    soak: LoadResult, start: float, rate: float, steps: list[dict[str, Any]], samples: list[Sample]
+    soak: engine.LoadResult, start: float, rate: float, steps: list[dict[str, Any]], samples: list[Sample]
 ) -> dict[str, Any]:
     """Per minute (by the minute a request started in), the goals and the first errors."""
     minutes = max(1, round(soak.seconds / 60))

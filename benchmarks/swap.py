@@ -3,18 +3,15 @@ during swaps, at the same load, on one `gmlp serve` watching its repository (pol
 
     python -m benchmarks.swap --model models/cifar10-gmlp --concurrency 8 --steady-s 10 --swaps 3
 
-The model directory is copied into a fresh repository as version 1. Each swap deploys the next
-version as a copy (of `--model-v2` when given, else of the model itself: the same weights, but
-still a full load beside the serving version, warm-up, recorded check and drain), moved into place
-with one rename, and waits until the index shows it READY and its predecessor unloaded. A request
-counts as "during a swap" when it started between a deployment and one second after its swap
-ended; every other request is steady state. The server holds one key with every scope (the
-repository index is an admin route), which every request of the benchmark sends.
+Each swap moves a copy of the model (or of `--model-v2`) into the repository as the next version
+with one rename, then waits until the index shows it READY and its predecessor unloaded: a full
+load, warm-up, recorded check and drain. A request counts as "during a swap" when it started
+between a deployment and one second after its swap ended. The server holds one key with every
+scope (the repository index is an admin route), which every request sends.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import tempfile
@@ -27,27 +24,19 @@ from pathlib import Path
 from benchmarks.harness import command_line, cpu_line
 from gmlp.server_process import gmlp_serve
 from loadtests.engine import LoadResult, Outcome, PreparedRequest, percentile, run_closed_loop
+from loadtests.workload import BUNDLED_DIR
 from service.access.keys import key_line, new_key
 
+IMAGE = BUNDLED_DIR / "cifar10-test-03000-cat.jpg"
 # The key every request sends (the server's keys file holds its digest).
 KEY = new_key()
 
 
-def _image() -> bytes:
-    """A 32x32 PNG of random pixels (the service decodes and transforms it like any upload)."""
-    import numpy as np
-    from PIL import Image
-
-    pixels = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def _classify() -> PreparedRequest:
-    """POST /classify of the PNG with the key; any 200 answer counts (the label is random)."""
+    """POST /classify of a bundled CIFAR-10 JPEG with the key; any 200 answer counts (a swapped-in
+    model need not give the same label)."""
     headers = (("Authorization", f"Bearer {KEY}"),)
-    return PreparedRequest("/classify", _image(), "image/png", lambda answer: None, headers)
+    return PreparedRequest("/classify", IMAGE.read_bytes(), "image/jpeg", lambda answer: None, headers)
 
 
 def _versions(base_url: str, name: str) -> dict[str, str]:

@@ -2,13 +2,10 @@
 
     python -m benchmarks.tune_vs_grid --model-repository models --model cifar10-gmlp --slo-p99-ms 50
 
-Runs `gmlp tune` twice on one model with the same knobs, concurrency levels, windows and SLO:
-once searching (coordinate descent, `--budget-minutes`), once measuring every combination
-(`--grid`). Each run's own best is the highest throughput it measured, and the grid's is the
-maximum of many noisy measurements, so the two picks are then measured again side by side,
-alternating (A, B, A, B...) for `--rounds` rounds, and compared by their medians: the search's
-pick against the grid's in throughput at the SLO, and the search's time against the grid's.
-Both runs' reports (report.md, results.json, report.png, tuned.env) stay in `--out`.
+Runs `gmlp tune` twice with the same knobs, levels, windows and SLO: searching (within
+`--budget-minutes`) and `--grid`. The grid's best is the maximum of many noisy measurements, so
+the two picks are measured again side by side for `--rounds` rounds and compared by their medians
+(throughput at the SLO, and the time each run took). Both runs' reports stay in `--out`.
 """
 
 from __future__ import annotations
