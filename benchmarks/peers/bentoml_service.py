@@ -32,5 +32,5 @@ class Classifier:
 
     @bentoml.api(batchable=True, max_batch_size=MAX_BATCH, max_latency_ms=MAX_LATENCY_MS)
     def classify(self, file: list[Path]) -> list[dict[str, Any]]:
-        pixels = [self.model.preprocess(path.read_bytes()) for path in file]
+        pixels = [self.model.transform(path.read_bytes()) for path in file]
         return self.model.predict(pixels)

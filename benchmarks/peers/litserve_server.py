@@ -31,7 +31,7 @@ class ClassifierAPI(ls.LitAPI):
         # module) to choose its body parsing: for `Request` it parses the form and passes it here.
         upload = request["file"]
         upload.file.seek(0)
-        return self.model.preprocess(upload.file.read())
+        return self.model.transform(upload.file.read())
 
     def batch(self, inputs: list[np.ndarray]) -> np.ndarray:
         return np.stack(inputs)

@@ -54,7 +54,7 @@ class PeerModel:
 
     spec: ModelSpec
     session: ort.InferenceSession
-    transform: ImageTransform
+    transform: ImageTransform  # encoded image -> float32 [3, H, W], as gmlp-serve's /classify does it
     labels: list[str]
     input_name: str
 
@@ -70,10 +70,6 @@ class PeerModel:
         session = runtime.session
         transform = ImageTransform.for_model(spec.config, MAX_PIXELS)
         return cls(spec, session, transform, spec.labels(), session.get_inputs()[0].name)
-
-    def preprocess(self, data: bytes) -> np.ndarray:
-        """Encoded image -> float32 [3, H, W], exactly as gmlp-serve's /classify does it."""
-        return self.transform(data)
 
     def logits(self, pixels: list[np.ndarray] | np.ndarray) -> np.ndarray:
         """One session.run over a batch of preprocessed images -> logits [B, classes]."""

@@ -49,7 +49,7 @@ def build_app() -> Any:
             return await asyncio.to_thread(self.model.predict, pixels)
 
         async def __call__(self, request: Request) -> dict[str, Any]:
-            pixels = await asyncio.to_thread(self.model.preprocess, await request.body())
+            pixels = await asyncio.to_thread(self.model.transform, await request.body())
             return await self.run_batch(pixels)
 
     deployment = serve.deployment(

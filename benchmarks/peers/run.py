@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +45,9 @@ RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the s
 WARMUP_S = 2.0
 
 
-@dataclass(frozen=True)
-class Row:
-    """One wrk run against one peer."""
-
-    peer: str
-    round: int
-    concurrency: int
-    rps: float
-    p50_ms: float
-    p99_ms: float
-    cpu_ms_per_request: float
-    requests: int
-    errors: int
-    # CPU the rest of the machine used during the row (not the server, not wrk), as a share of
-    # all CPUs: the background load that makes a row slow for reasons outside the server.
-    others_cpu_pct: float = float("nan")
-
-
 @dataclass
 class Results:
-    rows: list[Row] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # one per wrk run (`measure_row`)
     # The bare /classify pipeline (benchmarks.bare_pipeline) and raw `session.run` beside it
     # (its "raw"), one run per round.
     bare: list[dict[str, Any]] = field(default_factory=list)
@@ -81,7 +63,7 @@ def reference_labels(model_dir: Path, images: dict[str, bytes]) -> dict[str, str
     """Top labels from raw ONNX Runtime with the product's preprocessing: the answers to match."""
     model = PeerModel.load(model_dir)
     return {
-        name: model.predict([model.preprocess(data)])[0]["predictions"][0]["label"]
+        name: model.predict([model.transform(data)])[0]["predictions"][0]["label"]
         for name, data in images.items()
     }
 
@@ -96,7 +78,12 @@ def check_answers(url: str, peer: Peer, images: dict[str, bytes], reference: dic
         raise AssertionError(f"{peer.key} answers differ from raw ORT (got, expected): {wrong}")
 
 
-def measure_row(server: ServerProcess, peer: str, script: Path, rnd: int, c: int, seconds: float) -> Row:
+def measure_row(
+    server: ServerProcess, peer: str, script: Path, rnd: int, c: int, seconds: float
+) -> dict[str, Any]:
+    """One wrk run against one peer: its rate, latencies, errors and the server's CPU per request,
+    and `others_cpu_pct`, the CPU the rest of the machine used meanwhile (not the server, not wrk)
+    as a share of all CPUs: the background load that makes a row slow for reasons outside it."""
     before, busy0, wrk0, t0 = (
         tree_cpu_seconds(server.pid),
         machine_busy_seconds(),
@@ -108,18 +95,18 @@ def measure_row(server: ServerProcess, peer: str, script: Path, rnd: int, c: int
     # wrk is the only child that finishes (and is reaped) during the row.
     others = machine_busy_seconds() - busy0 - cpu_s - (reaped_children_cpu_seconds() - wrk0)
     capacity = (time.monotonic() - t0) * (os.cpu_count() or 1)
-    return Row(
-        peer=peer,
-        round=rnd,
-        concurrency=c,
-        rps=result.rps,
-        p50_ms=result.p50_ms,
-        p99_ms=result.percentiles_ms.get(99.0, float("nan")),
-        cpu_ms_per_request=cpu_s * 1000.0 / max(result.requests, 1),
-        requests=result.requests,
-        errors=result.errors,
-        others_cpu_pct=100.0 * max(others, 0.0) / capacity,
-    )
+    return {
+        "peer": peer,
+        "round": rnd,
+        "concurrency": c,
+        "rps": result.rps,
+        "p50_ms": result.p50_ms,
+        "p99_ms": result.percentiles_ms.get(99.0, float("nan")),
+        "cpu_ms_per_request": cpu_s * 1000.0 / max(result.requests, 1),
+        "requests": result.requests,
+        "errors": result.errors,
+        "others_cpu_pct": 100.0 * max(others, 0.0) / capacity,
+    }
 
 
 def write_script(work: Path, key: str, image: bytes, kind: str) -> Path:
@@ -156,9 +143,9 @@ def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results
             row = measure_row(server, peer.key, script, rnd, c, args.duration)
             results.rows.append(row)
             print(
-                f"  {peer.key:22s} c={c:<3d} {row.rps:8.1f} req/s  p50 {row.p50_ms:7.2f} ms"
-                f"  CPU {row.cpu_ms_per_request:6.2f} ms/req  errors {row.errors}"
-                f"  others {row.others_cpu_pct:3.0f}%",
+                f"  {peer.key:22s} c={c:<3d} {row['rps']:8.1f} req/s  p50 {row['p50_ms']:7.2f} ms"
+                f"  CPU {row['cpu_ms_per_request']:6.2f} ms/req  errors {row['errors']}"
+                f"  others {row['others_cpu_pct']:3.0f}%",
                 flush=True,
             )
 
@@ -279,8 +266,7 @@ def measure(args: argparse.Namespace) -> None:
         "minutes": minutes,
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    rows = [asdict(r) for r in results.rows]
-    document = {"meta": meta, "rows": rows, "bare": results.bare, "failed": results.failed}
+    document = {"meta": meta, "rows": results.rows, "bare": results.bare, "failed": results.failed}
     args.results.write_text(json.dumps(document, indent=1))
     print(f"wrote {args.results}")
 
