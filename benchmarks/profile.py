@@ -133,12 +133,6 @@ def batch_totals(base_url: str) -> list[float]:
     return list(totals.values())
 
 
-def instances_of(base_url: str) -> int:
-    """Execution instances of the one model the server serves, from GET /models."""
-    (model,) = get_json(f"{base_url}/models")["models"]
-    return int(model["instances"])
-
-
 @dataclass(frozen=True)
 class Profile:
     requests: int
@@ -293,7 +287,8 @@ def main() -> None:
     ensure_model()
     with tempfile.TemporaryDirectory(prefix="gmlp-profile-") as tmp, TARGETS[args.task](Path(tmp)) as target:
         prof = profile(target, args.clients, args.seconds, args.rate, args.warmup, Path(tmp))
-        instances = instances_of(target.base_url)
+        (model,) = get_json(f"{target.base_url}/models")["models"]  # the one model served
+        instances = int(model["instances"])
     print("\n".join(report(prof, args.clients, args.seconds, instances, args.top, cpu_facts())))
 
 

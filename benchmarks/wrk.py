@@ -16,7 +16,7 @@ from pathlib import Path
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 _DURATION = re.compile(r"([\d.]+)(us|ms|s|m)\b")
 _PERCENTILE = re.compile(r"^\s*([\d.]+)%\s+([\d.]+(?:us|ms|s|m))\s*$", re.M)
-_REQUESTS = re.compile(r"^\s*(\d+) requests in ([\d.]+(?:us|ms|s|m))", re.M)
+_REQUESTS = re.compile(r"^\s*(\d+) requests in ", re.M)
 _NON_2XX = re.compile(r"Non-2xx or 3xx responses:\s*(\d+)")
 _SOCKET = re.compile(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)")
 _RPS = re.compile(r"^Requests/sec:\s*([\d.]+)", re.M)
@@ -24,22 +24,17 @@ _RPS = re.compile(r"^Requests/sec:\s*([\d.]+)", re.M)
 
 @dataclass(frozen=True)
 class WrkResult:
-    """One wrk run: requests served, rate, latency percentiles (ms) and failures."""
+    """One wrk run: requests served, rate, latency percentiles (ms) and failures (non-2xx or 3xx
+    answers and socket errors)."""
 
     requests: int
-    duration_s: float
     rps: float
     percentiles_ms: dict[float, float]
-    non_2xx: int
-    socket_errors: int
+    errors: int
 
     @property
     def p50_ms(self) -> float:
         return self.percentiles_ms[50.0]
-
-    @property
-    def errors(self) -> int:
-        return self.non_2xx + self.socket_errors
 
 
 def to_ms(text: str) -> float:
@@ -61,14 +56,8 @@ def parse(output: str) -> WrkResult:
         raise ValueError(f"wrk output has no latency distribution (run with --latency):\n{output}")
     non_2xx = _NON_2XX.search(output)
     sockets = _SOCKET.search(output)
-    return WrkResult(
-        requests=int(requests.group(1)),
-        duration_s=to_ms(requests.group(2)) / 1000.0,
-        rps=float(rps.group(1)),
-        percentiles_ms=percentiles,
-        non_2xx=int(non_2xx.group(1)) if non_2xx else 0,
-        socket_errors=sum(int(g) for g in sockets.groups()) if sockets else 0,
-    )
+    errors = (int(non_2xx.group(1)) if non_2xx else 0) + (sum(map(int, sockets.groups())) if sockets else 0)
+    return WrkResult(int(requests.group(1)), float(rps.group(1)), percentiles, errors)
 
 
 def lua_script(body_file: Path, content_type: str) -> str:
