@@ -186,10 +186,6 @@ async def main_async(args: argparse.Namespace, pid: int | None) -> dict[str, Any
     return {"url": args.url, "factor": args.factor, "soak_rate_per_s": round(rate, 1)} | summary
 
 
-def _cpus(text: str) -> set[int]:
-    return {int(cpu) for cpu in text.split(",") if cpu.strip()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(__doc__)
     parser.add_argument("--url", help="a running server (default: start gmlp serve on --repository)")
@@ -205,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("soak.json"))
     parser.add_argument(
         "--server-cpus",
-        type=_cpus,
+        type=lambda text: {int(cpu) for cpu in text.split(",") if cpu.strip()},
         help="CPUs for the server it starts, e.g. 0 (the client takes the others): on a small "
         "machine, so that the client can offer twice what the server sustains",
     )

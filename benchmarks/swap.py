@@ -12,13 +12,13 @@ scope (the repository index is an admin route), which every request sends.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness import command_line, cpu_line
@@ -39,23 +39,15 @@ def _classify() -> PreparedRequest:
     return PreparedRequest("/classify", IMAGE.read_bytes(), "image/jpeg", lambda answer: None, headers)
 
 
-def _versions(base_url: str, name: str) -> dict[str, str]:
-    request = urllib.request.Request(
-        f"{base_url}/v2/repository/index", data=b"", headers={"Authorization": f"Bearer {KEY}"}
-    )
+def _swapped(base_url: str, name: str, expected: dict[str, str]) -> None:
+    """A readiness probe: raises KeyError ("not yet") until the repository index shows `expected`
+    (version -> state) for `name`."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    request = urllib.request.Request(f"{base_url}/v2/repository/index", data=b"", headers=auth)
     with urllib.request.urlopen(request, timeout=30) as response:
         index = json.loads(response.read())
-    return {e["version"]: e["state"] for e in index if e["name"] == name}
-
-
-def _swapped(base_url: str, name: str, expected: dict[str, str]) -> Callable[[], None]:
-    """A readiness probe: raises KeyError ("not yet") until the index shows `expected`."""
-
-    def probe() -> None:
-        if _versions(base_url, name) != expected:
-            raise KeyError("the swap has not finished")
-
-    return probe
+    if {e["version"]: e["state"] for e in index if e["name"] == name} != expected:
+        raise KeyError("the swap has not finished")
 
 
 def _row(label: str, group: list[Outcome]) -> str:
@@ -102,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 began = time.perf_counter()
                 staging.rename(repo / name / str(version))
                 expected = {str(v): "UNAVAILABLE" for v in range(1, version)} | {str(version): "READY"}
-                server.wait_ready(_swapped(server.base_url, name, expected), 120)
+                server.wait_ready(functools.partial(_swapped, server.base_url, name, expected), 120)
                 windows.append((began, time.perf_counter() + 1.0))
                 time.sleep(args.steady_s)
             stop.set()

@@ -79,11 +79,7 @@ def main() -> None:
 
     # address="local": always a new single-node cluster, never one another user started here.
     ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=args.temp_dir,
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=args.temp_dir
     )
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build_app(), route_prefix="/classify", blocking=False)
