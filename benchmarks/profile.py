@@ -15,6 +15,7 @@ wrk and py-spy (the dev install); py-spy needs ptrace rights over the server.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import datetime
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,22 +135,6 @@ def batch_totals(base_url: str) -> list[float]:
 
 
 @dataclass(frozen=True)
-class Profile:
-    requests: int
-    rps: float
-    main_cpu_s: float
-    other_cpu_s: float
-    wrk_cpu_s: float  # the load generator's, on the same machine
-    busy_s: float  # the whole machine's, steal included
-    wall_s: float
-    batches: float
-    batched: float  # requests in those batches
-    batch_s: float  # seconds the batches ran, summed over the instances
-    raw: str
-    pid: int
-
-
-@dataclass(frozen=True)
 class Target:
     """A started server to load: its process, the /metrics base URL, the URL and the wrk script."""
 
@@ -190,14 +175,16 @@ def fill_mask_target(work: Path) -> Iterator[Target]:
 TARGETS = {"classify": classify_target, "fill-mask": fill_mask_target}
 
 
-def profile(target: Target, clients: int, seconds: float, rate: int, warmup_s: float, work: Path) -> Profile:
-    """Warm up, then load for `seconds` while py-spy samples the server `rate` times a second."""
-    wrk.run(target.url, target.script, clients, warmup_s)
+def profile(target: Target, args: argparse.Namespace, work: Path) -> Iterator[str]:
+    """Warm up, then load for `--seconds` while py-spy samples the server `--rate` times a second;
+    the report's lines."""
+    wrk.run(target.url, target.script, args.clients, args.warmup)
     out = work / "profile.txt"
-    spy = [py_spy() or "py-spy", "record", "--pid", str(target.pid), "--threads"]
-    spy += ["--nonblocking", "--format", "raw", "--rate", str(rate), "--duration", str(int(seconds) + 2)]
-    spy += ["--output", str(out)]
-    sampler = subprocess.Popen(spy, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    spy = [py_spy() or "py-spy", "record", "--pid", str(target.pid), "--threads", "--nonblocking"]
+    spy += ["--format", "raw", "--rate", str(args.rate), "--duration", str(int(args.seconds) + 2)]
+    sampler = subprocess.Popen(
+        [*spy, "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     time.sleep(1.0)  # py-spy attaches before the timed load starts
     before, wrk0, busy0, batches0, t0 = (
         thread_cpu_seconds(target.pid),
@@ -206,55 +193,36 @@ def profile(target: Target, clients: int, seconds: float, rate: int, warmup_s: f
         batch_totals(target.base_url),
         time.monotonic(),
     )
-    result = wrk.run(target.url, target.script, clients, seconds)
+    result = wrk.run(target.url, target.script, args.clients, args.seconds)
     wall_s = time.monotonic() - t0
     after, wrk_s = thread_cpu_seconds(target.pid), reaped_children_cpu_seconds() - wrk0
     busy_s = machine_busy_seconds() - busy0
-    batches = [b - a for a, b in zip(batches0, batch_totals(target.base_url), strict=True)]
-    _, err = sampler.communicate(timeout=seconds + 60)
+    batches, batched, batch_s = (b - a for a, b in zip(batches0, batch_totals(target.base_url), strict=True))
+    _, err = sampler.communicate(timeout=args.seconds + 60)
     if sampler.returncode != 0 or not out.exists():
         raise RuntimeError(f"py-spy failed ({sampler.returncode}): {err.decode(errors='replace')}")
-    main = after.get(target.pid, 0.0) - before.get(target.pid, 0.0)
-    total = sum(after.values()) - sum(before[t] for t in after if t in before)
-    return Profile(
-        requests=result.requests,
-        rps=result.rps,
-        main_cpu_s=main,
-        other_cpu_s=total - main,
-        wrk_cpu_s=wrk_s,
-        busy_s=busy_s,
-        wall_s=wall_s,
-        batches=batches[0],
-        batched=batches[1],
-        batch_s=batches[2],
-        raw=out.read_text(),
-        pid=target.pid,
-    )
-
-
-def report(
-    prof: Profile, clients: int, seconds: float, instances: int, top: int, info: dict[str, str]
-) -> Iterable[str]:
-    per_request = 1000.0 / max(prof.requests, 1)
-    main_ms, other_ms = prof.main_cpu_s * per_request, prof.other_cpu_s * per_request
-    stacks = thread_stacks(prof.raw, prof.pid)
+    (model,) = get_json(f"{target.base_url}/models")["models"]  # the one model served
+    instances, info = int(model["instances"]), cpu_facts()
+    main_s = after.get(target.pid, 0.0) - before.get(target.pid, 0.0)
+    other_s = sum(after.values()) - sum(before[t] for t in after if t in before) - main_s
+    per_request = 1000.0 / max(result.requests, 1)
+    main_ms, other_ms = main_s * per_request, other_s * per_request
+    stacks = thread_stacks(out.read_text(), target.pid)
     yield f"Measured {datetime.date.today()} on {info.get('cpu', '?')}, {info.get('cpus', '?')} CPUs"
-    yield f"(SIMD: {info.get('simd', '?')}), Python {info['python']}: wrk, {clients} connections,"
-    yield f"{seconds:.0f} s, py-spy sampling the server."
+    yield f"(SIMD: {info.get('simd', '?')}), Python {info['python']}: wrk, {args.clients} connections,"
+    yield f"{args.seconds:.0f} s, py-spy sampling the server."
     yield ""
     yield "| | |"
     yield "|---|---:|"
-    yield f"| requests/s | {prof.rps:.0f} |"
+    yield f"| requests/s | {result.rps:.0f} |"
     yield f"| server CPU ms/request | {main_ms + other_ms:.2f} |"
     yield f"| of which the event loop (main thread) | {main_ms:.2f} |"
     yield f"| of which other threads (batches in ONNX Runtime) | {other_ms:.2f} |"
-    wrk_ms = prof.wrk_cpu_s * per_request
-    yield f"| wrk's CPU ms/request (the load generator, on the same CPUs) | {wrk_ms:.2f} |"
-    in_use = (prof.main_cpu_s + prof.other_cpu_s) / prof.wall_s
-    yield f"| server CPUs in use (of {info.get('cpus', '?')}) | {in_use:.2f} |"
-    yield f"| machine CPUs busy (every process, and time the host took) | {prof.busy_s / prof.wall_s:.2f} |"
-    yield f"| batches: mean size | {prof.batched / max(prof.batches, 1):.1f} |"
-    busy = prof.batch_s / (prof.wall_s * instances)
+    yield f"| wrk's CPU ms/request (the load generator, on the same CPUs) | {wrk_s * per_request:.2f} |"
+    yield f"| server CPUs in use (of {info.get('cpus', '?')}) | {(main_s + other_s) / wall_s:.2f} |"
+    yield f"| machine CPUs busy (every process, and time the host took) | {busy_s / wall_s:.2f} |"
+    yield f"| batches: mean size | {batched / max(batches, 1):.1f} |"
+    busy = batch_s / (wall_s * instances)
     yield f"| batches: share of the time the {instances} execution instances ran one | {100 * busy:.0f} % |"
     yield f"| event-loop samples | {sum(stacks.values())} |"
     yield ""
@@ -262,9 +230,9 @@ def report(
     yield ""
     yield from table(samples_by(stacks, layer), main_ms)
     yield ""
-    yield f"Its {top} busiest functions (own time):"
+    yield f"Its {args.top} busiest functions (own time):"
     yield ""
-    yield from table(samples_by(stacks, function), main_ms, top)
+    yield from table(samples_by(stacks, function), main_ms, args.top)
 
 
 def main() -> None:
@@ -286,10 +254,8 @@ def main() -> None:
     os.environ[INSTANCES_ENV] = str(args.instances)
     ensure_model()
     with tempfile.TemporaryDirectory(prefix="gmlp-profile-") as tmp, TARGETS[args.task](Path(tmp)) as target:
-        prof = profile(target, args.clients, args.seconds, args.rate, args.warmup, Path(tmp))
-        (model,) = get_json(f"{target.base_url}/models")["models"]  # the one model served
-        instances = int(model["instances"])
-    print("\n".join(report(prof, args.clients, args.seconds, instances, args.top, cpu_facts())))
+        lines = list(profile(target, args, Path(tmp)))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
