@@ -122,17 +122,14 @@ def product_pins(names: tuple[str, ...], constraints: Path = REPO / "constraints
 
 
 def install_spec(peer: Peer) -> list[str]:
-    """What pip installs into the peer's venv (the repository last, editable, no extras). A shared
-    package the peer pins itself (a framework that does not accept the product's version) keeps
-    the peer's pin."""
+    """What pip installs into the peer's venv: its framework, the product's pins of the shared
+    packages and of the peer's unversioned ones, and the repository last (editable, no extras)."""
     plain = [p for p in peer.packages if "==" in p]
     unpinned = tuple(p for p in peer.packages if "==" not in p)
-    own = {re.split(r"[\[=]", p, maxsplit=1)[0].lower() for p in plain}
-    shared = tuple(n for n in SHARED_PINS if n not in own)
-    return [*plain, *product_pins(shared + unpinned), "-e", str(REPO)]
+    return [*plain, *product_pins(SHARED_PINS + unpinned), "-e", str(REPO)]
 
 
-def ensure_venv(peer: Peer, log: Callable[[str], None] = print) -> None:
+def ensure_venv(peer: Peer) -> None:
     """Create or update the peer's venv; a marker holding the install spec skips repeat installs."""
     if peer.venv is None:
         return
@@ -141,7 +138,7 @@ def ensure_venv(peer: Peer, log: Callable[[str], None] = print) -> None:
     marker = root / ".installed"
     if marker.exists() and marker.read_text() == "\n".join(spec):
         return
-    log(f"installing {peer.venv} into {root} (once): {' '.join(spec)}")
+    print(f"installing {peer.venv} into {root} (once): {' '.join(spec)}", flush=True)
     if not (root / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     pip = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
