@@ -103,12 +103,12 @@ class Bare:
     task = ""
     inputs = 0  # how many distinct inputs the batches cycle through
 
-    def __init__(self, model_dir: Path, settings: ServiceSettings, batch: int = BATCH) -> None:
+    def __init__(self, model_dir: Path, settings: ServiceSettings) -> None:
         spec = read_spec(model_dir)
         if spec is None:
             raise SystemExit(f"{model_dir} is not a served-model directory (run gmlp export)")
         self.spec: ModelSpec = spec
-        self.batch = batch
+        self.batch = BATCH
         self.variant = choose_variant(spec.variants, "cpu", settings.variant)
         self.instances = settings.resolved_instances("cpu")
         options = RuntimeOptions("cpu", settings.resolved_threads(self.instances), settings.ort_spinning)
@@ -125,6 +125,10 @@ class Bare:
     def raw(self, k: int) -> object:
         """Batch number `k` of `session.run` alone, on inputs prepared once."""
         raise NotImplementedError
+
+    def _wrap(self, items: Sequence[Any], start: int) -> list[Any]:
+        """The batch of `items` from `start` on, wrapping around."""
+        return [items[(start + i) % len(items)] for i in range(self.batch)]
 
     def settings(self) -> dict[str, Any]:
         """What the measured work was: model, variant, threads, batch and distinct inputs."""
@@ -145,23 +149,18 @@ class BareClassify(Bare):
 
     task = "classify"
 
-    def __init__(
-        self, model_dir: Path, settings: ServiceSettings, images: Sequence[bytes], batch: int = BATCH
-    ) -> None:
-        super().__init__(model_dir, settings, batch)
+    def __init__(self, model_dir: Path, settings: ServiceSettings, images: Sequence[bytes]) -> None:
+        super().__init__(model_dir, settings)
         self.transform = ImageTransform.for_model(
             self.spec.config, settings.max_image_pixels, settings.jpeg_draft
         )
         self.labels = self.spec.labels()
         self.images = list(images)
         self.inputs = len(self.images)
-        self.pixels = np.stack([self.transform(self._image(0, i)) for i in range(batch)])
-
-    def _image(self, k: int, i: int) -> bytes:
-        return self.images[(k * self.batch + i) % len(self.images)]
+        self.pixels = np.stack([self.transform(image) for image in self._wrap(self.images, 0)])
 
     def bare(self, k: int) -> list[Any]:
-        pixels = np.stack([self.transform(self._image(k, i)) for i in range(self.batch)])
+        pixels = np.stack([self.transform(image) for image in self._wrap(self.images, k * self.batch)])
         out = self.model.run({"pixel_values": pixels}, self.outputs)
         k = min(TOP_K, len(self.labels))
         if not self.from_top_k:
@@ -177,10 +176,8 @@ class BareFillMask(Bare):
 
     task = "fill-mask"
 
-    def __init__(
-        self, model_dir: Path, settings: ServiceSettings, texts: Sequence[str], batch: int = BATCH
-    ) -> None:
-        super().__init__(model_dir, settings, batch)
+    def __init__(self, model_dir: Path, settings: ServiceSettings, texts: Sequence[str]) -> None:
+        super().__init__(model_dir, settings)
         self.codec = FillMaskCodec(
             self.spec.tokenizer_path(), self.spec.model_config, model_name=self.spec.name
         )
@@ -193,11 +190,8 @@ class BareFillMask(Bare):
         self.inputs = len(self.texts)
         # Whole batches of the texts in turn, collated once for the raw runs.
         feeds = [self.codec.encode(t).feeds for t in self.texts]
-        starts = range(0, max(1, len(feeds) - batch + 1), batch)
+        starts = range(0, max(1, len(feeds) - BATCH + 1), BATCH)
         self.batches = [self.codec.collate(self._wrap(feeds, s), fixed=self.fixed) for s in starts]
-
-    def _wrap(self, items: Sequence[Any], start: int) -> list[Any]:
-        return [items[(start + i) % len(items)] for i in range(self.batch)]
 
     def bare(self, k: int) -> list[Any]:
         encoded = [self.codec.encode(t) for t in self._wrap(self.texts, k * self.batch)]

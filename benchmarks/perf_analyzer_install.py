@@ -2,21 +2,15 @@
 
     python -m benchmarks.perf_analyzer_install      # install (or find) it; print the command
 
-Where the C library is new enough (glibc 2.38: Ubuntu 24.04, Debian 13) `pip install
+Where the C library is glibc 2.38 or newer (Ubuntu 24.04, Debian 13), `pip install
 perf-analyzer==2.60.0` is all it takes, and a `perf_analyzer` on PATH that runs is used as it is.
 Elsewhere pip quietly picks 0.1.0, an empty placeholder, because the real wheels are tagged
-manylinux_2_38. Then this module, idempotently and without touching the system:
-
-1. downloads the 2.60.0 wheel (`pip download --platform manylinux_2_38_x86_64 --only-binary=:all:`)
-   and unpacks its binary into `.bench-tools/perf_analyzer-2.60.0/`;
-2. if the binary does not start on this system's C library, downloads Debian 13's libc6,
-   libstdc++6 and libgcc-s1 with `apt-get download` (a private apt folder that lists Debian 13's
-   archive, signed with the keys of debian-archive-keyring) and unpacks them beside it;
-3. runs the binary through that folder's dynamic loader (`ld-linux-x86-64.so.2 --library-path`),
-   so the new C library serves perf_analyzer alone; the system's libssl and zlib still come from
-   the system.
-
-Each step is skipped when its result is already there; `command.json` records the command.
+manylinux_2_38. Then this module downloads the 2.60.0 wheel for that platform into
+`.bench-tools/`, and, if its binary does not start on this system's C library, Debian 13's libc6,
+libstdc++6 and libgcc-s1 (`apt-get download` from a private apt folder listing Debian 13's
+archive, signed with debian-archive-keyring's keys), and runs the binary through their dynamic
+loader: the new C library serves perf_analyzer alone. Each step is skipped when its result is
+already there; `command.json` records the command.
 """
 
 from __future__ import annotations
