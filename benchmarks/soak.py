@@ -78,12 +78,6 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def proc_sample(pid: int) -> tuple[int, int, float]:
-    """(RSS in KiB, open file descriptors) of process `pid`, and the machine's load average."""
-    process = psutil.Process(pid)
-    return process.memory_info().rss // 1024, process.num_fds(), os.getloadavg()[0]
-
-
 async def ramp(args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:
     """Open-loop steps at rising rates until one is not fully answered with 200s or leaves a
     backlog; the last rate that was is the sustainable rate."""
@@ -121,9 +115,13 @@ def _open_loop(
 
 
 async def sample(pid: int | None, until: float, into: list[Sample]) -> None:
-    """RSS, fds and load average every few seconds until `until` (perf_counter)."""
+    """The server's RSS in KiB and open fds, and the machine's load average, every few seconds until
+    `until` (perf_counter)."""
     while pid is not None and time.perf_counter() < until:
-        into.append((time.perf_counter(), proc_sample(pid)))
+        process = psutil.Process(pid)
+        into.append(
+            (time.perf_counter(), (process.memory_info().rss // 1024, process.num_fds(), os.getloadavg()[0]))
+        )
         await asyncio.sleep(SAMPLE_EVERY_S)
 
 
