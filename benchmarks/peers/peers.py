@@ -43,14 +43,6 @@ MULTIPART = "python-multipart"
 
 
 @dataclass(frozen=True)
-class Ports:
-    """The free ports a peer is started on: `http` is the one measured."""
-
-    http: int
-    extra: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
 class Peer:
     """One measured server configuration."""
 
@@ -58,7 +50,8 @@ class Peer:
     label: str
     venv: str | None  # None: the product's .venv
     packages: tuple[str, ...]
-    argv: Callable[[Path, Ports, Path], list[str]]  # (python or venv bin dir, ports, work dir) -> argv
+    # (python or venv bin dir, free ports: the measured one first, then `extra_ports`, work dir) -> argv
+    argv: Callable[[Path, list[int], Path], list[str]]
     body: str  # "raw" (image/jpeg body) or "multipart" (field `file`)
     extra_ports: int = 0
     env: dict[str, str] = field(default_factory=dict)
@@ -67,32 +60,32 @@ class Peer:
         return VENVS / self.venv / "bin" if self.venv else Path(sys.executable).parent
 
 
-def _gmlp(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+def _gmlp(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
     return serve_argv(
         work / "repository",
-        ports.http,
+        ports[0],
         *("--variant", "int8", "--instances", str(instances())),
         *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", "16"),
         *("--max-queue-delay-ms", "2", "--log-level", "warning"),
     )
 
 
-def _litserve(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
-    return [str(bin_dir / "python"), "-m", "benchmarks.peers.litserve_server", "--port", str(ports.http)]
+def _litserve(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
+    return [str(bin_dir / "python"), "-m", "benchmarks.peers.litserve_server", "--port", str(ports[0])]
 
 
-def _ray(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+def _ray(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
     """Ray Serve with direct ingress: the measured port is the replica's own, not the proxy's."""
-    proxy, grpc = ports.extra
+    http, proxy, grpc = ports
     return [
         *(str(bin_dir / "python"), "-m", "benchmarks.peers.ray_server", "--temp-dir", str(work / "ray")),
-        *("--port", str(proxy), "--direct-port", str(ports.http), "--direct-grpc-port", str(grpc)),
+        *("--port", str(proxy), "--direct-port", str(http), "--direct-grpc-port", str(grpc)),
     ]
 
 
-def _bentoml(bin_dir: Path, ports: Ports, work: Path) -> list[str]:
+def _bentoml(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
     service = "benchmarks.peers.bentoml_service:Classifier"
-    return [str(bin_dir / "bentoml"), "serve", service, "--host", "127.0.0.1", "--port", str(ports.http)]
+    return [str(bin_dir / "bentoml"), "serve", service, "--host", "127.0.0.1", "--port", str(ports[0])]
 
 
 PEERS: tuple[Peer, ...] = (
@@ -173,10 +166,10 @@ def classify(url: str, image: bytes, kind: str, timeout_s: float = 10.0) -> str:
 def running(peer: Peer, work: Path, model_dir: Path, image: bytes) -> Iterator[ServerProcess]:
     """`peer` started from the checkout (the peers' own servers are modules of it) on free ports
     and answering `image`; stopped with its whole tree after. Its `url` is the route measured."""
-    ports = Ports(free_port(), tuple(free_port() for _ in range(peer.extra_ports)))
+    ports = [free_port() for _ in range(1 + peer.extra_ports)]
     server = ServerProcess(
         peer.argv(peer.bin_dir(), ports, work),
-        port=ports.http,
+        port=ports[0],
         path="/classify",
         log_path=work / f"{peer.key}.log",
         env={**peer.env, MODEL_ENV: str(model_dir), "PYTHONPATH": str(REPO)},
