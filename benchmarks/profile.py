@@ -38,7 +38,7 @@ from benchmarks.bare_pipeline import sentences
 from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS, running
-from benchmarks.peers.run import MODEL, ensure_model, test_images, write_script
+from benchmarks.peers.run import MODEL, bundled_images, ensure_model, write_script
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 from gmlp.server_process import get_json, gmlp_serve, http_get, link_repository
 
@@ -148,7 +148,7 @@ class Target:
 def classify_target(work: Path) -> Iterator[Target]:
     """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
     peer = next(p for p in PEERS if p.key == "gmlp-serve")
-    image = next(iter(test_images().values()))
+    image = next(iter(bundled_images().values()))
     link_repository(work, MODEL)
     script = write_script(work, peer.key, image, peer.body)
     with running(peer, work, MODEL, image) as server:

@@ -55,7 +55,8 @@ class Results:
     reference: dict[str, str] = field(default_factory=dict)  # raw ORT's top labels, not saved
 
 
-def test_images() -> dict[str, bytes]:
+def bundled_images() -> dict[str, bytes]:
+    """The bundled CIFAR-10 test JPEGs by name, in order: the first is the one every request sends."""
     return {p.name: p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))}
 
 
@@ -133,7 +134,7 @@ def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
 
 
 def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: Results) -> None:
-    images = test_images()
+    images = bundled_images()
     first = next(iter(images.values()))
     with running(peer, work, MODEL, first) as server:
         check_answers(server.url, peer, images, results.reference)
@@ -152,7 +153,7 @@ def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results
 
 def run_rounds(args: argparse.Namespace, peers: list[Peer], work: Path) -> Results:
     """Every round: the bare pipeline and raw ORT, then each peer (rotated order) at every level."""
-    results = Results(reference=reference_labels(MODEL, test_images()))
+    results = Results(reference=reference_labels(MODEL, bundled_images()))
     for rnd in range(args.rounds):
         print(f"round {rnd + 1}/{args.rounds}", flush=True)
         bare = bare_pipeline(MODEL, args.duration)
