@@ -359,6 +359,3 @@ def _cgroup_cpu_quota() -> float | None:
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):
         return None
-
-
-__all__ = ["ServiceSettings", "Group", "available_cpus", "Device", "group_of"]

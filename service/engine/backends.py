@@ -126,6 +126,3 @@ def open_runtime(path: Path, options: RuntimeOptions, *, name: str = "") -> Runt
     if options.backend == OPENVINO:
         return OpenVinoModel(path, options, name=name)
     return OnnxModel(path, options, name=name)
-
-
-__all__ = ["BF16_FLAGS", "OpenVinoModel", "auto_backend", "cpu_flags", "open_runtime", "resolve_backend"]

@@ -405,6 +405,3 @@ def _resolve(
         pending.future.set_exception(exc)
     else:
         pending.future.set_result(result)  # type: ignore[arg-type]
-
-
-__all__ = ["DynamicBatcher", "BatchObserver", "BatchRun", "Batched"]

@@ -240,23 +240,3 @@ async def encode_off_loop(encode: Callable[[], T], size: int) -> T:
     if size <= INLINE_ENCODE_BYTES:
         return encode()
     return await asyncio.to_thread(encode)
-
-
-__all__ = [
-    "RequestContext",
-    "Batched",
-    "BatchRun",
-    "RunClock",
-    "accepted_request_id",
-    "current",
-    "open_request",
-    "note_model",
-    "note_batch",
-    "note_error",
-    "REQUEST_ID_HEADER",
-    "MAX_REQUEST_ID_LENGTH",
-    "Deadline",
-    "before",
-    "INLINE_ENCODE_BYTES",
-    "encode_off_loop",
-]

@@ -330,6 +330,3 @@ def _why_not(source: ModelSource) -> str:
         *(f"version {v}: {s.problem}" for v, s in source.versions.items() if s.problem),
     ]
     return "; ".join(problems) or "no version selected by the version policy"
-
-
-__all__ = ["ServiceState", "Phase"]

@@ -43,7 +43,6 @@ from service.lifecycle.records import (
     ModelRecord,
     NullObserver,
     S,
-    Servable,
     Version,
     VersionState,
 )
@@ -333,6 +332,3 @@ def _unavailable(message: str, version: Version[Any] | None) -> NotReady:
     """Retry soon while a version is on its way; a failed one needs an operator (no Retry-After)."""
     transient = version is not None and version.state in (LOADING, UNLOADING)
     return NotReady(ErrorCode.VERSION_UNAVAILABLE, message, retry_after_s=1 if transient else None)
-
-
-__all__ = ["VersionTable", "Version", "VersionState", "IndexEntry", "LifecycleObserver", "Servable"]

@@ -70,6 +70,3 @@ async def decode_in_thread(
     budget of `capacity` pixels in decoding."""
     async with decode_budget(capacity).hold(img.width * img.height):
         return await asyncio.to_thread(transform.finish, img)
-
-
-__all__ = ["PixelBudget", "decode_budget", "decode_in_thread"]

@@ -227,6 +227,3 @@ class FillMaskHF:
         text = inputs if isinstance(inputs, str) else utf8(inputs)
         answer = await self.served.fill_mask(text, options.top_k or 5, options.targets, deadline)
         return answer[0] if len(answer) == 1 else answer
-
-
-__all__ = ["FillMaskPipeline", "FillMaskForms", "FillMaskHF", "INLINE_ENCODE_CHARS"]

@@ -31,7 +31,8 @@ from service.engine.runtime import Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.telemetry import tracing
-from service.telemetry.metrics import DEFAULT_VERSION, ModelObserver, PredictionMetrics, ServiceMetrics
+from service.telemetry.metrics import ModelObserver, PredictionMetrics, ServiceMetrics
+from service.telemetry.statistics import DEFAULT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,3 @@ class Pipeline:
     async def infer(self, feeds: Feeds, deadline: Deadline, names: frozenset[str] | None = None) -> Feeds:
         """One request's model outputs (`names`; default: all), in whatever batch forms."""
         return (await self.queued(Job(feeds, reads=names), deadline)).outputs
-
-
-__all__ = ["Pipeline", "V2Adapter", "HFAdapter", "HFOptions"]

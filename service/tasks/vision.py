@@ -138,6 +138,3 @@ class VisionHF:
         image = decode_base64(inputs, "inputs") if isinstance(inputs, str) else inputs
         top_k = min(options.top_k or 5, len(self.served.labels))  # as HF's pipeline: at most every label
         return await self.served.classify(image, top_k, deadline, options.function_to_apply or "softmax")
-
-
-__all__ = ["VisionPipeline", "VisionForms", "VisionHF", "INLINE_DECODE_PIXELS"]

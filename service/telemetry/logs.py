@@ -220,14 +220,3 @@ def uvicorn_log_config(settings: ServiceSettings) -> dict[str, Any]:
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
     }
     return {"version": 1, "disable_existing_loggers": False, "loggers": loggers}
-
-
-__all__ = [
-    "JsonFormatter",
-    "TextFormatter",
-    "NativeOutput",
-    "configure_logging",
-    "uvicorn_log_config",
-    "native_line",
-    "request_fields",
-]

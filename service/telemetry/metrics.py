@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from service.engine.batcher import BatchObserver
 from service.engine.request_context import BatchRun
-from service.telemetry.statistics import DEFAULT_VERSION, StatisticsSeries
+from service.telemetry.statistics import StatisticsSeries
 
 MV = ["model", "version"]
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
@@ -332,14 +332,3 @@ class LifecycleMetrics:
 
     def leased(self, model: str, version: int) -> None:
         self._metrics.version_requests.labels(model, str(version)).inc()
-
-
-__all__ = [
-    "ServiceMetrics",
-    "ModelObserver",
-    "PredictionMetrics",
-    "LifecycleMetrics",
-    "DEFAULT_VERSION",
-    "power_of_two_buckets",
-    "LATENCY_BUCKETS",
-]

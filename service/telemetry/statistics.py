@@ -138,11 +138,3 @@ class StatisticsSeries:
             compute=Duration(inferences, total(self.compute_seconds)),
             by_batch_size=dict(sorted(sizes.items())),
         )
-
-
-__all__ = [
-    "StatisticsSeries",
-    "ModelCounters",
-    "Duration",
-    "DEFAULT_VERSION",
-]

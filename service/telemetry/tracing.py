@@ -237,15 +237,3 @@ class BatchTracing(BatchObserver):
             batch.record_exception(run.error)
             batch.set_status(Status(StatusCode.ERROR, repr(run.error)))
         batch.end(end_time=to_ns(run.run_end))
-
-
-__all__ = [
-    "Tracing",
-    "BatchTracing",
-    "configured",
-    "span",
-    "sampled",
-    "epoch_ns",
-    "DEFAULT_SERVICE_NAME",
-    "NO_SPAN",
-]
