@@ -103,6 +103,10 @@ class RunClock:
     start: float = 0.0
     end: float = 0.0
 
+    @property
+    def run_s(self) -> float:
+        return self.end - self.start
+
 
 @dataclass(frozen=True)
 class BatchRun:
