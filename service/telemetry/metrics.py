@@ -9,7 +9,7 @@ free of Prometheus. Nothing here knows a transport.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import partial
 
@@ -307,16 +307,19 @@ class PredictionMetrics:
 
 
 class LifecycleMetrics:
-    """`LifecycleObserver` of the version table (`service.lifecycle.versions`)."""
+    """`LifecycleObserver` of the version table (`service.lifecycle.versions`); `changed()` runs after
+    every change of a version's state (the table reports each one, a version added or removed included)."""
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
+    def __init__(self, metrics: ServiceMetrics, changed: Callable[[], None]) -> None:
         self._metrics = metrics
+        self._changed = changed
 
     def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
         if old is not None:
             self._metrics.model_versions.labels(old).dec()
         if new is not None:
             self._metrics.model_versions.labels(new).inc()
+        self._changed()
 
     def loaded(self, model: str) -> None:
         self._metrics.version_loads.labels(model).inc()
