@@ -28,12 +28,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 def power_of_two_buckets(max_batch_size: int) -> tuple[float, ...]:
     """1, 2, 4, ... up to the first power of two >= max_batch_size."""
-    buckets, b = [], 1
-    while True:
-        buckets.append(float(b))
-        if b >= max_batch_size:
-            return tuple(buckets)
-        b *= 2
+    return tuple(float(2**i) for i in range((max_batch_size - 1).bit_length() + 1))
 
 
 class ServiceMetrics:

@@ -144,8 +144,10 @@ class Tracing:
         *,
         attributes: dict[str, Any] | None = None,
         links: Sequence[Any] = (),
+        error: BaseException | None = None,
     ) -> Any:
-        """A span recorded after the fact (its times measured elsewhere), a child of `parent`."""
+        """A span recorded after the fact (its times measured elsewhere), a child of `parent`; an
+        `error` is recorded on it and marks it failed."""
         span = self.tracer.start_span(
             name,
             context=self._trace.set_span_in_context(parent),
@@ -153,6 +155,11 @@ class Tracing:
             attributes=attributes,
             links=links,
         )
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, repr(error)))
         span.end(end_time=end_ns)
         return span
 
@@ -224,16 +231,7 @@ class BatchTracing(BatchObserver):
             "gmlp.batch.instance": run.instance,
             **self.attributes(run.items),
         }
-        batch = tracing.tracer.start_span(
-            f"batch {self.model}",
-            context=tracing._trace.set_span_in_context(first.span),
-            start_time=to_ns(run.run_start),
-            attributes=attributes,
-            links=links,
+        start, end = to_ns(run.run_start), to_ns(run.run_end)
+        tracing.span_between(
+            f"batch {self.model}", first.span, start, end, attributes=attributes, links=links, error=run.error
         )
-        if run.error is not None:
-            from opentelemetry.trace import Status, StatusCode
-
-            batch.record_exception(run.error)
-            batch.set_status(Status(StatusCode.ERROR, repr(run.error)))
-        batch.end(end_time=to_ns(run.run_end))
