@@ -117,7 +117,7 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
-        _, _, done = await self._submit(text, deadline, targets, top_k, NOTHING)
+        done = await self._submit(text, deadline, targets, top_k, NOTHING)
         self.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
@@ -125,7 +125,7 @@ class FillMaskPipeline(Pipeline):
     async def decoded_text(self, text: str, top_k: int, deadline: Deadline, names: frozenset[str]) -> Done:
         """A text's graph outputs `names` (rows [slots, ...]) and its top_k per mask, decoded in the
         batch thread (the v2 protocol's text input)."""
-        return (await self._submit(text, deadline, None, top_k, names))[2]
+        return await self._submit(text, deadline, None, top_k, names)
 
     async def infer_decoded(
         self, feeds: Feeds, top_k: int, deadline: Deadline, names: frozenset[str] | None = None
@@ -137,19 +137,18 @@ class FillMaskPipeline(Pipeline):
         return await self.queued(Job(feeds, answer, reads=names), deadline)
 
     async def _submit(
-        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None, reads: Reads
-    ) -> tuple[EncodedText, list[int] | None, Done]:
-        """A text through the model's tokenizer and the batcher; decoded in the batch thread when
-        `top_k` is given."""
+        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
+    ) -> Done:
+        """A text through the model's tokenizer and the batcher, decoded in the batch thread."""
         with self.batcher.arriving(), self.span("preprocess"):
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)
             else:
                 encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
             target_ids = None if targets is None else self.codec.target_ids(targets)
-        answer = None if top_k is None else Decoding(encoded, top_k, target_ids)
-        done = await self.queued(Job(encoded.feeds, answer, True, reads), deadline)
-        return encoded, target_ids, done
+        return await self.queued(
+            Job(encoded.feeds, Decoding(encoded, top_k, target_ids), True, reads), deadline
+        )
 
 
 class FillMaskForms(Forms):
