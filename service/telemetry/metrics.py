@@ -175,12 +175,6 @@ class ServiceMetrics:
         for state in ("READY", "LOADING", "UNLOADING", "UNAVAILABLE"):
             self.model_versions.labels(state).set(0)
 
-    def version_closed(self, model: str, version: str) -> None:
-        """A version was retired: its batcher's gauges go (not left behind at their last value)."""
-        for gauge in (self.queue_depth, self.queue_capacity, self.model_instances):
-            with suppress(KeyError):
-                gauge.remove(model, version)
-
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
         self.refusals.labels(transport, code).inc()
@@ -199,13 +193,6 @@ class ServiceMetrics:
         outcome = "success" if ok else "fail"
         self.statistics.requests.labels(model, version, outcome).inc()
         self.statistics.request_seconds.labels(model, version, outcome).inc(seconds)
-
-    def key_request(self, key: str, transport: str, outcome: str) -> None:
-        """One access decision: the key's configured name (never the key), transport and outcome."""
-        self.key_requests.labels(key, transport, outcome).inc()
-
-    def file_reloaded(self, file: str, ok: bool) -> None:
-        self.file_reloads.labels(file, "ok" if ok else "error").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -323,7 +310,11 @@ class LifecycleMetrics:
         self._metrics.version_unloads.labels(model).inc()
 
     def closed(self, model: str, version: int) -> None:
-        self._metrics.version_closed(model, str(version))
+        """A version was retired: its batcher's gauges go (not left behind at their last value)."""
+        metrics = self._metrics
+        for gauge in (metrics.queue_depth, metrics.queue_capacity, metrics.model_instances):
+            with suppress(KeyError):
+                gauge.remove(model, str(version))
 
     def refused(self, model: str, reason: str) -> None:
         self._metrics.version_refusals.labels(model, reason).inc()
