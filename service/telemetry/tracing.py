@@ -55,7 +55,7 @@ class Tracing:
     with the batch span processor and the OTLP/HTTP exporter."""
 
     def __init__(self) -> None:
-        from opentelemetry import trace
+        from opentelemetry import context, propagate, trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -76,7 +76,7 @@ class Tracing:
         self.provider = TracerProvider(resource=resource)
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         self.tracer = self.provider.get_tracer("gmlp-serve")
-        self._trace = trace
+        self._trace, self._context, self._propagate = trace, context, propagate
 
     @classmethod
     def from_environment(cls) -> Tracing | None:
@@ -95,23 +95,17 @@ class Tracing:
 
     def start_server_span(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> Any:
         """A SERVER span continuing the W3C trace context in `carrier` (lower-case header names)."""
-        from opentelemetry import propagate
-
-        parent = propagate.extract(carrier)
+        parent = self._propagate.extract(carrier)
         return self.tracer.start_span(
             name, context=parent, kind=self._trace.SpanKind.SERVER, attributes=attributes
         )
 
     def activate(self, span: Any) -> object:
         """Make `span` the current span of this task (what child spans take as parent)."""
-        from opentelemetry import context
-
-        return context.attach(self._trace.set_span_in_context(span))
+        return self._context.attach(self._trace.set_span_in_context(span))
 
     def deactivate(self, token: object) -> None:
-        from opentelemetry import context
-
-        context.detach(token)  # type: ignore[arg-type]
+        self._context.detach(token)  # type: ignore[arg-type]
 
     def end_server_span(
         self,
@@ -123,8 +117,7 @@ class Tracing:
     ) -> None:
         """End the request's span; a refusal (or a `failed` status without one: a bug, an answer
         of the framework's own) marks it as an error with the machine code (else the status)."""
-        from opentelemetry.trace import Status, StatusCode
-
+        trace = self._trace
         span = request.span
         span.set_attributes(attributes)
         if request.model:
@@ -132,7 +125,9 @@ class Tracing:
         if request.error_code is not None or failed:
             code = request.error_code or status
             span.set_attribute("error.type", code)
-            span.set_status(Status(StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}"))
+            span.set_status(
+                trace.Status(trace.StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}")
+            )
         span.end()
 
     def span_between(
@@ -156,17 +151,13 @@ class Tracing:
             links=links,
         )
         if error is not None:
-            from opentelemetry.trace import Status, StatusCode
-
             span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, repr(error)))
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, repr(error)))
         span.end(end_time=end_ns)
         return span
 
     def link(self, span: Any, attributes: dict[str, Any]) -> Any:
-        from opentelemetry.trace import Link
-
-        return Link(span.get_span_context(), attributes)
+        return self._trace.Link(span.get_span_context(), attributes)
 
     def shutdown(self) -> None:
         """Export what is buffered and stop the exporter thread."""
