@@ -72,14 +72,10 @@ class _Pending(Generic[I, O]):
 
 
 class DynamicBatcher(Generic[I, O]):
-    """Collects concurrently `submit`ted items into batches for `run_batch`, one model's queue.
-
-    Batching turns many small model runs into few large ones, which ONNX Runtime runs at a lower
-    cost per item; the bounded queue sheds load at once instead of letting latency grow, and each
-    request keeps its own deadline and gets its own result with its own times (`Batched`). The
-    policy is the module docstring's; `start` runs the loops on the event loop, `drain`/`close`
-    stop it on shutdown.
-    """
+    """One model's queue: concurrently `submit`ted items in batches for `run_batch` (few large runs
+    cost ONNX Runtime less per item than many small ones), each with its own deadline, result and
+    times (`Batched`); the policy is the module docstring's. `start` runs the loops on the event
+    loop, `drain`/`close` stop them on shutdown."""
 
     def __init__(
         self,
@@ -101,8 +97,6 @@ class DynamicBatcher(Generic[I, O]):
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self.max_queue_size = max_queue_size
-        # True: the first waiting request always waits up to max_queue_delay_s for batch-mates
-        # (fuller batches at moderate load, for its latency), not only while some are arriving.
         self.always_wait = always_wait
         self.instances = instances
         self.name = name
@@ -117,8 +111,6 @@ class DynamicBatcher(Generic[I, O]):
         self._idle: asyncio.Event | None = None
         # One thread per instance: a batch never waits for a thread, only for a free instance.
         self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"batch-{name}")
-
-    # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
@@ -166,8 +158,6 @@ class DynamicBatcher(Generic[I, O]):
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
-
-    # -- requests ----------------------------------------------------------------------------------
 
     @contextmanager
     def arriving(self) -> Iterator[None]:
@@ -235,8 +225,6 @@ class DynamicBatcher(Generic[I, O]):
         self._rejected(reason)
         self._depth()
         self._set_idle_if_done()
-
-    # -- the loop ----------------------------------------------------------------------------------
 
     async def _loop(self, instance: int) -> None:
         """One instance: form a batch, run it, and at once form the next.

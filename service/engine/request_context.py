@@ -70,12 +70,6 @@ class RequestContext:
     span: Any = None
     tracer: Any = None
 
-    def batched(self, queue_s: float, infer_s: float) -> None:
-        """A row of this request ran in a batch after waiting `queue_s` (rows run side by side, so
-        the longest wait and run are the request's)."""
-        self.queue_s = max(self.queue_s, queue_s)
-        self.infer_s = max(self.infer_s, infer_s)
-
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
@@ -178,10 +172,11 @@ def note_model(name: str) -> None:
 
 
 def note_batch(queue_s: float, run_s: float) -> None:
-    """One row of the current request came back from its batch after these times."""
+    """One row of the current request came back from its batch after these times (rows run side by
+    side, so the longest wait and run are the request's)."""
     context = _current.get()
     if context is not None:
-        context.batched(queue_s, run_s)
+        context.queue_s, context.infer_s = max(context.queue_s, queue_s), max(context.infer_s, run_s)
 
 
 def note_error(code: str, message: str) -> None:

@@ -116,8 +116,6 @@ class ServiceState:
     def _configured_defaults(self) -> dict[str, str | None]:
         return {task: getattr(self.settings, kind.default_setting) for task, kind in PIPELINES.items()}
 
-    # -- loading -----------------------------------------------------------------------------------
-
     def _load_version(self, source: VersionSource) -> Pipeline:
         """The table's loader (blocking, in a thread): session, warm-up, recorded check."""
         assert source.spec is not None
@@ -187,8 +185,6 @@ class ServiceState:
                 newest.loaded.served.ready = True
             self.metrics.model_ready.labels(name).set(1 if newest is not None else 0)
 
-    # -- the repository API ------------------------------------------------------------------------
-
     async def load_model(self, name: str, config: str | None = None) -> None:
         """Load (or reload) `name` per its version policy (`config`: a JSON model configuration whose
         `version_policy` replaces the model's); InvalidInput when refused or nothing loaded."""
@@ -235,8 +231,6 @@ class ServiceState:
                 f"the repository {call} call needs GMLP_MODEL_CONTROL=explicit (this server runs "
                 f"{self.settings.model_control!r})",
             )
-
-    # -- requests ----------------------------------------------------------------------------------
 
     @contextmanager
     def lease(self, name: str | None, version: int | None, *, kind: type[P]) -> Iterator[P]:

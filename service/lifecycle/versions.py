@@ -148,8 +148,6 @@ class VersionTable(Generic[S]):
         self.observer: LifecycleObserver = observer or NullObserver()
         self.models: dict[str, ModelRecord[S]] = {}
 
-    # -- requests ----------------------------------------------------------------------------------
-
     def newest_ready(self, name: str) -> Version[S] | None:
         """The newest READY version of `name` (what a request that names no version gets), or None."""
         record = self.models.get(name)
@@ -232,8 +230,6 @@ class VersionTable(Generic[S]):
             ]
         return entries
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-
     def policy_of(self, name: str, source: ModelSource | None = None) -> VersionPolicy:
         record = self.models.get(name)
         return (record.policy if record else None) or (source.policy if source else None) or self.policy
@@ -304,8 +300,6 @@ class VersionTable(Generic[S]):
     async def close(self) -> None:
         """Shutdown: drain and close everything loaded."""
         await asyncio.gather(*(self.unload(name) for name in list(self.models)), return_exceptions=True)
-
-    # -- internals ---------------------------------------------------------------------------------
 
     def _record_versions(self, record: ModelRecord[S], source: ModelSource) -> None:
         record.problems = source.problems()
