@@ -72,10 +72,8 @@ class FillMaskPipeline(Pipeline):
         return len(job.feeds["mask_positions"])
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
-        """The quality metrics of the task requests' mask rows, and the decoded predictions of those
-        that ask for them: from the top-k outputs where `top` says, else from the logits
-        (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
-        self.observe(jobs, outputs, top)
+        """The decoded predictions of the rows that ask for them: from the top-k outputs where `top`
+        says, else from the logits (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
         return batch_jobs.decode_rows(jobs, outputs, self.codec, top)
 
     def warmup_feeds(self) -> list[Feeds]:

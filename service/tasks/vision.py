@@ -129,7 +129,6 @@ class VisionPipeline(Pipeline):
         """The ranked labels of the rows that ask for them: from the top-k outputs where `top`
         says, else one vectorised pass per score function (at the largest top_k among its rows;
         each row keeps its own prefix of the ranking)."""
-        self.observe(jobs, outputs, top)
         return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
 
     async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
