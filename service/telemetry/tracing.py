@@ -1,23 +1,16 @@
 """OpenTelemetry tracing: a server span per request, child spans for its steps, a span per batch.
 
-Off unless the standard variables ask for it (`configured`): `OTEL_TRACES_EXPORTER=otlp`, or an
-OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) with
-`OTEL_TRACES_EXPORTER` unset; `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true` keep it off.
-Off, the SDK is never imported and no exporter thread runs, and the request path never enters this
-module: a pipeline decides at build whether its steps are spanned and its batches observed
-(`service.tasks.pipeline`), the transports whether their requests get a server span.
-On, the SDK reads the rest of the standard variables itself: `OTEL_SERVICE_NAME` and
-`OTEL_RESOURCE_ATTRIBUTES` (the resource; service.name defaults to gmlp-serve),
-`OTEL_TRACES_SAMPLER[_ARG]` (the sampler), `OTEL_EXPORTER_OTLP_*` (endpoint, headers, timeout)
-and `OTEL_BSP_*` (the batch span processor). Spans go out over OTLP/HTTP with protobuf bodies
-(the `otel` extra installs the SDK and that exporter). Incoming W3C `traceparent`/`tracestate`
-are continued through the propagators `OTEL_PROPAGATORS` names (default tracecontext, baggage).
+When it is on, the variables it reads and the spans it records: docs/service.md, "Tracing
+(OpenTelemetry)"; `configured` is the rule. Off, the SDK is never imported and no exporter thread
+runs, and the request path never enters this module: a pipeline decides at build whether its steps
+are spanned and its batches observed (`service.tasks.pipeline`), the transports whether their
+requests get a server span. On, the SDK reads the standard variables itself (resource, sampler,
+exporter, batch span processor); spans go out over OTLP/HTTP with protobuf bodies (the `otel`
+extra), and incoming W3C trace context is continued through the propagators `OTEL_PROPAGATORS` names.
 
-One model batch serves many requests, each in a trace of its own. The batch's span (`batch
-<model>`, the model run's duration, with its size, padded length, instance and variant) is a
-child of the first sampled request it served and carries a span link to the server span of every
-sampled request in it, so a trace viewer leads from any request to the batch and from the batch to
-all its requests. Each request also gets a `queue wait` span, from enqueue to the batch's start.
+One model batch serves many requests, each in a trace of its own. The batch's span is a child of
+the first sampled request it served and links to the server span of every sampled request in it,
+so a trace viewer leads from any request to the batch and from the batch to all its requests.
 """
 
 from __future__ import annotations
@@ -40,7 +33,8 @@ NO_SPAN: AbstractContextManager[Any] = nullcontext()  # the shared no-op of an u
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the OTEL_* variables ask for traces to be exported (the module docstring's rule)."""
+    """Whether the OTEL_* variables ask for traces to be exported: `OTEL_TRACES_EXPORTER` other than
+    none, or with it unset an OTLP endpoint; never with `OTEL_SDK_DISABLED=true`."""
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
