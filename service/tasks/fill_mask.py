@@ -115,15 +115,10 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
-        done = await self._submit(text, deadline, targets, top_k, NOTHING)
+        done = await self.submit_text(text, deadline, targets, top_k, NOTHING)
         self.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
-
-    async def decoded_text(self, text: str, top_k: int, deadline: Deadline, names: frozenset[str]) -> Done:
-        """A text's graph outputs `names` (rows [slots, ...]) and its top_k per mask, decoded in the
-        batch thread (the v2 protocol's text input)."""
-        return await self._submit(text, deadline, None, top_k, names)
 
     async def infer_decoded(
         self, feeds: Feeds, top_k: int, deadline: Deadline, names: frozenset[str] | None = None
@@ -134,10 +129,11 @@ class FillMaskPipeline(Pipeline):
         answer = Decoding(EncodedText(ids, positions, feeds), top_k)
         return await self.queued(Job(feeds, answer, reads=names), deadline)
 
-    async def _submit(
+    async def submit_text(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
     ) -> Done:
-        """A text through the model's tokenizer and the batcher, decoded in the batch thread."""
+        """A text through the model's tokenizer and the batcher, its top_k per mask decoded in the batch
+        thread, and its graph outputs `reads` (rows [slots, ...]: the v2 protocol's text input)."""
         with self.batcher.arriving(), self.span("preprocess"):
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)
@@ -200,7 +196,9 @@ class FillMaskForms(Forms):
         texts = [utf8(item) for item in self.encoded_items(tensor)]
         graph = self.graph_outputs(outputs, [])
         reads = frozenset(graph)
-        runs = await gather_or_cancel([self.served.decoded_text(t, top_k, deadline, reads) for t in texts])
+        runs = await gather_or_cancel(
+            [self.served.submit_text(t, deadline, None, top_k, reads) for t in texts]
+        )
         produced = {PREDICTIONS_OUTPUT: predictions([run.answer for run in runs], tensor.shape)}
         for name in graph:
             produced[name] = stacked(name, [run.outputs[name][: len(run.answer)] for run in runs])
