@@ -317,7 +317,9 @@ class DynamicBatcher(Generic[I, O]):
                     _resolve(pending, exc=self._closed())
             self.running -= len(batch)
             self.running_batches -= 1
-            run = BatchRun.of(instance, batch, start, timed, error)
+            now = time.monotonic()
+            rows = ([p.item for p in batch], [p.request for p in batch], [p.enqueued for p in batch])
+            run = BatchRun(instance, *rows, start, timed.start or start, timed.end or now, now, error)
             for observer in self.observers:
                 observer.batch_done(run)
 

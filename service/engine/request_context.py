@@ -27,7 +27,7 @@ import asyncio
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -128,24 +128,6 @@ class BatchRun:
     def queue_waits(self) -> list[float]:
         """Each row's wait, from enqueue to the batch's start."""
         return [self.started - enqueued for enqueued in self.enqueued]
-
-    @classmethod
-    def of(
-        cls, instance: int, batch: Sequence[Any], started: float, clock: RunClock, error: BaseException | None
-    ) -> BatchRun:
-        """The run of `batch` (the batcher's pending rows: `.item`, `.request`, `.enqueued`), done now."""
-        now = time.monotonic()
-        return cls(
-            instance,
-            [p.item for p in batch],
-            [p.request for p in batch],
-            [p.enqueued for p in batch],
-            started,
-            clock.start or started,
-            clock.end or now,
-            now,
-            error,
-        )
 
 
 def current() -> RequestContext | None:
