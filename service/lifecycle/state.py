@@ -280,16 +280,12 @@ class ServiceState:
 
     def not_ready_error(self) -> NotReady:
         if self.phase is Phase.FAILED:
-            return NotReady(
-                ErrorCode.NOT_READY,
-                f"the service failed to load its models: {self.error}",
-                retry_after_s=None,
-            )
-        message = {
-            Phase.LOADING: "the models are still loading",
-            Phase.DRAINING: "the service is shutting down",
-        }[self.phase]
-        return NotReady(ErrorCode.NOT_READY, message)
+            message = f"the service failed to load its models: {self.error}"
+            return NotReady(ErrorCode.NOT_READY, message, retry_after_s=None)
+        loading = self.phase is Phase.LOADING
+        return NotReady(
+            ErrorCode.NOT_READY, "the models are still loading" if loading else "the service is shutting down"
+        )
 
     async def shutdown(self) -> None:
         """Stop watching and accepting, finish queued and running requests, release the sessions."""

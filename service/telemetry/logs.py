@@ -50,13 +50,8 @@ def request_fields() -> dict[str, Any]:
     request = request_context.current()
     if request is None:
         return {}
-    fields: dict[str, Any] = {"request_id": request.request_id}
-    if request.method:
-        fields["method"] = request.method
-    if request.route:
-        fields["route"] = request.route
-    if request.model:
-        fields["model"] = request.model
+    named = {"method": request.method, "route": request.route, "model": request.model}
+    fields: dict[str, Any] = {"request_id": request.request_id, **{k: v for k, v in named.items() if v}}
     if request.tracer is not None:
         from opentelemetry import trace  # imported only where tracing is on
 
