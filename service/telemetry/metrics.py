@@ -22,6 +22,7 @@ from service.engine.request_context import BatchRun
 from service.telemetry.statistics import StatisticsSeries
 
 MV = ["model", "version"]
+ROUTE, CALL = ["route", "method", "status"], ["method", "code"]
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -41,24 +42,15 @@ class ServiceMetrics:
         counter = partial(Counter, registry=self.registry)
         gauge = partial(Gauge, registry=self.registry)
         histogram = partial(Histogram, registry=self.registry)
-        self.requests = counter(
-            "gmlp_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"]
-        )
-        self.latency = histogram(
-            "gmlp_http_request_duration_seconds",
-            "HTTP request latency by route, method and status",
-            ["route", "method", "status"],
-            buckets=LATENCY_BUCKETS,
+        timing = partial(Histogram, registry=self.registry, buckets=LATENCY_BUCKETS)
+        self.requests = counter("gmlp_http_requests", "HTTP requests by route, method and status", ROUTE)
+        self.latency = timing(
+            "gmlp_http_request_duration_seconds", "HTTP request latency by route, method and status", ROUTE
         )
         self.in_flight = gauge("gmlp_http_requests_in_flight", "HTTP requests being handled")
-        self.grpc_calls = counter(
-            "gmlp_grpc_calls", "gRPC calls by method and status code", ["method", "code"]
-        )
-        self.grpc_latency = histogram(
-            "gmlp_grpc_call_duration_seconds",
-            "gRPC call latency by method and status code",
-            ["method", "code"],
-            buckets=LATENCY_BUCKETS,
+        self.grpc_calls = counter("gmlp_grpc_calls", "gRPC calls by method and status code", CALL)
+        self.grpc_latency = timing(
+            "gmlp_grpc_call_duration_seconds", "gRPC call latency by method and status code", CALL
         )
         # The three gauges of a version's batcher are labelled by version: two versions are loaded
         # at once during a swap (and with latest:N, all), and each has its own queue and sessions.
@@ -71,12 +63,8 @@ class ServiceMetrics:
             ["model"],
             buckets=power_of_two_buckets(max_batch_size),
         )
-        self.queue_wait = histogram(
-            "gmlp_queue_wait_seconds", "time from enqueue to batch start", ["model"], buckets=LATENCY_BUCKETS
-        )
-        self.inference = histogram(
-            "gmlp_inference_seconds", "run time of one batch", ["model"], buckets=LATENCY_BUCKETS
-        )
+        self.queue_wait = timing("gmlp_queue_wait_seconds", "time from enqueue to batch start", ["model"])
+        self.inference = timing("gmlp_inference_seconds", "run time of one batch", ["model"])
         self.refusals = counter(
             "gmlp_refusals",
             "error answers by transport (rest, v2, hf, grpc; http: the connection cap) and machine code "
