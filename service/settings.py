@@ -11,7 +11,6 @@ laptop, a CPU pod and a GPU node.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 import os
 from enum import StrEnum
@@ -26,16 +25,12 @@ from contract.formats import Variant
 from contract.image import DEFAULT_MAX_RESIZED_PIXELS
 from contract.repository import VersionPolicy
 
-Device = Literal["auto", "cpu", "cuda"]
-
 # A JSON answer of 16 MiB is about 670 000 numbers at the bound's 25 bytes: every ranked answer and the
 # logits of a text's 16 [MASK]s over a BERT-sized vocabulary fit, while a 2 KB request for the logits
 # of many texts is refused before it costs hundreds of megabytes. Raw bytes are 4 per float32 instead
 # of about 20: 64 MiB is twice the largest answer a default batch of the shipped masked LM makes.
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BINARY_RESPONSE_BYTES = 64 * 1024 * 1024
-
-log = logging.getLogger(__name__)
 
 
 class Group(StrEnum):
@@ -90,7 +85,6 @@ class ServiceSettings(BaseSettings):
         env_prefix="GMLP_", extra="ignore", validate_default=True, use_attribute_docstrings=True
     )
 
-    # --- server ---
     host: str = setting(Group.SERVER, "127.0.0.1")
     """interface to bind; 0.0.0.0 in a container"""
     port: int = setting(Group.SERVER, 8000, ge=0, le=65535)
@@ -121,7 +115,6 @@ class ServiceSettings(BaseSettings):
     grpc_max_connection_idle_s: float = setting(Group.SERVER, 300.0, gt=0)
     """a gRPC connection without calls is closed after this (GOAWAY)"""
 
-    # --- models ---
     # Both relative to the working directory, never to where the code is installed: at a checkout's
     # root they are the exported demo models and the committed demo checkpoints; anywhere else
     # ./checkpoints is normally absent and nothing is exported.
@@ -133,7 +126,7 @@ class ServiceSettings(BaseSettings):
     exported (fp32 + int8) at start-up when torch is installed; otherwise start-up fails with the `gmlp
     export` command to run. Relative to the working directory (at a checkout's root: the demo checkpoints; an
     installed package ships none); empty to disable"""
-    device: Device = setting(Group.MODELS, "auto")
+    device: Literal["auto", "cpu", "cuda"] = setting(Group.MODELS, "auto")
     """auto, cpu or cuda; auto uses CUDA when ONNX Runtime has it; cuda without it falls back to CPU with a
     warning"""
     backend: Literal["onnxruntime", "openvino", "auto"] = setting(Group.MODELS, "onnxruntime")
@@ -172,7 +165,6 @@ class ServiceSettings(BaseSettings):
     default_fill_mask: str | None = setting(Group.MODELS, None)
     """model used by /fill-mask when the request names none; unset: the first masked LM"""
 
-    # --- batching ---
     max_batch_size: int = setting(Group.BATCHING, 16, ge=1, le=1024)
     """largest batch the batcher forms"""
     max_queue_delay_ms: float = setting(Group.BATCHING, 2.0, ge=0)
@@ -210,7 +202,6 @@ class ServiceSettings(BaseSettings):
     """largest raw tensor data of one v2 answer (REST binary outputs, gRPC raw contents); 413 /
     RESOURCE_EXHAUSTED response_too_large above"""
 
-    # --- access control ---
     api_keys_file: Path | None = setting(Group.ACCESS, None)
     """file of API keys with their scopes (infer, admin, metrics), names and rates, stored as SHA-256 digests
     (docs/security.md); re-read on change and on SIGHUP. Unset: every route but admin is open to whoever
@@ -231,7 +222,6 @@ class ServiceSettings(BaseSettings):
     metrics_port: int | None = setting(Group.ACCESS, None, ge=1, le=65535)
     """also serve /metrics, without a key, on this port (for scrapers on a private network)"""
 
-    # --- model lifecycle ---
     model_control: Literal["none", "poll", "explicit"] = setting(Group.LIFECYCLE, "none")
     """none: the repository is read once at start-up; poll: it is rescanned every repository_poll_s, new,
     changed and removed versions loaded or unloaded; explicit: only the v2 repository API loads and unloads
@@ -249,7 +239,6 @@ class ServiceSettings(BaseSettings):
     drain_timeout_s: float = setting(Group.LIFECYCLE, 30.0, ge=0)
     """how long shutdown waits for queued and running requests"""
 
-    # --- observability ---
     log_level: Literal["critical", "error", "warning", "info", "debug"] = setting(Group.OBSERVABILITY, "info")
     """log level"""
     log_format: Literal["text", "json"] = setting(Group.OBSERVABILITY, "text")
@@ -262,7 +251,6 @@ class ServiceSettings(BaseSettings):
     """add a Server-Timing header (queue, infer, total, in ms) to every task response (POST); off for those
     who do not want the server's timings exposed"""
 
-    # --- playground and status ---
     ui: bool = setting(Group.UI, True)
     """serve the playground page at / to browsers (its assets under /ui/); off: / answers the JSON index of
     the API to every client"""
@@ -347,18 +335,13 @@ def available_cpus() -> int:
 def _cgroup_cpu_quota() -> float | None:
     """The cgroup CPU limit in CPUs (v2 `cpu.max`, else v1 cfs quota/period), or None if unlimited."""
     try:
-        text = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if text and text[0] != "max":
-            return int(text[0]) / int(text[1])
-        return None
-    except (OSError, ValueError, IndexError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
         pass
     try:
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return quota / period if quota > 0 and period > 0 else None
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None
-
-
-__all__ = ["ServiceSettings", "Group", "available_cpus", "Device", "group_of"]

@@ -1,24 +1,12 @@
 """API keys: the keys file, the decision for each request, per-key rate limits.
 
-The keys file (`GMLP_API_KEYS_FILE`) holds one key per line; `#` starts a comment:
-
-    # name    scopes         key digest (sha256:<64 hex digits>)   options
-    ci        infer          sha256:2c26b46b68ffc68ff99b...e7ae     rate=20 burst=40
-    operator  admin,metrics  sha256:fcde2b2edba56bf40860...8fb9
-
-(digests shortened here; a real line holds all 64 hex digits).
-
-- name: letters, digits, `.`, `_`, `-` (at most 64); unique. It labels the key's metrics and log
-  lines; the key itself appears nowhere.
-- scopes: comma-separated, from `infer`, `admin`, `metrics` (`service.access.scope`).
-- key digest: `sha256:` and the hex SHA-256 of the key, so the file holds no usable secret
-  (`gmlp keys new NAME SCOPES` prints a new key and its line).
-- options: `rate=R` requests per second with `burst=B` (default: R rounded up) allowed at once;
-  beyond it 429 with `Retry-After`. No rate: unlimited.
-
-The file is re-read when it changes and on SIGHUP (`service.access.watch`); a file that does not
-parse keeps the keys in force, and says why in the log and in `gmlp_file_reloads_total`. A
-presented key is hashed and compared with every digest in constant time (`hmac.compare_digest`).
+The keys file (`GMLP_API_KEYS_FILE`; docs/security.md, "The keys file") holds a line
+`NAME SCOPES sha256:DIGEST [rate=R] [burst=B]` per key; `#` starts a comment. It holds digests
+only, so no usable secret; a presented key is hashed and compared with every digest in constant
+time (`hmac.compare_digest`). The name labels the key's metrics and log lines; the key itself
+appears nowhere. The file is re-read when it changes and on SIGHUP (`service.access.watch`); a
+file that does not parse keeps the keys in force, and says why in the log and in
+`gmlp_file_reloads_total`.
 
 A file rewritten in place (truncated, then written) is read half-written by a watcher that looks
 at the wrong moment: empty, or with only its first lines. So the watcher applies a change at once
@@ -118,28 +106,22 @@ class ApiKey:
 
 
 def _options(name: str, words: list[str], where: str) -> tuple[float | None, int | None]:
-    rate: float | None = None
-    burst: int | None = None
+    """`rate=R` (requests per second) and `burst=B` (requests at once) of a key's line."""
+    found: dict[str, float] = {}
     for word in words:
         key, _, value = word.partition("=")
+        if key not in ("rate", "burst"):
+            raise ValueError(f"{where}: unknown option {key!r} of {name!r} (rate=, burst=)")
         try:
-            if key == "rate":
-                rate = float(value)
-                if not math.isfinite(rate) or rate <= 0:
-                    raise ValueError
-            elif key == "burst":
-                burst = int(value)
-                if burst < 1:
-                    raise ValueError
-            else:
-                raise KeyError
-        except KeyError:
-            raise ValueError(f"{where}: unknown option {key!r} of {name!r} (rate=, burst=)") from None
+            found[key] = float(value) if key == "rate" else int(value)
         except ValueError:
-            raise ValueError(f"{where}: {key} of {name!r} must be a positive number, not {value!r}") from None
-    if burst is not None and rate is None:
+            found[key] = 0
+        if not math.isfinite(found[key]) or found[key] <= 0:
+            raise ValueError(f"{where}: {key} of {name!r} must be a positive number, not {value!r}")
+    if "burst" in found and "rate" not in found:
         raise ValueError(f"{where}: burst= of key {name!r} needs a rate=")
-    return rate, burst
+    burst = found.get("burst")
+    return found.get("rate"), None if burst is None else int(burst)
 
 
 def parse_keys(text: str, source: str = "keys file") -> list[ApiKey]:
@@ -203,10 +185,6 @@ class KeyStore:
 
     def __repr__(self) -> str:
         return f"API keys file {self.path}"
-
-    @property
-    def enabled(self) -> bool:
-        return self.path is not None
 
     @property
     def paths(self) -> list[Path]:
@@ -280,7 +258,7 @@ class KeyStore:
 
     def _observe(self, ok: bool) -> None:
         if self.metrics is not None:
-            self.metrics.file_reloaded("api_keys", ok)
+            self.metrics.file_reloads.labels("api_keys", "ok" if ok else "error").inc()
             self.metrics.api_keys.set(len(self.keys))
 
     def find(self, credential: str) -> ApiKey | None:
@@ -299,7 +277,7 @@ class KeyStore:
         try:
             if scope in self.open_scopes:
                 return name
-            if not self.enabled:
+            if self.path is None:
                 raise admin_closed()
             if not credential:
                 raise Unauthenticated(
@@ -335,7 +313,7 @@ class KeyStore:
 
     def _count(self, name: str, transport: str, outcome: str) -> None:
         if self.metrics is not None:
-            self.metrics.key_request(name, transport, outcome)
+            self.metrics.key_requests.labels(name, transport, outcome).inc()  # the name, never the key
 
 
 def admin_closed() -> PermissionDenied:

@@ -105,4 +105,4 @@ class TlsFiles:
 
     def _observe(self, ok: bool) -> None:
         if self.metrics is not None:
-            self.metrics.file_reloaded("tls", ok)
+            self.metrics.file_reloads.labels("tls", "ok" if ok else "error").inc()

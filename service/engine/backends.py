@@ -47,10 +47,6 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset(flags.split())
 
 
-def openvino_installed() -> bool:
-    return importlib.util.find_spec("openvino") is not None
-
-
 def auto_backend(device: str, flags: Collection[str], openvino: bool) -> str:
     """`auto`'s choice: OpenVINO on a CPU with AVX512-BF16 or AMX when it is installed, ONNX Runtime
     everywhere else (a GPU, or a CPU without bf16 instructions, where OpenVINO computes in fp32)."""
@@ -63,7 +59,7 @@ def resolve_backend(requested: str, device: str) -> str:
     """The backend to load with: the requested one, or `auto`'s choice on this machine."""
     if requested != "auto":
         return requested
-    backend = auto_backend(device, cpu_flags(), openvino_installed())
+    backend = auto_backend(device, cpu_flags(), importlib.util.find_spec("openvino") is not None)
     log.info("backend auto: %s", backend)
     return backend
 
@@ -126,6 +122,3 @@ def open_runtime(path: Path, options: RuntimeOptions, *, name: str = "") -> Runt
     if options.backend == OPENVINO:
         return OpenVinoModel(path, options, name=name)
     return OnnxModel(path, options, name=name)
-
-
-__all__ = ["BF16_FLAGS", "OpenVinoModel", "auto_backend", "cpu_flags", "open_runtime", "resolve_backend"]

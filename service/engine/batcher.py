@@ -72,14 +72,10 @@ class _Pending(Generic[I, O]):
 
 
 class DynamicBatcher(Generic[I, O]):
-    """Collects concurrently `submit`ted items into batches for `run_batch`, one model's queue.
-
-    Batching turns many small model runs into few large ones, which ONNX Runtime runs at a lower
-    cost per item; the bounded queue sheds load at once instead of letting latency grow, and each
-    request keeps its own deadline and gets its own result with its own times (`Batched`). The
-    policy is the module docstring's; `start` runs the loops on the event loop, `drain`/`close`
-    stop it on shutdown.
-    """
+    """One model's queue: concurrently `submit`ted items in batches for `run_batch` (few large runs
+    cost ONNX Runtime less per item than many small ones), each with its own deadline, result and
+    times (`Batched`); the policy is the module docstring's. `start` runs the loops on the event
+    loop, `drain`/`close` stop them on shutdown."""
 
     def __init__(
         self,
@@ -101,24 +97,20 @@ class DynamicBatcher(Generic[I, O]):
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
         self.max_queue_size = max_queue_size
-        # True: the first waiting request always waits up to max_queue_delay_s for batch-mates
-        # (fuller batches at moderate load, for its latency), not only while some are arriving.
         self.always_wait = always_wait
         self.instances = instances
         self.name = name
         self.observers = list(observers)
         self._queue: deque[_Pending[I, O]] = deque()
-        self._running = 0
-        self._arriving = 0
-        self._accepting = False
+        self.running = 0  # requests in the batches being run now
+        self.running_batches = 0
+        self.arriving_now = 0  # requests inside `arriving()`, to be submitted next
+        self.accepting = False
         self._tasks: list[asyncio.Task[None]] = []  # one loop per instance
-        self._active = 0  # batches being run now
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         # One thread per instance: a batch never waits for a thread, only for a free instance.
         self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"batch-{name}")
-
-    # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
@@ -126,7 +118,7 @@ class DynamicBatcher(Generic[I, O]):
             return
         self._wakeup, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
-        self._accepting = True
+        self.accepting = True
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._loop(i), name=f"batcher-{self.name}-{i}") for i in range(self.instances)
@@ -138,7 +130,7 @@ class DynamicBatcher(Generic[I, O]):
         Returns whether everything finished. Queued requests are flushed without waiting for
         the batching window, since no batch-mates can arrive any more.
         """
-        self._accepting = False
+        self.accepting = False
         if not self._tasks or self._idle is None or self._wakeup is None:
             return True
         self._wakeup.set()
@@ -163,42 +155,20 @@ class DynamicBatcher(Generic[I, O]):
         self._depth()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # -- state -------------------------------------------------------------------------------------
-
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
-
-    @property
-    def running(self) -> int:
-        """Requests in the batches being run now."""
-        return self._running
-
-    @property
-    def running_batches(self) -> int:
-        return self._active
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
-
-    @property
-    def arriving_now(self) -> int:
-        """Requests being prepared (inside `arriving()`) that will be submitted next."""
-        return self._arriving
-
-    # -- requests ----------------------------------------------------------------------------------
 
     @contextmanager
     def arriving(self) -> Iterator[None]:
         """Mark a request on its way to `submit` (being decoded): a forming batch may wait for it.
 
         Leave the block right before `submit` (no await in between), or on failure."""
-        self._arriving += 1
+        self.arriving_now += 1
         try:
             yield
         finally:
-            self._arriving -= 1
+            self.arriving_now -= 1
             if self._wakeup is not None:
                 self._wakeup.set()  # a batch waiting for this request re-checks at once
 
@@ -208,7 +178,7 @@ class DynamicBatcher(Generic[I, O]):
         Raises Overloaded (queue full), DeadlineExceeded or Closed (not accepting); if the caller
         is cancelled (client disconnected) the item is withdrawn and never run.
         """
-        if not self._accepting or self._wakeup is None or self._idle is None:
+        if not self.accepting or self._wakeup is None or self._idle is None:
             self._rejected("shutting_down")
             raise Closed(
                 ErrorCode.CLOSED, f"model {self.name} is not accepting requests (starting or shutting down)"
@@ -256,8 +226,6 @@ class DynamicBatcher(Generic[I, O]):
         self._depth()
         self._set_idle_if_done()
 
-    # -- the loop ----------------------------------------------------------------------------------
-
     async def _loop(self, instance: int) -> None:
         """One instance: form a batch, run it, and at once form the next.
 
@@ -274,8 +242,8 @@ class DynamicBatcher(Generic[I, O]):
             while (
                 self._queue
                 and len(self._queue) < self.max_batch_size
-                and self._accepting
-                and (self._arriving > 0 or self.always_wait)
+                and self.accepting
+                and (self.arriving_now > 0 or self.always_wait)
             ):
                 remaining = self._queue[0].enqueued + self.max_queue_delay_s - time.monotonic()
                 if remaining <= 0:
@@ -299,7 +267,7 @@ class DynamicBatcher(Generic[I, O]):
         another idles: at c = 8 on two single-threaded instances, two batches of 4 side by side
         instead of one of 8 halve the time to the answers. Under steady load one instance
         frees at a time and takes up to `max_batch_size`."""
-        free = max(1, self.instances - self._active)
+        free = max(1, self.instances - self.running_batches)
         return min(self.max_batch_size, -(-len(self._queue) // free))
 
     def _take_batch(self) -> list[_Pending[I, O]]:
@@ -321,15 +289,12 @@ class DynamicBatcher(Generic[I, O]):
         return batch
 
     async def _run(self, batch: list[_Pending[I, O]], instance: int = 0) -> None:
-        loop = asyncio.get_running_loop()
         start = time.monotonic()
-        self._running += len(batch)
-        self._active += 1
+        self.running += len(batch)
+        self.running_batches += 1
         timed, error = RunClock(), None
         try:
-            outputs = await loop.run_in_executor(
-                self._executor, self._run_checked, [p.item for p in batch], timed
-            )
+            await self._answer(batch, start, timed)
         except Exception as exc:
             error = exc
             if len(batch) == 1:
@@ -338,36 +303,34 @@ class DynamicBatcher(Generic[I, O]):
                 log.warning(
                     "batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc
                 )
-                await self._run_singly(batch, start)
-        else:
-            for pending, output in zip(batch, outputs, strict=True):
-                _resolve(pending, result=Batched(output, start - pending.enqueued, timed.end - timed.start))
+                for pending in batch:
+                    if not pending.future.done():
+                        try:
+                            await self._answer([pending], start, RunClock())
+                        except Exception as row_exc:
+                            _resolve(pending, exc=row_exc)
         finally:
             # Closed while the batch ran (close() past its timeout): its requests get the closing
             # error now rather than hanging until their deadlines; without one they never would.
             for pending in batch:
                 if not pending.future.done():
                     _resolve(pending, exc=self._closed())
-            self._running -= len(batch)
-            self._active -= 1
-            run = BatchRun.of(instance, batch, start, timed, error)
+            self.running -= len(batch)
+            self.running_batches -= 1
+            now = time.monotonic()
+            rows = ([p.item for p in batch], [p.request for p in batch], [p.enqueued for p in batch])
+            run = BatchRun(instance, *rows, start, timed.start or start, timed.end or now, now, error)
             for observer in self.observers:
                 observer.batch_done(run)
 
-    async def _run_singly(self, batch: list[_Pending[I, O]], start: float) -> None:
-        loop = asyncio.get_running_loop()
-        for pending in batch:
-            if pending.future.done():
-                continue
-            timed = RunClock()
-            try:
-                (output,) = await loop.run_in_executor(
-                    self._executor, self._run_checked, [pending.item], timed
-                )
-            except Exception as exc:
-                _resolve(pending, exc=exc)
-            else:
-                _resolve(pending, result=Batched(output, start - pending.enqueued, timed.end - timed.start))
+    async def _answer(self, batch: list[_Pending[I, O]], start: float, timed: RunClock) -> None:
+        """Run `batch` in a worker thread and answer each row with its times (raises what the run raised)."""
+        items = [p.item for p in batch]
+        outputs = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._run_checked, items, timed
+        )
+        for pending, output in zip(batch, outputs, strict=True):
+            _resolve(pending, result=Batched(output, start - pending.enqueued, timed.run_s))
 
     def _run_checked(self, items: list[I], timed: RunClock) -> list[O]:
         timed.start = time.monotonic()
@@ -391,7 +354,7 @@ class DynamicBatcher(Generic[I, O]):
         return Closed(ErrorCode.CLOSED, f"model {self.name} is shutting down")
 
     def _set_idle_if_done(self) -> None:
-        if not self._queue and not self._active and self._idle is not None:
+        if not self._queue and not self.running_batches and self._idle is not None:
             self._idle.set()
 
 
@@ -405,6 +368,3 @@ def _resolve(
         pending.future.set_exception(exc)
     else:
         pending.future.set_result(result)  # type: ignore[arg-type]
-
-
-__all__ = ["DynamicBatcher", "BatchObserver", "BatchRun", "Batched"]

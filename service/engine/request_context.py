@@ -27,7 +27,7 @@ import asyncio
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -70,12 +70,6 @@ class RequestContext:
     span: Any = None
     tracer: Any = None
 
-    def batched(self, queue_s: float, infer_s: float) -> None:
-        """A row of this request ran in a batch after waiting `queue_s` (rows run side by side, so
-        the longest wait and run are the request's)."""
-        self.queue_s = max(self.queue_s, queue_s)
-        self.infer_s = max(self.infer_s, infer_s)
-
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
@@ -102,6 +96,10 @@ class RunClock:
 
     start: float = 0.0
     end: float = 0.0
+
+    @property
+    def run_s(self) -> float:
+        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -131,24 +129,6 @@ class BatchRun:
         """Each row's wait, from enqueue to the batch's start."""
         return [self.started - enqueued for enqueued in self.enqueued]
 
-    @classmethod
-    def of(
-        cls, instance: int, batch: Sequence[Any], started: float, clock: RunClock, error: BaseException | None
-    ) -> BatchRun:
-        """The run of `batch` (the batcher's pending rows: `.item`, `.request`, `.enqueued`), done now."""
-        now = time.monotonic()
-        return cls(
-            instance,
-            [p.item for p in batch],
-            [p.request for p in batch],
-            [p.enqueued for p in batch],
-            started,
-            clock.start or started,
-            clock.end or now,
-            now,
-            error,
-        )
-
 
 def current() -> RequestContext | None:
     """The request being served in this task or thread, if any."""
@@ -174,10 +154,11 @@ def note_model(name: str) -> None:
 
 
 def note_batch(queue_s: float, run_s: float) -> None:
-    """One row of the current request came back from its batch after these times."""
+    """One row of the current request came back from its batch after these times (rows run side by
+    side, so the longest wait and run are the request's)."""
     context = _current.get()
     if context is not None:
-        context.batched(queue_s, run_s)
+        context.queue_s, context.infer_s = max(context.queue_s, queue_s), max(context.infer_s, run_s)
 
 
 def note_error(code: str, message: str) -> None:
@@ -240,23 +221,3 @@ async def encode_off_loop(encode: Callable[[], T], size: int) -> T:
     if size <= INLINE_ENCODE_BYTES:
         return encode()
     return await asyncio.to_thread(encode)
-
-
-__all__ = [
-    "RequestContext",
-    "Batched",
-    "BatchRun",
-    "RunClock",
-    "accepted_request_id",
-    "current",
-    "open_request",
-    "note_model",
-    "note_batch",
-    "note_error",
-    "REQUEST_ID_HEADER",
-    "MAX_REQUEST_ID_LENGTH",
-    "Deadline",
-    "before",
-    "INLINE_ENCODE_BYTES",
-    "encode_off_loop",
-]

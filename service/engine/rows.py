@@ -174,20 +174,3 @@ def observed_rows(
         else:
             logits.append(lead(out["logits"]))
     return logits, ranked
-
-
-__all__ = [
-    "Job",
-    "Done",
-    "Ranking",
-    "Decoding",
-    "rank_rows",
-    "decode_rows",
-    "from_top_k",
-    "graph_top_k",
-    "outputs_to_run",
-    "observed_rows",
-    "TOP_K_OUTPUTS",
-    "NOTHING",
-    "Reads",
-]

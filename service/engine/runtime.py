@@ -270,18 +270,3 @@ class OnnxModel(Runtime):
     def static_dims(self, name: str) -> list[int | None]:
         (shape,) = [i.shape for i in self.session.get_inputs() if i.name == name]
         return [d if isinstance(d, int) else None for d in shape]
-
-
-__all__ = [
-    "rows_are_independent",
-    "Runtime",
-    "OnnxModel",
-    "ONNXRUNTIME",
-    "OPENVINO",
-    "RuntimeOptions",
-    "choose_variant",
-    "resolve_device",
-    "cuda_available",
-    "Feeds",
-    "Collate",
-]

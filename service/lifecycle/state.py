@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import TypeVar
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
-from contract.formats import MLM_TASK, TASKS, VISION_TASK
 from contract.messages import echo
 from contract.repository import PolicyError, VersionPolicy, policy_from_config
 from contract.scan import ModelSource, VersionSource, require_sources, scan
@@ -34,7 +33,7 @@ from service.lifecycle.poller import RepositoryPoller, ScanReport
 from service.lifecycle.versions import VersionTable
 from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline
-from service.tasks.registry import load_pipeline
+from service.tasks.registry import PIPELINES, load_pipeline
 from service.telemetry.metrics import LifecycleMetrics, ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ class ServiceState:
             policy=VersionPolicy.parse(settings.version_policy),
             drain_timeout_s=settings.drain_timeout_s,
             max_loaded=settings.max_loaded_versions,
-            observer=_TableObserver(metrics, self._versions_changed),
+            observer=LifecycleMetrics(metrics, self._versions_changed),
         )
         self.phase: Phase = Phase.LOADING
         self.error: str | None = None
@@ -103,11 +102,10 @@ class ServiceState:
         first served model of the task in repository order. Read by every request that names no
         model, so worked out once per change of the version table, not per request."""
         if self._defaults is None:
-            configured = self._configured_defaults()
             served = self.newest_ready()
             self._defaults = {
-                task: configured[task] or next((n for n, m in served.items() if m.task == task), None)
-                for task in TASKS
+                task: configured or next((n for n, m in served.items() if m.task == task), None)
+                for task, configured in self._configured_defaults().items()
             }
         return self._defaults
 
@@ -116,9 +114,7 @@ class ServiceState:
         self._defaults = None
 
     def _configured_defaults(self) -> dict[str, str | None]:
-        return {VISION_TASK: self.settings.default_classifier, MLM_TASK: self.settings.default_fill_mask}
-
-    # -- loading -----------------------------------------------------------------------------------
+        return {task: getattr(self.settings, kind.default_setting) for task, kind in PIPELINES.items()}
 
     def _load_version(self, source: VersionSource) -> Pipeline:
         """The table's loader (blocking, in a thread): session, warm-up, recorded check."""
@@ -189,8 +185,6 @@ class ServiceState:
                 newest.loaded.served.ready = True
             self.metrics.model_ready.labels(name).set(1 if newest is not None else 0)
 
-    # -- the repository API ------------------------------------------------------------------------
-
     async def load_model(self, name: str, config: str | None = None) -> None:
         """Load (or reload) `name` per its version policy (`config`: a JSON model configuration whose
         `version_policy` replaces the model's); InvalidInput when refused or nothing loaded."""
@@ -237,8 +231,6 @@ class ServiceState:
                 f"the repository {call} call needs GMLP_MODEL_CONTROL=explicit (this server runs "
                 f"{self.settings.model_control!r})",
             )
-
-    # -- requests ----------------------------------------------------------------------------------
 
     @contextmanager
     def lease(self, name: str | None, version: int | None, *, kind: type[P]) -> Iterator[P]:
@@ -288,16 +280,12 @@ class ServiceState:
 
     def not_ready_error(self) -> NotReady:
         if self.phase is Phase.FAILED:
-            return NotReady(
-                ErrorCode.NOT_READY,
-                f"the service failed to load its models: {self.error}",
-                retry_after_s=None,
-            )
-        message = {
-            Phase.LOADING: "the models are still loading",
-            Phase.DRAINING: "the service is shutting down",
-        }[self.phase]
-        return NotReady(ErrorCode.NOT_READY, message)
+            message = f"the service failed to load its models: {self.error}"
+            return NotReady(ErrorCode.NOT_READY, message, retry_after_s=None)
+        loading = self.phase is Phase.LOADING
+        return NotReady(
+            ErrorCode.NOT_READY, "the models are still loading" if loading else "the service is shutting down"
+        )
 
     async def shutdown(self) -> None:
         """Stop watching and accepting, finish queued and running requests, release the sessions."""
@@ -310,19 +298,6 @@ class ServiceState:
         log.info("drained and closed %d models", count)
 
 
-class _TableObserver(LifecycleMetrics):
-    """The version table's observer: the lifecycle metrics, and `changed()` after every change of a
-    version's state (the table reports each one, a version added or removed included)."""
-
-    def __init__(self, metrics: ServiceMetrics, changed: Callable[[], None]) -> None:
-        super().__init__(metrics)
-        self._changed = changed
-
-    def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
-        super().state_changed(model, version, old, new)
-        self._changed()
-
-
 def _why_not(source: ModelSource) -> str:
     """Why a model has no version to serve, from what its directory holds."""
     problems = [
@@ -330,6 +305,3 @@ def _why_not(source: ModelSource) -> str:
         *(f"version {v}: {s.problem}" for v, s in source.versions.items() if s.problem),
     ]
     return "; ".join(problems) or "no version selected by the version policy"
-
-
-__all__ = ["ServiceState", "Phase"]

@@ -19,7 +19,8 @@ Loads of one model run one at a time (a lock per model); requests never wait for
 repository call for one model never waits for another model's load (the poller applies the
 models it found changed one after the other). The table is generic over what it serves
 (anything with a task and a `DynamicBatcher`), so that its properties can be tested with plain
-functions as models.
+functions as models. A model's model-level problems from the last scan (two directories claim its
+name, an unreadable policy file, a stray directory) are index entries without a version.
 """
 
 from __future__ import annotations
@@ -28,34 +29,104 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Generic
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, Protocol, TypeVar
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
 from contract.messages import echo
 from contract.repository import VersionPolicy
-from contract.scan import ModelSource, VersionSource
-from service.lifecycle.records import (
-    NOT_LOADED,
-    UNLOADED,
-    IndexEntry,
-    LifecycleObserver,
-    Loaded,
-    ModelRecord,
-    NullObserver,
-    S,
-    Servable,
-    Version,
-    VersionState,
-)
+from contract.scan import Fingerprint, ModelSource, VersionSource
+from service.engine.batcher import DynamicBatcher
 
 log = logging.getLogger(__name__)
 
-READY, LOADING, UNLOADING, UNAVAILABLE = (
-    VersionState.READY,
-    VersionState.LOADING,
-    VersionState.UNLOADING,
-    VersionState.UNAVAILABLE,
-)
+
+class VersionState(StrEnum):
+    """A version's state, Triton's names (what the repository index answers)."""
+
+    READY = "READY"  # serving
+    LOADING = "LOADING"  # loading, warming up and checking
+    UNLOADING = "UNLOADING"  # draining: finishing what it holds, taking nothing new
+    UNAVAILABLE = "UNAVAILABLE"  # not loaded, with the reason
+
+
+READY, LOADING, UNLOADING, UNAVAILABLE = VersionState
+NOT_LOADED, UNLOADED = "not loaded", "unloaded"
+
+
+class Servable(Protocol):
+    task: str
+    batcher: DynamicBatcher[Any, Any]
+
+
+S = TypeVar("S", bound=Servable)
+
+
+class LifecycleObserver(Protocol):
+    """What the table reports, for metrics (`service.telemetry.metrics`); every report is a no-op
+    here (`NullObserver`)."""
+
+    def state_changed(
+        self, model: str, version: int, old: VersionState | None, new: VersionState | None
+    ) -> None:
+        return
+
+    def loaded(self, model: str) -> None:
+        return
+
+    def unloaded(self, model: str) -> None:
+        return
+
+    def closed(self, model: str, version: int) -> None:
+        return
+
+    def refused(self, model: str, reason: str) -> None:
+        return
+
+    def leased(self, model: str, version: int) -> None:
+        return
+
+
+class NullObserver(LifecycleObserver):
+    """The observer of a table nobody watches."""
+
+
+@dataclass(eq=False)
+class Loaded(Generic[S]):
+    """One loaded session of a version and the requests holding it."""
+
+    served: S
+    leases: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)
+class Version(Generic[S]):
+    model: str
+    number: int
+    state: VersionState = VersionState.UNAVAILABLE
+    reason: str = NOT_LOADED
+    loaded: Loaded[S] | None = None
+    failed: bool = False  # the last load or check of `fingerprint` failed: not retried by itself
+    fingerprint: Fingerprint = ()
+
+
+@dataclass(eq=False)
+class ModelRecord(Generic[S]):
+    name: str
+    versions: dict[int, Version[S]] = field(default_factory=dict)
+    policy: VersionPolicy | None = None  # from a load call's config; wins over the policy file
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    problems: tuple[str, ...] = ()  # model-level, from the last scan (module docstring)
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    name: str
+    version: str
+    state: str
+    reason: str
 
 
 class VersionTable(Generic[S]):
@@ -76,8 +147,6 @@ class VersionTable(Generic[S]):
         self.max_loaded = max_loaded
         self.observer: LifecycleObserver = observer or NullObserver()
         self.models: dict[str, ModelRecord[S]] = {}
-
-    # -- requests ----------------------------------------------------------------------------------
 
     def newest_ready(self, name: str) -> Version[S] | None:
         """The newest READY version of `name` (what a request that names no version gets), or None."""
@@ -161,8 +230,6 @@ class VersionTable(Generic[S]):
             ]
         return entries
 
-    # -- lifecycle ---------------------------------------------------------------------------------
-
     def policy_of(self, name: str, source: ModelSource | None = None) -> VersionPolicy:
         record = self.models.get(name)
         return (record.policy if record else None) or (source.policy if source else None) or self.policy
@@ -234,8 +301,6 @@ class VersionTable(Generic[S]):
         """Shutdown: drain and close everything loaded."""
         await asyncio.gather(*(self.unload(name) for name in list(self.models)), return_exceptions=True)
 
-    # -- internals ---------------------------------------------------------------------------------
-
     def _record_versions(self, record: ModelRecord[S], source: ModelSource) -> None:
         record.problems = source.problems()
         for number, on_disk in source.versions.items():
@@ -258,14 +323,8 @@ class VersionTable(Generic[S]):
         version.state, version.reason = state, reason
         if old != state:
             self.observer.state_changed(version.model, version.number, old, state)
-            log.info(
-                "model %s version %d: %s -> %s%s",
-                version.model,
-                version.number,
-                old,
-                state,
-                f" ({reason})" if reason else "",
-            )
+            why = f" ({reason})" if reason else ""
+            log.info("model %s version %d: %s -> %s%s", version.model, version.number, old, state, why)
 
     async def _load(self, version: Version[S], on_disk: VersionSource, record: ModelRecord[S]) -> str | None:
         """Load, warm up and check one version beside the serving ones; None when it is READY."""
@@ -298,14 +357,11 @@ class VersionTable(Generic[S]):
     @staticmethod
     def _check_task(record: ModelRecord[S], number: int, served: S) -> None:
         for other in record.versions.values():
-            if (
-                other.number != number
-                and other.loaded is not None
-                and other.loaded.served.task != served.task
-            ):
+            task = other.loaded.served.task if other.loaded is not None else served.task
+            if other.number != number and task != served.task:
                 raise ValueError(
                     f"it is a {served.task} model but version {other.number} of {record.name!r} is a "
-                    f"{other.loaded.served.task} model; a model keeps its task across versions"
+                    f"{task} model; a model keeps its task across versions"
                 )
 
     async def _retire(self, version: Version[S]) -> None:
@@ -333,6 +389,3 @@ def _unavailable(message: str, version: Version[Any] | None) -> NotReady:
     """Retry soon while a version is on its way; a failed one needs an operator (no Retry-After)."""
     transient = version is not None and version.state in (LOADING, UNLOADING)
     return NotReady(ErrorCode.VERSION_UNAVAILABLE, message, retry_after_s=1 if transient else None)
-
-
-__all__ = ["VersionTable", "Version", "VersionState", "IndexEntry", "LifecycleObserver", "Servable"]

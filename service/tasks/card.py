@@ -79,6 +79,3 @@ def card_summary(directory: Path, variant: str) -> dict[str, Any] | None:
         accuracy = accuracy_leaves(_first_json(results)) if results is not None else {}
         measured = "training" if accuracy else None
     return {"title": title, "description": description, "accuracy": accuracy, "measured": measured}
-
-
-__all__ = ["card_summary", "accuracy_leaves", "CARD_FILE"]

@@ -72,10 +72,8 @@ class FillMaskPipeline(Pipeline):
         return len(job.feeds["mask_positions"])
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
-        """The quality metrics of the task requests' mask rows, and the decoded predictions of those
-        that ask for them: from the top-k outputs where `top` says, else from the logits
-        (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
-        self.observe(jobs, outputs, top)
+        """The decoded predictions of the rows that ask for them: from the top-k outputs where `top`
+        says, else from the logits (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
         return batch_jobs.decode_rows(jobs, outputs, self.codec, top)
 
     def warmup_feeds(self) -> list[Feeds]:
@@ -117,15 +115,10 @@ class FillMaskPipeline(Pipeline):
     ) -> list[list[dict[str, Any]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
-        _, _, done = await self._submit(text, deadline, targets, top_k, NOTHING)
+        done = await self.submit_text(text, deadline, targets, top_k, NOTHING)
         self.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
-
-    async def decoded_text(self, text: str, top_k: int, deadline: Deadline, names: frozenset[str]) -> Done:
-        """A text's graph outputs `names` (rows [slots, ...]) and its top_k per mask, decoded in the
-        batch thread (the v2 protocol's text input)."""
-        return (await self._submit(text, deadline, None, top_k, names))[2]
 
     async def infer_decoded(
         self, feeds: Feeds, top_k: int, deadline: Deadline, names: frozenset[str] | None = None
@@ -136,20 +129,20 @@ class FillMaskPipeline(Pipeline):
         answer = Decoding(EncodedText(ids, positions, feeds), top_k)
         return await self.queued(Job(feeds, answer, reads=names), deadline)
 
-    async def _submit(
-        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int | None, reads: Reads
-    ) -> tuple[EncodedText, list[int] | None, Done]:
-        """A text through the model's tokenizer and the batcher; decoded in the batch thread when
-        `top_k` is given."""
+    async def submit_text(
+        self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
+    ) -> Done:
+        """A text through the model's tokenizer and the batcher, its top_k per mask decoded in the batch
+        thread, and its graph outputs `reads` (rows [slots, ...]: the v2 protocol's text input)."""
         with self.batcher.arriving(), self.span("preprocess"):
             if len(text) <= INLINE_ENCODE_CHARS:
                 encoded = self.codec.encode(text)
             else:
                 encoded = await before(asyncio.to_thread(self.codec.encode, text), deadline)
             target_ids = None if targets is None else self.codec.target_ids(targets)
-        answer = None if top_k is None else Decoding(encoded, top_k, target_ids)
-        done = await self.queued(Job(encoded.feeds, answer, True, reads), deadline)
-        return encoded, target_ids, done
+        return await self.queued(
+            Job(encoded.feeds, Decoding(encoded, top_k, target_ids), True, reads), deadline
+        )
 
 
 class FillMaskForms(Forms):
@@ -203,7 +196,9 @@ class FillMaskForms(Forms):
         texts = [utf8(item) for item in self.encoded_items(tensor)]
         graph = self.graph_outputs(outputs, [])
         reads = frozenset(graph)
-        runs = await gather_or_cancel([self.served.decoded_text(t, top_k, deadline, reads) for t in texts])
+        runs = await gather_or_cancel(
+            [self.served.submit_text(t, deadline, None, top_k, reads) for t in texts]
+        )
         produced = {PREDICTIONS_OUTPUT: predictions([run.answer for run in runs], tensor.shape)}
         for name in graph:
             produced[name] = stacked(name, [run.outputs[name][: len(run.answer)] for run in runs])
@@ -227,6 +222,3 @@ class FillMaskHF:
         text = inputs if isinstance(inputs, str) else utf8(inputs)
         answer = await self.served.fill_mask(text, options.top_k or 5, options.targets, deadline)
         return answer[0] if len(answer) == 1 else answer
-
-
-__all__ = ["FillMaskPipeline", "FillMaskForms", "FillMaskHF", "INLINE_ENCODE_CHARS"]

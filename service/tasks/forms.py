@@ -213,20 +213,3 @@ def stack_rows(names: list[str], results: Sequence[Feeds]) -> dict[str, Tensor]:
     """The graph outputs `names` of equally shaped rows, each as one tensor."""
     stacks = {name: np.stack([r[name] for r in results]) for name in names}
     return {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacks.items()}
-
-
-__all__ = [
-    "Forms",
-    "IMAGE_INPUT",
-    "TEXT_INPUT",
-    "PREDICTIONS_OUTPUT",
-    "gather_or_cancel",
-    "check_outputs",
-    "top_k_parameter",
-    "stacked",
-    "stack_rows",
-    "predictions",
-    "utf8",
-    "tensor_meta",
-    "graph_tensors",
-]

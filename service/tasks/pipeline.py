@@ -31,7 +31,8 @@ from service.engine.runtime import Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.telemetry import tracing
-from service.telemetry.metrics import DEFAULT_VERSION, ModelObserver, PredictionMetrics, ServiceMetrics
+from service.telemetry.metrics import ModelObserver, PredictionMetrics, ServiceMetrics
+from service.telemetry.statistics import DEFAULT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +77,14 @@ class HFAdapter(Protocol):
 
 
 class Pipeline:
-    """One served model, ready to answer its task: the ONNX Runtime session of the chosen variant,
-    the dynamic batcher in front of it, and the warm-up that runs every input shape once.
+    """One served model, ready to answer its task: the session of the chosen variant, the dynamic
+    batcher in front of it, and the warm-up that runs every input shape once.
 
-    A pipeline is built (and warmed up) in a thread at start-up, from the model's spec and the
-    service's settings, which decide its variant, execution instances, threads and batching; the
-    transports then only call its adapters (`v2`, `hf`) or its task method (`classify`,
-    `fill_mask`). Every request goes through the batcher, so concurrent requests of every API
-    share its batches. `describe` is what GET /models shows of it. A task subclass names its task,
-    the `ServiceSettings` field that names its default model (`default_setting`), and sets its
-    adapters.
+    Built (and warmed up) in a thread, from the model's spec and the service's settings, which
+    decide its variant, execution instances, threads and batching. Every request of every API goes
+    through the batcher, so they share its batches. `describe` is what GET /models shows of it. A
+    task subclass names its task and the `ServiceSettings` field of its default model
+    (`default_setting`), and sets its adapters in `prepare`.
     """
 
     task = ""
@@ -160,12 +159,13 @@ class Pipeline:
     def run_batch(self, jobs: list[Job]) -> list[Done]:
         """What the batcher runs (blocking, in the batch thread): the requests' feeds in one session
         run, asking only for the outputs the batch needs (`jobs.outputs_to_run`: the top-k pair
-        alone when every row is answered from it), then the answers they ask for and the quality
-        metrics, once for the whole batch."""
+        alone when every row is answered from it), then the quality metrics of the observed rows
+        and the answers the rows ask for, once for the whole batch."""
         top = [batch_jobs.from_top_k(job.answer, self.graph_top_k) for job in jobs]
         names = batch_jobs.outputs_to_run(jobs, top, self.runtime.output_names)
         outputs = self.run_rows([job.feeds for job in jobs], names)
         start = time.monotonic()
+        self.predictions.observe_rows(*batch_jobs.observed_rows(jobs, outputs, top, self.predicted_rows))
         answers = self.finish(jobs, outputs, top)
         finished = (start, time.monotonic())
         return [Done(out, answer, finished) for out, answer in zip(outputs, answers, strict=True)]
@@ -178,10 +178,6 @@ class Pipeline:
         """Each job's answer (None where it asks for the outputs alone), vectorised over the rows;
         `top` marks the rows answered from the graph's top-k outputs."""
         return [None] * len(jobs)
-
-    def observe(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> None:
-        """The quality metrics of the batch's observed rows (`jobs.observed_rows`)."""
-        self.predictions.observe_rows(*batch_jobs.observed_rows(jobs, outputs, top, self.predicted_rows))
 
     def predicted_rows(self, job: Job) -> int:
         return 1  # how many leading rows of a job's outputs are its predictions
@@ -270,6 +266,3 @@ class Pipeline:
     async def infer(self, feeds: Feeds, deadline: Deadline, names: frozenset[str] | None = None) -> Feeds:
         """One request's model outputs (`names`; default: all), in whatever batch forms."""
         return (await self.queued(Job(feeds, reads=names), deadline)).outputs
-
-
-__all__ = ["Pipeline", "V2Adapter", "HFAdapter", "HFOptions"]

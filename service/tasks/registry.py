@@ -14,7 +14,8 @@ from service.settings import ServiceSettings
 from service.tasks.fill_mask import FillMaskPipeline
 from service.tasks.pipeline import Pipeline
 from service.tasks.vision import VisionPipeline
-from service.telemetry.metrics import DEFAULT_VERSION, ServiceMetrics
+from service.telemetry.metrics import ServiceMetrics
+from service.telemetry.statistics import DEFAULT_VERSION
 
 PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: FillMaskPipeline}
 
@@ -32,6 +33,3 @@ def load_pipeline(
     model.warm_up()
     model.verify()
     return model
-
-
-__all__ = ["PIPELINES", "load_pipeline"]

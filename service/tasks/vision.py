@@ -5,17 +5,32 @@ scores over its labels (softmax, unless the API asks for another function). Over
 form is `image` (BYTES, one encoded image per row), answered with the graph's outputs (`logits`
 unless others are asked for); over the Hugging Face API a raw body is the image file and a JSON
 `inputs` is the file base64-encoded.
+
+The pixels the whole process decodes at once are bounded (`max_decoding_pixels`, `PixelBudget`):
+each image is within `max_image_pixels`, but decodes run in worker threads side by side: a v2
+request of 16 rows of large, highly compressed PNGs (a few hundred kilobytes in all), or as many
+/classify requests, would each hold a decoded image of up to tens of millions of pixels at once,
+as many as the thread pool has workers (up to 32). So a decode of more than a few thousand pixels
+first takes its pixel count from this budget and gives it back when done; an image that does not
+fit waits (within its request's deadline: 504 after) until decodes in flight finish. An image over
+the whole budget waits until it runs alone. One budget per event loop: in a server, the process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import VISION_TASK
 from contract.image import ImageTransform, decode_base64
+from contract.jpeg import PlainJpeg
 from contract.scores import ScoreFunction
 from contract.spec import ModelSpec
 from contract.tensors import Tensor
@@ -24,7 +39,6 @@ from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
-from service.tasks.decode_budget import decode_in_thread
 from service.tasks.forms import IMAGE_INPUT, Forms, check_outputs, gather_or_cancel, stacked
 from service.tasks.pipeline import HFOptions, Pipeline
 
@@ -32,6 +46,55 @@ from service.tasks.pipeline import HFOptions, Pipeline
 # wake-ups, a GIL hand-over each way) than decoding them, which stays short enough not to hold up
 # the other requests. Anything larger is decoded in a thread, off the event loop.
 INLINE_DECODE_PIXELS = 128 * 128
+
+
+class PixelBudget:
+    """A counting semaphore weighted by pixels, on one event loop."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.waiters: list[asyncio.Future[None]] = []
+
+    @asynccontextmanager
+    async def hold(self, pixels: int) -> AsyncIterator[None]:
+        """Hold `pixels` of the budget (at most all of it) for the duration of the block."""
+        pixels = min(pixels, self.capacity)
+        while self.used + pixels > self.capacity:
+            waiter = asyncio.get_running_loop().create_future()
+            self.waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                self.waiters.remove(waiter)
+        self.used += pixels
+        try:
+            yield
+        finally:
+            self.used -= pixels
+            for waiter in self.waiters:  # each rechecks whether it fits now
+                if not waiter.done():
+                    waiter.set_result(None)
+
+
+_BUDGETS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, PixelBudget]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def decode_budget(capacity: int) -> PixelBudget:
+    """The running loop's budget of `capacity` pixels (shared by every model it serves)."""
+    per_loop = _BUDGETS.setdefault(asyncio.get_running_loop(), {})
+    return per_loop.setdefault(capacity, PixelBudget(capacity))
+
+
+async def decode_in_thread(
+    transform: ImageTransform, img: PlainJpeg | Image.Image, capacity: int
+) -> np.ndarray:
+    """`transform.finish(img)` (decode, resize, crop) in a worker thread, within the running loop's
+    budget of `capacity` pixels in decoding."""
+    async with decode_budget(capacity).hold(img.width * img.height):
+        return await asyncio.to_thread(transform.finish, img)
 
 
 class VisionPipeline(Pipeline):
@@ -66,7 +129,6 @@ class VisionPipeline(Pipeline):
         """The ranked labels of the rows that ask for them: from the top-k outputs where `top`
         says, else one vectorised pass per score function (at the largest top_k among its rows;
         each row keeps its own prefix of the ranking)."""
-        self.observe(jobs, outputs, top)
         return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
 
     async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
@@ -138,6 +200,3 @@ class VisionHF:
         image = decode_base64(inputs, "inputs") if isinstance(inputs, str) else inputs
         top_k = min(options.top_k or 5, len(self.served.labels))  # as HF's pipeline: at most every label
         return await self.served.classify(image, top_k, deadline, options.function_to_apply or "softmax")
-
-
-__all__ = ["VisionPipeline", "VisionForms", "VisionHF", "INLINE_DECODE_PIXELS"]

@@ -50,13 +50,8 @@ def request_fields() -> dict[str, Any]:
     request = request_context.current()
     if request is None:
         return {}
-    fields: dict[str, Any] = {"request_id": request.request_id}
-    if request.method:
-        fields["method"] = request.method
-    if request.route:
-        fields["route"] = request.route
-    if request.model:
-        fields["model"] = request.model
+    named = {"method": request.method, "route": request.route, "model": request.model}
+    fields: dict[str, Any] = {"request_id": request.request_id, **{k: v for k, v in named.items() if v}}
     if request.tracer is not None:
         from opentelemetry import trace  # imported only where tracing is on
 
@@ -220,14 +215,3 @@ def uvicorn_log_config(settings: ServiceSettings) -> dict[str, Any]:
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
     }
     return {"version": 1, "disable_existing_loggers": False, "loggers": loggers}
-
-
-__all__ = [
-    "JsonFormatter",
-    "TextFormatter",
-    "NativeOutput",
-    "configure_logging",
-    "uvicorn_log_config",
-    "native_line",
-    "request_fields",
-]

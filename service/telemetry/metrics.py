@@ -9,7 +9,7 @@ free of Prometheus. Nothing here knows a transport.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import partial
 
@@ -19,21 +19,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from service.engine.batcher import BatchObserver
 from service.engine.request_context import BatchRun
-from service.telemetry.statistics import DEFAULT_VERSION, StatisticsSeries
+from service.telemetry.statistics import StatisticsSeries
 
 MV = ["model", "version"]
+ROUTE, CALL = ["route", "method", "status"], ["method", "code"]
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 def power_of_two_buckets(max_batch_size: int) -> tuple[float, ...]:
     """1, 2, 4, ... up to the first power of two >= max_batch_size."""
-    buckets, b = [], 1
-    while True:
-        buckets.append(float(b))
-        if b >= max_batch_size:
-            return tuple(buckets)
-        b *= 2
+    return tuple(float(2**i) for i in range((max_batch_size - 1).bit_length() + 1))
 
 
 class ServiceMetrics:
@@ -46,24 +42,15 @@ class ServiceMetrics:
         counter = partial(Counter, registry=self.registry)
         gauge = partial(Gauge, registry=self.registry)
         histogram = partial(Histogram, registry=self.registry)
-        self.requests = counter(
-            "gmlp_http_requests", "HTTP requests by route, method and status", ["route", "method", "status"]
-        )
-        self.latency = histogram(
-            "gmlp_http_request_duration_seconds",
-            "HTTP request latency by route, method and status",
-            ["route", "method", "status"],
-            buckets=LATENCY_BUCKETS,
+        timing = partial(Histogram, registry=self.registry, buckets=LATENCY_BUCKETS)
+        self.requests = counter("gmlp_http_requests", "HTTP requests by route, method and status", ROUTE)
+        self.latency = timing(
+            "gmlp_http_request_duration_seconds", "HTTP request latency by route, method and status", ROUTE
         )
         self.in_flight = gauge("gmlp_http_requests_in_flight", "HTTP requests being handled")
-        self.grpc_calls = counter(
-            "gmlp_grpc_calls", "gRPC calls by method and status code", ["method", "code"]
-        )
-        self.grpc_latency = histogram(
-            "gmlp_grpc_call_duration_seconds",
-            "gRPC call latency by method and status code",
-            ["method", "code"],
-            buckets=LATENCY_BUCKETS,
+        self.grpc_calls = counter("gmlp_grpc_calls", "gRPC calls by method and status code", CALL)
+        self.grpc_latency = timing(
+            "gmlp_grpc_call_duration_seconds", "gRPC call latency by method and status code", CALL
         )
         # The three gauges of a version's batcher are labelled by version: two versions are loaded
         # at once during a swap (and with latest:N, all), and each has its own queue and sessions.
@@ -76,12 +63,8 @@ class ServiceMetrics:
             ["model"],
             buckets=power_of_two_buckets(max_batch_size),
         )
-        self.queue_wait = histogram(
-            "gmlp_queue_wait_seconds", "time from enqueue to batch start", ["model"], buckets=LATENCY_BUCKETS
-        )
-        self.inference = histogram(
-            "gmlp_inference_seconds", "run time of one batch", ["model"], buckets=LATENCY_BUCKETS
-        )
+        self.queue_wait = timing("gmlp_queue_wait_seconds", "time from enqueue to batch start", ["model"])
+        self.inference = timing("gmlp_inference_seconds", "run time of one batch", ["model"])
         self.refusals = counter(
             "gmlp_refusals",
             "error answers by transport (rest, v2, hf, grpc; http: the connection cap) and machine code "
@@ -180,12 +163,6 @@ class ServiceMetrics:
         for state in ("READY", "LOADING", "UNLOADING", "UNAVAILABLE"):
             self.model_versions.labels(state).set(0)
 
-    def version_closed(self, model: str, version: str) -> None:
-        """A version was retired: its batcher's gauges go (not left behind at their last value)."""
-        for gauge in (self.queue_depth, self.queue_capacity, self.model_instances):
-            with suppress(KeyError):
-                gauge.remove(model, version)
-
     def refused(self, transport: str, code: str) -> None:
         """An error answer, by transport and machine code (what was wrong, what was shed)."""
         self.refusals.labels(transport, code).inc()
@@ -204,13 +181,6 @@ class ServiceMetrics:
         outcome = "success" if ok else "fail"
         self.statistics.requests.labels(model, version, outcome).inc()
         self.statistics.request_seconds.labels(model, version, outcome).inc(seconds)
-
-    def key_request(self, key: str, transport: str, outcome: str) -> None:
-        """One access decision: the key's configured name (never the key), transport and outcome."""
-        self.key_requests.labels(key, transport, outcome).inc()
-
-    def file_reloaded(self, file: str, ok: bool) -> None:
-        self.file_reloads.labels(file, "ok" if ok else "error").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -307,16 +277,19 @@ class PredictionMetrics:
 
 
 class LifecycleMetrics:
-    """`LifecycleObserver` of the version table (`service.lifecycle.versions`)."""
+    """`LifecycleObserver` of the version table (`service.lifecycle.versions`); `changed()` runs after
+    every change of a version's state (the table reports each one, a version added or removed included)."""
 
-    def __init__(self, metrics: ServiceMetrics) -> None:
+    def __init__(self, metrics: ServiceMetrics, changed: Callable[[], None]) -> None:
         self._metrics = metrics
+        self._changed = changed
 
     def state_changed(self, model: str, version: int, old: str | None, new: str | None) -> None:
         if old is not None:
             self._metrics.model_versions.labels(old).dec()
         if new is not None:
             self._metrics.model_versions.labels(new).inc()
+        self._changed()
 
     def loaded(self, model: str) -> None:
         self._metrics.version_loads.labels(model).inc()
@@ -325,21 +298,14 @@ class LifecycleMetrics:
         self._metrics.version_unloads.labels(model).inc()
 
     def closed(self, model: str, version: int) -> None:
-        self._metrics.version_closed(model, str(version))
+        """A version was retired: its batcher's gauges go (not left behind at their last value)."""
+        metrics = self._metrics
+        for gauge in (metrics.queue_depth, metrics.queue_capacity, metrics.model_instances):
+            with suppress(KeyError):
+                gauge.remove(model, str(version))
 
     def refused(self, model: str, reason: str) -> None:
         self._metrics.version_refusals.labels(model, reason).inc()
 
     def leased(self, model: str, version: int) -> None:
         self._metrics.version_requests.labels(model, str(version)).inc()
-
-
-__all__ = [
-    "ServiceMetrics",
-    "ModelObserver",
-    "PredictionMetrics",
-    "LifecycleMetrics",
-    "DEFAULT_VERSION",
-    "power_of_two_buckets",
-    "LATENCY_BUCKETS",
-]

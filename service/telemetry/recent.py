@@ -161,6 +161,3 @@ class StatsHistory:
             "interval_s": self.interval_s,
             "series": points,
         }
-
-
-__all__ = ["StatsHistory", "Snapshot", "take_snapshot", "quantile", "between", "counted", "OWN_TRAFFIC"]

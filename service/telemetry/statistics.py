@@ -5,7 +5,7 @@ too, in the same step) adds every executed batch to these series, and the protoc
 handlers every answered or refused request (`ServiceMetrics.model_request`); `/metrics` exposes the
 series, and the Open Inference Protocol's statistics extension reads the same series back through
 `StatisticsSeries.counters`, so the two can never disagree. Series are labelled by model and
-version (one version per model: `DEFAULT_VERSION`).
+version.
 
 What is counted where: `inferences` and `executions` count the rows and batches the model ran
 (every API's traffic: task routes, Hugging Face API and v2 share the batcher); queue and compute
@@ -16,13 +16,12 @@ gRPC, with their durations inside the server.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-# The version a model's statistics are kept under while each model has one version.
+# The version of a pipeline loaded without one (a model directory served on its own).
 DEFAULT_VERSION = "1"
 
 
@@ -48,19 +47,6 @@ class ModelCounters:
     queue: Duration = field(default_factory=Duration)
     compute: Duration = field(default_factory=Duration)
     by_batch_size: dict[int, Duration] = field(default_factory=dict)  # batch size -> executions, run time
-
-
-def _samples(
-    metric: Counter | Gauge, model: str, version: str, suffix: str
-) -> Iterable[tuple[dict[str, str], float]]:
-    for family in metric.collect():
-        for sample in family.samples:
-            if (
-                sample.name.endswith(suffix)
-                and sample.labels.get("model") == model
-                and sample.labels.get("version") == version
-            ):
-                yield sample.labels, sample.value
 
 
 class StatisticsSeries:
@@ -103,29 +89,32 @@ class StatisticsSeries:
     def counters(self, model: str, version: str) -> ModelCounters:
         """The model version's statistics, read from the series /metrics exposes."""
 
+        def samples(metric: Counter | Gauge, suffix: str = "_total") -> list[tuple[dict[str, str], float]]:
+            return [
+                (sample.labels, sample.value)
+                for family in metric.collect()
+                for sample in family.samples
+                if sample.name.endswith(suffix) and (sample.labels["model"], sample.labels["version"]) == key
+            ]
+
         def total(metric: Counter) -> float:
-            return sum(value for _, value in _samples(metric, model, version, "_total"))
+            return sum(value for _, value in samples(metric))
 
         def outcome(name: str) -> Duration:
-            count = sum(
-                v
-                for labels, v in _samples(self.requests, model, version, "_total")
-                if labels["outcome"] == name
-            )
-            seconds = sum(
-                v
-                for labels, v in _samples(self.request_seconds, model, version, "_total")
-                if labels["outcome"] == name
+            count, seconds = (
+                sum(value for labels, value in samples(metric) if labels["outcome"] == name)
+                for metric in (self.requests, self.request_seconds)
             )
             return Duration(int(count), seconds)
 
+        key = (model, version)
         inferences = int(total(self.inferences))
         sizes: dict[int, Duration] = {}
-        for labels, value in _samples(self.batch_executions, model, version, "_total"):
+        for labels, value in samples(self.batch_executions):
             sizes.setdefault(int(labels["batch_size"]), Duration()).count = int(value)
-        for labels, value in _samples(self.batch_seconds, model, version, "_total"):
+        for labels, value in samples(self.batch_seconds):
             sizes.setdefault(int(labels["batch_size"]), Duration()).seconds = value
-        last = [value for _, value in _samples(self.last_inference, model, version, "")]
+        last = [value for _, value in samples(self.last_inference, "")]
         return ModelCounters(
             model=model,
             version=version,
@@ -138,11 +127,3 @@ class StatisticsSeries:
             compute=Duration(inferences, total(self.compute_seconds)),
             by_batch_size=dict(sorted(sizes.items())),
         )
-
-
-__all__ = [
-    "StatisticsSeries",
-    "ModelCounters",
-    "Duration",
-    "DEFAULT_VERSION",
-]

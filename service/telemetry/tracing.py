@@ -1,23 +1,16 @@
 """OpenTelemetry tracing: a server span per request, child spans for its steps, a span per batch.
 
-Off unless the standard variables ask for it (`configured`): `OTEL_TRACES_EXPORTER=otlp`, or an
-OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) with
-`OTEL_TRACES_EXPORTER` unset; `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true` keep it off.
-Off, the SDK is never imported and no exporter thread runs, and the request path never enters this
-module: a pipeline decides at build whether its steps are spanned and its batches observed
-(`service.tasks.pipeline`), the transports whether their requests get a server span.
-On, the SDK reads the rest of the standard variables itself: `OTEL_SERVICE_NAME` and
-`OTEL_RESOURCE_ATTRIBUTES` (the resource; service.name defaults to gmlp-serve),
-`OTEL_TRACES_SAMPLER[_ARG]` (the sampler), `OTEL_EXPORTER_OTLP_*` (endpoint, headers, timeout)
-and `OTEL_BSP_*` (the batch span processor). Spans go out over OTLP/HTTP with protobuf bodies
-(the `otel` extra installs the SDK and that exporter). Incoming W3C `traceparent`/`tracestate`
-are continued through the propagators `OTEL_PROPAGATORS` names (default tracecontext, baggage).
+When it is on, the variables it reads and the spans it records: docs/service.md, "Tracing
+(OpenTelemetry)"; `configured` is the rule. Off, the SDK is never imported and no exporter thread
+runs, and the request path never enters this module: a pipeline decides at build whether its steps
+are spanned and its batches observed (`service.tasks.pipeline`), the transports whether their
+requests get a server span. On, the SDK reads the standard variables itself (resource, sampler,
+exporter, batch span processor); spans go out over OTLP/HTTP with protobuf bodies (the `otel`
+extra), and incoming W3C trace context is continued through the propagators `OTEL_PROPAGATORS` names.
 
-One model batch serves many requests, each in a trace of its own. The batch's span (`batch
-<model>`, the model run's duration, with its size, padded length, instance and variant) is a
-child of the first sampled request it served and carries a span link to the server span of every
-sampled request in it, so a trace viewer leads from any request to the batch and from the batch to
-all its requests. Each request also gets a `queue wait` span, from enqueue to the batch's start.
+One model batch serves many requests, each in a trace of its own. The batch's span is a child of
+the first sampled request it served and links to the server span of every sampled request in it,
+so a trace viewer leads from any request to the batch and from the batch to all its requests.
 """
 
 from __future__ import annotations
@@ -40,7 +33,8 @@ NO_SPAN: AbstractContextManager[Any] = nullcontext()  # the shared no-op of an u
 
 
 def configured(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the OTEL_* variables ask for traces to be exported (the module docstring's rule)."""
+    """Whether the OTEL_* variables ask for traces to be exported: `OTEL_TRACES_EXPORTER` other than
+    none, or with it unset an OTLP endpoint; never with `OTEL_SDK_DISABLED=true`."""
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
@@ -55,7 +49,7 @@ class Tracing:
     with the batch span processor and the OTLP/HTTP exporter."""
 
     def __init__(self) -> None:
-        from opentelemetry import trace
+        from opentelemetry import context, propagate, trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -76,7 +70,7 @@ class Tracing:
         self.provider = TracerProvider(resource=resource)
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         self.tracer = self.provider.get_tracer("gmlp-serve")
-        self._trace = trace
+        self._trace, self._context, self._propagate = trace, context, propagate
 
     @classmethod
     def from_environment(cls) -> Tracing | None:
@@ -95,23 +89,17 @@ class Tracing:
 
     def start_server_span(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> Any:
         """A SERVER span continuing the W3C trace context in `carrier` (lower-case header names)."""
-        from opentelemetry import propagate
-
-        parent = propagate.extract(carrier)
+        parent = self._propagate.extract(carrier)
         return self.tracer.start_span(
             name, context=parent, kind=self._trace.SpanKind.SERVER, attributes=attributes
         )
 
     def activate(self, span: Any) -> object:
         """Make `span` the current span of this task (what child spans take as parent)."""
-        from opentelemetry import context
-
-        return context.attach(self._trace.set_span_in_context(span))
+        return self._context.attach(self._trace.set_span_in_context(span))
 
     def deactivate(self, token: object) -> None:
-        from opentelemetry import context
-
-        context.detach(token)  # type: ignore[arg-type]
+        self._context.detach(token)  # type: ignore[arg-type]
 
     def end_server_span(
         self,
@@ -123,8 +111,7 @@ class Tracing:
     ) -> None:
         """End the request's span; a refusal (or a `failed` status without one: a bug, an answer
         of the framework's own) marks it as an error with the machine code (else the status)."""
-        from opentelemetry.trace import Status, StatusCode
-
+        trace = self._trace
         span = request.span
         span.set_attributes(attributes)
         if request.model:
@@ -132,7 +119,9 @@ class Tracing:
         if request.error_code is not None or failed:
             code = request.error_code or status
             span.set_attribute("error.type", code)
-            span.set_status(Status(StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}"))
+            span.set_status(
+                trace.Status(trace.StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}")
+            )
         span.end()
 
     def span_between(
@@ -144,8 +133,10 @@ class Tracing:
         *,
         attributes: dict[str, Any] | None = None,
         links: Sequence[Any] = (),
+        error: BaseException | None = None,
     ) -> Any:
-        """A span recorded after the fact (its times measured elsewhere), a child of `parent`."""
+        """A span recorded after the fact (its times measured elsewhere), a child of `parent`; an
+        `error` is recorded on it and marks it failed."""
         span = self.tracer.start_span(
             name,
             context=self._trace.set_span_in_context(parent),
@@ -153,13 +144,14 @@ class Tracing:
             attributes=attributes,
             links=links,
         )
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, repr(error)))
         span.end(end_time=end_ns)
         return span
 
     def link(self, span: Any, attributes: dict[str, Any]) -> Any:
-        from opentelemetry.trace import Link
-
-        return Link(span.get_span_context(), attributes)
+        return self._trace.Link(span.get_span_context(), attributes)
 
     def shutdown(self) -> None:
         """Export what is buffered and stop the exporter thread."""
@@ -224,28 +216,7 @@ class BatchTracing(BatchObserver):
             "gmlp.batch.instance": run.instance,
             **self.attributes(run.items),
         }
-        batch = tracing.tracer.start_span(
-            f"batch {self.model}",
-            context=tracing._trace.set_span_in_context(first.span),
-            start_time=to_ns(run.run_start),
-            attributes=attributes,
-            links=links,
+        start, end = to_ns(run.run_start), to_ns(run.run_end)
+        tracing.span_between(
+            f"batch {self.model}", first.span, start, end, attributes=attributes, links=links, error=run.error
         )
-        if run.error is not None:
-            from opentelemetry.trace import Status, StatusCode
-
-            batch.record_exception(run.error)
-            batch.set_status(Status(StatusCode.ERROR, repr(run.error)))
-        batch.end(end_time=to_ns(run.run_end))
-
-
-__all__ = [
-    "Tracing",
-    "BatchTracing",
-    "configured",
-    "span",
-    "sampled",
-    "epoch_ns",
-    "DEFAULT_SERVICE_NAME",
-    "NO_SPAN",
-]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.tasks.decode_budget import PixelBudget, decode_budget
+from service.tasks.vision import PixelBudget, decode_budget
 
 pytestmark = pytest.mark.timeout(60)
 
