@@ -33,7 +33,7 @@ from urllib.parse import urlencode, urlsplit
 from contract.errors import UserError
 from contract.formats import MLM_TASK, VISION_TASK
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.workload import LoadConfig, fitting, load_images, load_sentences
+from loadtests.workload import LoadConfig, fitting, load_images, load_sentences, multipart_body
 
 # A request that has not answered within this is a failure (and its connection is dropped).
 REQUEST_TIMEOUT_S = 30.0
@@ -141,11 +141,16 @@ def task_requests(task: str, model: str, n_tokens: int | None, top_k: int = 5) -
     raise UserError(f"model {model} serves {task!r}; the load generator sends {VISION_TASK} and {MLM_TASK}")
 
 
-def classify_request(image: bytes, top_k: int, *, model: str | None = None) -> PreparedRequest:
-    """POST /classify with a raw JPEG body, checked."""
+def classify_request(
+    image: bytes, top_k: int, *, model: str | None = None, multipart: bool = False
+) -> PreparedRequest:
+    """POST /classify with a JPEG as the raw body or as a multipart upload, checked."""
     query = urlencode({"top_k": top_k} | ({"model": model} if model else {}))
     check = functools.partial(check_classify, top_k=top_k, expected_model=model)
-    return PreparedRequest(f"/classify?{query}", image, "image/jpeg", check)
+    body, content_type = (
+        multipart_body(image, "image.jpg", "image/jpeg") if multipart else (image, "image/jpeg")
+    )
+    return PreparedRequest(f"/classify?{query}", body, content_type, check)
 
 
 def fill_mask_request(text: str, top_k: int, *, model: str | None = None) -> PreparedRequest:
@@ -217,11 +222,19 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         parts.append((await reader.readexactly(size + 2))[:-2])
 
 
-def _failure(status: int, body: bytes) -> str:
+def answer_error(request: PreparedRequest, status: int, body: bytes) -> str | None:
+    """What is wrong with an answer to `request` (None: nothing): a refusal, by its status and the
+    service's error code (one failure row per code), a body that is not JSON, or what the
+    request's check finds."""
+    if status != 200:
+        try:
+            return f"HTTP {status} {json.loads(body)['error']['code']}"
+        except (ValueError, KeyError, TypeError):
+            return f"HTTP {status}"
     try:
-        return f"HTTP {status} {json.loads(body)['error']['code']}"
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {status}"
+        return request.check(json.loads(body))
+    except ValueError as exc:
+        return f"invalid answer: {exc}"
 
 
 async def send(conn: _Connection, request: PreparedRequest, timeout_s: float) -> Outcome:
@@ -230,11 +243,11 @@ async def send(conn: _Connection, request: PreparedRequest, timeout_s: float) ->
     started, status = time.perf_counter(), 0
     try:
         status, body = await asyncio.wait_for(conn.post(request), timeout_s)
-        error = _failure(status, body) if status != 200 else request.check(json.loads(body))
+        error = answer_error(request, status, body)
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
         conn.close()
         error = f"{type(exc).__name__}"
-    except ValueError as exc:
+    except ValueError as exc:  # an unreadable status line or header
         error = f"invalid answer: {exc}"
     seconds = time.perf_counter() - started
     return Outcome(

@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlencode
 
 # locust puts this file's folder on sys.path, not the repository root that holds the package.
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -31,7 +30,7 @@ from locust import FastHttpUser, TaskSet, constant, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 from contract.formats import MLM_TASK, VISION_TASK  # noqa: E402
-from loadtests.checks import check_classify, check_fill_mask  # noqa: E402
+from loadtests.engine import PreparedRequest, answer_error, classify_request, fill_mask_request  # noqa: E402
 from loadtests.metrics_scrape import get_json  # noqa: E402
 from loadtests.workload import (  # noqa: E402
     LoadConfig,
@@ -39,7 +38,6 @@ from loadtests.workload import (  # noqa: E402
     fitting,
     load_images,
     load_sentences,
-    multipart_body,
 )
 
 log = logging.getLogger("gmlp.loadtest")
@@ -47,6 +45,7 @@ log = logging.getLogger("gmlp.loadtest")
 CONFIG = LoadConfig.from_env()
 IMAGES: list[bytes] = []
 SENTENCES: list[MaskedSentence] = []
+REQUESTS: dict[str, list[PreparedRequest]] = {}
 
 
 @events.init.add_listener
@@ -69,6 +68,7 @@ def _fit_to_server(environment: Environment, **_: Any) -> None:
     without a masked LM (a classifier-only deployment) should be load-tested on /classify alone.
     """
     global SENTENCES
+    REQUESTS.clear()  # a new run from the web UI prepares them again for what fits now
     try:
         listing = get_json(f"{(environment.host or '').rstrip('/')}/models")
     except (OSError, ValueError) as exc:  # URLError is an OSError
@@ -129,62 +129,51 @@ def _let_csv_catch_up(environment: Environment, **_: Any) -> None:
         gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.25)
 
 
-def _finish(response: Any, check: Callable[[Any], str | None]) -> None:
-    """Mark the request failed unless it is a 200 whose JSON passes `check`."""
-    if response.status_code != 200:
-        detail = ""
-        try:
-            detail = response.json()["error"]["code"]  # low-cardinality: one failure row per code
-        except Exception:
-            detail = str(getattr(response, "error", "") or "")[:120]
-        response.failure(f"HTTP {response.status_code} {detail}".strip())
-        return
-    try:
-        body = response.json()
-    except ValueError as exc:
-        response.failure(f"invalid JSON: {exc}")
-        return
-    error = check(body)
-    if error:
-        response.failure(error[:300])
-    else:
-        response.success()
+def _requests(task: str) -> list[PreparedRequest]:
+    """The task's requests, prepared on first use (after `_fit_to_server` kept what fits):
+    `GMLP_LOADTEST_UPLOAD=mixed` holds both forms of each image, so each request picks one."""
+    if task == VISION_TASK and task not in REQUESTS:
+        uploads = {"multipart": (True,), "raw": (False,), "mixed": (True, False)}[CONFIG.upload]
+        REQUESTS[task] = [
+            classify_request(image, CONFIG.top_k, model=CONFIG.classify_model, multipart=multipart)
+            for image in IMAGES
+            for multipart in uploads
+        ]
+    elif task not in REQUESTS:
+        model = CONFIG.fill_mask_model
+        REQUESTS[task] = [fill_mask_request(s.text, CONFIG.top_k, model=model) for s in SENTENCES]
+    return REQUESTS[task]
 
 
-def _query(model: str | None) -> str:
-    params: dict[str, Any] = {"top_k": CONFIG.top_k}
-    if model:
-        params["model"] = model
-    return urlencode(params)
+def _post(user: GmlpUser, task: str) -> None:
+    """POST a random request of `task`; a failure unless a 200 whose JSON passes its check."""
+    request = random.choice(_requests(task))
+    with user.client.post(
+        request.path,
+        # locust annotates `data` as str or dict; geventhttpclient sends bytes as they are.
+        data=cast(Any, request.body),
+        headers={"Content-Type": request.content_type},
+        name=request.path.split("?")[0],
+        catch_response=True,
+    ) as response:
+        if response.status_code:
+            error = answer_error(request, response.status_code, response.content)
+        else:  # no answer: locust's own reason (refused, reset, timed out)
+            error = f"HTTP 0 {str(getattr(response, 'error', '') or '')[:120]}".strip()
+        if error:
+            response.failure(error[:300])
+        else:
+            response.success()
 
 
 def classify(user: GmlpUser) -> None:
     """POST /classify with a random test JPEG, as a multipart upload or a raw image body."""
-    image = random.choice(IMAGES)
-    upload = CONFIG.upload if CONFIG.upload != "mixed" else random.choice(("multipart", "raw"))
-    if upload == "multipart":
-        body, content_type = multipart_body(image, "image.jpg", "image/jpeg")
-    else:
-        body, content_type = image, "image/jpeg"
-    with user.client.post(
-        f"/classify?{_query(CONFIG.classify_model)}",
-        # locust annotates `data` as str or dict; geventhttpclient sends bytes as they are.
-        data=cast(Any, body),
-        headers={"Content-Type": content_type},
-        name="/classify",
-        catch_response=True,
-    ) as response:
-        _finish(response, lambda b: check_classify(b, CONFIG.top_k, CONFIG.classify_model))
+    _post(user, VISION_TASK)
 
 
 def fill_mask(user: GmlpUser) -> None:
     """POST /fill-mask with a random held-out sentence that has one word masked."""
-    text = random.choice(SENTENCES).text
-    payload: dict[str, Any] = {"text": text, "top_k": CONFIG.top_k}
-    if CONFIG.fill_mask_model:
-        payload["model"] = CONFIG.fill_mask_model
-    with user.client.post("/fill-mask", json=payload, name="/fill-mask", catch_response=True) as response:
-        _finish(response, lambda b: check_fill_mask(b, text, CONFIG.top_k, CONFIG.fill_mask_model))
+    _post(user, MLM_TASK)
 
 
 class GmlpUser(FastHttpUser):
