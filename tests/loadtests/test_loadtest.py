@@ -192,6 +192,10 @@ def test_read_locust_csvs(tmp_path: Path) -> None:
     )
     assert [f["error"] for f in read_failures_csv(tmp_path / "s_failures.csv")] == ["y", "x"]
     assert read_failures_csv(tmp_path / "missing.csv") == []
+    (tmp_path / "s_exceptions.csv").write_text("Count,Message,Traceback,Nodes\n3,boom,tb,local\n")
+    assert read_failures_csv(tmp_path / "s_exceptions.csv") == [
+        {"method": "exception", "name": "locustfile", "error": "boom", "occurrences": 3}
+    ]
 
 
 def _metrics_text(batches: dict[str, tuple[float, float]], rejected: float = 0.0) -> str:
