@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import math
 import time
 from collections import Counter
@@ -34,6 +35,8 @@ from contract.errors import UserError
 from contract.formats import MLM_TASK, VISION_TASK
 from loadtests.checks import check_classify, check_fill_mask
 from loadtests.workload import LoadConfig, fitting, load_images, load_sentences, multipart_body
+
+log = logging.getLogger(__name__)
 
 # A request that has not answered within this is a failure (and its connection is dropped).
 REQUEST_TIMEOUT_S = 30.0
@@ -127,17 +130,37 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def task_requests(task: str, model: str, n_tokens: int | None, top_k: int = 5) -> list[PreparedRequest]:
-    """The requests of `loadtests.workload` for one model: /classify with each bundled JPEG (raw
-    body), or /fill-mask with each bundled masked sentence that fits its window of `n_tokens`."""
+_RAW_BUNDLED = LoadConfig(upload="raw")  # the bundled inputs, each image as the raw body
+
+
+def task_requests(
+    task: str, model: str | None, n_tokens: int | None, config: LoadConfig = _RAW_BUNDLED
+) -> list[PreparedRequest]:
+    """The requests of `config`'s workload (`loadtests.workload`) for one task, asking for `model`
+    (None: the server's default): /classify with each JPEG in each upload form, or /fill-mask with
+    each masked sentence that fits a window of `n_tokens` (None: unknown, all of them)."""
     if task == VISION_TASK:
-        images, _ = load_images(None)
-        return [classify_request(image, top_k, model=model) for image in images]
+        images, source = load_images(config.cifar_path)
+        log.info("classify: %d JPEGs from %s", len(images), source)
+        forms = {"multipart": (True,), "raw": (False,), "mixed": (True, False)}[config.upload]
+        return [
+            classify_request(image, config.top_k, model=model, multipart=multipart)
+            for image in images
+            for multipart in forms
+        ]
     if task == MLM_TASK:
-        sentences = fitting(load_sentences(LoadConfig(top_k=top_k))[0], n_tokens)
+        every, source = load_sentences(config)
+        sentences = fitting(every, n_tokens)
+        log.info(
+            "fill-mask: %d of %d masked sentences from %s fit %s tokens",
+            len(sentences),
+            len(every),
+            source,
+            n_tokens,
+        )
         if not sentences:
-            raise UserError(f"no bundled sentence fits {model}'s window of {n_tokens} tokens")
-        return [fill_mask_request(s.text, top_k, model=model) for s in sentences]
+            raise UserError(f"no sentence fits {model or 'the default model'}'s window of {n_tokens} tokens")
+        return [fill_mask_request(s.text, config.top_k, model=model) for s in sentences]
     raise UserError(f"model {model} serves {task!r}; the load generator sends {VISION_TASK} and {MLM_TASK}")
 
 

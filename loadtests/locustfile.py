@@ -29,75 +29,53 @@ if _ROOT not in sys.path:
 from locust import FastHttpUser, TaskSet, constant, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from contract.errors import UserError  # noqa: E402
 from contract.formats import MLM_TASK, VISION_TASK  # noqa: E402
-from loadtests.engine import PreparedRequest, answer_error, classify_request, fill_mask_request  # noqa: E402
+from loadtests.engine import PreparedRequest, answer_error, task_requests  # noqa: E402
 from loadtests.metrics_scrape import get_json  # noqa: E402
-from loadtests.workload import (  # noqa: E402
-    LoadConfig,
-    MaskedSentence,
-    fitting,
-    load_images,
-    load_sentences,
-)
+from loadtests.workload import LoadConfig  # noqa: E402
 
 log = logging.getLogger("gmlp.loadtest")
 
 CONFIG = LoadConfig.from_env()
-IMAGES: list[bytes] = []
-SENTENCES: list[MaskedSentence] = []
 REQUESTS: dict[str, list[PreparedRequest]] = {}
-
-
-@events.init.add_listener
-def _load_inputs(environment: Environment, **_: Any) -> None:
-    """Load the inputs once per locust process, before any user starts."""
-    global IMAGES, SENTENCES
-    if CONFIG.classify_weight:
-        IMAGES, source = load_images(CONFIG.cifar_path)
-        log.info("classify: %d JPEGs from %s", len(IMAGES), source)
-    if CONFIG.fill_mask_weight:
-        SENTENCES, source = load_sentences(CONFIG)
-        log.info("fill-mask: %d masked sentences from %s", len(SENTENCES), source)
 
 
 @events.test_start.add_listener
 def _fit_to_server(environment: Environment, **_: Any) -> None:
-    """Ask GET /models which models serve each task and the MLM's window; drop tasks nobody serves.
+    """Ask GET /models which models serve each task and the MLM's window; prepare the requests of
+    the tasks served (`loadtests.engine.task_requests`), drop the others.
 
     A sentence longer than the window would be a correct 422, counted as a failure; a server
     without a masked LM (a classifier-only deployment) should be load-tested on /classify alone.
     """
-    global SENTENCES
-    REQUESTS.clear()  # a new run from the web UI prepares them again for what fits now
+    REQUESTS.clear()  # a new run from the web UI prepares them again for what is served now
     try:
         listing = get_json(f"{(environment.host or '').rstrip('/')}/models")
     except (OSError, ValueError) as exc:  # URLError is an OSError
         log.warning("GET /models failed (%s): sending every task, GMLP_LOADTEST_MAX_TOKENS only", exc)
-        SENTENCES = fitting(SENTENCES, CONFIG.max_tokens)
-        return
-    models = {m["name"]: m for m in listing.get("models", [])}
-    defaults = listing.get("defaults", {})
-    served = {
-        VISION_TASK: CONFIG.classify_model or defaults.get(VISION_TASK),
-        MLM_TASK: CONFIG.fill_mask_model or defaults.get(MLM_TASK),
-    }
-    explicit = {VISION_TASK: CONFIG.classify_model, MLM_TASK: CONFIG.fill_mask_model}
-    for task, func in ((VISION_TASK, classify), (MLM_TASK, fill_mask)):
-        if func not in GmlpUser.tasks or served[task] in models:
+        listing = None
+    models = {m["name"]: m for m in listing.get("models", [])} if listing else {}
+    for task, func, named in (
+        (VISION_TASK, classify, CONFIG.classify_model),
+        (MLM_TASK, fill_mask, CONFIG.fill_mask_model),
+    ):
+        if func not in GmlpUser.tasks:
             continue
-        if explicit[task]:
+        served = named or (listing or {}).get("defaults", {}).get(task)
+        if listing is not None and served not in models:
+            if not named:
+                log.warning("the server has no %s model: not sending that task", task)
+                GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
+                continue
             # Asked for by name: keep sending, so that the 404s show up as failures.
-            log.error("the server has no model %r (serves %s)", explicit[task], sorted(models))
-            continue
-        log.warning("the server has no %s model: not sending that task", task)
-        GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
-    if fill_mask in GmlpUser.tasks and served[MLM_TASK] in models:
-        max_tokens = CONFIG.max_tokens or models[served[MLM_TASK]].get("n")
-        SENTENCES = fitting(SENTENCES, max_tokens)
-        log.info("fill-mask: %d sentences fit the %s-token window", len(SENTENCES), max_tokens)
-        if not SENTENCES:
-            log.error("no sentence fits %s tokens: not sending fill-mask", max_tokens)
-            GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not fill_mask]
+            log.error("the server has no model %r (serves %s)", named, sorted(models))
+        window = CONFIG.max_tokens or models.get(served, {}).get("n")
+        try:
+            REQUESTS[task] = task_requests(task, named, window, CONFIG)
+        except UserError as exc:
+            log.error("%s: not sending %s", exc, task)
+            GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
     if not GmlpUser.tasks:
         log.error("nothing to send: the server serves none of the weighted tasks; stopping")
         environment.process_exit_code = 2
@@ -129,25 +107,9 @@ def _let_csv_catch_up(environment: Environment, **_: Any) -> None:
         gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.25)
 
 
-def _requests(task: str) -> list[PreparedRequest]:
-    """The task's requests, prepared on first use (after `_fit_to_server` kept what fits):
-    `GMLP_LOADTEST_UPLOAD=mixed` holds both forms of each image, so each request picks one."""
-    if task == VISION_TASK and task not in REQUESTS:
-        uploads = {"multipart": (True,), "raw": (False,), "mixed": (True, False)}[CONFIG.upload]
-        REQUESTS[task] = [
-            classify_request(image, CONFIG.top_k, model=CONFIG.classify_model, multipart=multipart)
-            for image in IMAGES
-            for multipart in uploads
-        ]
-    elif task not in REQUESTS:
-        model = CONFIG.fill_mask_model
-        REQUESTS[task] = [fill_mask_request(s.text, CONFIG.top_k, model=model) for s in SENTENCES]
-    return REQUESTS[task]
-
-
 def _post(user: GmlpUser, task: str) -> None:
     """POST a random request of `task`; a failure unless a 200 whose JSON passes its check."""
-    request = random.choice(_requests(task))
+    request = random.choice(REQUESTS[task])
     with user.client.post(
         request.path,
         # locust annotates `data` as str or dict; geventhttpclient sends bytes as they are.
