@@ -8,7 +8,6 @@ imports the service's settings and the measurement code.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import platform
 import shlex
@@ -17,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 KNOB_FLAGS = {
     "variant": "variants to try (default: fp32 and int8, those the model has)",
