@@ -12,7 +12,8 @@ a soak that must offer twice what the server sustains on the same machine. This 
   requests (arrivals past it, or too late to send on time, are counted and not sent).
 
 Each request is a `PreparedRequest` (encoded once, with the check of its answer: a fast wrong
-answer is a failure); each one sent becomes an `Outcome`. `percentile` is the one percentile of
+answer is a failure; the locustfile sends the same requests and judges answers with the same
+`answer_error`); each one sent becomes an `Outcome`. `percentile` is the one percentile of
 every figure the programs print. Standard library only (raw HTTP/1.1 over asyncio streams,
 Content-Length and chunked bodies): `gmlp tune` runs it wherever the serving install does.
 """
