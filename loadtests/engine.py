@@ -279,7 +279,10 @@ async def send(conn: _Connection, request: PreparedRequest, timeout_s: float) ->
     )
 
 
-def _address(url: str) -> tuple[str, int]:
+def _address(url: str, requests: Sequence[PreparedRequest]) -> tuple[str, int]:
+    """(host, port) of `url`, once there is something to send to it."""
+    if not requests:
+        raise UserError("nothing to send")
     parts = urlsplit(url)
     return parts.hostname or "127.0.0.1", parts.port or 80
 
@@ -299,9 +302,7 @@ async def closed_loop(
     """`concurrency` closed-loop clients against `url` for `warmup_s` (not recorded) plus `seconds`,
     sending at most `max_requests` in all and none once `stop()` holds; each waits `pause_s`
     between its requests. Requests sent before the end finish (or time out)."""
-    if not requests:
-        raise UserError("nothing to send")
-    host, port = _address(url)
+    host, port = _address(url, requests)
     result = LoadResult(concurrency)
     start = time.perf_counter()
     measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
@@ -351,9 +352,7 @@ async def open_loop(
     the server answers. An arrival the client is over `late_s` late to send (it shares the CPU
     with the server), or one past `max_outstanding` open requests, is counted and not sent: what
     is sent is the load the server really saw."""
-    if not requests:
-        raise UserError("nothing to send")
-    host, port = _address(url)
+    host, port = _address(url, requests)
     result = LoadResult(0)
     idle: list[_Connection] = []
     open_requests: set[asyncio.Task[None]] = set()
