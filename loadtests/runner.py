@@ -179,14 +179,12 @@ class SweepConfig:
     out_dir: Path = Path("loadtest-report")
     spawn_rate: float | None = None  # None: all users within one second
     env: Mapping[str, str] = field(default_factory=dict)  # GMLP_LOADTEST_* for the locustfile
-    locustfile: Path = LOCUSTFILE
-    pause_s: float = 1.0
 
 
 def locust_command(config: SweepConfig, users: int, prefix: Path, html: Path) -> list[str]:
     spawn_rate = config.spawn_rate or float(users)
     return [
-        *(sys.executable, "-m", "locust", "-f", str(config.locustfile), "--headless"),
+        *(sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless"),
         *("-u", str(users), "-r", f"{spawn_rate:g}", "-t", f"{math.ceil(parse_duration(config.duration))}s"),
         *("--host", config.url, "--csv", str(prefix), "--html", str(html), "--only-summary"),
     ]
@@ -279,6 +277,6 @@ def run_sweep(config: SweepConfig) -> list[StepResult]:
     results = []
     for i, users in enumerate(config.users):
         if i:
-            time.sleep(config.pause_s)  # let the previous step's queue drain
+            time.sleep(1.0)  # let the previous step's queue drain
         results.append(run_step(config, users))
     return results
