@@ -172,7 +172,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=model_card)
 
 
-def _prepare(args: argparse.Namespace) -> None:
+def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
+    """Either trainer, with the threads, training-state folder and command line settled first."""
     import torch
 
     if args.threads:
@@ -180,10 +181,6 @@ def _prepare(args: argparse.Namespace) -> None:
     if args.state_dir is None:
         args.state_dir = CACHE_DIR / "train" / Path(args.out).name
     args.argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("gmlp", "__main__.py")) else None
-
-
-def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
-    _prepare(args)
     summary = run(args)
     line = {"out": str(args.out), **summary["results"], "train_wall_time_s": summary["train_wall_time_s"]}
     print(json.dumps(line))
