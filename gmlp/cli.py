@@ -13,18 +13,16 @@ import sys
 
 from contract.errors import UserError
 
-# module, registering function, the pip extra it needs: each adds its subcommands with
-# `set_defaults(handler=...)`
-_REGISTRARS = [
-    ("gmlp.model_commands", "register", "export"),
-    ("gmlp.lucidrains_command", "register", "export"),
-    ("gmlp.export_commands", "register", "export"),
-    ("gmlp.train_commands", "register", "train"),
-    ("gmlp.serve_command", "register", "serve"),
-    ("gmlp.keys_command", "register", "serve"),
-    ("loadtests.cli", "register", "loadtest"),
-    ("gmlp.tune.command", "register", "serve"),
-]
+# Each module adds its subcommands in `register(sub)` with `set_defaults(handler=...)`; beside it,
+# the pip extra it needs.
+_COMMAND_MODULES = {
+    "gmlp.model_commands": "export",
+    "gmlp.export_commands": "export",
+    "gmlp.train_commands": "train",
+    "gmlp.serve_command": "serve",
+    "loadtests.cli": "loadtest",
+    "gmlp.tune.command": "serve",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,14 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     missing = []
-    for module_name, func, extra in _REGISTRARS:
+    for module_name, extra in _COMMAND_MODULES.items():
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             # That part of the project, or a dependency of it, is not installed in this image.
             missing.append(f"{module_name} (needs {exc.name}: pip install 'gmlp-serve[{extra}]')")
             continue
-        getattr(module, func)(sub)
+        module.register(sub)
     if missing:
         parser.epilog = "not available here: " + "; ".join(missing)
     return parser

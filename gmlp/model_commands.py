@@ -1,4 +1,7 @@
-"""`gmlp convert-timm` and `gmlp info`."""
+"""`gmlp convert-timm`, `gmlp convert-lucidrains` and `gmlp info`.
+
+The converters write a checkpoint directory, which `gmlp export` then turns into a served model.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from contract.errors import UserError
 from contract.formats import SERVED_FORMAT
 
 from .paths import IMAGENET_CLASS_INDEX
+
+IMAGENET_CLASSES = 1000  # a head of this size is named with ImageNet-1k's labels by default
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,9 +35,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
     p.set_defaults(handler=convert_timm)
 
+    p = sub.add_parser(
+        "convert-lucidrains",
+        help="convert a g-mlp-pytorch (lucidrains) gMLPVision or gMLP to a gmlp checkpoint directory",
+    )
+    p.add_argument("checkpoint", type=Path, help="its state_dict: .pt, .pth, .bin or .safetensors")
+    p.add_argument(
+        "--config",
+        type=Path,
+        required=True,
+        help="JSON object of the constructor's arguments (image_size: gMLPVision, else gMLP)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
+    p.add_argument("--labels", type=Path, default=None, help="classifier: class names (JSON list or index)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="language model: its tokenizers JSON file")
+    p.set_defaults(handler=convert_lucidrains)
+
     p = sub.add_parser("info", help="print a checkpoint's or served model's config, n, parameters and task")
     p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
     p.set_defaults(handler=info)
+
+
+def _labels(given: Path | None, count: int) -> list[str]:
+    """The head's class names from `given` (a JSON list or class index), one per class; without
+    it `class_<i>`."""
+    from model.checkpoint import read_labels
+
+    if given is None:
+        return [f"class_{i}" for i in range(count)]
+    labels = read_labels(given)
+    if len(labels) != count:
+        raise UserError(f"{given} has {len(labels)} labels, the head has {count}")
+    return labels
 
 
 def convert_timm(args: argparse.Namespace) -> int:
@@ -41,23 +75,54 @@ def convert_timm(args: argparse.Namespace) -> int:
 
     state = read_state_dict(args.checkpoint)
     model = gmlp_from_timm(state, args.arch, source=str(args.checkpoint))
-    labels: list[str] | None
-    if args.labels is None:
+    count = model.config.num_classes
+    if args.labels is None and count == IMAGENET_CLASSES:
         with resources.as_file(IMAGENET_CLASS_INDEX) as labels_path:
             labels = read_labels(labels_path)
     else:
-        labels = read_labels(args.labels) if args.labels.is_file() else None
-    if labels is None or len(labels) != model.config.num_classes:
-        if args.labels is not None:
-            raise UserError(
-                f"{args.labels} has {labels and len(labels)} labels, the head has {model.config.num_classes}"
-            )
-        labels = [f"class_{i}" for i in range(model.config.num_classes)]
+        labels = _labels(args.labels, count)
     save_checkpoint(
         model, args.out, labels=labels, preprocessing=dict(TIMM_PREPROCESSING), name=args.out.name
     )
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"wrote {args.out} ({args.arch}, {n_params:,} parameters, {model.config.num_classes} classes)")
+    print(f"wrote {args.out} ({args.arch}, {n_params:,} parameters, {count} classes)")
+    return 0
+
+
+def convert_lucidrains(args: argparse.Namespace) -> int:
+    from model.checkpoint import read_state_dict, save_checkpoint
+    from model.lucidrains_import import gmlp_from_lucidrains
+    from model.train.data import SpecialIds
+
+    try:
+        constructor = json.loads(args.config.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{args.config} is not valid JSON: {exc}") from exc
+    if not isinstance(constructor, dict):
+        raise UserError(f"{args.config} must hold a JSON object of constructor arguments")
+    vision = "image_size" in constructor
+    wrong = "--tokenizer" if vision and args.tokenizer else "--labels" if not vision and args.labels else None
+    if wrong:
+        raise UserError(f"{wrong} does not apply to a {'gMLPVision' if vision else 'gMLP language model'}")
+    ids: dict[str, int] = {}
+    if not vision:
+        if args.tokenizer is None:
+            raise UserError("a gMLP language model needs --tokenizer (its tokenizers JSON file)")
+        special = SpecialIds.from_tokenizer(args.tokenizer)
+        num_tokens = constructor.get("num_tokens")
+        if isinstance(num_tokens, int) and special.vocab_size != num_tokens:
+            raise UserError(f"{args.tokenizer} has {special.vocab_size} tokens, num_tokens is {num_tokens}")
+        ids = {"pad_token_id": special.pad, "mask_token_id": special.mask}
+    state = read_state_dict(args.checkpoint)
+    model = gmlp_from_lucidrains(constructor, state, str(args.checkpoint), **ids)
+    config = model.config
+    if vision:
+        labels = _labels(args.labels, config.num_classes)  # type: ignore[union-attr]
+        save_checkpoint(model, args.out, labels=labels, name=args.out.name)
+    else:
+        save_checkpoint(model, args.out, tokenizer=args.tokenizer, name=args.out.name)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"wrote {args.out} ({config.task}, n = {config.seq_len}, {n_params:,} parameters)")
     return 0
 
 

@@ -16,6 +16,9 @@ from pathlib import Path
 # A folder holding the full data sets in this layout (README, "Training the demo models"):
 #   cifar10/cifar10-jpeg.npz, gutenberg/{train-*,valid-000}.txt.gz, bert-base-uncased/tokenizer.json
 SHARED_DATA_ENV = "GMLP_SHARED_DATA"
+CIFAR10 = ("cifar10", "cifar10-jpeg.npz")
+GUTENBERG = ("gutenberg",)
+BERT_TOKENIZER = ("bert-base-uncased", "tokenizer.json")
 
 # Relative to the working directory: at a checkout's root these are the committed demo checkpoints
 # and the ignored cache.
@@ -31,15 +34,3 @@ def shared_data(*parts: str) -> Path | None:
     """`$GMLP_SHARED_DATA/<parts>`, or None when the variable is unset (the command then asks for it)."""
     root = os.environ.get(SHARED_DATA_ENV, "").strip()
     return Path(root).expanduser().joinpath(*parts) if root else None
-
-
-def cifar10_npz() -> Path | None:
-    return shared_data("cifar10", "cifar10-jpeg.npz")
-
-
-def gutenberg_dir() -> Path | None:
-    return shared_data("gutenberg")
-
-
-def bert_tokenizer() -> Path | None:
-    return shared_data("bert-base-uncased", "tokenizer.json")

@@ -1,10 +1,12 @@
-"""`gmlp serve`: export demo checkpoints whose served directory is missing, then serve.
+"""`gmlp serve`, which exports demo checkpoints whose served directory is missing, then serves;
+and `gmlp keys new NAME SCOPES [rate=R] [burst=B]`, a new API key and its line for the keys file.
 
 This closes the gap between training and serving on a developer machine: a checkpoint under
 `GMLP_CHECKPOINT_DIR` (default `checkpoints/`) without a directory of the same name in the model
 repository is exported first (fp32 + int8) when torch is importable; otherwise start-up stops with
 the exact command to run on a machine that has it. The service itself only reads served-model
-directories (it imports neither `model` nor `export`).
+directories (it imports neither `model` nor `export`). A new key is printed once and never stored;
+its line holds only its digest (docs/security.md).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import importlib.util
 import logging
 from pathlib import Path
 
+from contract.errors import UserError
 from contract.formats import DEFAULT_EXPORT_VARIANTS
 from contract.spec import SpecError, export_command, is_checkpoint
+from service.access.keys import key_line, new_key, parse_keys
 from service.cli import add_serve_arguments, run_serve
 from service.settings import ServiceSettings
 
@@ -78,8 +82,20 @@ def run(args: argparse.Namespace) -> int:
     return run_serve(args, prepare=_prepare)
 
 
+def _new_key(args: argparse.Namespace) -> int:
+    key = new_key()
+    line = key_line(args.name, args.scopes, key, *args.options)
+    try:
+        parse_keys(line, "the new line")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"key (give it to the client; it is not stored): {key}")
+    print(f"line for GMLP_API_KEYS_FILE:\n{line}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the `serve` subcommand to the `gmlp` console script (gmlp/cli.py)."""
+    """Add `serve` and `keys` to the `gmlp` console script (gmlp/cli.py)."""
     parser = sub.add_parser(
         "serve",
         help="serve the models of a model repository over HTTP",
@@ -88,3 +104,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_serve_arguments(parser)
     parser.set_defaults(handler=run)
+    keys = sub.add_parser("keys", help="make API keys for GMLP_API_KEYS_FILE")
+    actions = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    new = actions.add_parser("new", help="print a new random key (256 bits) and its keys-file line")
+    new.add_argument("name", help="the key's name (in logs and metrics; never the key itself)")
+    new.add_argument("scopes", help="comma-separated scopes: infer, metrics, admin")
+    new.add_argument("options", nargs="*", metavar="OPTION", help="rate=R (requests/s), burst=B")
+    new.set_defaults(handler=_new_key)

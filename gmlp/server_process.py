@@ -23,7 +23,8 @@ from types import TracebackType
 from typing import TypeVar
 
 from gmlp.proc import alive, tree_pids
-from loadtests.metrics_scrape import get_json, http_get
+from loadtests.metrics_scrape import get_json as get_json  # for the programs that start servers here
+from loadtests.metrics_scrape import http_get
 
 HOST = "127.0.0.1"
 
@@ -186,15 +187,3 @@ def gmlp_serve(
         env=env,
         ready_timeout_s=ready_timeout_s,
     )
-
-
-__all__ = [
-    "HOST",
-    "ServerProcess",
-    "free_port",
-    "get_json",
-    "gmlp_serve",
-    "http_get",
-    "link_repository",
-    "serve_argv",
-]

@@ -17,7 +17,15 @@ from typing import Any
 from contract.errors import UserError
 from contract.formats import SERVED_FORMAT, VARIANTS, VISION_TASK
 
-from .paths import CACHE_DIR, CHECKPOINTS_DIR, SHARED_DATA_ENV, bert_tokenizer, cifar10_npz, gutenberg_dir
+from .paths import (
+    BERT_TOKENIZER,
+    CACHE_DIR,
+    CHECKPOINTS_DIR,
+    CIFAR10,
+    GUTENBERG,
+    SHARED_DATA_ENV,
+    shared_data,
+)
 
 PRECISIONS = ("auto", "bf16", "fp32")
 
@@ -73,10 +81,12 @@ def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.set_defaults(**defaults)
 
 
-def _data_argument(p: argparse.ArgumentParser, flag: str, default: Path | None, what: str) -> None:
-    """A data set flag: its place under $GMLP_SHARED_DATA by default; needed when that is unset."""
-    where = f"needed unless ${SHARED_DATA_ENV} is set" if default is None else f"default {default}"
-    p.add_argument(flag, type=Path, default=default, help=f"{what} ({where})")
+def _data_argument(p: argparse.ArgumentParser, flag: str, where: tuple[str, ...], what: str) -> None:
+    """A data set flag: by default its place `where` under $GMLP_SHARED_DATA (gmlp/paths.py);
+    needed when that is unset."""
+    default = shared_data(*where)
+    hint = f"needed unless ${SHARED_DATA_ENV} is set" if default is None else f"default {default}"
+    p.add_argument(flag, type=Path, default=default, help=f"{what} ({hint})")
 
 
 def _given(path: Path | None, flag: str) -> Path:
@@ -88,7 +98,7 @@ def _given(path: Path | None, flag: str) -> Path:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-vision", help="train the CIFAR-10 gMLP classifier (32x32, patch 4, n = 64)")
-    _data_argument(p, "--data", cifar10_npz(), "cifar10-jpeg.npz")
+    _data_argument(p, "--data", CIFAR10, "cifar10-jpeg.npz")
     _common(
         p,
         depth=10,
@@ -109,8 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=train_vision)
 
     p = sub.add_parser("train-mlm", help="train the Gutenberg gMLP masked LM (n = 128, BERT WordPiece)")
-    _data_argument(p, "--corpus", gutenberg_dir(), "folder with train-*.txt.gz, valid-000.txt.gz")
-    _data_argument(p, "--tokenizer", bert_tokenizer(), "tokenizers JSON (BERT uncased)")
+    _data_argument(p, "--corpus", GUTENBERG, "folder with train-*.txt.gz, valid-000.txt.gz")
+    _data_argument(p, "--tokenizer", BERT_TOKENIZER, "tokenizers JSON (BERT uncased)")
     _common(
         p,
         depth=6,
@@ -144,8 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
     p.add_argument("--variant", default="fp32", choices=VARIANTS, help="served-model ONNX variant")
     p.add_argument("--limit", type=int, default=None, help="test images, or full windows and short sentences")
-    _data_argument(p, "--data", cifar10_npz(), "cifar10-jpeg.npz (classifier)")
-    _data_argument(p, "--corpus", gutenberg_dir(), "Gutenberg folder (MLM; uses valid-000)")
+    _data_argument(p, "--data", CIFAR10, "cifar10-jpeg.npz (classifier)")
+    _data_argument(p, "--corpus", GUTENBERG, "Gutenberg folder (MLM; uses valid-000)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data")
     p.add_argument(
@@ -162,7 +172,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=model_card)
 
 
-def _prepare(args: argparse.Namespace) -> None:
+def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
+    """Either trainer, with the threads, training-state folder and command line settled first."""
     import torch
 
     if args.threads:
@@ -170,10 +181,6 @@ def _prepare(args: argparse.Namespace) -> None:
     if args.state_dir is None:
         args.state_dir = CACHE_DIR / "train" / Path(args.out).name
     args.argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("gmlp", "__main__.py")) else None
-
-
-def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
-    _prepare(args)
     summary = run(args)
     line = {"out": str(args.out), **summary["results"], "train_wall_time_s": summary["train_wall_time_s"]}
     print(json.dumps(line))

@@ -14,9 +14,14 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-
-def _env(name: str, default: str) -> str:
-    return os.environ.get(f"GMLP_LOADTEST_{name}") or default
+# Flags with a `GMLP_LOADTEST_*` default: (flag, variable suffix, default, help).
+_ENV_FLAGS = (
+    ("--url", "URL", "http://127.0.0.1:8000", "base URL of the service"),
+    ("--users", "USERS", "1,4,16,64", "comma-separated concurrent user counts, one step each"),
+    ("--duration", "DURATION", "30s", "length of each step, e.g. 30s, 2m"),
+    ("--out", "OUT", "loadtest-report", "output directory"),
+)
+_WEIGHTS = ("classify", "fill_mask")  # --classify-weight, --fill-mask-weight
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,42 +32,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run locust headless once per user count against --url and write report.md, "
         "report.png, results.json and each step's CSV/HTML into --out. Exits 1 if any request failed.",
     )
-    p.add_argument(
-        "--url",
-        default=_env("URL", "http://127.0.0.1:8000"),
-        help="base URL of the service [env GMLP_LOADTEST_URL; default %(default)s]",
-    )
-    p.add_argument(
-        "--users",
-        default=_env("USERS", "1,4,16,64"),
-        help="comma-separated concurrent user counts, one step each [env GMLP_LOADTEST_USERS; %(default)s]",
-    )
-    p.add_argument(
-        "--duration",
-        default=_env("DURATION", "30s"),
-        help="length of each step, e.g. 30s, 2m [env GMLP_LOADTEST_DURATION; %(default)s]",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=Path(_env("OUT", "loadtest-report")),
-        help="output directory [env GMLP_LOADTEST_OUT; %(default)s]",
-    )
+    for flag, name, default, text in _ENV_FLAGS:
+        p.add_argument(
+            flag,
+            type=Path if flag == "--out" else str,
+            default=os.environ.get(f"GMLP_LOADTEST_{name}") or default,
+            help=f"{text} [env GMLP_LOADTEST_{name}; default %(default)s]",
+        )
     p.add_argument(
         "--spawn-rate", type=float, default=None, help="users started per second (default: all in one second)"
     )
-    p.add_argument(
-        "--classify-weight",
-        type=int,
-        default=None,
-        help="relative weight of /classify requests [env GMLP_LOADTEST_CLASSIFY_WEIGHT; default 1]",
-    )
-    p.add_argument(
-        "--fill-mask-weight",
-        type=int,
-        default=None,
-        help="relative weight of /fill-mask requests [env GMLP_LOADTEST_FILL_MASK_WEIGHT; default 1]",
-    )
+    for task in _WEIGHTS:
+        p.add_argument(
+            f"--{task.replace('_', '-')}-weight",
+            type=int,
+            default=None,
+            help=f"relative weight of /{task.replace('_', '-')} requests "
+            f"[env GMLP_LOADTEST_{task.upper()}_WEIGHT; default 1]",
+        )
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even if requests failed")
     p.add_argument(
         "--ready-timeout", type=float, default=60.0, help="seconds to wait for /health/ready (default 60)"
@@ -71,12 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _workload_env(args: argparse.Namespace) -> dict[str, str]:
-    env = {}
-    if args.classify_weight is not None:
-        env["GMLP_LOADTEST_CLASSIFY_WEIGHT"] = str(args.classify_weight)
-    if args.fill_mask_weight is not None:
-        env["GMLP_LOADTEST_FILL_MASK_WEIGHT"] = str(args.fill_mask_weight)
-    return env
+    """The weights given as flags, as the environment variables the locustfile reads."""
+    weights = {task: getattr(args, f"{task}_weight") for task in _WEIGHTS}
+    return {f"GMLP_LOADTEST_{task.upper()}_WEIGHT": str(w) for task, w in weights.items() if w is not None}
 
 
 def run_loadtest(args: argparse.Namespace) -> int:

@@ -12,7 +12,8 @@ a soak that must offer twice what the server sustains on the same machine. This 
   requests (arrivals past it, or too late to send on time, are counted and not sent).
 
 Each request is a `PreparedRequest` (encoded once, with the check of its answer: a fast wrong
-answer is a failure); each one sent becomes an `Outcome`. `percentile` is the one percentile of
+answer is a failure; the locustfile sends the same requests and judges answers with the same
+`answer_error`); each one sent becomes an `Outcome`. `percentile` is the one percentile of
 every figure the programs print. Standard library only (raw HTTP/1.1 over asyncio streams,
 Content-Length and chunked bodies): `gmlp tune` runs it wherever the serving install does.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import math
 import time
 from collections import Counter
@@ -33,7 +35,9 @@ from urllib.parse import urlencode, urlsplit
 from contract.errors import UserError
 from contract.formats import MLM_TASK, VISION_TASK
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.workload import LoadConfig, fitting, load_images, load_sentences
+from loadtests.workload import LoadConfig, fitting, load_images, load_sentences, multipart_body
+
+log = logging.getLogger(__name__)
 
 # A request that has not answered within this is a failure (and its connection is dropped).
 REQUEST_TIMEOUT_S = 30.0
@@ -127,25 +131,50 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def task_requests(task: str, model: str, n_tokens: int | None, top_k: int = 5) -> list[PreparedRequest]:
-    """The requests of `loadtests.workload` for one model: /classify with each bundled JPEG (raw
-    body), or /fill-mask with each bundled masked sentence that fits its window of `n_tokens`."""
+_RAW_BUNDLED = LoadConfig(upload="raw")  # the bundled inputs, each image as the raw body
+
+
+def task_requests(
+    task: str, model: str | None, n_tokens: int | None, config: LoadConfig = _RAW_BUNDLED
+) -> list[PreparedRequest]:
+    """The requests of `config`'s workload (`loadtests.workload`) for one task, asking for `model`
+    (None: the server's default): /classify with each JPEG in each upload form, or /fill-mask with
+    each masked sentence that fits a window of `n_tokens` (None: unknown, all of them)."""
     if task == VISION_TASK:
-        images, _ = load_images(None)
-        return [classify_request(image, top_k, model=model) for image in images]
+        images, source = load_images(config.cifar_path)
+        log.info("classify: %d JPEGs from %s", len(images), source)
+        forms = {"multipart": (True,), "raw": (False,), "mixed": (True, False)}[config.upload]
+        return [
+            classify_request(image, config.top_k, model=model, multipart=multipart)
+            for image in images
+            for multipart in forms
+        ]
     if task == MLM_TASK:
-        sentences = fitting(load_sentences(LoadConfig(top_k=top_k))[0], n_tokens)
+        every, source = load_sentences(config)
+        sentences = fitting(every, n_tokens)
+        log.info(
+            "fill-mask: %d of %d masked sentences from %s fit %s tokens",
+            len(sentences),
+            len(every),
+            source,
+            n_tokens,
+        )
         if not sentences:
-            raise UserError(f"no bundled sentence fits {model}'s window of {n_tokens} tokens")
-        return [fill_mask_request(s.text, top_k, model=model) for s in sentences]
+            raise UserError(f"no sentence fits {model or 'the default model'}'s window of {n_tokens} tokens")
+        return [fill_mask_request(s.text, config.top_k, model=model) for s in sentences]
     raise UserError(f"model {model} serves {task!r}; the load generator sends {VISION_TASK} and {MLM_TASK}")
 
 
-def classify_request(image: bytes, top_k: int, *, model: str | None = None) -> PreparedRequest:
-    """POST /classify with a raw JPEG body, checked."""
+def classify_request(
+    image: bytes, top_k: int, *, model: str | None = None, multipart: bool = False
+) -> PreparedRequest:
+    """POST /classify with a JPEG as the raw body or as a multipart upload, checked."""
     query = urlencode({"top_k": top_k} | ({"model": model} if model else {}))
     check = functools.partial(check_classify, top_k=top_k, expected_model=model)
-    return PreparedRequest(f"/classify?{query}", image, "image/jpeg", check)
+    body, content_type = (
+        multipart_body(image, "image.jpg", "image/jpeg") if multipart else (image, "image/jpeg")
+    )
+    return PreparedRequest(f"/classify?{query}", body, content_type, check)
 
 
 def fill_mask_request(text: str, top_k: int, *, model: str | None = None) -> PreparedRequest:
@@ -217,11 +246,19 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         parts.append((await reader.readexactly(size + 2))[:-2])
 
 
-def _failure(status: int, body: bytes) -> str:
+def answer_error(request: PreparedRequest, status: int, body: bytes) -> str | None:
+    """What is wrong with an answer to `request` (None: nothing): a refusal, by its status and the
+    service's error code (one failure row per code), a body that is not JSON, or what the
+    request's check finds."""
+    if status != 200:
+        try:
+            return f"HTTP {status} {json.loads(body)['error']['code']}"
+        except (ValueError, KeyError, TypeError):
+            return f"HTTP {status}"
     try:
-        return f"HTTP {status} {json.loads(body)['error']['code']}"
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {status}"
+        return request.check(json.loads(body))
+    except ValueError as exc:
+        return f"invalid answer: {exc}"
 
 
 async def send(conn: _Connection, request: PreparedRequest, timeout_s: float) -> Outcome:
@@ -230,11 +267,11 @@ async def send(conn: _Connection, request: PreparedRequest, timeout_s: float) ->
     started, status = time.perf_counter(), 0
     try:
         status, body = await asyncio.wait_for(conn.post(request), timeout_s)
-        error = _failure(status, body) if status != 200 else request.check(json.loads(body))
+        error = answer_error(request, status, body)
     except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
         conn.close()
         error = f"{type(exc).__name__}"
-    except ValueError as exc:
+    except ValueError as exc:  # an unreadable status line or header
         error = f"invalid answer: {exc}"
     seconds = time.perf_counter() - started
     return Outcome(
@@ -242,7 +279,10 @@ async def send(conn: _Connection, request: PreparedRequest, timeout_s: float) ->
     )
 
 
-def _address(url: str) -> tuple[str, int]:
+def _address(url: str, requests: Sequence[PreparedRequest]) -> tuple[str, int]:
+    """(host, port) of `url`, once there is something to send to it."""
+    if not requests:
+        raise UserError("nothing to send")
     parts = urlsplit(url)
     return parts.hostname or "127.0.0.1", parts.port or 80
 
@@ -262,9 +302,7 @@ async def closed_loop(
     """`concurrency` closed-loop clients against `url` for `warmup_s` (not recorded) plus `seconds`,
     sending at most `max_requests` in all and none once `stop()` holds; each waits `pause_s`
     between its requests. Requests sent before the end finish (or time out)."""
-    if not requests:
-        raise UserError("nothing to send")
-    host, port = _address(url)
+    host, port = _address(url, requests)
     result = LoadResult(concurrency)
     start = time.perf_counter()
     measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
@@ -314,9 +352,7 @@ async def open_loop(
     the server answers. An arrival the client is over `late_s` late to send (it shares the CPU
     with the server), or one past `max_outstanding` open requests, is counted and not sent: what
     is sent is the load the server really saw."""
-    if not requests:
-        raise UserError("nothing to send")
-    host, port = _address(url)
+    host, port = _address(url, requests)
     result = LoadResult(0)
     idle: list[_Connection] = []
     open_requests: set[asyncio.Task[None]] = set()

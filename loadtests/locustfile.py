@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlencode
 
 # locust puts this file's folder on sys.path, not the repository root that holds the package.
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -30,74 +29,53 @@ if _ROOT not in sys.path:
 from locust import FastHttpUser, TaskSet, constant, events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from contract.errors import UserError  # noqa: E402
 from contract.formats import MLM_TASK, VISION_TASK  # noqa: E402
-from loadtests.checks import check_classify, check_fill_mask  # noqa: E402
+from loadtests.engine import PreparedRequest, answer_error, task_requests  # noqa: E402
 from loadtests.metrics_scrape import get_json  # noqa: E402
-from loadtests.workload import (  # noqa: E402
-    LoadConfig,
-    MaskedSentence,
-    fitting,
-    load_images,
-    load_sentences,
-    multipart_body,
-)
+from loadtests.workload import LoadConfig  # noqa: E402
 
 log = logging.getLogger("gmlp.loadtest")
 
 CONFIG = LoadConfig.from_env()
-IMAGES: list[bytes] = []
-SENTENCES: list[MaskedSentence] = []
-
-
-@events.init.add_listener
-def _load_inputs(environment: Environment, **_: Any) -> None:
-    """Load the inputs once per locust process, before any user starts."""
-    global IMAGES, SENTENCES
-    if CONFIG.classify_weight:
-        IMAGES, source = load_images(CONFIG.cifar_path)
-        log.info("classify: %d JPEGs from %s", len(IMAGES), source)
-    if CONFIG.fill_mask_weight:
-        SENTENCES, source = load_sentences(CONFIG)
-        log.info("fill-mask: %d masked sentences from %s", len(SENTENCES), source)
+REQUESTS: dict[str, list[PreparedRequest]] = {}
 
 
 @events.test_start.add_listener
 def _fit_to_server(environment: Environment, **_: Any) -> None:
-    """Ask GET /models which models serve each task and the MLM's window; drop tasks nobody serves.
+    """Ask GET /models which models serve each task and the MLM's window; prepare the requests of
+    the tasks served (`loadtests.engine.task_requests`), drop the others.
 
     A sentence longer than the window would be a correct 422, counted as a failure; a server
     without a masked LM (a classifier-only deployment) should be load-tested on /classify alone.
     """
-    global SENTENCES
+    REQUESTS.clear()  # a new run from the web UI prepares them again for what is served now
     try:
         listing = get_json(f"{(environment.host or '').rstrip('/')}/models")
     except (OSError, ValueError) as exc:  # URLError is an OSError
         log.warning("GET /models failed (%s): sending every task, GMLP_LOADTEST_MAX_TOKENS only", exc)
-        SENTENCES = fitting(SENTENCES, CONFIG.max_tokens)
-        return
-    models = {m["name"]: m for m in listing.get("models", [])}
-    defaults = listing.get("defaults", {})
-    served = {
-        VISION_TASK: CONFIG.classify_model or defaults.get(VISION_TASK),
-        MLM_TASK: CONFIG.fill_mask_model or defaults.get(MLM_TASK),
-    }
-    explicit = {VISION_TASK: CONFIG.classify_model, MLM_TASK: CONFIG.fill_mask_model}
-    for task, func in ((VISION_TASK, classify), (MLM_TASK, fill_mask)):
-        if func not in GmlpUser.tasks or served[task] in models:
+        listing = None
+    models = {m["name"]: m for m in listing.get("models", [])} if listing else {}
+    for task, func, named in (
+        (VISION_TASK, classify, CONFIG.classify_model),
+        (MLM_TASK, fill_mask, CONFIG.fill_mask_model),
+    ):
+        if func not in GmlpUser.tasks:
             continue
-        if explicit[task]:
+        served = named or (listing or {}).get("defaults", {}).get(task)
+        if listing is not None and served not in models:
+            if not named:
+                log.warning("the server has no %s model: not sending that task", task)
+                GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
+                continue
             # Asked for by name: keep sending, so that the 404s show up as failures.
-            log.error("the server has no model %r (serves %s)", explicit[task], sorted(models))
-            continue
-        log.warning("the server has no %s model: not sending that task", task)
-        GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
-    if fill_mask in GmlpUser.tasks and served[MLM_TASK] in models:
-        max_tokens = CONFIG.max_tokens or models[served[MLM_TASK]].get("n")
-        SENTENCES = fitting(SENTENCES, max_tokens)
-        log.info("fill-mask: %d sentences fit the %s-token window", len(SENTENCES), max_tokens)
-        if not SENTENCES:
-            log.error("no sentence fits %s tokens: not sending fill-mask", max_tokens)
-            GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not fill_mask]
+            log.error("the server has no model %r (serves %s)", named, sorted(models))
+        window = CONFIG.max_tokens or models.get(served, {}).get("n")
+        try:
+            REQUESTS[task] = task_requests(task, named, window, CONFIG)
+        except UserError as exc:
+            log.error("%s: not sending %s", exc, task)
+            GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
     if not GmlpUser.tasks:
         log.error("nothing to send: the server serves none of the weighted tasks; stopping")
         environment.process_exit_code = 2
@@ -129,62 +107,35 @@ def _let_csv_catch_up(environment: Environment, **_: Any) -> None:
         gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.25)
 
 
-def _finish(response: Any, check: Callable[[Any], str | None]) -> None:
-    """Mark the request failed unless it is a 200 whose JSON passes `check`."""
-    if response.status_code != 200:
-        detail = ""
-        try:
-            detail = response.json()["error"]["code"]  # low-cardinality: one failure row per code
-        except Exception:
-            detail = str(getattr(response, "error", "") or "")[:120]
-        response.failure(f"HTTP {response.status_code} {detail}".strip())
-        return
-    try:
-        body = response.json()
-    except ValueError as exc:
-        response.failure(f"invalid JSON: {exc}")
-        return
-    error = check(body)
-    if error:
-        response.failure(error[:300])
-    else:
-        response.success()
-
-
-def _query(model: str | None) -> str:
-    params: dict[str, Any] = {"top_k": CONFIG.top_k}
-    if model:
-        params["model"] = model
-    return urlencode(params)
+def _post(user: GmlpUser, task: str) -> None:
+    """POST a random request of `task`; a failure unless a 200 whose JSON passes its check."""
+    request = random.choice(REQUESTS[task])
+    with user.client.post(
+        request.path,
+        # locust annotates `data` as str or dict; geventhttpclient sends bytes as they are.
+        data=cast(Any, request.body),
+        headers={"Content-Type": request.content_type},
+        name=request.path.split("?")[0],
+        catch_response=True,
+    ) as response:
+        if response.status_code:
+            error = answer_error(request, response.status_code, response.content)
+        else:  # no answer: locust's own reason (refused, reset, timed out)
+            error = f"HTTP 0 {str(getattr(response, 'error', '') or '')[:120]}".strip()
+        if error:
+            response.failure(error[:300])
+        else:
+            response.success()
 
 
 def classify(user: GmlpUser) -> None:
     """POST /classify with a random test JPEG, as a multipart upload or a raw image body."""
-    image = random.choice(IMAGES)
-    upload = CONFIG.upload if CONFIG.upload != "mixed" else random.choice(("multipart", "raw"))
-    if upload == "multipart":
-        body, content_type = multipart_body(image, "image.jpg", "image/jpeg")
-    else:
-        body, content_type = image, "image/jpeg"
-    with user.client.post(
-        f"/classify?{_query(CONFIG.classify_model)}",
-        # locust annotates `data` as str or dict; geventhttpclient sends bytes as they are.
-        data=cast(Any, body),
-        headers={"Content-Type": content_type},
-        name="/classify",
-        catch_response=True,
-    ) as response:
-        _finish(response, lambda b: check_classify(b, CONFIG.top_k, CONFIG.classify_model))
+    _post(user, VISION_TASK)
 
 
 def fill_mask(user: GmlpUser) -> None:
     """POST /fill-mask with a random held-out sentence that has one word masked."""
-    text = random.choice(SENTENCES).text
-    payload: dict[str, Any] = {"text": text, "top_k": CONFIG.top_k}
-    if CONFIG.fill_mask_model:
-        payload["model"] = CONFIG.fill_mask_model
-    with user.client.post("/fill-mask", json=payload, name="/fill-mask", catch_response=True) as response:
-        _finish(response, lambda b: check_fill_mask(b, text, CONFIG.top_k, CONFIG.fill_mask_model))
+    _post(user, MLM_TASK)
 
 
 class GmlpUser(FastHttpUser):

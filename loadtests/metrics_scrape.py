@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,42 +32,29 @@ def get_json(url: str, timeout_s: float = 10.0) -> Any:
     return json.loads(http_get(url, timeout_s))
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """Cumulative totals at one instant: per model (sum, count) of the batch-size histogram, rejections."""
+# Cumulative totals at one instant, by (sample name, model, reason): the batch-size histogram's
+# sum and count per model, and the rejection counters per model and reason.
+Snapshot = Counter[tuple[str, str, str]]
+_BATCH_SUM, _BATCH_COUNT = f"{BATCH_SIZE_METRIC}_sum", f"{BATCH_SIZE_METRIC}_count"
+_REJECTED = f"{REJECTIONS_METRIC}_total"
 
-    batch: dict[str, tuple[float, float]]
-    rejections: dict[tuple[str, str], float]
 
+def parse_metrics(text: str) -> Snapshot:
+    """The batch-size histogram totals and the rejection counters of Prometheus text.
 
-def _samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of every sample (prometheus-client is in the `loadtest` extra; imported
-    here, since `http_get` runs in the serving install too)."""
+    Samples are told apart by their names, not their families': the parser names a counter's
+    family with or without `_total` depending on how the TYPE line is written. prometheus-client
+    (the `loadtest` extra) is imported here, since `http_get` runs in the serving install too."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            yield sample.name, sample.labels, sample.value
-
-
-def parse_metrics(
-    text: str, batch_metric: str = BATCH_SIZE_METRIC, rejections_metric: str = REJECTIONS_METRIC
-) -> Snapshot:
-    """Extract the batch-size histogram totals and the rejection counters from Prometheus text."""
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    rejections: dict[tuple[str, str], float] = {}
-    # Dispatch on sample names, not family names: the parser names a counter's family with or
-    # without `_total` depending on how the TYPE line is written.
-    for name, labels, value in _samples(text):
-        if name == f"{batch_metric}_sum":
-            sums[labels.get("model", "")] = value
-        elif name == f"{batch_metric}_count":
-            counts[labels.get("model", "")] = value
-        elif name == f"{rejections_metric}_total":
-            rejections[(labels.get("model", ""), labels.get("reason", ""))] = value
-    batch = {model: (sums.get(model, 0.0), counts.get(model, 0.0)) for model in sums.keys() | counts.keys()}
-    return Snapshot(batch=batch, rejections=rejections)
+    return Counter(
+        {
+            (sample.name, sample.labels.get("model", ""), sample.labels.get("reason", "")): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name in (_BATCH_SUM, _BATCH_COUNT, _REJECTED)
+        }
+    )
 
 
 def scrape(base_url: str, timeout_s: float = 10.0) -> Snapshot | None:
@@ -95,13 +83,12 @@ class BatchStats:
 
 def batch_delta(before: Snapshot, after: Snapshot) -> dict[str, BatchStats]:
     """Per model, the batches that ran between the two snapshots (models without batches left out)."""
-    out = {}
-    for model, (sum_after, count_after) in after.batch.items():
-        sum_before, count_before = before.batch.get(model, (0.0, 0.0))
-        batches = round(count_after - count_before)
-        if batches > 0:
-            out[model] = BatchStats(batches=batches, requests=round(sum_after - sum_before))
-    return out
+    delta = after - before  # a Counter keeps the increases only
+    return {
+        model: BatchStats(batches=round(count), requests=round(delta[(_BATCH_SUM, model, "")]))
+        for (name, model, _), count in delta.items()
+        if name == _BATCH_COUNT and round(count) > 0
+    }
 
 
 def overall(stats: Iterable[BatchStats]) -> BatchStats:
@@ -112,9 +99,8 @@ def overall(stats: Iterable[BatchStats]) -> BatchStats:
 
 def rejections_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
     """Requests refused by the batchers during the step, by "model/reason" (nonzero only)."""
-    out = {}
-    for (model, reason), value in after.rejections.items():
-        delta = round(value - before.rejections.get((model, reason), 0.0))
-        if delta > 0:
-            out[f"{model}/{reason}"] = delta
-    return out
+    return {
+        f"{model}/{reason}": round(count)
+        for (name, model, reason), count in (after - before).items()
+        if name == _REJECTED and round(count) > 0
+    }

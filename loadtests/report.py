@@ -44,6 +44,12 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _timing(stats: dict[str, Any]) -> str:
+    """The requests, req/s, p50, p95 and p99 cells of a stats row (an endpoint or all together)."""
+    cells = [_fmt(stats.get("requests")), _fmt(stats.get("rps"), 1)]
+    return " | ".join(cells + [_fmt(stats.get(f"p{q}_ms")) for q in (50, 95, 99)])
+
+
 def _batch_text(batch_all: dict[str, Any] | None) -> str:
     if batch_all is None:
         return "n/a (no /metrics)"
@@ -76,12 +82,8 @@ def summary_table(steps: list[dict[str, Any]]) -> list[str]:
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in steps:
-        t = s["total"] or {}
-        lines.append(
-            f"| {s['users']} | {_fmt(t.get('requests'))} | {_fmt(t.get('rps'), 1)} | "
-            f"{_fmt(t.get('p50_ms'))} | {_fmt(t.get('p95_ms'))} | {_fmt(t.get('p99_ms'))} | "
-            f"{s['failures']} | {_batch_text(s['batch_size_all'])} |"
-        )
+        batch = _batch_text(s["batch_size_all"])
+        lines.append(f"| {s['users']} | {_timing(s['total'] or {})} | {s['failures']} | {batch} |")
     return lines
 
 
@@ -114,10 +116,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     ]
     for s in steps:
         for name, e in sorted(s["endpoints"].items()):
-            lines.append(
-                f"| {s['users']} | `{name}` | {_fmt(e['requests'])} | {_fmt(e['rps'], 1)} | "
-                f"{_fmt(e['p50_ms'])} | {_fmt(e['p95_ms'])} | {_fmt(e['p99_ms'])} | {e['failures']} |"
-            )
+            lines.append(f"| {s['users']} | `{name}` | {_timing(e)} | {e['failures']} |")
     lines += [
         "",
         "## Batch sizes by model (server side, from the `gmlp_batch_size` histogram)",

@@ -112,37 +112,22 @@ def read_stats_csv(path: Path) -> dict[str, EndpointStats]:
 
 
 def read_failures_csv(path: Path) -> list[dict[str, Any]]:
-    """Locust's `PREFIX_failures.csv`: what failed, how often (most frequent first)."""
+    """Locust's `PREFIX_failures.csv` (what failed, how often), or its `PREFIX_exceptions.csv`
+    (errors raised in the locustfile itself: a bug there, not a failed request) in the same shape;
+    most frequent first, [] when the file is missing."""
     if not path.is_file():
         return []
     with path.open(newline="", encoding="utf-8") as f:
         rows = [
             {
-                "method": r["Method"],
-                "name": r["Name"],
-                "error": r["Error"],
-                "occurrences": int(r["Occurrences"]),
+                "method": r.get("Method", "exception"),
+                "name": r.get("Name", "locustfile"),
+                "error": r.get("Error") or r.get("Message", ""),
+                "occurrences": int(r.get("Occurrences") or r["Count"]),
             }
             for r in csv.DictReader(f)
         ]
     return sorted(rows, key=lambda r: -r["occurrences"])
-
-
-def read_exceptions_csv(path: Path) -> list[dict[str, Any]]:
-    """Locust's `PREFIX_exceptions.csv`: errors raised in the locustfile itself (a bug there, not a
-    failed request), in the same shape as the failures."""
-    if not path.is_file():
-        return []
-    with path.open(newline="", encoding="utf-8") as f:
-        return [
-            {
-                "method": "exception",
-                "name": "locustfile",
-                "error": r["Message"],
-                "occurrences": int(r["Count"]),
-            }
-            for r in csv.DictReader(f)
-        ]
 
 
 @dataclass
@@ -194,32 +179,14 @@ class SweepConfig:
     out_dir: Path = Path("loadtest-report")
     spawn_rate: float | None = None  # None: all users within one second
     env: Mapping[str, str] = field(default_factory=dict)  # GMLP_LOADTEST_* for the locustfile
-    locustfile: Path = LOCUSTFILE
-    pause_s: float = 1.0
 
 
 def locust_command(config: SweepConfig, users: int, prefix: Path, html: Path) -> list[str]:
     spawn_rate = config.spawn_rate or float(users)
     return [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(config.locustfile),
-        "--headless",
-        "-u",
-        str(users),
-        "-r",
-        f"{spawn_rate:g}",
-        "-t",
-        f"{math.ceil(parse_duration(config.duration))}s",
-        "--host",
-        config.url,
-        "--csv",
-        str(prefix),
-        "--html",
-        str(html),
-        "--only-summary",
+        *(sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless"),
+        *("-u", str(users), "-r", f"{spawn_rate:g}", "-t", f"{math.ceil(parse_duration(config.duration))}s"),
+        *("--host", config.url, "--csv", str(prefix), "--html", str(html), "--only-summary"),
     ]
 
 
@@ -261,9 +228,9 @@ def run_step(config: SweepConfig, users: int) -> StepResult:
     if result.total is None and result.error is None:
         tail = log_file.read_text(encoding="utf-8", errors="replace")[-2000:]
         result.error = f"locust exited {result.locust_exit_code} without statistics; log tail:\n{tail}"
-    result.failure_messages = read_failures_csv(Path(f"{prefix}_failures.csv")) + read_exceptions_csv(
-        Path(f"{prefix}_exceptions.csv")
-    )
+    result.failure_messages = [
+        row for kind in ("failures", "exceptions") for row in read_failures_csv(Path(f"{prefix}_{kind}.csv"))
+    ]
     if before is not None and after is not None:
         result.batch = batch_delta(before, after)
         result.batch_all = overall(result.batch.values())
@@ -310,6 +277,6 @@ def run_sweep(config: SweepConfig) -> list[StepResult]:
     results = []
     for i, users in enumerate(config.users):
         if i:
-            time.sleep(config.pause_s)  # let the previous step's queue drain
+            time.sleep(1.0)  # let the previous step's queue drain
         results.append(run_step(config, users))
     return results

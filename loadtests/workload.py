@@ -101,22 +101,17 @@ class LoadConfig:
 # -- images ----------------------------------------------------------------------------------------
 
 
-def load_cifar_jpegs(npz_path: Path, limit: int | None = None) -> list[bytes]:
-    """The CIFAR-10 *test* JPEG files (never seen in training), as the bytes a client would upload."""
-    import numpy as np
-
-    with np.load(npz_path) as data:
-        blob, offsets = data["test_jpeg"], data["test_offsets"]
-    count = len(offsets) - 1 if limit is None else min(limit, len(offsets) - 1)
-    return [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(count)]
-
-
 def load_images(npz_path: Path | None = None) -> tuple[list[bytes], str]:
-    """(JPEG files, where they came from): the given CIFAR-10 npz, else the bundled JPEGs."""
+    """(JPEG files, where they came from): the CIFAR-10 *test* JPEGs (never seen in training) of
+    the given npz, as the bytes a client would upload, else the bundled JPEGs."""
     if npz_path is not None:
         if not npz_path.is_file():
             raise FileNotFoundError(f"GMLP_LOADTEST_CIFAR={npz_path} does not exist")
-        return load_cifar_jpegs(npz_path), str(npz_path)
+        import numpy as np
+
+        with np.load(npz_path) as data:
+            blob, offsets = data["test_jpeg"], data["test_offsets"]
+        return [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(len(offsets) - 1)], str(npz_path)
     bundled = sorted(BUNDLED_DIR.glob("*.jpg"))
     if not bundled:
         raise FileNotFoundError(f"no bundled JPEGs in {BUNDLED_DIR}: set GMLP_LOADTEST_CIFAR to an npz")
@@ -223,12 +218,6 @@ def masked_sentences_from_text(
     return out
 
 
-def read_text(path: Path) -> str:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return f.read()
-
-
 def read_sentences_tsv(path: Path) -> list[MaskedSentence]:
     """The bundled `n_tokens<TAB>text` file (token counts precomputed with the BERT vocabulary)."""
     out = []
@@ -249,7 +238,8 @@ def load_sentences(config: LoadConfig) -> tuple[list[MaskedSentence], str]:
         tsv = path or BUNDLED_SENTENCES
         return read_sentences_tsv(tsv), f"{tsv} (bundled, token counts precomputed)"
     count, how = token_counter(config.tokenizer_path)
-    sentences = masked_sentences_from_text(read_text(path), count, config.max_sentences, config.seed)
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
+        sentences = masked_sentences_from_text(f.read(), count, config.max_sentences, config.seed)
     return sentences, f"{path} ({len(sentences)} sentences, tokens {how})"
 
 

@@ -8,7 +8,6 @@ imports the service's settings and the measurement code.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import platform
 import shlex
@@ -17,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 KNOB_FLAGS = {
     "variant": "variants to try (default: fp32 and int8, those the model has)",
@@ -34,6 +31,20 @@ DEFAULT_VALUES = {
     "queue_delay_policy": "arriving,always",
 }
 
+# (flag, type, default, help) of the options that take a value.
+_OPTIONS = (
+    ("--model-repository", Path, Path("models"), "model repository (default models)"),
+    ("--model", str, None, "the model to tune (default: the repository's only model)"),
+    ("--slo-p99-ms", float, None, "p99 latency the settings must meet, ms"),
+    ("--concurrency", str, "1,8,32", "concurrent clients, one level each (default 1,8,32)"),
+    ("--budget-minutes", float, None, "time for the search (default 10; --grid: none)"),
+    ("--seconds", float, 5.0, "measured window per level, s (default 5)"),
+    ("--warmup", float, 1.0, "unrecorded load before each window, s (default 1)"),
+    ("--cpus", int, None, "CPUs the server may use (default: those available)"),
+    ("--serve-args", str, "", "more `gmlp serve` flags for every candidate, one string"),
+    ("--out", Path, Path("tune-report"), "output directory (default tune-report)"),
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `tune` to the `gmlp` console script (gmlp/cli.py)."""
@@ -47,30 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "request), OUT/report.md, OUT/results.json and OUT/report.png (with matplotlib). Exits 1 when no "
         "candidate met the SLO.",
     )
-    p.add_argument(
-        "--model-repository", type=Path, default=Path("models"), help="model repository (default models)"
-    )
-    p.add_argument("--model", default=None, help="the model to tune (default: the repository's only model)")
-    p.add_argument("--slo-p99-ms", type=float, required=True, help="p99 latency the settings must meet, ms")
-    p.add_argument(
-        "--concurrency", default="1,8,32", help="concurrent clients, one level each (default 1,8,32)"
-    )
-    p.add_argument(
-        "--budget-minutes", type=float, default=None, help="time for the search (default 10; --grid: none)"
-    )
+    for flag, kind, default, text in _OPTIONS:
+        p.add_argument(flag, type=kind, default=default, required=flag == "--slo-p99-ms", help=text)
     p.add_argument(
         "--grid", action="store_true", help="measure every combination (to compare with the search)"
-    )
-    p.add_argument("--seconds", type=float, default=5.0, help="measured window per level, s (default 5)")
-    p.add_argument(
-        "--warmup", type=float, default=1.0, help="unrecorded load before each window, s (default 1)"
-    )
-    p.add_argument(
-        "--cpus", type=int, default=None, help="CPUs the server may use (default: those available)"
-    )
-    p.add_argument("--serve-args", default="", help="more `gmlp serve` flags for every candidate, one string")
-    p.add_argument(
-        "--out", type=Path, default=Path("tune-report"), help="output directory (default tune-report)"
     )
     for knob, text in KNOB_FLAGS.items():
         p.add_argument("--" + knob.replace("_", "-"), dest=f"knob_{knob}", default=None, help=text)

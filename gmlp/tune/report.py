@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gmlp.tune.space import Measured, best_of
+from gmlp.tune.space import Measured, best_of, meets
 
 ENV_FILE = "tuned.env"
 
@@ -92,11 +92,10 @@ def write_markdown(path: Path, document: dict[str, Any]) -> Path:
             first_line = entry["error"].splitlines()[0][:160]
             lines.append(f"| {i} | {entry['label']} | - | - | - | - | - | - | failed: {first_line} |")
         for level in entry["levels"]:
-            met = level["requests"] and not level["failures"] and level["p99_ms"] <= slo
             lines.append(
                 f"| {i} | {entry['label']} | {level['concurrency']} | {level['rps']:.1f} | "
                 f"{_fmt(level['p50_ms'])} | {_fmt(level['p99_ms'])} | {level['failures']} | "
-                f"{_fmt(level['server_cpu_ms'], 2)} | {'met' if met else 'missed'} |"
+                f"{_fmt(level['server_cpu_ms'], 2)} | {'met' if meets(level, slo) else 'missed'} |"
             )
         if entry["skipped_concurrency"]:
             skipped = ", ".join(map(str, entry["skipped_concurrency"]))

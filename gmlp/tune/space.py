@@ -52,6 +52,7 @@ class Candidate:
 
 
 KNOBS = tuple(f.name for f in fields(Candidate))
+_TYPES = {f.name: str(f.type) for f in fields(Candidate)}  # "int", "float", "str" (annotations)
 
 
 def _flag(name: str) -> str:
@@ -91,12 +92,7 @@ def power_of_two_steps(limit: int) -> tuple[int, ...]:
 
 def parse_values(knob: str, text: str) -> tuple[Any, ...]:
     """A knob's comma-separated values from the command line, checked for their type and range."""
-    kind: Callable[[str], Any] = {
-        "instances": int,
-        "intra_op_threads": int,
-        "max_batch_size": int,
-        "max_queue_delay_ms": float,
-    }.get(knob, str)
+    kind: Callable[[str], Any] = {"int": int, "float": float, "str": str}[_TYPES[knob]]
     try:
         values = tuple(dict.fromkeys(kind(part.strip()) for part in text.split(",") if part.strip()))
     except ValueError:
@@ -114,6 +110,11 @@ def parse_values(knob: str, text: str) -> tuple[Any, ...]:
     return values
 
 
+def meets(level: dict[str, Any], slo_p99_ms: float) -> bool:
+    """Whether a level's p99 met the SLO without a single failed request."""
+    return bool(level["requests"]) and not level["failures"] and level["p99_ms"] <= slo_p99_ms
+
+
 @dataclass
 class Measured:
     """A candidate's measurement: one summary per concurrency level (see `LoadResult.summary`)."""
@@ -125,17 +126,11 @@ class Measured:
     error: str | None = None
     served: dict[str, Any] = field(default_factory=dict)
 
-    def meeting(self, slo_p99_ms: float) -> list[dict[str, Any]]:
-        """The levels whose p99 met the SLO without a single failed request."""
-        return [
-            level
-            for level in self.levels
-            if level["requests"] and not level["failures"] and level["p99_ms"] <= slo_p99_ms
-        ]
-
     def best_level(self, slo_p99_ms: float) -> dict[str, Any] | None:
         """The level with the most requests per second among those that met the SLO."""
-        return max(self.meeting(slo_p99_ms), key=lambda level: level["rps"], default=None)
+        return max(
+            (lv for lv in self.levels if meets(lv, slo_p99_ms)), key=lambda lv: lv["rps"], default=None
+        )
 
     def rank(self, slo_p99_ms: float) -> tuple[int, float]:
         """Higher is better: (1, throughput) when the SLO was met, else (0, -lowest p99)."""

@@ -192,6 +192,10 @@ def test_read_locust_csvs(tmp_path: Path) -> None:
     )
     assert [f["error"] for f in read_failures_csv(tmp_path / "s_failures.csv")] == ["y", "x"]
     assert read_failures_csv(tmp_path / "missing.csv") == []
+    (tmp_path / "s_exceptions.csv").write_text("Count,Message,Traceback,Nodes\n3,boom,tb,local\n")
+    assert read_failures_csv(tmp_path / "s_exceptions.csv") == [
+        {"method": "exception", "name": "locustfile", "error": "boom", "occurrences": 3}
+    ]
 
 
 def _metrics_text(batches: dict[str, tuple[float, float]], rejected: float = 0.0) -> str:
@@ -331,3 +335,18 @@ def test_wrong_answers_fail_the_run(live_server: ServerProcess, tmp_path: Path) 
     assert results["total_failures"] > 0
     assert "invalid_top_k" in results["steps"][0]["failure_messages"][0]["error"]
     assert "failed requests" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_named_missing_model_counts_its_refusals(live_server: ServerProcess, tmp_path: Path) -> None:
+    """A fill-mask model asked for by name but not served is still sent to (its 404s are the
+    failures), while /classify, in both upload forms, answers well."""
+    out = tmp_path / "report"
+    env = {"GMLP_LOADTEST_FILL_MASK_MODEL": "nope", "GMLP_LOADTEST_UPLOAD": "mixed"}
+    result = _gmlp_loadtest(live_server.url, out, "--users", "2", "--duration", "2s", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    step = json.loads((out / "results.json").read_text())["steps"][0]
+    assert step["endpoints"]["/classify"]["requests"] > 0 and step["endpoints"]["/classify"]["failures"] == 0
+    assert step["endpoints"]["/fill-mask"]["failures"] == step["endpoints"]["/fill-mask"]["requests"] > 0
+    (failure,) = step["failure_messages"]  # one row: every refusal has the same code
+    assert failure["name"] == "/fill-mask" and "HTTP 404 model_not_found" in failure["error"]
