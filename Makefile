@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-peers bench-perf-analyzer profile soak docker loadtest constraints grpc-stubs settings-docs release audit timm-parity clean
+.PHONY: install test test-fast test-shared-data lint format demo-models demo-eval export serve bench bench-peers bench-perf-analyzer bench-pytriton profile soak docker loadtest constraints grpc-stubs settings-docs release audit timm-parity clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,12 @@ bench-peers: install
 # older than 2.38). Rewrites "perf_analyzer" in docs/benchmarks.md.
 bench-perf-analyzer: install
 	$(BIN)/python -m benchmarks.perf_analyzer --models models $(PERF_ANALYZER_ARGS)
+
+# The same against NVIDIA PyTriton on the demo classifier, 3 interleaved rounds (PyTriton in its own
+# venv under .bench-venvs/). Rewrites "Against PyTriton" in docs/benchmarks.md.
+bench-pytriton: install
+	$(BIN)/python -m benchmarks.perf_analyzer --models models --against pytriton --rounds 3 \
+		--data random --rate-fractions 0.6 $(PYTRITON_ARGS)
 
 # Where a served request's CPU goes, at 32 clients (py-spy and per-thread CPU); needs wrk.
 # /classify by default; PROFILE_ARGS='--task fill-mask' for /fill-mask.

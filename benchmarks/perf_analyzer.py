@@ -11,35 +11,55 @@ perf_analyzer's own generator draws ids outside it, and bytes rather than pixel 
 (the bundled CIFAR-10 JPEGs and Gutenberg sentences through the model's own transform and
 tokenizer). The table replaces the "perf_analyzer" section of docs/benchmarks.md unless
 `--no-doc`; every run's output and CSV stay in `--out`.
+
+`--against pytriton` measures NVIDIA PyTriton (`benchmarks/peers/pytriton_server.py`, its own venv)
+on the classifier beside gmlp-serve, both with the peer benchmark's layout (`--instances`, max batch
+16, 2 ms delay, the int8 file), in `--rounds` rounds that alternate which server goes first; every
+figure is the median over the rounds, Poisson rates are each server's own fraction, and the table
+(with gmlp-serve / PyTriton ratios) replaces the "Against PyTriton" section instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import os
+import shutil
+import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
+from benchmarks.peers.model import INSTANCES_ENV, MODEL_ENV
+from benchmarks.peers.peers import Peer, ensure_venv
 from benchmarks.peers.report import replace_section
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
 from gmlp.proc import tree_cpu_seconds
-from gmlp.server_process import ServerProcess, free_port, get_json, gmlp_serve
+from gmlp.server_process import ServerProcess, free_port, get_json, gmlp_serve, http_get
 from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
 
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN = "<!-- perf_analyzer:begin (written by benchmarks/perf_analyzer.py) -->"
 END = "<!-- perf_analyzer:end -->"
 HEADING = "## perf_analyzer (`benchmarks.perf_analyzer`)"
+# The PyTriton comparison's section; PyTriton 0.7.0 requires numpy < 2, so its venv keeps numpy 1.
+AGAINST = ("<!-- pytriton:begin -->", "<!-- pytriton:end -->", "## Against PyTriton")
+GMLP, PYTRITON = "gmlp-serve", "pytriton"
+# The benchmark's own token for Triton's statistics API, which PyTriton restricts (not a secret: it
+# guards only the benchmark's server); Triton reads it from a header over HTTP, metadata over gRPC.
+TOKEN = "gmlp_benchmark_triton_access_token"
+TOKEN_KEYS = {"http": "triton-access-token", "grpc": "triton-grpc-protocol-triton-access-token"}
 RANDOM_ROWS, RANDOM_TOKENS = 16, 32
 POISSON_FLAGS = ("--request-distribution", "poisson", "--async")
 
@@ -73,6 +93,10 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data", default="random,real", help="data sets (default random,real)")
     parser.add_argument("--serve-args", default="", help="extra `gmlp serve` flags, space separated")
+    parser.add_argument("--against", choices=[PYTRITON], help="measure this peer beside gmlp-serve")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per median (default 1)")
+    parser.add_argument("--instances", type=int, default=2, help="with --against: both servers' instances")
+    parser.add_argument("--classifier", default="cifar10-gmlp", help="with --against: the model both serve")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
     parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
     return parser
@@ -85,6 +109,8 @@ def window_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
     bad = set(args.transports.split(",")) - {"http", "grpc"}
     if bad:
         parser.error(f"unknown transports {sorted(bad)}: http and grpc are measured")
+    if args.rounds < 1:
+        parser.error("--rounds must be 1 or more")
     return [
         *("--measurement-interval", str(args.measurement_ms), "--max-trials", str(args.max_trials)),
         *("--stability-percentage", str(args.stability)),
@@ -131,20 +157,30 @@ def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, 
     raise SystemExit(f"model {config['name']}: no data for the required inputs {required}")
 
 
+def inference_count(server: ServerProcess, model: str, token: str | None) -> int:
+    """Inferences the server's statistics extension has counted for `model` so far."""
+    request = urllib.request.Request(f"{server.base_url}/v2/models/{model}/stats")
+    if token:
+        request.add_header(TOKEN_KEYS["http"], token)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        stats = json.loads(response.read())["model_stats"]
+    return sum(int(s["inference_count"]) for s in stats)
+
+
 def measured(
-    command: Sequence[str], flags: Sequence[str], stem: Path, server: ServerProcess, model: str
+    command: Sequence[str],
+    flags: Sequence[str],
+    stem: Path,
+    server: ServerProcess,
+    model: str,
+    token: str | None = None,
 ) -> tuple[dict[str, str], float | None]:
     """One perf_analyzer run, its output and CSV kept beside `stem`: the measured row of the CSV
     (empty when it measured nothing) and the server's CPU ms per inference over the run. That is
     user + system time of the server's process tree (/proc) over the inferences its statistics
     extension counted meanwhile, warm-up and unstable windows included, which perf_analyzer's own
     figures leave out."""
-
-    def now() -> tuple[float, int]:
-        stats = get_json(f"{server.base_url}/v2/models/{model}/stats")["model_stats"]
-        return tree_cpu_seconds(server.pid), sum(int(s["inference_count"]) for s in stats)
-
-    cpu0, count0 = now()
+    cpu0, count0 = tree_cpu_seconds(server.pid), inference_count(server, model, token)
     csv_path = stem.with_suffix(".csv")
     done = subprocess.run(
         [*command, *flags, "-f", str(csv_path)], capture_output=True, text=True, timeout=600
@@ -157,25 +193,157 @@ def measured(
         return {}, None
     with csv_path.open() as f:
         row = next(csv.DictReader(f), {})
-    cpu1, count1 = now()
+    cpu1, count1 = tree_cpu_seconds(server.pid), inference_count(server, model, token)
     return row, 1000 * (cpu1 - cpu0) / (count1 - count0) if count1 > count0 else None
 
 
-def _us(row: dict[str, str], key: str) -> float:
-    return float(row.get(key) or 0.0)
+# One measured figure set: the server, model, transport, data set and load it was measured at.
+Key = tuple[str, str, str, str, str]
+FIGURES = ("infer/s", "p50 ms", "p99 ms", "queue ms", "server ms", "server CPU ms/inference", "rate")
 
 
-def table_row(
-    model: str, transport: str, data: str, load: str, row: dict[str, str], cpu_ms: float | None = None
-) -> str:
-    """One table line; `cpu_ms`: the server's CPU per inference over the run (blank when unknown)."""
-    server = _us(row, "Server Queue") + _us(row, "Server Compute Input") + _us(row, "Server Compute Infer")
-    cpu = "" if cpu_ms is None else f"{cpu_ms:.2f}"
-    return (
-        f"| {model} | {transport} | {data} | {load} | {float(row['Inferences/Second']):.0f} "
-        f"| {_us(row, 'p50 latency') / 1000:.1f} | {_us(row, 'p99 latency') / 1000:.1f} "
-        f"| {_us(row, 'Server Queue') / 1000:.2f} | {server / 1000:.2f} | {cpu} |"
+def figures(row: dict[str, str], cpu_ms: float | None) -> dict[str, float]:
+    """The table's figures of one perf_analyzer CSV row (its latencies are in microseconds)."""
+
+    def us(key: str) -> float:
+        return float(row.get(key) or 0.0)
+
+    server = us("Server Queue") + us("Server Compute Input") + us("Server Compute Infer")
+    out = {
+        "infer/s": float(row["Inferences/Second"]),
+        "p50 ms": us("p50 latency") / 1000,
+        "p99 ms": us("p99 latency") / 1000,
+        "queue ms": us("Server Queue") / 1000,
+        "server ms": server / 1000,
+        "rate": float(row.get("Request Rate") or 0.0),
+    }
+    return out if cpu_ms is None else {**out, "server CPU ms/inference": cpu_ms}
+
+
+def table(results: dict[Key, list[dict[str, float]]]) -> str:
+    """The markdown table: per key, the median of each figure over its rounds (blank when none ran),
+    then for each key PyTriton also ran, gmlp-serve's infer/s and p99 over PyTriton's."""
+    digits = {"infer/s": 0, "p50 ms": 1, "p99 ms": 1, "rate": 0}
+    lines = ["| server | model | transport | data | load | " + " | ".join(FIGURES[:-1]) + " |"]
+    lines.append("|---" * (5 + len(FIGURES) - 1) + "|")
+    medians: dict[Key, dict[str, float]] = {}
+    for key, rounds in results.items():
+        medians[key] = {
+            f: statistics.median(r[f] for r in rounds if f in r)
+            for f in FIGURES
+            if any(f in r for r in rounds)
+        }
+        load = key[4] + (f" ({medians[key]['rate']:.0f}/s)" if medians[key].get("rate") else "")
+        cells = [f"{medians[key][f]:.{digits.get(f, 2)}f}" if f in medians[key] else "" for f in FIGURES[:-1]]
+        lines.append("| " + " | ".join([*key[:4], load, *cells]) + " |")
+    pairs = [(k, (PYTRITON, *k[1:])) for k in medians if k[0] == GMLP and (PYTRITON, *k[1:]) in medians]
+    if pairs:
+        lines += [
+            "",
+            "| model | transport | data | load | infer/s ratio | p99 ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for ours, theirs in pairs:
+            a, b = medians[ours], medians[theirs]
+            ratios = f"{a['infer/s'] / b['infer/s']:.2f}x | {a['p99 ms'] / b['p99 ms']:.2f}x"
+            lines.append("| " + " | ".join(ours[1:]) + f" | {ratios} |")
+    return "\n".join(lines)
+
+
+PYTRITON_PEER = Peer(
+    *(PYTRITON, "PyTriton 0.7.0", "pytriton", ("nvidia-pytriton==0.7.0", "numpy==1.26.4")),
+    lambda bin_dir, ports, work: [
+        *(str(bin_dir / "python"), "-m", "benchmarks.peers.pytriton_server"),
+        *("--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--access-token", TOKEN),
+        *("--workspace", str(work / "pytriton")),
+    ],
+    "raw",
+    extra_ports=1,
+)
+
+
+@contextlib.contextmanager
+def serving(server: str, args: argparse.Namespace) -> Iterator[tuple[ServerProcess, int, str | None]]:
+    """One started, ready server: (its process, its gRPC port, the token its statistics need)."""
+    grpc_port, log = free_port(), args.out / f"{server}.log"
+    if server == GMLP:
+        threads = max(1, (os.cpu_count() or 2) // args.instances)
+        layout = [
+            *("--instances", str(args.instances), "--intra-op-threads", str(threads)),
+            *("--max-batch-size", "16", "--max-queue-delay-ms", "2", "--variant", "int8"),
+        ]
+        flags = ["--grpc-port", str(grpc_port), *(layout if args.against else []), *args.serve_args.split()]
+        with gmlp_serve(args.models.resolve(), log_path=log, serve_args=flags) as process:
+            yield process, grpc_port, None
+        return
+    port, model = free_port(), args.models.resolve() / args.classifier
+    shutil.rmtree(args.out / "pytriton", ignore_errors=True)  # PyTriton refuses a workspace that exists
+    process = ServerProcess(
+        PYTRITON_PEER.argv(PYTRITON_PEER.bin_dir(), [port, grpc_port], args.out),
+        port=port,
+        log_path=log,
+        env={MODEL_ENV: str(model), INSTANCES_ENV: str(args.instances), "PYTHONPATH": str(REPO)},
+        cwd=REPO,
     )
+    process.start()
+    try:  # the model's readiness: Triton is ready before PyTriton has bound the model
+        process.wait_ready(lambda: http_get(f"{process.base_url}/v2/models/{args.classifier}/ready"), 240.0)
+        yield process, grpc_port, TOKEN
+    finally:
+        process.stop(grace_s=15.0)
+
+
+def loads(
+    args: argparse.Namespace,
+    command: list[str],
+    base: list[str],
+    stem: Path,
+    process: ServerProcess,
+    model: str,
+    token: str | None,
+) -> Iterator[tuple[str, dict[str, float]]]:
+    """(load, figures) of the closed loop at each client count, then of the Poisson open loop at
+    each fraction of the closed loop's best throughput; a load that measured nothing is left out."""
+    best = 0.0
+    for c in args.concurrency:
+        label = f"{c} client{'s' if c > 1 else ''}"
+        path = stem.with_name(f"{stem.name}-c{c}")
+        row, cpu = measured(command, [*base, "--concurrency-range", str(c)], path, process, model, token)
+        if row:
+            best = max(best, float(row["Inferences/Second"]))
+            yield label, figures(row, cpu)
+    for fraction in args.rate_fractions.split(",") if best else []:
+        flags = [*base, "--request-rate-range", str(max(1, round(best * float(fraction)))), *POISSON_FLAGS]
+        path = stem.with_name(f"{stem.name}-r{fraction.replace('.', '_')}")
+        row, cpu = measured(command, flags, path, process, model, token)
+        if row:
+            yield f"Poisson {fraction}x", figures(row, cpu)
+
+
+def measure(
+    server: str, rnd: int, args: argparse.Namespace, window: list[str]
+) -> dict[Key, dict[str, float]]:
+    """Start `server`, run every model, data set, transport and load against it, stop it."""
+    command, out = perf_analyzer_command(), {}
+    with serving(server, args) as (process, grpc_port, token):
+        names = (
+            [args.classifier]
+            if args.against
+            else [m["name"] for m in get_json(f"{process.base_url}/models")["models"]]
+        )
+        for name, data in ((n, d) for n in names for d in args.data.split(",")):
+            data_file = args.out / f"{name}-{data}.json"
+            if not data_file.exists():  # every server and round gets the same inputs
+                config = get_json(f"{process.base_url}/v2/models/{name}/config")
+                data_file.write_text(json.dumps(input_data(args.models / name, config, data)))
+            for transport in args.transports.split(","):
+                url = f"127.0.0.1:{process.port if transport == 'http' else grpc_port}"
+                base = ["-m", name, "-u", url, "-i", transport, "--input-data", str(data_file), *window]
+                base += ["-H", f"{TOKEN_KEYS[transport]}:{token}"] if token else []
+                stem = Path(f"{args.out}/round{rnd}-{server}-{name}-{transport}-{data}")
+                for label, row in loads(args, command, base, stem, process, name, token):
+                    out[(server, name, transport, data, label)] = row
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,58 +351,36 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(argv)
     window = window_flags(cli, args)
     stop_on_sigterm()
-    command = perf_analyzer_command()
     args.out.mkdir(parents=True, exist_ok=True)
-    grpc_port = free_port()
-    server = gmlp_serve(
-        args.models.resolve(),
-        log_path=args.out / "server.log",
-        serve_args=["--grpc-port", str(grpc_port), *args.serve_args.split()],
-    )
-    rows: list[str] = []
-    with server:
-        names = [m["name"] for m in get_json(f"{server.base_url}/models")["models"]]
-        for name, data in ((n, d) for n in names for d in args.data.split(",")):
-            config = get_json(f"{server.base_url}/v2/models/{name}/config")
-            data_file = args.out / f"{name}-{data}.json"
-            data_file.write_text(json.dumps(input_data(args.models / name, config, data)))
-            for transport in args.transports.split(","):
-                url = f"127.0.0.1:{server.port if transport == 'http' else grpc_port}"
-                base = ["-m", name, "-u", url, "-i", transport, "--input-data", str(data_file), *window]
-
-                stem = f"{args.out}/{name}-{transport}-{data}-"
-                best = 0.0
-                for c in args.concurrency:
-                    load = ["--concurrency-range", str(c)]
-                    row, cpu = measured(command, [*base, *load], Path(f"{stem}c{c}"), server, name)
-                    if row:
-                        best = max(best, float(row["Inferences/Second"]))
-                        rows.append(table_row(name, transport, data, f"{c} clients", row, cpu))
-                for fraction in args.rate_fractions.split(",") if best else []:
-                    rate = max(1, round(best * float(fraction)))
-                    load = ["--request-rate-range", str(rate), *POISSON_FLAGS]
-                    path = Path(f"{stem}r{fraction.replace('.', '_')}")
-                    row, cpu = measured(command, [*base, *load], path, server, name)
-                    if row:
-                        rows.append(
-                            table_row(name, transport, data, f"Poisson {rate}/s ({fraction}x)", row, cpu)
-                        )
+    for stale in args.out.glob("*.json"):
+        stale.unlink()
+    servers = [GMLP] + ([args.against] if args.against else [])
+    if args.against:
+        ensure_venv(PYTRITON_PEER)
+    results: dict[Key, list[dict[str, float]]] = {}
+    for rnd in range(args.rounds):
+        for server in servers if rnd % 2 == 0 else servers[::-1]:
+            print(f"round {rnd + 1}/{args.rounds}: {server}", flush=True)
+            for key, figure in measure(server, rnd, args, window).items():
+                results.setdefault(key, []).append(figure)
     given = " ".join(sys.argv[1:] if argv is None else argv)
+    layout = (
+        f"both servers {args.instances} instances, max batch 16, 2 ms delay, int8; " if args.against else ""
+    )
     section = "\n".join(
         [
-            f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows; {cpu_line()}. "
+            f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows, {args.rounds} interleaved "
+            f"round(s), medians; {layout}{cpu_line()}. "
             f"Command: `python -m benchmarks.perf_analyzer {given}`.",
             "",
-            "| model | transport | data | load | infer/s | p50 ms | p99 ms | queue ms | server ms "
-            "| server CPU ms/inference |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            *rows,
+            table(results),
         ]
     )
     print(section)
     if not args.no_doc:
-        DOC.write_text(replace_section(DOC.read_text(), section, BEGIN, END, HEADING))
-    return 0 if rows else 1
+        begin, end, heading = AGAINST if args.against else (BEGIN, END, HEADING)
+        DOC.write_text(replace_section(DOC.read_text(), section, begin, end, heading))
+    return 0 if results else 1
 
 
 if __name__ == "__main__":

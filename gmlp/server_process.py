@@ -141,7 +141,8 @@ class ServerProcess:
             while time.monotonic() < deadline:
                 self.proc.poll()  # reap the root, so that it does not linger as a zombie
                 pids = {pid for pid in pids if alive(pid)}
-                if not pids:
+                if not pids:  # the root may have died after poll(): reap it now
+                    self.proc.wait(timeout=grace_s)
                     return
                 time.sleep(0.1)
 

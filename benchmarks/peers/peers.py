@@ -116,10 +116,14 @@ def product_pins(names: tuple[str, ...], constraints: Path = REPO / "constraints
 
 def install_spec(peer: Peer) -> list[str]:
     """What pip installs into the peer's venv: its framework, the product's pins of the shared
-    packages and of the peer's unversioned ones, and the repository last (editable, no extras)."""
+    packages and of the peer's unversioned ones, and the repository last (editable, no extras). A
+    shared package the peer pins itself (a framework that refuses the product's version) keeps the
+    peer's pin."""
     plain = [p for p in peer.packages if "==" in p]
     unpinned = tuple(p for p in peer.packages if "==" not in p)
-    return [*plain, *product_pins(SHARED_PINS + unpinned), "-e", str(REPO)]
+    own = {re.split(r"[\[=]", p, maxsplit=1)[0].lower() for p in plain}
+    shared = tuple(n for n in SHARED_PINS if n not in own)
+    return [*plain, *product_pins(shared + unpinned), "-e", str(REPO)]
 
 
 def ensure_venv(peer: Peer) -> None:
