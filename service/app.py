@@ -212,6 +212,3 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         ),
     ]
     return app
-
-
-__all__ = ["create_app"]

@@ -229,16 +229,3 @@ def tls_protocol(
     handshake limit."""
     attributes = {"http": http, "context": context, "handshake_timeout_s": handshake_timeout_s}
     return type(f"Tls{http.__name__}", (TlsHandshake,), attributes)
-
-
-__all__ = [
-    "CLOSE_OBSERVER",
-    "Refusal",
-    "TlsHandshake",
-    "admit",
-    "evict_idle",
-    "idle_order",
-    "observe",
-    "refuse",
-    "tls_protocol",
-]

@@ -208,15 +208,3 @@ def too_many_connections(cap: int) -> Unavailable:
         f"the server holds its limit of {cap} open connections (max_connections); close idle "
         "connections or retry after the Retry-After delay",
     )
-
-
-__all__ = [
-    "ConnectionCap",
-    "PROTOCOLS",
-    "http_protocol",
-    "too_many_connections",
-    "OVER_CAP",
-    "HeaderDeadline",
-    "REFUSAL_OBSERVER",
-    "raw_answer",
-]

@@ -239,17 +239,3 @@ FRAMEWORK_ERRORS: dict[int, tuple[type[RequestError], ErrorCode]] = {
     400: (MalformedRequest, ErrorCode.BAD_REQUEST),
     413: (InputTooLarge, ErrorCode.PAYLOAD_TOO_LARGE),
 }
-
-
-__all__ = [
-    "ErrorTable",
-    "ErrorResponder",
-    "REST_ERRORS",
-    "CONNECTION_ERRORS",
-    "rest_body",
-    "payload_too_large",
-    "client_gone",
-    "BODY_PENDING",
-    "validation_error",
-    "CLIENT_CLOSED_REQUEST",
-]

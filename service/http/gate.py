@@ -206,6 +206,3 @@ class RequestGate:
             await response(scope, receive, send)
         else:
             await route.handle(scope, receive, send)
-
-
-__all__ = ["RequestGate", "credential", "head_bytes", "head_error"]

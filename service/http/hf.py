@@ -142,6 +142,3 @@ async def hf_inference(request: Request, name: str) -> JSONResponse:
         options = HFOptions(**parameters.model_dump())
         answer = await unless_disconnected(request, served.hf.answer(inputs, options, deadline))
     return await json_answer(answer, answer)
-
-
-__all__ = ["router", "HF_ERRORS", "PREFIX", "HFRequest"]

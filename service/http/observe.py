@@ -166,6 +166,3 @@ class RequestObservationMiddleware:
             duration_ms,
             extra={"status": status, "duration_ms": duration_ms, "path": scope["path"], "client": peer},
         )
-
-
-__all__ = ["RequestObservationMiddleware", "server_timing"]

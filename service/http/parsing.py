@@ -224,26 +224,3 @@ def validated(schema: type[M], document: Any, where: str) -> M:
         return schema.model_validate(document)
     except ValidationError as exc:
         raise validation_error(list(exc.errors()), where) from None
-
-
-__all__ = [
-    "ClassifyQuery",
-    "ClassifyJSONRequest",
-    "FillMaskRequest",
-    "TopK",
-    "Target",
-    "json_integer",
-    "JSON_INTEGER",
-    "MAX_TEXT_LENGTH",
-    "MAX_TARGETS",
-    "read_query",
-    "query_parameters",
-    "read_image",
-    "read_json",
-    "json_body",
-    "json_document",
-    "validated",
-    "media_type",
-    "RAW_TYPES",
-    "unsupported_media_type",
-]

@@ -310,23 +310,3 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     finally:
         finished = True
         watcher.cancel()
-
-
-__all__ = [
-    "DirectRoute",
-    "RouteTable",
-    "requires",
-    "public",
-    "declare",
-    "declared_scope",
-    "error_namespaces",
-    "secure_openapi",
-    "get_state",
-    "model_response",
-    "ENTRY_BYTES",
-    "json_answer",
-    "ranked_entries",
-    "unless_disconnected",
-    "UndeclaredScope",
-    "UNMATCHED_SCOPE",
-]

@@ -92,6 +92,3 @@ def with_send_deadline(
     if send_timeout_s is None:
         return protocol
     return type(protocol.__name__, (SendDeadline, protocol), {"send_timeout_s": send_timeout_s})
-
-
-__all__ = ["SEND_TIMEOUT", "SendDeadline", "with_send_deadline"]

@@ -59,6 +59,3 @@ def answer_json(
         for i, entry in enumerate(entries)
     ]
     return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(texts) + "]}").encode()
-
-
-__all__ = ["SLICE_ELEMENTS", "answer_json", "json_data"]

@@ -186,6 +186,3 @@ async def _authorize(
         if isinstance(exc, RateLimited):
             trailer = (*trailer, ("retry-after", str(exc.retry_after_s)))
         await context.abort(status(type(exc)), exc.message, trailing_metadata=trailer)
-
-
-__all__ = ["CallHandling", "metadata_credential", "server_credentials", "connection_options"]

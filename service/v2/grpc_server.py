@@ -284,13 +284,3 @@ class GrpcServer:
     async def stop(self, grace: float) -> None:
         """Refuse new calls, let running ones finish for up to `grace` seconds."""
         await self.server.stop(grace)
-
-
-__all__ = [
-    "GrpcServer",
-    "InferenceServicer",
-    "GRPC_STATUS",
-    "grpc_status",
-    "decode_request",
-    "encode_result",
-]

@@ -269,27 +269,3 @@ async def infer(
         return result
     finally:
         state.metrics.model_request(served.name, served.version, ok, time.perf_counter() - start)
-
-
-__all__ = [
-    "InferRequest",
-    "InferResult",
-    "infer",
-    "ModelRef",
-    "model_metadata",
-    "load_model",
-    "resolve",
-    "version_number",
-    "server_metadata",
-    "server_live",
-    "EXTENSIONS",
-    "ENSEMBLE_SUFFIX",
-    "AnswerSize",
-    "BINARY_HINT",
-    "JSON_ELEMENT_BYTES",
-    "all_raw",
-    "answer_size",
-    "check_answer",
-    "json_bytes",
-    "raw_bytes",
-]

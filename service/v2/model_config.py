@@ -138,6 +138,3 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
         names = [(model.name, model.shown, str(served.version))]  # a model's two names share its counters
     counters = state.metrics.statistics.counters
     return {"model_stats": [_model_statistics(counters(model, v), shown) for model, shown, v in names]}
-
-
-__all__ = ["model_config", "model_statistics"]

@@ -75,6 +75,3 @@ async def unload_model(request: Request, name: str) -> Response:
     await _body(request, ControlRequest)
     await get_state(request).unload_model(name)
     return Response(status_code=200)
-
-
-__all__ = ["router", "PREFIX"]

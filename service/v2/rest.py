@@ -339,6 +339,3 @@ _model_routes(
     responses=_INFER_RESPONSES,
     openapi_extra=_INFER_DOC,
 )
-
-
-__all__ = ["router", "V2_ERRORS", "PREFIX", "read_infer_request", "encode_response"]

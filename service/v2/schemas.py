@@ -184,17 +184,3 @@ class ModelStatisticsBody(BaseModel):
 
 
 ERROR_RESPONSES = error_responses(MessageError, invalid=400)
-
-
-__all__ = [
-    "InferRequestBody",
-    "InferResponseBody",
-    "ServerMetadata",
-    "ModelMetadata",
-    "Live",
-    "Ready",
-    "ModelReadyBody",
-    "ModelConfigBody",
-    "ModelStatisticsBody",
-    "ERROR_RESPONSES",
-]
