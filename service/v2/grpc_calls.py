@@ -12,7 +12,7 @@ in the trailing metadata, which is sent with the status at no extra cost; the in
 would be a separate write before the answer. The layers, outermost first: observation (request
 context and, with tracing on, a SERVER span continuing a `traceparent`), metrics (every call by
 method and final status code, refused ones too), then access control (the key the method's scope
-asks for, `service.access.scope`).
+asks for, `service.access.scope`) and the one exception path (`CallHandling.abort`).
 
 The key comes as the `authorization` metadata (`Bearer KEY`, what tritonclient sends from its
 `headers`) or as `x-api-key`. A refused call never reaches the servicer: UNAUTHENTICATED,
@@ -23,14 +23,15 @@ re-read when they change: gRPC asks for the current certificate at each new conn
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc import aio
 
-from contract.errors import PermissionDenied, RateLimited, RequestError, Unauthenticated
+from contract.errors import RateLimited, RequestError
 from service.access.keys import KeyStore, presented_key
 from service.access.scope import grpc_scope
 from service.access.tls import TlsFiles
@@ -40,6 +41,7 @@ from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.tracing import Tracing
 
+log = logging.getLogger(__name__)
 UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
 StatusTable = Callable[[type[RequestError]], grpc.StatusCode]
 
@@ -129,7 +131,7 @@ class CallHandling:
         scope = grpc_scope(full_name)
         keyed = self.keys is not None and scope is not None and scope not in self.keys.open_scopes
         keys = self.keys if keyed else None
-        metrics, status, tracing = self.metrics, self.status, self.tracing
+        metrics, tracing = self.metrics, self.tracing
 
         async def handled(request: Any, context: aio.ServicerContext) -> Any:
             start = time.perf_counter()
@@ -149,9 +151,12 @@ class CallHandling:
             code = grpc.StatusCode.OK
             try:
                 with request_context.open_request(call_context):
-                    if keys is not None:
-                        await _authorize(keys, metrics, status, metadata, scope, context, trailer)
-                    return await call(request, context)
+                    try:
+                        if keys is not None and scope is not None:
+                            keys.authorize(metadata_credential(metadata), scope, "grpc")
+                        return await call(request, context)
+                    except Exception as exc:
+                        await self.abort(context, exc, trailer)
             except BaseException:
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
@@ -166,23 +171,20 @@ class CallHandling:
 
         return handled
 
-
-async def _authorize(
-    keys: KeyStore,
-    metrics: ServiceMetrics,
-    status: StatusTable,
-    metadata: Any,
-    scope: Any,
-    context: aio.ServicerContext,
-    trailer: tuple[tuple[str, str], ...],
-) -> None:
-    """Aborts the call (its status, the message REST clients read, a `retry-after` trailer over the
-    key's rate) unless its metadata carries a key of `scope`."""
-    try:
-        keys.authorize(metadata_credential(metadata), scope, "grpc")
-    except (Unauthenticated, PermissionDenied, RateLimited) as exc:
-        metrics.refused("grpc", exc.code)
-        request_context.note_error(exc.code, exc.message)
-        if isinstance(exc, RateLimited):
-            trailer = (*trailer, ("retry-after", str(exc.retry_after_s)))
-        await context.abort(status(type(exc)), exc.message, trailing_metadata=trailer)
+    async def abort(
+        self, context: aio.ServicerContext, exc: Exception, trailer: tuple[tuple[str, str], ...]
+    ) -> NoReturn:
+        """The one exception path of every call: a core error aborts with its status code, the
+        message REST clients read and, over a key's rate, a `retry-after` trailer; anything else is
+        a bug, logged and answered INTERNAL with nothing internal shown."""
+        if isinstance(exc, RequestError):
+            self.metrics.refused("grpc", exc.code)
+            request_context.note_error(exc.code, exc.message)
+            status, message = self.status(type(exc)), exc.message
+            if isinstance(exc, RateLimited):
+                trailer = (*trailer, ("retry-after", str(exc.retry_after_s)))
+        else:
+            log.error("unhandled error in a gRPC call", exc_info=exc)
+            status, message = grpc.StatusCode.INTERNAL, "internal server error; the error was logged"
+        await context.abort(status, message, trailing_metadata=trailer)
+        raise AssertionError("abort returns only by raising")  # pragma: no cover

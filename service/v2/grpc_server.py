@@ -11,8 +11,8 @@ messages are the ones REST clients read.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -37,7 +37,6 @@ from contract.messages import echo
 from contract.tensors import BYTES, Tensor, from_items, from_json, from_raw
 from service.access.keys import KeyStore
 from service.access.tls import TlsFiles
-from service.engine import request_context
 from service.engine.request_context import Deadline, encode_off_loop
 from service.lifecycle.state import ServiceState
 from service.settings import ServiceSettings
@@ -51,7 +50,6 @@ from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 GRPC_STATUS: Mapping[type[RequestError], grpc.StatusCode] = {
@@ -144,23 +142,11 @@ def encode_result(result: inference.InferResult) -> pb.ModelInferResponse:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """The protocol's calls over one `ServiceState`."""
+    """The protocol's calls over one `ServiceState`; what they raise is answered by the calls'
+    one exception path (`CallHandling.abort`: core errors by `GRPC_STATUS`, bugs INTERNAL)."""
 
     def __init__(self, state: ServiceState) -> None:
         self.state = state
-
-    async def _answer(self, context: aio.ServicerContext, work: Awaitable[T]) -> T:
-        """Await `work`; a core error becomes its status code and message, a bug INTERNAL (logged)."""
-        try:
-            return await work
-        except RequestError as exc:
-            self.state.metrics.refused("grpc", exc.code)
-            request_context.note_error(exc.code, exc.message)
-            await context.abort(grpc_status(type(exc)), exc.message)
-        except Exception:
-            log.exception("unhandled error in a gRPC call")
-            await context.abort(grpc.StatusCode.INTERNAL, "internal server error; the error was logged")
-        raise AssertionError("abort returns only by raising")  # pragma: no cover
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=inference.server_live(self.state))
@@ -169,42 +155,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.state.ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:
-        async def ready() -> pb.ModelReadyResponse:
-            model = inference.resolve(self.state, request.name, request.version)
-            return pb.ModelReadyResponse(ready=self.state.version_ready(model.name, model.version))
-
-        return await self._answer(context, ready())
+        model = inference.resolve(self.state, request.name, request.version)
+        return pb.ModelReadyResponse(ready=self.state.version_ready(model.name, model.version))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext) -> Any:
         return pb.ServerMetadataResponse(**inference.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
-        async def metadata() -> pb.ModelMetadataResponse:
-            meta = inference.model_metadata(
-                self.state, inference.resolve(self.state, request.name, request.version)
-            )
-            response = pb.ModelMetadataResponse(
-                name=meta["name"], versions=meta["versions"], platform=meta["platform"]
-            )
-            for key in ("inputs", "outputs"):
-                getattr(response, key).extend(pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key])
-            return response
-
-        return await self._answer(context, metadata())
+        meta = inference.model_metadata(
+            self.state, inference.resolve(self.state, request.name, request.version)
+        )
+        response = pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for key in ("inputs", "outputs"):
+            getattr(response, key).extend(pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key])
+        return response
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
-        async def config() -> pb.ModelConfigResponse:
-            document = model_config(self.state, inference.resolve(self.state, request.name, request.version))
-            return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
-
-        return await self._answer(context, config())
+        document = model_config(self.state, inference.resolve(self.state, request.name, request.version))
+        return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
-        async def statistics() -> pb.ModelStatisticsResponse:
-            document = model_statistics(self.state, request.name, request.version)
-            return json_format.ParseDict(document, pb.ModelStatisticsResponse())
-
-        return await self._answer(context, statistics())
+        document = model_statistics(self.state, request.name, request.version)
+        return json_format.ParseDict(document, pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:
         settings = self.state.settings
@@ -213,14 +187,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             settings.request_timeout_s if remaining is None else min(settings.request_timeout_s, remaining)
         )
         deadline = Deadline.after(max(0.0, timeout))
-
-        async def run() -> pb.ModelInferResponse:
-            model = inference.resolve(self.state, request.model_name, request.model_version)
-            with self.state.lease(model.name, model.version, kind=Pipeline) as served:  # held until answered
-                result = await inference.infer(self.state, model, served, decode_request(request), deadline)
-            return await encode_off_loop(lambda: encode_result(result), result.size.total)
-
-        return await self._answer(context, run())
+        model = inference.resolve(self.state, request.model_name, request.model_version)
+        with self.state.lease(model.name, model.version, kind=Pipeline) as served:  # held until answered
+            result = await inference.infer(self.state, model, served, decode_request(request), deadline)
+        return await encode_off_loop(lambda: encode_result(result), result.size.total)
 
     # -- the model-repository extension (control calls: admin scope under access control) ----------
 
@@ -233,20 +203,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
     ) -> Any:
-        async def load() -> pb.RepositoryModelLoadResponse:
-            await inference.load_model(self.state, request.model_name, _parameters(request.parameters))
-            return pb.RepositoryModelLoadResponse()
-
-        return await self._answer(context, load())
+        await inference.load_model(self.state, request.model_name, _parameters(request.parameters))
+        return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: aio.ServicerContext
     ) -> Any:
-        async def unload() -> pb.RepositoryModelUnloadResponse:
-            await self.state.unload_model(request.model_name)
-            return pb.RepositoryModelUnloadResponse()
-
-        return await self._answer(context, unload())
+        await self.state.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
 
 class GrpcServer:
