@@ -130,40 +130,65 @@ async def ready(request: Request) -> JSONResponse:
     return _flag(ok, {"ready": ok})
 
 
+# Before /models/{name}: "stats" is no model name here, as in Triton.
+@router.get("/models/stats", response_model=ModelStatisticsBody, summary="Statistics of every model")
+@requires(Scope.INFER)
+async def all_statistics(request: Request) -> Response:
+    return await _statistics(request, "", "")
+
+
+ModelHandler = Callable[[Request, str, str], Awaitable[Response]]
+
+
 def _model_routes(
     method: str,
     suffix: str,
-    handler: Callable[[Request, str, str], Awaitable[Response]],
+    response_model: Any,
     names: tuple[str, str],
     summary: str,
     scope: Scope | None = Scope.INFER,
     **route: Any,
-) -> None:
-    """`/models/{name}{suffix}` (the newest ready version) and its twin
-    `/models/{name}/versions/{version}{suffix}` (the version named), both answered by `handler`
-    (the version "" when none is named)."""
+) -> Callable[[ModelHandler], ModelHandler]:
+    """Decorator: the handler answers `/models/{name}{suffix}` (the newest ready version, the
+    version "") and its twin `/models/{name}/versions/{version}{suffix}` (the version named); a
+    model's 404 is documented unless `responses` says otherwise."""
+    route = {"responses": _NOT_FOUND, **route, "response_model": response_model}
 
-    @requires(scope)
-    async def newest(request: Request, name: str) -> Response:
-        return await handler(request, name, "")
+    def register(handler: ModelHandler) -> ModelHandler:
+        @requires(scope)
+        async def newest(request: Request, name: str) -> Response:
+            return await handler(request, name, "")
 
-    @requires(scope)
-    async def named(request: Request, name: str, version: str) -> Response:
-        return await handler(request, name, version)
+        @requires(scope)
+        async def named(request: Request, name: str, version: str) -> Response:
+            return await handler(request, name, version)
 
-    for path, endpoint, endpoint_name, title in (
-        (f"/models/{{name}}{suffix}", newest, names[0], summary),
-        (f"/models/{{name}}/versions/{{version}}{suffix}", named, names[1], f"{summary} (a version)"),
-    ):
-        router.add_api_route(path, endpoint, methods=[method], name=endpoint_name, summary=title, **route)
+        for path, endpoint, endpoint_name, title in (
+            (f"/models/{{name}}{suffix}", newest, names[0], summary),
+            (f"/models/{{name}}/versions/{{version}}{suffix}", named, names[1], f"{summary} (a version)"),
+        ):
+            router.add_api_route(path, endpoint, methods=[method], name=endpoint_name, summary=title, **route)
+        return handler
+
+    return register
 
 
+@_model_routes("GET", "", ModelMetadata, ("model_metadata", "model_version_metadata"), "Model metadata")
 async def _metadata(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
     document = inference.model_metadata(state, inference.resolve(state, name, version))
     return model_response(ModelMetadata.model_validate(document))
 
 
+@_model_routes(
+    "GET",
+    "/ready",
+    ModelReadyBody,
+    ("model_ready", "model_version_ready"),
+    "Model ready",
+    scope=None,
+    responses={**_false(ModelReadyBody, "not ready"), **_NOT_FOUND},
+)
 async def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
     model = inference.resolve(state, name, version)
@@ -171,61 +196,17 @@ async def _model_ready(request: Request, name: str, version: str) -> JSONRespons
     return _flag(ok, {"name": name, "ready": ok})
 
 
+@_model_routes("GET", "/config", ModelConfigBody, ("config", "version_config"), "Model configuration")
 async def _config(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
     document = model_config(state, inference.resolve(state, name, version))
     return model_response(ModelConfigBody.model_validate(document))
 
 
+@_model_routes("GET", "/stats", ModelStatisticsBody, ("statistics", "version_statistics"), "Model statistics")
 async def _statistics(request: Request, name: str, version: str) -> JSONResponse:
     document = model_statistics(get_state(request), name, version)
     return model_response(ModelStatisticsBody.model_validate(document))
-
-
-# Before /models/{name}: "stats" is no model name here, as in Triton.
-@router.get("/models/stats", response_model=ModelStatisticsBody, summary="Statistics of every model")
-@requires(Scope.INFER)
-async def all_statistics(request: Request) -> JSONResponse:
-    return await _statistics(request, "", "")
-
-
-_model_routes(
-    "GET",
-    "",
-    _metadata,
-    ("model_metadata", "model_version_metadata"),
-    "Model metadata",
-    response_model=ModelMetadata,
-    responses=_NOT_FOUND,
-)
-_model_routes(
-    "GET",
-    "/ready",
-    _model_ready,
-    ("model_ready", "model_version_ready"),
-    "Model ready",
-    scope=None,
-    response_model=ModelReadyBody,
-    responses={**_false(ModelReadyBody, "not ready"), **_NOT_FOUND},
-)
-_model_routes(
-    "GET",
-    "/config",
-    _config,
-    ("config", "version_config"),
-    "Model configuration",
-    response_model=ModelConfigBody,
-    responses=_NOT_FOUND,
-)
-_model_routes(
-    "GET",
-    "/stats",
-    _statistics,
-    ("statistics", "version_statistics"),
-    "Model statistics",
-    response_model=ModelStatisticsBody,
-    responses=_NOT_FOUND,
-)
 
 
 def _binary_length(request: Request, size: int) -> int | None:
@@ -312,6 +293,15 @@ def encode_response(result: InferResult, binary: set[str]) -> Response:
     )
 
 
+@_model_routes(
+    "POST",
+    "/infer",
+    None,
+    ("infer", "infer_version"),
+    "Inference",
+    responses=_INFER_RESPONSES,
+    openapi_extra=_INFER_DOC,
+)
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
@@ -327,15 +317,3 @@ async def _infer(request: Request, name: str, version: str) -> Response:
             request, inference.infer(state, model, served, infer_request, deadline, is_raw)
         )
     return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
-
-
-_model_routes(
-    "POST",
-    "/infer",
-    _infer,
-    ("infer", "infer_version"),
-    "Inference",
-    response_model=None,
-    responses=_INFER_RESPONSES,
-    openapi_extra=_INFER_DOC,
-)
