@@ -149,9 +149,8 @@ def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]
     # These import uvicorn: not for `gmlp --help`.
     from service.http.admission import tls_protocol
     from service.http.connections import http_protocol
-    from service.http.send_deadline import with_send_deadline
 
-    http = with_send_deadline(http_protocol(settings.header_timeout_s), settings.send_timeout_s)
+    http = http_protocol(settings.header_timeout_s, send_timeout_s=settings.send_timeout_s)
     tls = getattr(getattr(app, "state", None), "tls", None)
     if tls is not None:
         # TLS is the protocol's own (uvicorn listens in plain TCP), so that a connection is counted
@@ -167,7 +166,7 @@ def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]
         "limit_concurrency": settings.max_connections,
         # Slow clients: TLS handshake and headers each within header_timeout_s (408 and closed, as
         # the protocol enforces), idle kept-alive connections closed after keep_alive_timeout_s,
-        # answers the client does not read dropped after send_timeout_s (service.http.send_deadline).
+        # answers the client does not read dropped after send_timeout_s (service.http.connections).
         "http": http,
         "timeout_keep_alive": settings.keep_alive_timeout_s,
     }

@@ -1,4 +1,5 @@
-"""The connection cap (`max_connections`), answered in the service's own error shape.
+"""uvicorn's HTTP protocols, ours: the connection cap answered in the service's error shape, and
+the deadlines of a request's headers and of an answer's sending.
 
 uvicorn's `limit_concurrency` is what keeps idle or slow clients from exhausting file descriptors:
 beyond that many open connections (or requests in flight) a new request is refused at once. But
@@ -19,12 +20,22 @@ request by then is answered 408 (REST shape, `Connection: close`) and the connec
 once; one that sent nothing is closed without an answer (a pooled client could take an unsolicited
 408 for the answer to its next request). Both are counted as `request_timeout` refusals of the
 "http" transport. The body's limit is the request's deadline (`service.http.gate`).
+
+And they drop an answer the client does not take (`SendDeadline`). uvicorn pauses the app's `send`
+while the transport's buffer is over its high-water mark (the client is not reading); a client that
+never reads would hold that buffer and the request's task for as long as the connection lives,
+past every request deadline, and closing the transport would not help (asyncio flushes a closed
+transport's buffer before it lets go). So a timer is armed whenever writing pauses: if the client
+has taken no bytes of the buffer within `send_timeout_s`, the connection is aborted (RST), which
+drops the buffer at once and wakes the paused `send`; a client that reads, however slowly, re-arms
+it. Each drop is logged and counted as a `send_timeout` refusal of the "http" transport.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any, ClassVar, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,10 +47,13 @@ from contract.errors import ErrorCode, RequestError, RequestTimeout, Unavailable
 from service.http.admission import REFUSAL_OBSERVER, admit, idle_order, observe, refuse
 from service.http.errors import rest_body
 
+log = logging.getLogger(__name__)
+
 # Scope extension set on a request that arrived over the cap; its value is the cap.
 OVER_CAP = "gmlp.connection_cap"
 # How long a connection refused at accept may linger when no header deadline is set.
 REFUSAL_LINGER_S = 5.0
+SEND_TIMEOUT = "send_timeout"  # the refusal's code in gmlp_refusals_total (no answer is sent)
 
 
 def raw_answer(status: str, error: RequestError, headers: dict[str, str] | None = None) -> bytes:
@@ -109,6 +123,62 @@ class HeaderDeadline:
         observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.REQUEST_TIMEOUT)
 
 
+class SendDeadline:
+    """Mixin for uvicorn's HTTP protocols: a paused write must make progress within
+    `send_timeout_s` (see the module doc)."""
+
+    send_timeout_s: ClassVar[float | None] = None
+    transport: asyncio.Transport
+    app_state: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.send_timer: asyncio.TimerHandle | None = None
+        self.send_mark = 0
+        super().connection_made(transport)  # type: ignore[misc]
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self.send_timeout_s is not None and self.send_timer is None:
+            self.send_mark = self.transport.get_write_buffer_size()
+            self.send_timer = self.loop.call_later(self.send_timeout_s, self.send_stalled)
+
+    def resume_writing(self) -> None:
+        self.stop_send_timer()
+        super().resume_writing()  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stop_send_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def stop_send_timer(self) -> None:
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def send_stalled(self) -> None:
+        """`send_timeout_s` after the pause (or the last check): abort if nothing was taken."""
+        self.send_timer = None
+        buffered = self.transport.get_write_buffer_size()
+        if buffered == 0:
+            return
+        if buffered < self.send_mark:  # the client is reading: give it another period
+            self.send_mark = buffered
+            assert self.send_timeout_s is not None
+            self.send_timer = self.loop.call_later(self.send_timeout_s, self.send_stalled)
+            return
+        peer = self.transport.get_extra_info("peername")
+        log.warning(
+            "dropped an answer the client did not read: %d bytes still buffered after %g s (send_timeout_s), "
+            "connection from %s aborted",
+            buffered,
+            self.send_timeout_s,
+            peer[0] if isinstance(peer, tuple) else "unknown",
+        )
+        self.transport.abort()
+        observe(self.app_state, REFUSAL_OBSERVER, "http", SEND_TIMEOUT)
+
+
 class ConnectionCap:
     """Mixin for uvicorn's HTTP protocols: the cap on connections applied at accept, and uvicorn's
     `limit_concurrency` test on requests in flight answered by the app.
@@ -175,8 +245,8 @@ class ConnectionCap:
         await self.inner_app(scope, receive, send)
 
 
-class CappedH11Protocol(ConnectionCap, HeaderDeadline, H11Protocol):
-    """uvicorn's h11 protocol with the cap answered by the app and the header deadline."""
+class CappedH11Protocol(ConnectionCap, HeaderDeadline, SendDeadline, H11Protocol):
+    """uvicorn's h11 protocol with the cap answered by the app, the header and send deadlines."""
 
 
 # By name, as uvicorn's `http` option spells them; httptools only where it is installed.
@@ -187,19 +257,23 @@ except ImportError:  # pragma: no cover - the serving image installs uvicorn[sta
     pass
 else:
 
-    class CappedHttpToolsProtocol(ConnectionCap, HeaderDeadline, HttpToolsProtocol):
-        """uvicorn's httptools protocol with the cap answered by the app and the header deadline."""
+    class CappedHttpToolsProtocol(ConnectionCap, HeaderDeadline, SendDeadline, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the cap answered by the app, the header and send
+        deadlines."""
 
     PROTOCOLS["httptools"] = CappedHttpToolsProtocol
 
 
-def http_protocol(header_timeout_s: float | None = None, name: str | None = None) -> type[asyncio.Protocol]:
+def http_protocol(
+    header_timeout_s: float | None = None, name: str | None = None, send_timeout_s: float | None = None
+) -> type[asyncio.Protocol]:
     """The capped protocol uvicorn's "auto" would pick (httptools when installed, else h11), or the
-    one `name`d, with `header_timeout_s` as its header deadline (None: no deadline)."""
+    one `name`d, with its header and send deadlines (None: none)."""
     base = PROTOCOLS[name] if name is not None else PROTOCOLS.get("httptools", CappedH11Protocol)
-    if header_timeout_s is None:
+    if header_timeout_s is None and send_timeout_s is None:
         return base
-    return type(base.__name__, (base,), {"header_timeout_s": header_timeout_s})
+    deadlines = {"header_timeout_s": header_timeout_s, "send_timeout_s": send_timeout_s}
+    return type(base.__name__, (base,), deadlines)
 
 
 def too_many_connections(cap: int) -> Unavailable:
