@@ -11,7 +11,8 @@ with the statuses of `V2_ERRORS`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,7 +29,6 @@ from service.http.routing import DirectRoute, get_state, model_response, public,
 from service.http.schemas import inline_schema
 from service.tasks.pipeline import Pipeline
 from service.v2 import inference
-from service.v2.answer_json import answer_json
 from service.v2.inference import InferRequest, InferResult
 from service.v2.model_config import model_config, model_statistics
 from service.v2.schemas import (
@@ -47,6 +47,8 @@ from service.v2.schemas import (
 PREFIX = "/v2"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON_TYPES = ("application/json", *RAW_TYPES)
+# Elements of an output's `data` converted and encoded at a time: about a millisecond per slice.
+SLICE_ELEMENTS = 8192
 
 
 def v2_body(error: RequestError) -> dict[str, Any]:
@@ -267,11 +269,54 @@ async def read_infer_request(request: Request) -> tuple[InferRequest, set[str]]:
     return request_, {"*"} if binary_all else binary
 
 
-def encode_response(result: InferResult, binary: set[str]) -> Response:
-    """JSON, or JSON followed by the binary outputs (with the header that says where the JSON ends).
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
-    Written slice by slice (`answer_json`), so that a big answer encoded in a worker thread leaves
-    the event loop free."""
+
+def json_data(tensor: Tensor) -> str:
+    """`json.dumps(tensor.json_data())`, `SLICE_ELEMENTS` at a time (each slice by
+    `Tensor.json_data`, so the elements are written by the one rule, non-finite floats as null)."""
+    size = int(tensor.array.size)
+    slices = (tensor.json_data(i, i + SLICE_ELEMENTS) for i in range(0, size, SLICE_ELEMENTS))
+    return "[" + ",".join(_dumps(values)[1:-1] for values in slices) + "]"
+
+
+def answer_json(
+    head: dict[str, Any], outputs: Sequence[Tensor], raw: Callable[[Tensor], dict[str, Any] | None]
+) -> bytes:
+    """The answer document: `head` (model name, version, id), then each output's metadata and
+    either the parameters `raw` gives it (an output sent as binary data) or its JSON `data`, last.
+
+    `json.dumps` of one list holds the GIL from its first number to its last: on millions of
+    numbers that is seconds in which no other thread runs, the event loop included, even when the
+    encoding runs in a worker thread. So a big answer's `data` is written slice by slice
+    (`json_data`), the GIL free between slices; the text is exactly what `_dumps` writes for the
+    whole answer, which an answer of at most `SLICE_ELEMENTS` numbers, the usual case, is."""
+    entries: list[dict[str, Any]] = []
+    sliced: dict[int, Tensor] = {}  # entries whose data is written slice by slice
+    small = sum(int(tensor.array.size) for tensor in outputs) <= SLICE_ELEMENTS
+    for tensor in outputs:
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        parameters = raw(tensor)
+        if parameters is not None:
+            entry["parameters"] = parameters
+        elif small:
+            entry["data"] = tensor.json_data()
+        else:
+            sliced[len(entries)] = tensor
+        entries.append(entry)
+    if not sliced:
+        return _dumps({**head, "outputs": entries}).encode()
+    texts = [
+        _dumps(entry)[:-1] + ',"data":' + json_data(sliced[i]) + "}" if i in sliced else _dumps(entry)
+        for i, entry in enumerate(entries)
+    ]
+    return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(texts) + "]}").encode()
+
+
+def encode_response(result: InferResult, binary: set[str]) -> Response:
+    """JSON (`answer_json`), or JSON followed by the binary outputs (with the header that says
+    where the JSON ends)."""
     blobs: list[bytes] = []
 
     def raw(tensor: Tensor) -> dict[str, Any] | None:
