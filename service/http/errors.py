@@ -70,6 +70,11 @@ def rest_body(error: RequestError) -> dict[str, Any]:
     return {"error": body}
 
 
+def message_body(error: RequestError) -> dict[str, Any]:
+    """`{"error": "<message>"}`: the Open Inference Protocol's and Hugging Face's shape."""
+    return {"error": error.message}
+
+
 @dataclass(frozen=True)
 class ErrorTable:
     """How one API answers a refusal: the HTTP status of each core error type and its body shape.

@@ -18,12 +18,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from contract.errors import ErrorCode, InvalidInput, RequestError
+from contract.errors import ErrorCode, InvalidInput
 from contract.messages import echo
 from contract.tensors import Tensor, from_json, from_raw
 from service.access.scope import Scope
 from service.engine.request_context import Deadline, before, encode_off_loop
-from service.http.errors import REST_ERRORS, ErrorTable
+from service.http.errors import REST_ERRORS, ErrorTable, message_body
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
 from service.http.routing import DirectRoute, get_state, model_response, public, requires, unless_disconnected
 from service.http.schemas import inline_schema
@@ -51,13 +51,11 @@ _JSON_TYPES = ("application/json", *RAW_TYPES)
 SLICE_ELEMENTS = 8192
 
 
-def v2_body(error: RequestError) -> dict[str, Any]:
-    return {"error": error.message}
-
-
 # The REST task routes' statuses, except that the protocol (like Triton) answers a malformed or
 # unfitting request with 400.
-V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body, transport="v2")
+V2_ERRORS = ErrorTable(
+    statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=message_body, transport="v2"
+)
 
 # Every path below /v2, whether a route takes it or not, answers in the protocol's error shape.
 router = APIRouter(
