@@ -1,34 +1,28 @@
 """uvicorn's HTTP protocols, ours: the connection cap answered in the service's error shape, and
 the deadlines of a request's headers and of an answer's sending.
 
-uvicorn's `limit_concurrency` is what keeps idle or slow clients from exhausting file descriptors:
-beyond that many open connections (or requests in flight) a new request is refused at once. But
-uvicorn refuses with its own plain-text 503, without `Retry-After` and unseen by our metrics. So
-the HTTP protocol uvicorn runs is a small subclass of its own (httptools or h11, as uvicorn's
-"auto" picks): it keeps uvicorn's test, on uvicorn's own sets of connections and tasks, but instead
-of answering, it marks the request's scope; the request gate (`service.http.gate`) answers
-marked requests from the error table before anything else of ours runs, with `Connection: close`
-so that the refused connection is released at once. The cap on connections themselves is applied
-when a connection is accepted, before any request (`service.http.admission`: idle keep-alive
-connections evicted first, TLS handshakes counted); what is tested per request here is uvicorn's
-other half, requests in flight.
+uvicorn's `limit_concurrency` keeps idle or slow clients from exhausting file descriptors, but
+refuses with its own plain-text 503, without `Retry-After` and unseen by our metrics. So the
+protocol uvicorn runs is a subclass of its own (httptools or h11, as its "auto" picks) that keeps
+its test on requests in flight, on uvicorn's own sets, but marks the request's scope instead of
+answering; the request gate (`service.http.gate`) answers it from the error table, with
+`Connection: close`. The cap on connections themselves is applied at accept
+(`service.http.admission`).
 
-The same protocols bound how long a client may take to send its request line and headers
-(`HeaderDeadline`): from the connection's start, and from the first byte of each following
-request on a keep-alive connection, at most `header_timeout_s`. A client that has sent part of a
-request by then is answered 408 (REST shape, `Connection: close`) and the connection is closed at
-once; one that sent nothing is closed without an answer (a pooled client could take an unsolicited
-408 for the answer to its next request). Both are counted as `request_timeout` refusals of the
-"http" transport. The body's limit is the request's deadline (`service.http.gate`).
+`HeaderDeadline`: a request line and headers must arrive within `header_timeout_s`, from the
+connection's start or from the first byte of a further request on a kept-alive connection. A
+client that has sent part of a request by then is answered 408 (REST shape, `Connection: close`);
+one that sent nothing is closed without an answer (a pooled client could take an unsolicited 408
+for the answer to its next request). Both count as `request_timeout` refusals of the "http"
+transport. The body's limit is the request's deadline (`service.http.gate`).
 
-And they drop an answer the client does not take (`SendDeadline`). uvicorn pauses the app's `send`
-while the transport's buffer is over its high-water mark (the client is not reading); a client that
-never reads would hold that buffer and the request's task for as long as the connection lives,
-past every request deadline, and closing the transport would not help (asyncio flushes a closed
-transport's buffer before it lets go). So a timer is armed whenever writing pauses: if the client
-has taken no bytes of the buffer within `send_timeout_s`, the connection is aborted (RST), which
-drops the buffer at once and wakes the paused `send`; a client that reads, however slowly, re-arms
-it. Each drop is logged and counted as a `send_timeout` refusal of the "http" transport.
+`SendDeadline`: uvicorn pauses the app's `send` while the transport's buffer is over its high-water
+mark (the client is not reading); a client that never reads would hold that buffer and the
+request's task for as long as the connection lives, and closing the transport would not help
+(asyncio flushes a closed transport's buffer first). So whenever writing pauses a timer is armed:
+if the client has taken no bytes within `send_timeout_s`, the connection is aborted (RST), which
+drops the buffer and wakes the paused `send`; a client that reads, however slowly, re-arms it.
+Each drop is logged and counted as a `send_timeout` refusal of the "http" transport.
 """
 
 from __future__ import annotations

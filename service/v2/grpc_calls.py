@@ -1,24 +1,17 @@
-"""What every gRPC connection and call goes through: the connection limits and TLS, and before and
-after its servicer method, the request id, the call's span, its metrics and access control.
+"""What every gRPC connection and call goes through: the connection limits and TLS, and around its
+servicer method the request id, the call's span, its metrics, access control and the one exception
+path.
 
 This is one wrapper per method, applied once when the servicer is registered, rather than
-`grpc.aio` server interceptors: an interceptor is awaited on every call and hands back a new
-method handler each time, and each of its layers adds a coroutine to the call. At the call rates
-of a batched model server that framework work cost about as much CPU as the rest of the gRPC
-call, and made gRPC the slower transport; a wrapper costs one coroutine per call.
+`grpc.aio` server interceptors: an interceptor is awaited on every call and hands back a new method
+handler each time, and each layer adds a coroutine to the call; at a batched model server's call
+rates that cost about as much CPU as the rest of the call. A wrapper costs one coroutine per call.
 
 The request id (`x-request-id` metadata: the client's when acceptable, else generated) comes back
-in the trailing metadata, which is sent with the status at no extra cost; the initial metadata
-would be a separate write before the answer. The layers, outermost first: observation (request
-context and, with tracing on, a SERVER span continuing a `traceparent`), metrics (every call by
-method and final status code, refused ones too), then access control (the key the method's scope
-asks for, `service.access.scope`) and the one exception path (`CallHandling.abort`).
-
-The key comes as the `authorization` metadata (`Bearer KEY`, what tritonclient sends from its
-`headers`) or as `x-api-key`. A refused call never reaches the servicer: UNAUTHENTICATED,
-PERMISSION_DENIED, or RESOURCE_EXHAUSTED with a `retry-after` trailer over the key's rate, each with
-the message REST clients read. TLS comes from the same files as HTTPS (`service.access.tls`),
-re-read when they change: gRPC asks for the current certificate at each new connection's handshake.
+in the trailing metadata, sent with the status at no extra cost. The key comes as `authorization`
+metadata (`Bearer KEY`, what tritonclient sends from its `headers`) or `x-api-key`; a refused call
+never reaches the servicer. TLS comes from the same files as HTTPS (`service.access.tls`), re-read
+when they change: gRPC asks for the current certificate at each new connection's handshake.
 """
 
 from __future__ import annotations

@@ -3,31 +3,23 @@
 A transport decodes its envelope into an `InferRequest` of `contract.tensors.Tensor`s, calls
 `infer`, and encodes the `Tensor`s it gets back; metadata and readiness come from here too, so both
 transports describe and run the models identically. What a request of a task means is the task's
-v2 adapter (`Pipeline.v2`, `service.tasks`); this module resolves the name, leases the model, and
-counts and bounds the answer.
+v2 adapter (`Pipeline.v2`); this module resolves the name, and counts and bounds the answer. Every
+row is queued on its own in the model's dynamic batcher, sharing batches with the task routes.
 
 Every model has two forms of request, told apart by their input names: the graph's own tensors
-(`pixel_values`; `input_ids` + `mask_positions`), and the encoded input (`image`: one encoded image
-per row; `text`: one text per row, with the masked LM's `predictions` output). Each form produces
-every output of the model. So that a tool which fills every input the metadata lists (Triton's
-perf_analyzer) sends one form, each has its own name: `NAME` lists the graph's tensors,
-`NAME-ensemble` the encoded input, as a Triton ensemble of preprocessing and model would (metadata,
-readiness, configuration, statistics and inference answer alike under both names; the statistics
-are the one model's). Either name takes either form, so clients that send `image` or `text` to
-`NAME` keep working.
+(`pixel_values`; `input_ids` + `mask_positions`) and the encoded input (`image` or `text`, one per
+row). So that a tool which fills every input the metadata lists (Triton's perf_analyzer) sends one
+form, `NAME` lists the graph's tensors and `NAME-ensemble` the encoded input, as a Triton ensemble
+of preprocessing and model would; both names answer everything alike (the statistics are the one
+model's), and either takes either form, so clients that send `image` or `text` to `NAME` still work.
 
-Every row is queued on its own in the model's dynamic batcher, so v2 rows share batches with the
-task routes' requests.
-
-The answer's size is known from its outputs' element counts before it is built, and bounded then
-(`check_answer`): a few bytes of request can ask for a great deal of answer (sixteen texts of
-twenty [MASK]s each, with `outputs: [logits]`, make 320 rows of a whole vocabulary's scores, about
-20 bytes per number as JSON). Each JSON output is counted at the widest form its datatype's
-elements take (`JSON_ELEMENT_BYTES`; a BYTES element at six bytes of JSON per byte, `\\u00XX`), each
-raw output (binary tensor data extension, gRPC raw contents) at its exact size. An answer over
-`max_response_bytes` as JSON is refused with a message that names the binary extension, which
-carries the same tensors in 4 bytes per float32; one over `max_binary_response_bytes` as raw bytes
-is refused too.
+The answer's size is bounded from its outputs' element counts before it is built (`check_answer`):
+a few bytes of request can ask for a great deal (sixteen texts of twenty [MASK]s with `outputs:
+[logits]` make 320 rows of a whole vocabulary's scores, about 20 bytes per number as JSON). JSON
+outputs are counted at their datatype's widest element (`JSON_ELEMENT_BYTES`; BYTES at six bytes per
+byte, `\\u00XX`), raw ones (binary extension, gRPC raw contents) exactly; over `max_response_bytes`
+as JSON the refusal names the binary extension (4 bytes per float32), and over
+`max_binary_response_bytes` as raw bytes it is refused too.
 """
 
 from __future__ import annotations
