@@ -49,6 +49,7 @@ from service.http.routing import DirectRoute, RouteTable
 
 log = logging.getLogger(__name__)
 
+KEY_HEADERS = (b"authorization", b"x-api-key")  # where a request presents its key (`presented_key`)
 # The bytes a request line adds besides its target: "GET " + " HTTP/1.1\r\n".
 _LINE_OVERHEAD = 16
 
@@ -80,15 +81,6 @@ def head_error(scope: Scope, max_header_bytes: int) -> RequestError | None:
             ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
         )
     return None
-
-
-def credential(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The key a request presents (`presented_key`), from its headers."""
-    return presented_key(
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in headers
-        if name in (b"authorization", b"x-api-key")
-    )
 
 
 class RequestGate:
@@ -150,7 +142,10 @@ class RequestGate:
         if error is not None:
             raise error
         if needed is not None and needed not in self.keys.open_scopes:
-            self.keys.authorize(credential(scope["headers"]), needed, "http")
+            presented = [
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in KEY_HEADERS
+            ]
+            self.keys.authorize(presented_key(presented), needed, "http")
 
     def limited(self, scope: Scope, receive: Receive) -> Receive:
         """`receive`, counting the body against the limit (413 at once when Content-Length is over

@@ -41,10 +41,6 @@ def server_timing(request: RequestContext) -> bytes:
     ).encode()
 
 
-def _template(scope: Scope) -> str:
-    return getattr(scope.get("route"), "path", None) or "<unmatched>"
-
-
 class RequestObservationMiddleware:
     """See the module docstring; `tracing` is None when tracing is off."""
 
@@ -114,7 +110,7 @@ class RequestObservationMiddleware:
                 await self.app(scope, timed_receive if traced else receive, observed_send)
             finally:
                 self.metrics.in_flight.dec()
-                route = _template(scope)
+                route = getattr(scope.get("route"), "path", None) or "<unmatched>"
                 request.route = route
                 self._count(route, method, status, time.perf_counter() - start)
                 if tracing is not None:

@@ -222,8 +222,8 @@ def _binary_length(request: Request, size: int) -> int | None:
     return int(value)
 
 
-async def read_infer_request(request: Request) -> tuple[InferRequest, set[str]]:
-    """The request and the names of the outputs to return as binary data."""
+async def read_infer_request(request: Request) -> tuple[InferRequest, Callable[[str], bool]]:
+    """The request, and which outputs (by name) to return as binary data."""
     mime = media_type(request)
     if mime not in _JSON_TYPES and not mime.endswith("+json"):
         raise unsupported_media_type(mime, "send JSON, or JSON followed by binary tensors (octet-stream)")
@@ -261,10 +261,9 @@ async def read_infer_request(request: Request) -> tuple[InferRequest, set[str]]:
         if default_binary if flag is None else flag:
             binary.add(out.name)
     outputs = [o.name for o in body.outputs or []]
-    # Without a list of outputs, binary_data_output applies to every output produced.
-    binary_all = default_binary and not outputs
     request_ = InferRequest(inputs, outputs, body.id or "", parameters)
-    return request_, {"*"} if binary_all else binary
+    # Without a list of outputs, binary_data_output applies to every output produced.
+    return request_, inference.all_raw if default_binary and not outputs else binary.__contains__
 
 
 def _dumps(value: Any) -> str:
@@ -312,13 +311,13 @@ def answer_json(
     return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(texts) + "]}").encode()
 
 
-def encode_response(result: InferResult, binary: set[str]) -> Response:
+def encode_response(result: InferResult, is_raw: Callable[[str], bool]) -> Response:
     """JSON (`answer_json`), or JSON followed by the binary outputs (with the header that says
     where the JSON ends)."""
     blobs: list[bytes] = []
 
     def raw(tensor: Tensor) -> dict[str, Any] | None:
-        if "*" not in binary and tensor.name not in binary:
+        if not is_raw(tensor.name):
             return None
         blobs.append(tensor.raw())
         return {"binary_data_size": len(blobs[-1])}
@@ -351,12 +350,8 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     model = inference.resolve(state, name, version)
     # 404 / 503 before the body is read; the version is held until the answer is back.
     with state.lease(model.name, model.version, kind=Pipeline) as served:
-        infer_request, binary = await before(read_infer_request(request), deadline)
-
-        def is_raw(name: str) -> bool:
-            return "*" in binary or name in binary
-
+        infer_request, is_raw = await before(read_infer_request(request), deadline)
         result = await unless_disconnected(
             request, inference.infer(state, model, served, infer_request, deadline, is_raw)
         )
-    return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
+    return await encode_off_loop(lambda: encode_response(result, is_raw), result.size.total)
