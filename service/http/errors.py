@@ -81,9 +81,7 @@ class ErrorTable:
 
     The statuses are looked up by the error's class, the most specific entry winning (so an API
     can single out `Overloaded` among `Unavailable`s); a type without an entry (`InternalError`)
-    is answered 500. The lower layers raise the same `contract.errors` types whatever the API, so a
-    new API is a new table, never new error types. `transport` labels the refusals in
-    `gmlp_refusals_total`.
+    is answered 500. A new API is a new table, never new error types.
     """
 
     statuses: Mapping[type[RequestError], int]

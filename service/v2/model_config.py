@@ -1,16 +1,12 @@
 """The model configuration and statistics extensions: Triton's schemas, built from what is served.
 
 `model_config` describes a served model as Triton's `ModelConfig` does (what tritonclient's
-`get_model_config` returns and perf_analyzer reads before it sends anything): platform and backend,
-the batcher's `max_batch_size`, inputs (the form the name lists: the graph's tensors under the
-model's name, the encoded input under `NAME-ensemble`) and outputs with `dims` less the batch
-axis, `dynamic_batching` with the
-queue delay and queue policy of the settings, the execution instances as `instance_group`, and the
-version policy. Nothing is written by hand: it comes from the served directory and the settings.
-
-`model_statistics` reports the counters of `service.telemetry.statistics` in Triton's
-`ModelStatistics` schema. Both are plain JSON-ready dicts with numbers (the REST form); the gRPC
-server parses the same dicts into its messages, so both transports answer alike.
+`get_model_config` returns and perf_analyzer reads before it sends anything), from the served
+directory and the settings only: platform and backend, the batcher's `max_batch_size`, the inputs of
+the form the name lists and the outputs (`dims` less the batch axis), `dynamic_batching`, the
+execution instances as `instance_group`, the version policy. `model_statistics` reports the
+counters of `service.telemetry.statistics` in Triton's `ModelStatistics` schema. Both are
+JSON-ready dicts (the REST form), which the gRPC server parses into its messages.
 """
 
 from __future__ import annotations
