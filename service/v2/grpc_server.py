@@ -61,7 +61,6 @@ from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.tracing import Tracing
 from service.v2 import inference
 from service.v2.inference import InferRequest
-from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
@@ -190,11 +189,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return response
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
-        document = model_config(self.state, inference.resolve(self.state, request.name, request.version))
+        document = inference.model_config(
+            self.state, inference.resolve(self.state, request.name, request.version)
+        )
         return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
-        document = model_statistics(self.state, request.name, request.version)
+        document = inference.model_statistics(self.state, request.name, request.version)
         return json_format.ParseDict(document, pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:

@@ -20,6 +20,12 @@ outputs are counted at their datatype's widest element (`JSON_ELEMENT_BYTES`; BY
 byte, `\\u00XX`), raw ones (binary extension, gRPC raw contents) exactly; over `max_response_bytes`
 as JSON the refusal names the binary extension (4 bytes per float32), and over
 `max_binary_response_bytes` as raw bytes it is refused too.
+
+The model configuration and statistics extensions answer in Triton's schemas, built from what is
+served: `model_config` as Triton's `ModelConfig` (what tritonclient's `get_model_config` returns and
+perf_analyzer reads before it sends anything), from the served directory and the settings only;
+`model_statistics` the counters of `service.telemetry.statistics` as `ModelStatistics`. Both are
+JSON-ready dicts (the REST form), which the gRPC server parses into its messages.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from service.engine import request_context
 from service.engine.request_context import Deadline
 from service.lifecycle.state import Phase, ServiceState
 from service.tasks.pipeline import Pipeline
+from service.telemetry.statistics import Duration, ModelCounters
 
 SERVER_NAME = "gmlp-serve"
 # Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
@@ -261,3 +268,120 @@ async def infer(
         return result
     finally:
         state.metrics.model_request(served.name, served.version, ok, time.perf_counter() - start)
+
+
+BACKEND = "onnxruntime"
+NS = 1_000_000_000
+
+
+def _data_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
+
+
+def _dims(tensor: dict[str, Any]) -> list[int]:
+    """The tensor's shape less the batch axis (Triton's `dims` of a model with max_batch_size > 0)."""
+    return list(tensor["shape"][1:])
+
+
+def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
+    """The served model's configuration in Triton's schema."""
+    served = state.loaded(model.name, model.version)
+    batcher, settings = served.batcher, served.settings
+    kind = "KIND_CPU" if served.runtime.options.device == "cpu" else "KIND_GPU"
+    return {
+        "name": model.shown,
+        "platform": PLATFORM,
+        "backend": BACKEND,
+        # The model's own policy (its policy.json, a load call's config, or GMLP_VERSION_POLICY).
+        "version_policy": state.table.policy_of(served.name).triton(),
+        "max_batch_size": batcher.max_batch_size,
+        "input": [
+            {
+                "name": t["name"],
+                "data_type": _data_type(t["datatype"]),
+                "format": "FORMAT_NONE",
+                "dims": _dims(t),
+                "optional": False,
+            }
+            for t in served.v2.inputs(model.encoded)
+        ],
+        "output": [
+            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": _dims(t)}
+            for t in served.v2.outputs()
+        ],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": round(batcher.max_queue_delay_s * 1_000_000),
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": round(settings.request_timeout_s * 1_000_000),
+                "allow_timeout_override": True,  # a gRPC deadline shorter than the timeout wins
+                "max_queue_size": batcher.max_queue_size,
+            },
+        },
+        "instance_group": [{"name": f"{model.shown}_0", "kind": kind, "count": batcher.instances}],
+        "default_model_filename": served.runtime.path.name,
+        "parameters": {
+            key: {"string_value": str(value)}
+            for key, value in (
+                ("variant", served.variant),
+                ("execution_provider", served.runtime.provider),
+                ("precision", served.precision),
+                ("intra_op_threads", served.runtime.options.intra_op_threads),
+                ("queue_delay_policy", "always" if batcher.always_wait else "arriving"),
+            )
+        },
+    }
+
+
+def _duration(duration: Duration) -> dict[str, int]:
+    return {"count": duration.count, "ns": round(duration.seconds * NS)}
+
+
+_NONE = Duration()
+
+
+def _model_statistics(counters: ModelCounters, name: str) -> dict[str, Any]:
+    per_row = Duration(counters.inferences, 0.0)  # input and output copies are part of the run
+    return {
+        "name": name,
+        "version": counters.version,
+        "last_inference": round(counters.last_inference_s * 1000),
+        "inference_count": counters.inferences,
+        "execution_count": counters.executions,
+        "inference_stats": {
+            "success": _duration(counters.success),
+            "fail": _duration(counters.fail),
+            "queue": _duration(counters.queue),
+            "compute_input": _duration(per_row),
+            "compute_infer": _duration(counters.compute),
+            "compute_output": _duration(per_row),
+            "cache_hit": _duration(_NONE),
+            "cache_miss": _duration(_NONE),
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(Duration(run.count, 0.0)),
+                "compute_infer": _duration(run),
+                "compute_output": _duration(Duration(run.count, 0.0)),
+            }
+            for size, run in counters.by_batch_size.items()
+        ],
+    }
+
+
+def model_statistics(state: ServiceState, name: str = "", version: str = "") -> dict[str, Any]:
+    """`{"model_stats": [...]}`: every served model (no name), or one model (and version). The
+    version is parsed here, where a request may name one without a model."""
+    if not name:
+        if version:
+            raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, "a version needs a model name")
+        newest = state.newest_ready()
+        names = [(n, n, str(newest[n].version)) for n in sorted(newest)]
+    else:
+        model = resolve(state, name, version)
+        # A model or version not served: ModelNotFound; no version named: the newest READY one's.
+        served = state.loaded(model.name, model.version)
+        names = [(model.name, model.shown, str(served.version))]  # a model's two names share its counters
+    counters = state.metrics.statistics.counters
+    return {"model_stats": [_model_statistics(counters(model, v), shown) for model, shown, v in names]}

@@ -30,7 +30,6 @@ from service.http.schemas import inline_schema
 from service.tasks.pipeline import Pipeline
 from service.v2 import inference
 from service.v2.inference import InferRequest, InferResult
-from service.v2.model_config import model_config, model_statistics
 from service.v2.schemas import (
     ERROR_RESPONSES,
     InferRequestBody,
@@ -199,13 +198,13 @@ async def _model_ready(request: Request, name: str, version: str) -> JSONRespons
 @_model_routes("GET", "/config", ModelConfigBody, ("config", "version_config"), "Model configuration")
 async def _config(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
-    document = model_config(state, inference.resolve(state, name, version))
+    document = inference.model_config(state, inference.resolve(state, name, version))
     return model_response(ModelConfigBody.model_validate(document))
 
 
 @_model_routes("GET", "/stats", ModelStatisticsBody, ("statistics", "version_statistics"), "Model statistics")
 async def _statistics(request: Request, name: str, version: str) -> JSONResponse:
-    document = model_statistics(get_state(request), name, version)
+    document = inference.model_statistics(get_state(request), name, version)
     return model_response(ModelStatisticsBody.model_validate(document))
 
 
