@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import grpc
@@ -231,11 +231,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
 
-def metadata_credential(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
-    """The key in a call's metadata (`presented_key`); binary metadata is never a key."""
-    return presented_key((name, value) for name, value in metadata or () if isinstance(value, str))
-
-
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     """TLS credentials that take the current certificate at each handshake (TLS 1.2+, gRPC's
     default strong suites); a client certificate is required when a client CA is configured."""
@@ -328,7 +323,8 @@ class CallHandling:
                 with request_context.open_request(call_context):
                     try:
                         if keys is not None and scope is not None:
-                            keys.authorize(metadata_credential(metadata), scope, "grpc")
+                            text = [(k, v) for k, v in metadata if isinstance(v, str)]  # binary is no key
+                            keys.authorize(presented_key(text), scope, "grpc")
                         return await call(request, context)
                     except Exception as exc:
                         await self.abort(context, exc, trailer)
