@@ -42,7 +42,6 @@ from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.recent import StatsHistory
 from service.telemetry.tracing import Tracing
-from service.v2 import repository_rest
 from service.v2 import rest as v2
 from service.v2.grpc_server import start_grpc
 
@@ -50,7 +49,7 @@ log = logging.getLogger(__name__)
 
 # The HTTP APIs, in the order their routes take precedence (the v2 model repository, then the
 # playground's pages last).
-ROUTERS = (routes.router, hf.router, v2.router, repository_rest.router, playground.router)
+ROUTERS = (routes.router, hf.router, v2.router, v2.repository_router, playground.router)
 
 
 @asynccontextmanager

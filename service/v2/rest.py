@@ -6,7 +6,9 @@ JSON followed by the raw tensors of the inputs whose parameters carry `binary_da
 order. Outputs come back as raw bytes after the JSON when asked (`binary_data` per output, or
 `binary_data_output` for all), with the same header on the response. Health answers 200 for true and
 400 for false, as the protocol says. Errors take the protocol's shape, `{"error": "<message>"}`,
-with the statuses of `V2_ERRORS`.
+with the statuses of `V2_ERRORS`. The model-repository extension (`repository_router`) lists every
+version the service knows with its state and, unless READY, the reason; load and unload are taken
+in explicit model control only (`inference.load_model`, `ServiceState.unload_model`, as over gRPC).
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ from service.engine.request_context import Deadline, before, encode_off_loop
 from service.http.errors import REST_ERRORS, ErrorTable, message_body
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
 from service.http.routing import DirectRoute, get_state, model_response, public, requires, unless_disconnected
-from service.http.schemas import inline_schema
+from service.http.schemas import VersionState
 from service.tasks.pipeline import Pipeline
 from service.v2 import inference
 from service.v2.inference import InferRequest, InferResult
 from service.v2.schemas import (
     ERROR_RESPONSES,
+    INFER_DOC,
+    INFER_RESPONSES,
+    ControlRequest,
+    IndexRequest,
     InferRequestBody,
-    InferResponseBody,
     Live,
     ModelConfigBody,
     ModelMetadata,
@@ -44,6 +49,7 @@ from service.v2.schemas import (
 )
 
 PREFIX = "/v2"
+REPOSITORY_PREFIX = "/v2/repository"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON_TYPES = ("application/json", *RAW_TYPES)
 # Elements of an output's `data` converted and encoded at a time: about a millisecond per slice.
@@ -62,41 +68,6 @@ router = APIRouter(
 )
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: ERROR_RESPONSES[404]}
-
-
-def _json_form() -> dict[str, Any]:
-    """The request schema of a JSON-only body: every input carries its `data` (a tensor whose
-    parameters announce `binary_data_size` needs the binary form, JSON followed by the bytes)."""
-    schema = inline_schema(InferRequestBody)
-    tensor = schema["properties"]["inputs"]["items"]
-    tensor["required"] = [*tensor.get("required", []), "data"]
-    tensor["properties"]["data"] = {"type": "array", "description": "row-major data, flat or nested"}
-    tensor["properties"]["parameters"] = {
-        "anyOf": [{"type": "object", "not": {"required": ["binary_data_size"]}}, {"type": "null"}]
-    }
-    return schema
-
-
-_INFER_DOC: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "description": "JSON (any or no content type); with the Inference-Header-Content-Length header, "
-        "that many bytes of JSON followed by the binary tensors",
-        "content": {
-            "application/json": {"schema": _json_form()},
-            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-        },
-    }
-}
-_INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "model": InferResponseBody,
-        "description": "the outputs; as application/octet-stream when binary outputs follow the JSON "
-        "(its length in the Inference-Header-Content-Length header)",
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-    },
-    **ERROR_RESPONSES,
-}
 
 
 def _flag(ok: bool, body: dict[str, Any]) -> JSONResponse:
@@ -340,8 +311,8 @@ def encode_response(result: InferResult, is_raw: Callable[[str], bool]) -> Respo
     None,
     ("infer", "infer_version"),
     "Inference",
-    responses=_INFER_RESPONSES,
-    openapi_extra=_INFER_DOC,
+    responses=INFER_RESPONSES,
+    openapi_extra=INFER_DOC,
 )
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = get_state(request)
@@ -354,3 +325,44 @@ async def _infer(request: Request, name: str, version: str) -> Response:
             request, inference.infer(state, model, served, infer_request, deadline, is_raw)
         )
     return await encode_off_loop(lambda: encode_response(result, is_raw), result.size.total)
+
+
+# The model-repository extension, as tritonclient.http calls it (an empty body, or JSON; any content
+# type): every path below its prefix is a control route, which access control gives the admin scope.
+repository_router = APIRouter(
+    prefix=REPOSITORY_PREFIX,
+    tags=["Open Inference Protocol v2: model repository"],
+    route_class=DirectRoute.answering(V2_ERRORS),
+)
+
+
+async def _body(request: Request, schema: type[Any]) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        return schema()
+    return json_body(raw, schema, "the request body")
+
+
+@repository_router.post(
+    "/index", response_model=list[VersionState], responses=ERROR_RESPONSES, summary="Repository index"
+)
+@requires(Scope.ADMIN)
+async def repository_index(request: Request) -> JSONResponse:
+    body = await _body(request, IndexRequest)
+    return JSONResponse([vars(entry) for entry in get_state(request).table.index(body.ready)])
+
+
+@repository_router.post("/models/{name}/load", responses=ERROR_RESPONSES, summary="Load a model")
+@requires(Scope.ADMIN)
+async def load_model(request: Request, name: str) -> Response:
+    body = await _body(request, ControlRequest)
+    await inference.load_model(get_state(request), name, body.parameters)
+    return Response(status_code=200)
+
+
+@repository_router.post("/models/{name}/unload", responses=ERROR_RESPONSES, summary="Unload a model")
+@requires(Scope.ADMIN)
+async def unload_model(request: Request, name: str) -> Response:
+    await _body(request, ControlRequest)
+    await get_state(request).unload_model(name)
+    return Response(status_code=200)
