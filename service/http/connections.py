@@ -174,16 +174,10 @@ class SendDeadline:
 
 
 class ConnectionCap:
-    """Mixin for uvicorn's HTTP protocols: the cap on connections applied at accept, and uvicorn's
-    `limit_concurrency` test on requests in flight answered by the app.
-
-    A plain connection is admitted (or refused with a 503 at once) when it is made
-    (`service.http.admission`); one that arrives through TLS was admitted before its handshake
-    (`admitted`). uvicorn tests the cap on requests in flight just before it starts a request's
-    task and answers with its fixed plain-text app; here its own test is switched off
-    (`limit_concurrency = None`) and made when the task runs, on the same set, and the request goes
-    on to the app marked with `OVER_CAP`.
-    """
+    """Mixin for uvicorn's HTTP protocols: the cap on connections applied when a plain connection is
+    made (one through TLS was `admitted` before its handshake), and uvicorn's test on requests in
+    flight made when the request's task runs instead of before (its own switched off:
+    `limit_concurrency = None`), the request going on to the app marked with `OVER_CAP`."""
 
     connections: set[Any]
     tasks: set[asyncio.Task[None]]
