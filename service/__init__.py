@@ -6,26 +6,6 @@ all transport-free; the transports `service.http` (task routes, Hugging Face API
 `healthcheck`). The data path is route -> contract image/text -> task pipeline -> batcher ->
 runtime -> postprocess -> response; below the transports nothing knows HTTP (errors are
 `contract.errors` types, mapped to status codes in one table per API), and nothing here imports
-torch, `model` or `export`.
-
-`create_app` and `ServiceSettings` are imported lazily, so that `gmlp --help` (which imports
-`service.cli`) does not pay for FastAPI and ONNX Runtime.
+torch, `model` or `export`. The package imports nothing itself, so that `gmlp --help` (which
+imports `service.cli`) does not pay for FastAPI and ONNX Runtime.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-__all__ = ["create_app", "ServiceSettings"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        from service.app import create_app
-
-        return create_app
-    if name == "ServiceSettings":
-        from service.settings import ServiceSettings
-
-        return ServiceSettings
-    raise AttributeError(f"module 'service' has no attribute {name!r}")

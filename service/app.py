@@ -42,15 +42,14 @@ from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.recent import StatsHistory
 from service.telemetry.tracing import Tracing
-from service.v2 import repository_rest
 from service.v2 import rest as v2
-from service.v2.grpc_server import GrpcServer
+from service.v2.grpc_server import start_grpc
 
 log = logging.getLogger(__name__)
 
 # The HTTP APIs, in the order their routes take precedence (the v2 model repository, then the
 # playground's pages last).
-ROUTERS = (routes.router, hf.router, v2.router, repository_rest.router, playground.router)
+ROUTERS = (routes.router, hf.router, v2.router, v2.repository_router, playground.router)
 
 
 @asynccontextmanager
@@ -60,15 +59,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     finish), then drain the batchers. The state yielded reaches uvicorn's protocols."""
     state: ServiceState = app.state.service
     settings = state.settings
-    grpc_server = (
-        GrpcServer(state, settings, keys=app.state.keys, tls=app.state.tls, tracing=app.state.tracing)
-        if settings.grpc_port
-        else None
-    )
-    if grpc_server is not None:
-        await grpc_server.start()
+    keys, tls, tracing = app.state.keys, app.state.tls, app.state.tracing
+    grpc_server = await start_grpc(state, keys=keys, tls=tls, tracing=tracing) if settings.grpc_port else None
     metrics_server = start_metrics_port(settings, state.metrics) if settings.metrics_port else None
-    watched: list[Reloadable] = [r for r in (app.state.keys, app.state.tls) if r is not None and r.paths]
+    watched: list[Reloadable] = [r for r in (keys, tls) if r is not None and r.paths]
     watcher = asyncio.create_task(watch(watched, settings.reload_interval_s), name="watch-files")
     loop = asyncio.get_running_loop()
     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # main thread only
@@ -92,8 +86,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
             metrics_server.shutdown()
             metrics_server.server_close()
         await state.shutdown()
-        if app.state.tracing is not None:  # export the spans still buffered
-            await asyncio.to_thread(app.state.tracing.shutdown)
+        if tracing is not None:  # export the spans still buffered
+            await asyncio.to_thread(tracing.shutdown)
 
 
 def start_metrics_port(settings: ServiceSettings, metrics: ServiceMetrics) -> Any:
@@ -186,13 +180,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     # Each route renders its refusals with its own API's table; so do the paths below a router's
     # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
     errors = ErrorResponder(REST_ERRORS, error_namespaces(ROUTERS), observe=metrics.refused)
-    # The layers around every HTTP request, outermost first. The observation sees every answer
-    # (metrics, request id, span, access log), refusals and unexpected errors included; CORS (opt-in)
-    # answers preflights before access control and adds its headers to every refusal; the gate,
-    # innermost, makes the checks that need no body (the connection cap's 503 first, then the
-    # request head, then the key the matched route declares), limits the body and runs the route,
-    # with the one exception path (service.http.gate). FastAPI's router is reached for the
-    # lifespan only.
+    # The layers around every HTTP request, outermost first: the observation sees every answer,
+    # refusals and unexpected errors included; CORS (opt-in) answers preflights before access
+    # control and adds its headers to every refusal; the gate, innermost, checks the request, limits
+    # its body and runs its route with the one exception path (service.http.gate). FastAPI's
+    # router is reached for the lifespan only.
     app.user_middleware = [
         Middleware(
             RequestObservationMiddleware,
@@ -212,6 +204,3 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         ),
     ]
     return app
-
-
-__all__ = ["create_app"]

@@ -30,15 +30,14 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _choices_and_type(annotation: Any) -> tuple[list[str] | None, Any]:
-    """argparse `choices` and `type` for a settings annotation (Literal, Path, int, bool, Optional)."""
+def _choices(annotation: Any) -> list[str] | None:
+    """argparse `choices` for a settings annotation: a Literal's values (also inside Optional).
+    Every flag's value is a string, which pydantic converts (paths, numbers, booleans)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
-        return _choices_and_type(args[0])
-    if origin is typing.Literal:
-        return [str(a) for a in args], str
-    return None, str  # pydantic converts the string (paths, numbers, booleans)
+        return _choices(args[0])
+    return [str(a) for a in args] if origin is typing.Literal else None
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -46,13 +45,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     one argument group per settings group."""
     groups = {group: parser.add_argument_group(f"{group.heading} settings", group.about) for group in Group}
     for name, field in ServiceSettings.model_fields.items():
-        choices, arg_type = _choices_and_type(field.annotation)
+        choices = _choices(field.annotation)
         help_text = f"{_described(field)} [env {_env(name)}; default {_default(field)}]".replace("%", "%%")
         group = groups[group_of(field)]
         if field.annotation is bool:  # --jpeg-draft / --no-jpeg-draft
             options: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
         else:
-            options = {"choices": choices, "type": arg_type, "metavar": None if choices else name.upper()}
+            options = {"choices": choices, "metavar": None if choices else name.upper()}
         group.add_argument(_flag(name), dest=f"serve_{name}", default=None, help=help_text, **options)
     return parser
 
@@ -149,9 +148,8 @@ def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]
     # These import uvicorn: not for `gmlp --help`.
     from service.http.admission import tls_protocol
     from service.http.connections import http_protocol
-    from service.http.send_deadline import with_send_deadline
 
-    http = with_send_deadline(http_protocol(settings.header_timeout_s), settings.send_timeout_s)
+    http = http_protocol(settings.header_timeout_s, send_timeout_s=settings.send_timeout_s)
     tls = getattr(getattr(app, "state", None), "tls", None)
     if tls is not None:
         # TLS is the protocol's own (uvicorn listens in plain TCP), so that a connection is counted
@@ -167,7 +165,7 @@ def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]
         "limit_concurrency": settings.max_connections,
         # Slow clients: TLS handshake and headers each within header_timeout_s (408 and closed, as
         # the protocol enforces), idle kept-alive connections closed after keep_alive_timeout_s,
-        # answers the client does not read dropped after send_timeout_s (service.http.send_deadline).
+        # answers the client does not read dropped after send_timeout_s (service.http.connections).
         "http": http,
         "timeout_keep_alive": settings.keep_alive_timeout_s,
     }

@@ -41,9 +41,7 @@ SERVICE_LAYER_OF = (
     ("http", "service.http"),
     ("v2 rest", "service.v2.rest"),
     ("v2 rest", "service.v2.schemas"),
-    ("v2 rest", "service.v2.repository_rest"),
     ("v2 grpc", "service.v2.grpc_server"),
-    ("v2 grpc", "service.v2.grpc_calls"),
     ("v2 grpc", "service.v2.proto"),
     ("v2 semantics", "service.v2"),  # inference, tensors: anything else of v2
 )

@@ -1,22 +1,20 @@
 """Admission of HTTP connections at accept: every connection counted against `max_connections`
 from the moment it is accepted, TLS handshakes included.
 
-uvicorn counts a connection (`server_state.connections`) only once its HTTP protocol runs, which
-under TLS is after the handshake; a client that never finishes one held a descriptor, uncounted,
-for asyncio's 60 s default. So the service does TLS itself: uvicorn listens in plain TCP and its
-protocol factory is `TlsHandshake`, which counts the connection at once, upgrades it with
-`loop.start_tls` within `header_timeout_s`, and then hands it to the HTTP protocol (counted from
-then on by uvicorn's own set). A handshake that does not finish in time is closed (counted as a
-`request_timeout` refusal of the "http" transport, as late headers are).
+uvicorn counts a connection only once its HTTP protocol runs, which under TLS is after the
+handshake: a client that never finishes one held a descriptor, uncounted, for asyncio's 60 s. So
+the service does TLS itself: uvicorn listens in plain TCP and its protocol factory is
+`TlsHandshake`, which counts the connection at once, upgrades it with `loop.start_tls` within
+`header_timeout_s` (else closes it, a `request_timeout` refusal as late headers are) and hands it
+to the HTTP protocol.
 
-At the cap (`admit`), the oldest idle keep-alive connection is closed to make room for the
-newcomer, as nginx drains its reusable connections: a client that keeps many idle connections
-cannot lock everyone else out. Only when none is idle is the newcomer refused: a plain-HTTP one is
-answered 503 (`too_many_connections`, Retry-After, `Connection: close`) at once, without reading
-its request, and closed once the client closes or after `header_timeout_s` (`Refusal`; at most
-`max_connections` of them linger at once, beyond which a newcomer is closed without an answer); a
-TLS one is closed at once, before any handshake work. Connections still waiting for their first
-request are not idle: they are bounded by the header deadline instead.
+At the cap (`admit`) the oldest idle keep-alive connection is closed to make room, as nginx drains
+its reusable ones, so that a client holding many idle connections cannot lock everyone else out.
+Only when none is idle is the newcomer refused: over plain HTTP with a 503 (`too_many_connections`,
+Retry-After, `Connection: close`) at once, without reading its request, then closed when the
+client closes or after `header_timeout_s` (`Refusal`; at most `max_connections` linger, beyond
+which a newcomer is closed unanswered); over TLS it is closed before any handshake work.
+Connections waiting for their first request are not idle: the header deadline bounds them.
 """
 
 from __future__ import annotations
@@ -97,11 +95,6 @@ class Refusal(asyncio.Protocol):
         self.lingering = _lingering.setdefault(server_state, set())
         self.timer: asyncio.TimerHandle | None = None
 
-    @classmethod
-    def room(cls, server_state: ServerState, cap: int) -> bool:
-        """Whether another refused connection may linger (at most `cap` at once)."""
-        return len(_lingering.get(server_state, ())) < cap
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.lingering.add(self)
@@ -128,7 +121,7 @@ def refuse(
 ) -> None:
     """Answer a connection refused at accept with `answer` (see `Refusal`), or close it at once
     when as many refused connections as the cap already linger."""
-    if not Refusal.room(server_state, cap):
+    if len(_lingering.get(server_state, ())) >= cap:
         transport.abort()
         return
     refusal = Refusal(server_state, answer, linger_s)
@@ -229,16 +222,3 @@ def tls_protocol(
     handshake limit."""
     attributes = {"http": http, "context": context, "handshake_timeout_s": handshake_timeout_s}
     return type(f"Tls{http.__name__}", (TlsHandshake,), attributes)
-
-
-__all__ = [
-    "CLOSE_OBSERVER",
-    "Refusal",
-    "TlsHandshake",
-    "admit",
-    "evict_idle",
-    "idle_order",
-    "observe",
-    "refuse",
-    "tls_protocol",
-]

@@ -1,30 +1,35 @@
-"""The connection cap (`max_connections`), answered in the service's own error shape.
+"""uvicorn's HTTP protocols, ours: the connection cap answered in the service's error shape, and
+the deadlines of a request's headers and of an answer's sending.
 
-uvicorn's `limit_concurrency` is what keeps idle or slow clients from exhausting file descriptors:
-beyond that many open connections (or requests in flight) a new request is refused at once. But
-uvicorn refuses with its own plain-text 503, without `Retry-After` and unseen by our metrics. So
-the HTTP protocol uvicorn runs is a small subclass of its own (httptools or h11, as uvicorn's
-"auto" picks): it keeps uvicorn's test, on uvicorn's own sets of connections and tasks, but instead
-of answering, it marks the request's scope; the request gate (`service.http.gate`) answers
-marked requests from the error table before anything else of ours runs, with `Connection: close`
-so that the refused connection is released at once. The cap on connections themselves is applied
-when a connection is accepted, before any request (`service.http.admission`: idle keep-alive
-connections evicted first, TLS handshakes counted); what is tested per request here is uvicorn's
-other half, requests in flight.
+uvicorn's `limit_concurrency` keeps idle or slow clients from exhausting file descriptors, but
+refuses with its own plain-text 503, without `Retry-After` and unseen by our metrics. So the
+protocol uvicorn runs is a subclass of its own (httptools or h11, as its "auto" picks) that keeps
+its test on requests in flight, on uvicorn's own sets, but marks the request's scope instead of
+answering; the request gate (`service.http.gate`) answers it from the error table, with
+`Connection: close`. The cap on connections themselves is applied at accept
+(`service.http.admission`).
 
-The same protocols bound how long a client may take to send its request line and headers
-(`HeaderDeadline`): from the connection's start, and from the first byte of each following
-request on a keep-alive connection, at most `header_timeout_s`. A client that has sent part of a
-request by then is answered 408 (REST shape, `Connection: close`) and the connection is closed at
-once; one that sent nothing is closed without an answer (a pooled client could take an unsolicited
-408 for the answer to its next request). Both are counted as `request_timeout` refusals of the
-"http" transport. The body's limit is the request's deadline (`service.http.gate`).
+`HeaderDeadline`: a request line and headers must arrive within `header_timeout_s`, from the
+connection's start or from the first byte of a further request on a kept-alive connection. A
+client that has sent part of a request by then is answered 408 (REST shape, `Connection: close`);
+one that sent nothing is closed without an answer (a pooled client could take an unsolicited 408
+for the answer to its next request). Both count as `request_timeout` refusals of the "http"
+transport. The body's limit is the request's deadline (`service.http.gate`).
+
+`SendDeadline`: uvicorn pauses the app's `send` while the transport's buffer is over its high-water
+mark (the client is not reading); a client that never reads would hold that buffer and the
+request's task for as long as the connection lives, and closing the transport would not help
+(asyncio flushes a closed transport's buffer first). So whenever writing pauses a timer is armed:
+if the client has taken no bytes within `send_timeout_s`, the connection is aborted (RST), which
+drops the buffer and wakes the paused `send`; a client that reads, however slowly, re-arms it.
+Each drop is logged and counted as a `send_timeout` refusal of the "http" transport.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any, ClassVar, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -36,10 +41,13 @@ from contract.errors import ErrorCode, RequestError, RequestTimeout, Unavailable
 from service.http.admission import REFUSAL_OBSERVER, admit, idle_order, observe, refuse
 from service.http.errors import rest_body
 
+log = logging.getLogger(__name__)
+
 # Scope extension set on a request that arrived over the cap; its value is the cap.
 OVER_CAP = "gmlp.connection_cap"
 # How long a connection refused at accept may linger when no header deadline is set.
 REFUSAL_LINGER_S = 5.0
+SEND_TIMEOUT = "send_timeout"  # the refusal's code in gmlp_refusals_total (no answer is sent)
 
 
 def raw_answer(status: str, error: RequestError, headers: dict[str, str] | None = None) -> bytes:
@@ -109,17 +117,67 @@ class HeaderDeadline:
         observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.REQUEST_TIMEOUT)
 
 
-class ConnectionCap:
-    """Mixin for uvicorn's HTTP protocols: the cap on connections applied at accept, and uvicorn's
-    `limit_concurrency` test on requests in flight answered by the app.
+class SendDeadline:
+    """Mixin for uvicorn's HTTP protocols: a paused write must make progress within
+    `send_timeout_s` (see the module doc)."""
 
-    A plain connection is admitted (or refused with a 503 at once) when it is made
-    (`service.http.admission`); one that arrives through TLS was admitted before its handshake
-    (`admitted`). uvicorn tests the cap on requests in flight just before it starts a request's
-    task and answers with its fixed plain-text app; here its own test is switched off
-    (`limit_concurrency = None`) and made when the task runs, on the same set, and the request goes
-    on to the app marked with `OVER_CAP`.
-    """
+    send_timeout_s: ClassVar[float | None] = None
+    transport: asyncio.Transport
+    app_state: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.send_timer: asyncio.TimerHandle | None = None
+        self.send_mark = 0
+        super().connection_made(transport)  # type: ignore[misc]
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self.send_timeout_s is not None and self.send_timer is None:
+            self.send_mark = self.transport.get_write_buffer_size()
+            self.send_timer = self.loop.call_later(self.send_timeout_s, self.send_stalled)
+
+    def resume_writing(self) -> None:
+        self.stop_send_timer()
+        super().resume_writing()  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stop_send_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def stop_send_timer(self) -> None:
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def send_stalled(self) -> None:
+        """`send_timeout_s` after the pause (or the last check): abort if nothing was taken."""
+        self.send_timer = None
+        buffered = self.transport.get_write_buffer_size()
+        if buffered == 0:
+            return
+        if buffered < self.send_mark:  # the client is reading: give it another period
+            self.send_mark = buffered
+            assert self.send_timeout_s is not None
+            self.send_timer = self.loop.call_later(self.send_timeout_s, self.send_stalled)
+            return
+        peer = self.transport.get_extra_info("peername")
+        log.warning(
+            "dropped an answer the client did not read: %d bytes still buffered after %g s (send_timeout_s), "
+            "connection from %s aborted",
+            buffered,
+            self.send_timeout_s,
+            peer[0] if isinstance(peer, tuple) else "unknown",
+        )
+        self.transport.abort()
+        observe(self.app_state, REFUSAL_OBSERVER, "http", SEND_TIMEOUT)
+
+
+class ConnectionCap:
+    """Mixin for uvicorn's HTTP protocols: the cap on connections applied when a plain connection is
+    made (one through TLS was `admitted` before its handshake), and uvicorn's test on requests in
+    flight made when the request's task runs instead of before (its own switched off:
+    `limit_concurrency = None`), the request going on to the app marked with `OVER_CAP`."""
 
     connections: set[Any]
     tasks: set[asyncio.Task[None]]
@@ -175,8 +233,8 @@ class ConnectionCap:
         await self.inner_app(scope, receive, send)
 
 
-class CappedH11Protocol(ConnectionCap, HeaderDeadline, H11Protocol):
-    """uvicorn's h11 protocol with the cap answered by the app and the header deadline."""
+class CappedH11Protocol(ConnectionCap, HeaderDeadline, SendDeadline, H11Protocol):
+    """uvicorn's h11 protocol with the cap answered by the app, the header and send deadlines."""
 
 
 # By name, as uvicorn's `http` option spells them; httptools only where it is installed.
@@ -187,19 +245,23 @@ except ImportError:  # pragma: no cover - the serving image installs uvicorn[sta
     pass
 else:
 
-    class CappedHttpToolsProtocol(ConnectionCap, HeaderDeadline, HttpToolsProtocol):
-        """uvicorn's httptools protocol with the cap answered by the app and the header deadline."""
+    class CappedHttpToolsProtocol(ConnectionCap, HeaderDeadline, SendDeadline, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the cap answered by the app, the header and send
+        deadlines."""
 
     PROTOCOLS["httptools"] = CappedHttpToolsProtocol
 
 
-def http_protocol(header_timeout_s: float | None = None, name: str | None = None) -> type[asyncio.Protocol]:
+def http_protocol(
+    header_timeout_s: float | None = None, name: str | None = None, send_timeout_s: float | None = None
+) -> type[asyncio.Protocol]:
     """The capped protocol uvicorn's "auto" would pick (httptools when installed, else h11), or the
-    one `name`d, with `header_timeout_s` as its header deadline (None: no deadline)."""
+    one `name`d, with its header and send deadlines (None: none)."""
     base = PROTOCOLS[name] if name is not None else PROTOCOLS.get("httptools", CappedH11Protocol)
-    if header_timeout_s is None:
+    if header_timeout_s is None and send_timeout_s is None:
         return base
-    return type(base.__name__, (base,), {"header_timeout_s": header_timeout_s})
+    deadlines = {"header_timeout_s": header_timeout_s, "send_timeout_s": send_timeout_s}
+    return type(base.__name__, (base,), deadlines)
 
 
 def too_many_connections(cap: int) -> Unavailable:
@@ -208,15 +270,3 @@ def too_many_connections(cap: int) -> Unavailable:
         f"the server holds its limit of {cap} open connections (max_connections); close idle "
         "connections or retry after the Retry-After delay",
     )
-
-
-__all__ = [
-    "ConnectionCap",
-    "PROTOCOLS",
-    "http_protocol",
-    "too_many_connections",
-    "OVER_CAP",
-    "HeaderDeadline",
-    "REFUSAL_OBSERVER",
-    "raw_answer",
-]

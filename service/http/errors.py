@@ -70,15 +70,18 @@ def rest_body(error: RequestError) -> dict[str, Any]:
     return {"error": body}
 
 
+def message_body(error: RequestError) -> dict[str, Any]:
+    """`{"error": "<message>"}`: the Open Inference Protocol's and Hugging Face's shape."""
+    return {"error": error.message}
+
+
 @dataclass(frozen=True)
 class ErrorTable:
     """How one API answers a refusal: the HTTP status of each core error type and its body shape.
 
     The statuses are looked up by the error's class, the most specific entry winning (so an API
     can single out `Overloaded` among `Unavailable`s); a type without an entry (`InternalError`)
-    is answered 500. The lower layers raise the same `contract.errors` types whatever the API, so a
-    new API is a new table, never new error types. `transport` labels the refusals in
-    `gmlp_refusals_total`.
+    is answered 500. A new API is a new table, never new error types.
     """
 
     statuses: Mapping[type[RequestError], int]
@@ -239,17 +242,3 @@ FRAMEWORK_ERRORS: dict[int, tuple[type[RequestError], ErrorCode]] = {
     400: (MalformedRequest, ErrorCode.BAD_REQUEST),
     413: (InputTooLarge, ErrorCode.PAYLOAD_TOO_LARGE),
 }
-
-
-__all__ = [
-    "ErrorTable",
-    "ErrorResponder",
-    "REST_ERRORS",
-    "CONNECTION_ERRORS",
-    "rest_body",
-    "payload_too_large",
-    "client_gone",
-    "BODY_PENDING",
-    "validation_error",
-    "CLIENT_CLOSED_REQUEST",
-]

@@ -4,26 +4,23 @@ one exception path, in one pass over one match (`service.http.routing.RouteTable
 In order, each refusal in the shape of the API of the route the request is for (`ErrorResponder`):
 
 1. the connection cap: a request the protocol marked as over `max_connections`
-   (`service.http.connections`) is answered 503 with `Retry-After` and `Connection: close`, the
-   REST shape counted under the "http" transport, before anything else of ours runs;
-2. the request head: 431 `headers_too_large` for a request line plus headers over
-   `max_header_bytes`; 400 `bad_request` for an HTTP/1.1 request without exactly one Host header
-   (RFC 9112, section 3.2); 404 `not_found` for a path with a control character once decoded
-   (`%0A`, `%00`...: the routes' patterns end in `$`, which also matches before a final newline, so
+   (`service.http.connections`): 503 with `Retry-After` and `Connection: close`, REST shape, counted
+   under the "http" transport;
+2. the request head: 431 over `max_header_bytes` (request line plus headers); 400 for an HTTP/1.1
+   request without exactly one Host header (RFC 9112, 3.2); 404 for a path with a control character
+   once decoded (the routes' patterns end in `$`, which also matches before a final newline, so
    without this every route would answer its path plus `%0A`);
-3. access: the key the matched route declares (`Authorization: Bearer KEY` or `x-api-key: KEY`),
-   checked before anything reads the body: 401 with `WWW-Authenticate: Bearer`, 403 without the
-   scope, 429 with `Retry-After` over the key's rate;
+3. access: the key the matched route declares, checked before anything reads the body (401 with
+   `WWW-Authenticate: Bearer`, 403 without the scope, 429 with `Retry-After` over the key's rate);
 4. the body: 413 early from Content-Length, and by counting what is read (chunked uploads, lying
    headers), so no request makes us buffer more than `max_upload_bytes`. While the body is still
    arriving the request is marked (`BODY_PENDING`): a deadline that passes then is the client's
    slowness, answered 408 with the connection closed, not 504;
-5. dispatch: a `DirectRoute`'s endpoint is called with the Request and its path parameters; the
-   other routes (FastAPI's OpenAPI document, the static mounts, a wrong method's 405) are handled
-   by the route itself; no route: 404. What any of them raises is answered by
-   `ErrorResponder.exception`, unexpected errors included (500, logged once with the request).
-   A route that needs FastAPI's injection (none of the service's own; one a test adds) is handed
-   to FastAPI's router, the app this gate wraps.
+5. dispatch: a `DirectRoute`'s endpoint is called with the Request and its path parameters, any
+   other route (the OpenAPI document, the static mounts, a wrong method's 405) handles the request
+   itself, no route is a 404; what any raises is answered by `ErrorResponder.exception` (a bug: 500,
+   logged once with the request). A route that needs FastAPI's injection (none of the service's
+   own; one a test adds) is handed to FastAPI's router, the app this gate wraps.
 
 The route is recorded in the request's scope (the metrics' label) when it is dispatched: a request
 refused before that is counted as `<unmatched>`.
@@ -52,6 +49,7 @@ from service.http.routing import DirectRoute, RouteTable
 
 log = logging.getLogger(__name__)
 
+KEY_HEADERS = (b"authorization", b"x-api-key")  # where a request presents its key (`presented_key`)
 # The bytes a request line adds besides its target: "GET " + " HTTP/1.1\r\n".
 _LINE_OVERHEAD = 16
 
@@ -83,15 +81,6 @@ def head_error(scope: Scope, max_header_bytes: int) -> RequestError | None:
             ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
         )
     return None
-
-
-def credential(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The key a request presents (`presented_key`), from its headers."""
-    return presented_key(
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in headers
-        if name in (b"authorization", b"x-api-key")
-    )
 
 
 class RequestGate:
@@ -153,7 +142,10 @@ class RequestGate:
         if error is not None:
             raise error
         if needed is not None and needed not in self.keys.open_scopes:
-            self.keys.authorize(credential(scope["headers"]), needed, "http")
+            presented = [
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in KEY_HEADERS
+            ]
+            self.keys.authorize(presented_key(presented), needed, "http")
 
     def limited(self, scope: Scope, receive: Receive) -> Receive:
         """`receive`, counting the body against the limit (413 at once when Content-Length is over
@@ -206,6 +198,3 @@ class RequestGate:
             await response(scope, receive, send)
         else:
             await route.handle(scope, receive, send)
-
-
-__all__ = ["RequestGate", "credential", "head_bytes", "head_error"]

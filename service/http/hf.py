@@ -20,11 +20,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from contract.errors import ErrorCode, InvalidInput, RequestError
+from contract.errors import ErrorCode, InvalidInput
 from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
 from service.engine.request_context import Deadline, before
-from service.http.errors import REST_ERRORS, ErrorTable
+from service.http.errors import REST_ERRORS, ErrorTable, message_body
 from service.http.parsing import (
     MAX_TARGETS,
     MAX_TEXT_LENGTH,
@@ -46,12 +46,7 @@ from service.http.schemas import (
 )
 from service.tasks.pipeline import HFOptions, Pipeline
 
-
-def hf_body(error: RequestError) -> dict[str, Any]:
-    return {"error": error.message}
-
-
-HF_ERRORS = ErrorTable(statuses=REST_ERRORS.statuses, body=hf_body, transport="hf")
+HF_ERRORS = ErrorTable(statuses=REST_ERRORS.statuses, body=message_body, transport="hf")
 # The API's routes and any other path below its prefix answer in its error shape; GET /models (the
 # task API's listing) is a route of its own and keeps the REST shape.
 PREFIX = "/models"
@@ -142,6 +137,3 @@ async def hf_inference(request: Request, name: str) -> JSONResponse:
         options = HFOptions(**parameters.model_dump())
         answer = await unless_disconnected(request, served.hf.answer(inputs, options, deadline))
     return await json_answer(answer, answer)
-
-
-__all__ = ["router", "HF_ERRORS", "PREFIX", "HFRequest"]

@@ -1,24 +1,17 @@
 """What every HTTP request leaves behind: its metrics, request id, Server-Timing, server span and
-access-log line.
-
-The outermost of the service's middlewares, so that every answer is seen, the early refusals
-(connection cap, size limits, access) and the unexpected errors included:
+access-log line. The outermost of the service's middlewares, so that every answer is seen, the
+early refusals and the unexpected errors included:
 
 - `gmlp_http_requests_total` and `gmlp_http_request_duration_seconds` by *route template* (never
-  the raw path, so that a scanner hitting random URLs cannot blow up the label cardinality;
-  `<unmatched>` for a request no route took), method and final status, and the requests in
-  flight; the series live in the app's `ServiceMetrics`;
-
-- `X-Request-ID`: the client's, when acceptable (`service.engine.request_context`), else a generated one;
-  echoed on the response either way;
+  the raw path, so that a scanner cannot blow up the label cardinality; `<unmatched>` for a request
+  no route took), method and final status, and the requests in flight;
+- `X-Request-ID`: the client's when acceptable (`service.engine.request_context`), else generated;
 - `Server-Timing: queue;dur=MS, infer;dur=MS, total;dur=MS` on the answer to every task request
   (POST): the longest queue wait and batch run of its rows, and the time to the response's start
   (`server_timing` turns it off);
-- tracing on (`service.telemetry.tracing`): a SERVER span continuing the request's `traceparent`, the
-  current span while the request is served, with a `read body` child span (from the first read of
-  the body to its last byte); the span's name and `http.route` are the route template;
-- `access_log`: one line per answered request (method, path, route, status, duration, client) in
-  the service's log format, after the answer has gone.
+- with tracing on (`service.telemetry.tracing`), a SERVER span continuing the request's
+  `traceparent`, named by the route template, with a `read body` child span;
+- `access_log`: one line per answered request, in the service's log format, after the answer.
 """
 
 from __future__ import annotations
@@ -46,10 +39,6 @@ def server_timing(request: RequestContext) -> bytes:
         f"queue;dur={request.queue_s * 1000:.1f}, infer;dur={request.infer_s * 1000:.1f}, "
         f"total;dur={request.elapsed_s() * 1000:.1f}"
     ).encode()
-
-
-def _template(scope: Scope) -> str:
-    return getattr(scope.get("route"), "path", None) or "<unmatched>"
 
 
 class RequestObservationMiddleware:
@@ -121,7 +110,7 @@ class RequestObservationMiddleware:
                 await self.app(scope, timed_receive if traced else receive, observed_send)
             finally:
                 self.metrics.in_flight.dec()
-                route = _template(scope)
+                route = getattr(scope.get("route"), "path", None) or "<unmatched>"
                 request.route = route
                 self._count(route, method, status, time.perf_counter() - start)
                 if tracing is not None:
@@ -166,6 +155,3 @@ class RequestObservationMiddleware:
             duration_ms,
             extra={"status": status, "duration_ms": duration_ms, "path": scope["path"], "client": peer},
         )
-
-
-__all__ = ["RequestObservationMiddleware", "server_timing"]

@@ -5,7 +5,7 @@ body and image.
 Bodies are parsed here rather than by FastAPI's `File`/`Body` parameters because FastAPI turns any
 error raised while reading a body into a bare 400; we want 413 for too large, 415 for a wrong
 content type and 422 for bad JSON, each with a message that says what is accepted. Every JSON body
-of every API is parsed by `json_document` (the strict parser of `contract.strict_json`: finite
+of every API is parsed by `json_body` (the strict parser of `contract.strict_json`: finite
 numbers, bounded nesting) and then validated as a Python document, so that no door accepts what
 another refuses.
 """
@@ -203,47 +203,22 @@ async def read_json(request: Request, schema: type[M]) -> M:
 
 
 def json_body(raw: bytes, schema: type[M], where: str) -> M:
-    """The JSON document `raw` (`json_document`) validated against `schema` (`validated`)."""
-    return validated(schema, json_document(raw, where), where)
-
-
-def json_document(raw: bytes | str, where: str) -> Any:
-    """The JSON document in `raw` (strict: `contract.strict_json`); InvalidInput
-    `invalid_request` saying what is wrong and where, as a schema's refusal does."""
+    """The JSON document `raw`, parsed strictly (`contract.strict_json`) and validated against
+    `schema` (`validated`); a parse error is InvalidInput `invalid_request` saying what is wrong
+    and where, as a schema's refusal does."""
     try:
-        return strict_json.loads(raw)
+        document = strict_json.loads(raw)
     except strict_json.JSONError as exc:
         details = [{"loc": list(exc.loc), "msg": exc.message, "type": "json_invalid"}]
-        message = f"{where} is invalid: {exc.message}"
-        raise InvalidInput(ErrorCode.INVALID_REQUEST, message, details=details) from None
+        raise InvalidInput(
+            ErrorCode.INVALID_REQUEST, f"{where} is invalid: {exc.message}", details=details
+        ) from None
+    return validated(schema, document, where)
 
 
 def validated(schema: type[M], document: Any, where: str) -> M:
-    """`document` (parsed by `json_document`) validated against `schema`; 422 `invalid_request`."""
+    """`document` (parsed by `json_body`) validated against `schema`; 422 `invalid_request`."""
     try:
         return schema.model_validate(document)
     except ValidationError as exc:
         raise validation_error(list(exc.errors()), where) from None
-
-
-__all__ = [
-    "ClassifyQuery",
-    "ClassifyJSONRequest",
-    "FillMaskRequest",
-    "TopK",
-    "Target",
-    "json_integer",
-    "JSON_INTEGER",
-    "MAX_TEXT_LENGTH",
-    "MAX_TARGETS",
-    "read_query",
-    "query_parameters",
-    "read_image",
-    "read_json",
-    "json_body",
-    "json_document",
-    "validated",
-    "media_type",
-    "RAW_TYPES",
-    "unsupported_media_type",
-]

@@ -148,6 +148,3 @@ def mount_assets(app: FastAPI) -> None:
             or getattr(route, "path", None) == app.openapi_url
         ):
             declare(route, None)
-
-
-__all__ = ["router", "mount_assets", "STATIC", "PAGE_POLICY"]

@@ -1,29 +1,20 @@
 """The HTTP routes, declared once: each with its endpoint, its key scope and its API's error table,
 and the one table (`RouteTable`) that finds the route a request is for.
 
-Every endpoint reads its own request (`service.http.parsing`) and returns its own Response, so it
-is a `DirectRoute`: FastAPI's per-request machinery (dependency solving, parameter validation,
-response serialisation) would only add event-loop work. It stays an APIRoute, so the OpenAPI
-document describes it as any other. Beside its path, every endpoint says the key it needs:
-`@requires(Scope.INFER)` (or `METRICS`, `ADMIN`), or `@public` for the open ones (health probes,
-the pages, the API documents); routes that are not ours (FastAPI's OpenAPI document, the static
-mounts) get theirs with `declare`. A table built over an undeclared route stops the app.
+Every endpoint reads its own request (`service.http.parsing`) and returns its own Response
+(`DirectRoute`): FastAPI's per-request machinery (dependency solving, parameter validation,
+response serialisation) would only add event-loop work, while the OpenAPI document still describes
+it as any APIRoute. Every route declares the key it needs (`@requires(Scope.INFER)`, `@public`, or
+`declare` for routes that are not ours); a table built over an undeclared route stops the app. The
+request gate (`service.http.gate`) asks the table once per request, and the route found is the one
+whose scope is checked, whose error table renders a refusal, whose template labels the metrics and
+whose endpoint answers; it matches with the routes' own `matches`, in the router's order, so no
+form of a path reaches one route under another's scope. Paths no route takes need `INFER` (with
+keys, unknown paths are not probed without one).
 
-The request gate (`service.http.gate`) asks the table once per request: the route it finds is the
-one whose scope access control checks, whose error table renders a refusal, whose template labels
-the metrics, and whose endpoint answers. The table matches in the router's order with the routes'
-own `matches` (the same regexes, methods and mounts FastAPI's router would use), so no form of a
-path reaches one route under another's scope. Paths no route takes need `INFER` (with keys, unknown
-paths are not probed without one).
-
-A route's work stops when the client goes away (`unless_disconnected`, every HTTP API), and the task
-routes' and the Hugging Face API's JSON answers are encoded off the event loop when big
-(`json_answer`). Their size follows from what was asked (top_k labels per image; top_k predictions,
-or one per target, per [MASK]), all bounded by the request limits (top_k <= 100, at most 1000
-targets, the model's max_predictions [MASK]s). Most answers are a few hundred bytes and are encoded
-in place; one of many ranked entries is encoded in a worker thread
-(`service.engine.request_context`), so that no answer pauses the loop that serves every other
-request and probe.
+A route's work stops when the client goes away (`unless_disconnected`), and a big JSON answer is
+encoded off the event loop (`json_answer`): its size follows from what was asked (top_k labels per
+image; top_k predictions, or one per target, per [MASK]), all bounded by the request limits.
 """
 
 from __future__ import annotations
@@ -310,23 +301,3 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     finally:
         finished = True
         watcher.cancel()
-
-
-__all__ = [
-    "DirectRoute",
-    "RouteTable",
-    "requires",
-    "public",
-    "declare",
-    "declared_scope",
-    "error_namespaces",
-    "secure_openapi",
-    "get_state",
-    "model_response",
-    "ENTRY_BYTES",
-    "json_answer",
-    "ranked_entries",
-    "unless_disconnected",
-    "UndeclaredScope",
-    "UNMATCHED_SCOPE",
-]

@@ -6,13 +6,27 @@ after warm-up, draining on shutdown). The limits are the HTTP ones: the largest 
 `max_upload_bytes`, the deadline is the client's gRPC deadline capped by `request_timeout_s`, a full
 queue answers UNAVAILABLE. Core errors map to status codes in one table, `GRPC_STATUS`; the
 messages are the ones REST clients read.
+
+Around each servicer method (`CallHandling`): the request id, the call's span, its metrics, access
+control and the one exception path. This is one wrapper per method, applied once when the servicer
+is registered, rather than `grpc.aio` server interceptors: an interceptor is awaited on every call
+and hands back a new method handler each time, and each layer adds a coroutine to the call; at a
+batched model server's call rates that cost about as much CPU as the rest of the call. A wrapper
+costs one coroutine per call.
+
+The request id (`x-request-id` metadata: the client's when acceptable, else generated) comes back
+in the trailing metadata, sent with the status at no extra cost. The key comes as `authorization`
+metadata (`Bearer KEY`, what tritonclient sends from its `headers`) or `x-api-key`; a refused call
+never reaches the servicer. TLS comes from the same files as HTTPS (`service.access.tls`), re-read
+when they change: gRPC asks for the current certificate at each new connection's handshake.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Mapping
-from typing import Any, TypeVar
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import json_format
@@ -35,23 +49,23 @@ from contract.errors import (
 )
 from contract.messages import echo
 from contract.tensors import BYTES, Tensor, from_items, from_json, from_raw
-from service.access.keys import KeyStore
+from service.access.keys import KeyStore, presented_key
+from service.access.scope import grpc_scope
 from service.access.tls import TlsFiles
 from service.engine import request_context
-from service.engine.request_context import Deadline, encode_off_loop
+from service.engine.request_context import REQUEST_ID_HEADER, Deadline, RequestContext, encode_off_loop
 from service.lifecycle.state import ServiceState
 from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline
+from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.tracing import Tracing
 from service.v2 import inference
-from service.v2.grpc_calls import CallHandling, connection_options, server_credentials
 from service.v2.inference import InferRequest
-from service.v2.model_config import model_config, model_statistics
 from service.v2.proto import grpc_predict_v2_pb2 as pb
 from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
 GRPC_STATUS: Mapping[type[RequestError], grpc.StatusCode] = {
@@ -144,23 +158,11 @@ def encode_result(result: inference.InferResult) -> pb.ModelInferResponse:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """The protocol's calls over one `ServiceState`."""
+    """The protocol's calls over one `ServiceState`; what they raise is answered by the calls'
+    one exception path (`CallHandling.abort`: core errors by `GRPC_STATUS`, bugs INTERNAL)."""
 
     def __init__(self, state: ServiceState) -> None:
         self.state = state
-
-    async def _answer(self, context: aio.ServicerContext, work: Awaitable[T]) -> T:
-        """Await `work`; a core error becomes its status code and message, a bug INTERNAL (logged)."""
-        try:
-            return await work
-        except RequestError as exc:
-            self.state.metrics.refused("grpc", exc.code)
-            request_context.note_error(exc.code, exc.message)
-            await context.abort(grpc_status(type(exc)), exc.message)
-        except Exception:
-            log.exception("unhandled error in a gRPC call")
-            await context.abort(grpc.StatusCode.INTERNAL, "internal server error; the error was logged")
-        raise AssertionError("abort returns only by raising")  # pragma: no cover
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=inference.server_live(self.state))
@@ -169,42 +171,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.state.ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: aio.ServicerContext) -> Any:
-        async def ready() -> pb.ModelReadyResponse:
-            model = inference.resolve(self.state, request.name, request.version)
-            return pb.ModelReadyResponse(ready=self.state.version_ready(model.name, model.version))
-
-        return await self._answer(context, ready())
+        model = inference.resolve(self.state, request.name, request.version)
+        return pb.ModelReadyResponse(ready=self.state.version_ready(model.name, model.version))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: aio.ServicerContext) -> Any:
         return pb.ServerMetadataResponse(**inference.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
-        async def metadata() -> pb.ModelMetadataResponse:
-            meta = inference.model_metadata(
-                self.state, inference.resolve(self.state, request.name, request.version)
-            )
-            response = pb.ModelMetadataResponse(
-                name=meta["name"], versions=meta["versions"], platform=meta["platform"]
-            )
-            for key in ("inputs", "outputs"):
-                getattr(response, key).extend(pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key])
-            return response
-
-        return await self._answer(context, metadata())
+        meta = inference.model_metadata(
+            self.state, inference.resolve(self.state, request.name, request.version)
+        )
+        response = pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for key in ("inputs", "outputs"):
+            getattr(response, key).extend(pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key])
+        return response
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
-        async def config() -> pb.ModelConfigResponse:
-            document = model_config(self.state, inference.resolve(self.state, request.name, request.version))
-            return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
-
-        return await self._answer(context, config())
+        document = inference.model_config(
+            self.state, inference.resolve(self.state, request.name, request.version)
+        )
+        return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
-        async def statistics() -> pb.ModelStatisticsResponse:
-            document = model_statistics(self.state, request.name, request.version)
-            return json_format.ParseDict(document, pb.ModelStatisticsResponse())
-
-        return await self._answer(context, statistics())
+        document = inference.model_statistics(self.state, request.name, request.version)
+        return json_format.ParseDict(document, pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:
         settings = self.state.settings
@@ -213,14 +205,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             settings.request_timeout_s if remaining is None else min(settings.request_timeout_s, remaining)
         )
         deadline = Deadline.after(max(0.0, timeout))
-
-        async def run() -> pb.ModelInferResponse:
-            model = inference.resolve(self.state, request.model_name, request.model_version)
-            with self.state.lease(model.name, model.version, kind=Pipeline) as served:  # held until answered
-                result = await inference.infer(self.state, model, served, decode_request(request), deadline)
-            return await encode_off_loop(lambda: encode_result(result), result.size.total)
-
-        return await self._answer(context, run())
+        model = inference.resolve(self.state, request.model_name, request.model_version)
+        with self.state.lease(model.name, model.version, kind=Pipeline) as served:  # held until answered
+            result = await inference.infer(self.state, model, served, decode_request(request), deadline)
+        return await encode_off_loop(lambda: encode_result(result), result.size.total)
 
     # -- the model-repository extension (control calls: admin scope under access control) ----------
 
@@ -233,64 +221,166 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
     ) -> Any:
-        async def load() -> pb.RepositoryModelLoadResponse:
-            await inference.load_model(self.state, request.model_name, _parameters(request.parameters))
-            return pb.RepositoryModelLoadResponse()
-
-        return await self._answer(context, load())
+        await inference.load_model(self.state, request.model_name, _parameters(request.parameters))
+        return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: aio.ServicerContext
     ) -> Any:
-        async def unload() -> pb.RepositoryModelUnloadResponse:
-            await self.state.unload_model(request.model_name)
-            return pb.RepositoryModelUnloadResponse()
-
-        return await self._answer(context, unload())
+        await self.state.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
 
-class GrpcServer:
-    """A `grpc.aio` server on the running event loop, started and stopped by the app's lifespan;
-    with `keys`, calls need the key their method's scope asks for; with `tls`, TLS (or mutual TLS)."""
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """TLS credentials that take the current certificate at each handshake (TLS 1.2+, gRPC's
+    default strong suites); a client certificate is required when a client CA is configured."""
 
-    def __init__(
-        self,
-        state: ServiceState,
-        settings: ServiceSettings,
-        *,
-        keys: KeyStore | None = None,
-        tls: TlsFiles | None = None,
-        tracing: Tracing | None = None,
-    ) -> None:
-        handling = CallHandling(state.metrics, grpc_status, service=SERVICE_NAME, keys=keys, tracing=tracing)
-        self.server = aio.server(options=connection_options(settings))
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-            handling.servicer(InferenceServicer(state)), self.server
+    def configuration() -> Any:
+        return grpc.ssl_server_certificate_configuration(
+            [(tls.pem.key, tls.pem.cert)], root_certificates=tls.pem.client_ca
         )
-        self.address = f"{settings.host}:{settings.grpc_port}"
-        self.tls = tls
-        self.port = 0
 
-    async def start(self) -> int:
-        """Bind and serve; the bound port (raises when the address cannot be bound)."""
-        if self.tls is not None:
-            self.port = self.server.add_secure_port(self.address, server_credentials(self.tls))
+    served = tls.generation
+
+    def fetch() -> Any:
+        nonlocal served
+        if tls.generation == served:
+            return None
+        served = tls.generation
+        return configuration()
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(), fetch, require_client_authentication=tls.mutual
+    )
+
+
+def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
+    """The server's limits on connections: message size, keepalive pings (a client may ping at most
+    every 60 s without calls; abusers are disconnected), idle and maximum age (clients reconnect,
+    which also spreads them over replicas), the handshake's deadline, and the number of open
+    connections: gRPC core counts each from accept until it closes and closes one over
+    `grpc_max_connections` at once, before its handshake (what bounds descriptors: an HTTP/2
+    stream limit would not)."""
+    ms = 1000
+    return [
+        ("grpc.max_receive_message_length", settings.max_upload_bytes),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 60 * ms),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.max_connection_idle_ms", int(settings.grpc_max_connection_idle_s * ms)),
+        ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * ms)),
+        ("grpc.max_connection_age_grace_ms", int(settings.drain_timeout_s * ms)),
+        ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * ms)),
+        ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
+    ]
+
+
+class CallHandling:
+    """Wraps the servicer's methods (`servicer(...)`); `keys` None: no access control."""
+
+    def __init__(self, metrics: ServiceMetrics, keys: KeyStore | None, tracing: Tracing | None) -> None:
+        self.metrics = metrics
+        self.keys = keys
+        self.tracing = tracing
+
+    def servicer(self, servicer: Any) -> Any:
+        """An object whose attributes are `servicer`'s methods, each wrapped (what the generated
+        registration function reads once per method)."""
+        handling = self
+
+        class Wrapped:
+            def __getattr__(self, name: str) -> UnaryCall:
+                return handling.wrap(getattr(servicer, name), name)
+
+        return Wrapped()
+
+    def wrap(self, call: UnaryCall, method: str) -> UnaryCall:
+        """`call` with the request id, span, metrics and access control of method `method`."""
+        full_name = f"/{SERVICE_NAME}/{method}"
+        scope = grpc_scope(full_name)
+        keyed = self.keys is not None and scope is not None and scope not in self.keys.open_scopes
+        keys = self.keys if keyed else None
+        metrics, tracing = self.metrics, self.tracing
+
+        async def handled(request: Any, context: aio.ServicerContext) -> Any:
+            start = time.perf_counter()
+            metadata = context.invocation_metadata() or ()
+            given = next((v for k, v in metadata if k == REQUEST_ID_HEADER), None)
+            request_id = request_context.accepted_request_id(given)
+            call_context = RequestContext(request_id, "grpc", method=method, route=method)
+            trailer: tuple[tuple[str, str], ...] = ((REQUEST_ID_HEADER, request_id),)
+            context.set_trailing_metadata(trailer)
+            token = None
+            if tracing is not None:
+                carrier = {k: v for k, v in metadata if isinstance(v, str)}
+                attributes = {"rpc.system": "grpc", "rpc.method": method, "gmlp.request_id": request_id}
+                call_context.span = tracing.start_server_span(full_name.lstrip("/"), carrier, attributes)
+                call_context.tracer = tracing
+                token = tracing.activate(call_context.span)
+            code = grpc.StatusCode.OK
+            try:
+                with request_context.open_request(call_context):
+                    try:
+                        if keys is not None and scope is not None:
+                            text = [(k, v) for k, v in metadata if isinstance(v, str)]  # binary is no key
+                            keys.authorize(presented_key(text), scope, "grpc")
+                        return await call(request, context)
+                    except Exception as exc:
+                        await self.abort(context, exc, trailer)
+            except BaseException:
+                code = context.code() or grpc.StatusCode.UNKNOWN
+                raise
+            finally:
+                metrics.grpc_call(method, code.name, time.perf_counter() - start)
+                if tracing is not None:
+                    failed = code != grpc.StatusCode.OK
+                    tracing.end_server_span(
+                        call_context, code.name, {"rpc.grpc.status_code": code.value[0]}, failed=failed
+                    )
+                    tracing.deactivate(token)
+
+        return handled
+
+    async def abort(
+        self, context: aio.ServicerContext, exc: Exception, trailer: tuple[tuple[str, str], ...]
+    ) -> NoReturn:
+        """The one exception path of every call: a core error aborts with its status code, the
+        message REST clients read and, over a key's rate, a `retry-after` trailer; anything else is
+        a bug, logged and answered INTERNAL with nothing internal shown."""
+        if isinstance(exc, RequestError):
+            self.metrics.refused("grpc", exc.code)
+            request_context.note_error(exc.code, exc.message)
+            status, message = grpc_status(type(exc)), exc.message
+            if isinstance(exc, RateLimited):
+                trailer = (*trailer, ("retry-after", str(exc.retry_after_s)))
         else:
-            self.port = self.server.add_insecure_port(self.address)
-        await self.server.start()
-        log.info("gRPC (Open Inference Protocol v2) on %s", self.address)
-        return self.port
-
-    async def stop(self, grace: float) -> None:
-        """Refuse new calls, let running ones finish for up to `grace` seconds."""
-        await self.server.stop(grace)
+            log.error("unhandled error in a gRPC call", exc_info=exc)
+            status, message = grpc.StatusCode.INTERNAL, "internal server error; the error was logged"
+        await context.abort(status, message, trailing_metadata=trailer)
+        raise AssertionError("abort returns only by raising")  # pragma: no cover
 
 
-__all__ = [
-    "GrpcServer",
-    "InferenceServicer",
-    "GRPC_STATUS",
-    "grpc_status",
-    "decode_request",
-    "encode_result",
-]
+async def start_grpc(
+    state: ServiceState,
+    *,
+    keys: KeyStore | None = None,
+    tls: TlsFiles | None = None,
+    tracing: Tracing | None = None,
+) -> aio.Server:
+    """A `grpc.aio` server serving `state` on the running event loop, bound and started (raises
+    when the address cannot be bound); with `keys`, calls need the key their method's scope asks
+    for; with `tls`, TLS (or mutual TLS). The app's lifespan stops it (`stop(grace)`: new calls
+    refused, running ones given `grace` seconds)."""
+    settings = state.settings
+    handling = CallHandling(state.metrics, keys, tracing)
+    server = aio.server(options=connection_options(settings))
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(handling.servicer(InferenceServicer(state)), server)
+    address = f"{settings.host}:{settings.grpc_port}"
+    if tls is None:
+        server.add_insecure_port(address)
+    else:
+        server.add_secure_port(address, server_credentials(tls))
+    await server.start()
+    log.info("gRPC (Open Inference Protocol v2) on %s", address)
+    return server

@@ -3,31 +3,29 @@
 A transport decodes its envelope into an `InferRequest` of `contract.tensors.Tensor`s, calls
 `infer`, and encodes the `Tensor`s it gets back; metadata and readiness come from here too, so both
 transports describe and run the models identically. What a request of a task means is the task's
-v2 adapter (`Pipeline.v2`, `service.tasks`); this module resolves the name, leases the model, and
-counts and bounds the answer.
+v2 adapter (`Pipeline.v2`); this module resolves the name, and counts and bounds the answer. Every
+row is queued on its own in the model's dynamic batcher, sharing batches with the task routes.
 
 Every model has two forms of request, told apart by their input names: the graph's own tensors
-(`pixel_values`; `input_ids` + `mask_positions`), and the encoded input (`image`: one encoded image
-per row; `text`: one text per row, with the masked LM's `predictions` output). Each form produces
-every output of the model. So that a tool which fills every input the metadata lists (Triton's
-perf_analyzer) sends one form, each has its own name: `NAME` lists the graph's tensors,
-`NAME-ensemble` the encoded input, as a Triton ensemble of preprocessing and model would (metadata,
-readiness, configuration, statistics and inference answer alike under both names; the statistics
-are the one model's). Either name takes either form, so clients that send `image` or `text` to
-`NAME` keep working.
+(`pixel_values`; `input_ids` + `mask_positions`) and the encoded input (`image` or `text`, one per
+row). So that a tool which fills every input the metadata lists (Triton's perf_analyzer) sends one
+form, `NAME` lists the graph's tensors and `NAME-ensemble` the encoded input, as a Triton ensemble
+of preprocessing and model would; both names answer everything alike (the statistics are the one
+model's), and either takes either form, so clients that send `image` or `text` to `NAME` still work.
 
-Every row is queued on its own in the model's dynamic batcher, so v2 rows share batches with the
-task routes' requests.
+The answer's size is bounded from its outputs' element counts before it is built (`check_answer`):
+a few bytes of request can ask for a great deal (sixteen texts of twenty [MASK]s with `outputs:
+[logits]` make 320 rows of a whole vocabulary's scores, about 20 bytes per number as JSON). JSON
+outputs are counted at their datatype's widest element (`JSON_ELEMENT_BYTES`; BYTES at six bytes per
+byte, `\\u00XX`), raw ones (binary extension, gRPC raw contents) exactly; over `max_response_bytes`
+as JSON the refusal names the binary extension (4 bytes per float32), and over
+`max_binary_response_bytes` as raw bytes it is refused too.
 
-The answer's size is known from its outputs' element counts before it is built, and bounded then
-(`check_answer`): a few bytes of request can ask for a great deal of answer (sixteen texts of
-twenty [MASK]s each, with `outputs: [logits]`, make 320 rows of a whole vocabulary's scores, about
-20 bytes per number as JSON). Each JSON output is counted at the widest form its datatype's
-elements take (`JSON_ELEMENT_BYTES`; a BYTES element at six bytes of JSON per byte, `\\u00XX`), each
-raw output (binary tensor data extension, gRPC raw contents) at its exact size. An answer over
-`max_response_bytes` as JSON is refused with a message that names the binary extension, which
-carries the same tensors in 4 bytes per float32; one over `max_binary_response_bytes` as raw bytes
-is refused too.
+The model configuration and statistics extensions answer in Triton's schemas, built from what is
+served: `model_config` as Triton's `ModelConfig` (what tritonclient's `get_model_config` returns and
+perf_analyzer reads before it sends anything), from the served directory and the settings only;
+`model_statistics` the counters of `service.telemetry.statistics` as `ModelStatistics`. Both are
+JSON-ready dicts (the REST form), which the gRPC server parses into its messages.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ from service.engine import request_context
 from service.engine.request_context import Deadline
 from service.lifecycle.state import Phase, ServiceState
 from service.tasks.pipeline import Pipeline
+from service.telemetry.statistics import Duration, ModelCounters
 
 SERVER_NAME = "gmlp-serve"
 # Extensions of the protocol this server implements (REST; gRPC has raw contents natively).
@@ -271,25 +270,118 @@ async def infer(
         state.metrics.model_request(served.name, served.version, ok, time.perf_counter() - start)
 
 
-__all__ = [
-    "InferRequest",
-    "InferResult",
-    "infer",
-    "ModelRef",
-    "model_metadata",
-    "load_model",
-    "resolve",
-    "version_number",
-    "server_metadata",
-    "server_live",
-    "EXTENSIONS",
-    "ENSEMBLE_SUFFIX",
-    "AnswerSize",
-    "BINARY_HINT",
-    "JSON_ELEMENT_BYTES",
-    "all_raw",
-    "answer_size",
-    "check_answer",
-    "json_bytes",
-    "raw_bytes",
-]
+BACKEND = "onnxruntime"
+NS = 1_000_000_000
+
+
+def _data_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
+
+
+def _dims(tensor: dict[str, Any]) -> list[int]:
+    """The tensor's shape less the batch axis (Triton's `dims` of a model with max_batch_size > 0)."""
+    return list(tensor["shape"][1:])
+
+
+def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
+    """The served model's configuration in Triton's schema."""
+    served = state.loaded(model.name, model.version)
+    batcher, settings = served.batcher, served.settings
+    kind = "KIND_CPU" if served.runtime.options.device == "cpu" else "KIND_GPU"
+    return {
+        "name": model.shown,
+        "platform": PLATFORM,
+        "backend": BACKEND,
+        # The model's own policy (its policy.json, a load call's config, or GMLP_VERSION_POLICY).
+        "version_policy": state.table.policy_of(served.name).triton(),
+        "max_batch_size": batcher.max_batch_size,
+        "input": [
+            {
+                "name": t["name"],
+                "data_type": _data_type(t["datatype"]),
+                "format": "FORMAT_NONE",
+                "dims": _dims(t),
+                "optional": False,
+            }
+            for t in served.v2.inputs(model.encoded)
+        ],
+        "output": [
+            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": _dims(t)}
+            for t in served.v2.outputs()
+        ],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": round(batcher.max_queue_delay_s * 1_000_000),
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": round(settings.request_timeout_s * 1_000_000),
+                "allow_timeout_override": True,  # a gRPC deadline shorter than the timeout wins
+                "max_queue_size": batcher.max_queue_size,
+            },
+        },
+        "instance_group": [{"name": f"{model.shown}_0", "kind": kind, "count": batcher.instances}],
+        "default_model_filename": served.runtime.path.name,
+        "parameters": {
+            key: {"string_value": str(value)}
+            for key, value in (
+                ("variant", served.variant),
+                ("execution_provider", served.runtime.provider),
+                ("precision", served.precision),
+                ("intra_op_threads", served.runtime.options.intra_op_threads),
+                ("queue_delay_policy", "always" if batcher.always_wait else "arriving"),
+            )
+        },
+    }
+
+
+def _duration(duration: Duration) -> dict[str, int]:
+    return {"count": duration.count, "ns": round(duration.seconds * NS)}
+
+
+_NONE = Duration()
+
+
+def _model_statistics(counters: ModelCounters, name: str) -> dict[str, Any]:
+    per_row = Duration(counters.inferences, 0.0)  # input and output copies are part of the run
+    return {
+        "name": name,
+        "version": counters.version,
+        "last_inference": round(counters.last_inference_s * 1000),
+        "inference_count": counters.inferences,
+        "execution_count": counters.executions,
+        "inference_stats": {
+            "success": _duration(counters.success),
+            "fail": _duration(counters.fail),
+            "queue": _duration(counters.queue),
+            "compute_input": _duration(per_row),
+            "compute_infer": _duration(counters.compute),
+            "compute_output": _duration(per_row),
+            "cache_hit": _duration(_NONE),
+            "cache_miss": _duration(_NONE),
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(Duration(run.count, 0.0)),
+                "compute_infer": _duration(run),
+                "compute_output": _duration(Duration(run.count, 0.0)),
+            }
+            for size, run in counters.by_batch_size.items()
+        ],
+    }
+
+
+def model_statistics(state: ServiceState, name: str = "", version: str = "") -> dict[str, Any]:
+    """`{"model_stats": [...]}`: every served model (no name), or one model (and version). The
+    version is parsed here, where a request may name one without a model."""
+    if not name:
+        if version:
+            raise ModelNotFound(ErrorCode.MODEL_NOT_FOUND, "a version needs a model name")
+        newest = state.newest_ready()
+        names = [(n, n, str(newest[n].version)) for n in sorted(newest)]
+    else:
+        model = resolve(state, name, version)
+        # A model or version not served: ModelNotFound; no version named: the newest READY one's.
+        served = state.loaded(model.name, model.version)
+        names = [(model.name, model.shown, str(served.version))]  # a model's two names share its counters
+    counters = state.metrics.statistics.counters
+    return {"model_stats": [_model_statistics(counters(model, v), shown) for model, shown, v in names]}

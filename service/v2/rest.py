@@ -6,35 +6,39 @@ JSON followed by the raw tensors of the inputs whose parameters carry `binary_da
 order. Outputs come back as raw bytes after the JSON when asked (`binary_data` per output, or
 `binary_data_output` for all), with the same header on the response. Health answers 200 for true and
 400 for false, as the protocol says. Errors take the protocol's shape, `{"error": "<message>"}`,
-with the statuses of `V2_ERRORS`.
+with the statuses of `V2_ERRORS`. The model-repository extension (`repository_router`) lists every
+version the service knows with its state and, unless READY, the reason; load and unload are taken
+in explicit model control only (`inference.load_model`, `ServiceState.unload_model`, as over gRPC).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from contract.errors import ErrorCode, InvalidInput, RequestError
+from contract.errors import ErrorCode, InvalidInput
 from contract.messages import echo
 from contract.tensors import Tensor, from_json, from_raw
 from service.access.scope import Scope
 from service.engine.request_context import Deadline, before, encode_off_loop
-from service.http.errors import REST_ERRORS, ErrorTable
+from service.http.errors import REST_ERRORS, ErrorTable, message_body
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
 from service.http.routing import DirectRoute, get_state, model_response, public, requires, unless_disconnected
-from service.http.schemas import inline_schema
+from service.http.schemas import VersionState
 from service.tasks.pipeline import Pipeline
 from service.v2 import inference
-from service.v2.answer_json import answer_json
 from service.v2.inference import InferRequest, InferResult
-from service.v2.model_config import model_config, model_statistics
 from service.v2.schemas import (
     ERROR_RESPONSES,
+    INFER_DOC,
+    INFER_RESPONSES,
+    ControlRequest,
+    IndexRequest,
     InferRequestBody,
-    InferResponseBody,
     Live,
     ModelConfigBody,
     ModelMetadata,
@@ -45,17 +49,18 @@ from service.v2.schemas import (
 )
 
 PREFIX = "/v2"
+REPOSITORY_PREFIX = "/v2/repository"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON_TYPES = ("application/json", *RAW_TYPES)
-
-
-def v2_body(error: RequestError) -> dict[str, Any]:
-    return {"error": error.message}
+# Elements of an output's `data` converted and encoded at a time: about a millisecond per slice.
+SLICE_ELEMENTS = 8192
 
 
 # The REST task routes' statuses, except that the protocol (like Triton) answers a malformed or
 # unfitting request with 400.
-V2_ERRORS = ErrorTable(statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=v2_body, transport="v2")
+V2_ERRORS = ErrorTable(
+    statuses={**REST_ERRORS.statuses, InvalidInput: 400}, body=message_body, transport="v2"
+)
 
 # Every path below /v2, whether a route takes it or not, answers in the protocol's error shape.
 router = APIRouter(
@@ -63,41 +68,6 @@ router = APIRouter(
 )
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: ERROR_RESPONSES[404]}
-
-
-def _json_form() -> dict[str, Any]:
-    """The request schema of a JSON-only body: every input carries its `data` (a tensor whose
-    parameters announce `binary_data_size` needs the binary form, JSON followed by the bytes)."""
-    schema = inline_schema(InferRequestBody)
-    tensor = schema["properties"]["inputs"]["items"]
-    tensor["required"] = [*tensor.get("required", []), "data"]
-    tensor["properties"]["data"] = {"type": "array", "description": "row-major data, flat or nested"}
-    tensor["properties"]["parameters"] = {
-        "anyOf": [{"type": "object", "not": {"required": ["binary_data_size"]}}, {"type": "null"}]
-    }
-    return schema
-
-
-_INFER_DOC: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "description": "JSON (any or no content type); with the Inference-Header-Content-Length header, "
-        "that many bytes of JSON followed by the binary tensors",
-        "content": {
-            "application/json": {"schema": _json_form()},
-            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-        },
-    }
-}
-_INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "model": InferResponseBody,
-        "description": "the outputs; as application/octet-stream when binary outputs follow the JSON "
-        "(its length in the Inference-Header-Content-Length header)",
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-    },
-    **ERROR_RESPONSES,
-}
 
 
 def _flag(ok: bool, body: dict[str, Any]) -> JSONResponse:
@@ -130,40 +100,65 @@ async def ready(request: Request) -> JSONResponse:
     return _flag(ok, {"ready": ok})
 
 
+# Before /models/{name}: "stats" is no model name here, as in Triton.
+@router.get("/models/stats", response_model=ModelStatisticsBody, summary="Statistics of every model")
+@requires(Scope.INFER)
+async def all_statistics(request: Request) -> Response:
+    return await _statistics(request, "", "")
+
+
+ModelHandler = Callable[[Request, str, str], Awaitable[Response]]
+
+
 def _model_routes(
     method: str,
     suffix: str,
-    handler: Callable[[Request, str, str], Awaitable[Response]],
+    response_model: Any,
     names: tuple[str, str],
     summary: str,
     scope: Scope | None = Scope.INFER,
     **route: Any,
-) -> None:
-    """`/models/{name}{suffix}` (the newest ready version) and its twin
-    `/models/{name}/versions/{version}{suffix}` (the version named), both answered by `handler`
-    (the version "" when none is named)."""
+) -> Callable[[ModelHandler], ModelHandler]:
+    """Decorator: the handler answers `/models/{name}{suffix}` (the newest ready version, the
+    version "") and its twin `/models/{name}/versions/{version}{suffix}` (the version named); a
+    model's 404 is documented unless `responses` says otherwise."""
+    route = {"responses": _NOT_FOUND, **route, "response_model": response_model}
 
-    @requires(scope)
-    async def newest(request: Request, name: str) -> Response:
-        return await handler(request, name, "")
+    def register(handler: ModelHandler) -> ModelHandler:
+        @requires(scope)
+        async def newest(request: Request, name: str) -> Response:
+            return await handler(request, name, "")
 
-    @requires(scope)
-    async def named(request: Request, name: str, version: str) -> Response:
-        return await handler(request, name, version)
+        @requires(scope)
+        async def named(request: Request, name: str, version: str) -> Response:
+            return await handler(request, name, version)
 
-    for path, endpoint, endpoint_name, title in (
-        (f"/models/{{name}}{suffix}", newest, names[0], summary),
-        (f"/models/{{name}}/versions/{{version}}{suffix}", named, names[1], f"{summary} (a version)"),
-    ):
-        router.add_api_route(path, endpoint, methods=[method], name=endpoint_name, summary=title, **route)
+        for path, endpoint, endpoint_name, title in (
+            (f"/models/{{name}}{suffix}", newest, names[0], summary),
+            (f"/models/{{name}}/versions/{{version}}{suffix}", named, names[1], f"{summary} (a version)"),
+        ):
+            router.add_api_route(path, endpoint, methods=[method], name=endpoint_name, summary=title, **route)
+        return handler
+
+    return register
 
 
+@_model_routes("GET", "", ModelMetadata, ("model_metadata", "model_version_metadata"), "Model metadata")
 async def _metadata(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
     document = inference.model_metadata(state, inference.resolve(state, name, version))
     return model_response(ModelMetadata.model_validate(document))
 
 
+@_model_routes(
+    "GET",
+    "/ready",
+    ModelReadyBody,
+    ("model_ready", "model_version_ready"),
+    "Model ready",
+    scope=None,
+    responses={**_false(ModelReadyBody, "not ready"), **_NOT_FOUND},
+)
 async def _model_ready(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
     model = inference.resolve(state, name, version)
@@ -171,61 +166,17 @@ async def _model_ready(request: Request, name: str, version: str) -> JSONRespons
     return _flag(ok, {"name": name, "ready": ok})
 
 
+@_model_routes("GET", "/config", ModelConfigBody, ("config", "version_config"), "Model configuration")
 async def _config(request: Request, name: str, version: str) -> JSONResponse:
     state = get_state(request)
-    document = model_config(state, inference.resolve(state, name, version))
+    document = inference.model_config(state, inference.resolve(state, name, version))
     return model_response(ModelConfigBody.model_validate(document))
 
 
+@_model_routes("GET", "/stats", ModelStatisticsBody, ("statistics", "version_statistics"), "Model statistics")
 async def _statistics(request: Request, name: str, version: str) -> JSONResponse:
-    document = model_statistics(get_state(request), name, version)
+    document = inference.model_statistics(get_state(request), name, version)
     return model_response(ModelStatisticsBody.model_validate(document))
-
-
-# Before /models/{name}: "stats" is no model name here, as in Triton.
-@router.get("/models/stats", response_model=ModelStatisticsBody, summary="Statistics of every model")
-@requires(Scope.INFER)
-async def all_statistics(request: Request) -> JSONResponse:
-    return await _statistics(request, "", "")
-
-
-_model_routes(
-    "GET",
-    "",
-    _metadata,
-    ("model_metadata", "model_version_metadata"),
-    "Model metadata",
-    response_model=ModelMetadata,
-    responses=_NOT_FOUND,
-)
-_model_routes(
-    "GET",
-    "/ready",
-    _model_ready,
-    ("model_ready", "model_version_ready"),
-    "Model ready",
-    scope=None,
-    response_model=ModelReadyBody,
-    responses={**_false(ModelReadyBody, "not ready"), **_NOT_FOUND},
-)
-_model_routes(
-    "GET",
-    "/config",
-    _config,
-    ("config", "version_config"),
-    "Model configuration",
-    response_model=ModelConfigBody,
-    responses=_NOT_FOUND,
-)
-_model_routes(
-    "GET",
-    "/stats",
-    _statistics,
-    ("statistics", "version_statistics"),
-    "Model statistics",
-    response_model=ModelStatisticsBody,
-    responses=_NOT_FOUND,
-)
 
 
 def _binary_length(request: Request, size: int) -> int | None:
@@ -241,8 +192,8 @@ def _binary_length(request: Request, size: int) -> int | None:
     return int(value)
 
 
-async def read_infer_request(request: Request) -> tuple[InferRequest, set[str]]:
-    """The request and the names of the outputs to return as binary data."""
+async def read_infer_request(request: Request) -> tuple[InferRequest, Callable[[str], bool]]:
+    """The request, and which outputs (by name) to return as binary data."""
     mime = media_type(request)
     if mime not in _JSON_TYPES and not mime.endswith("+json"):
         raise unsupported_media_type(mime, "send JSON, or JSON followed by binary tensors (octet-stream)")
@@ -280,21 +231,63 @@ async def read_infer_request(request: Request) -> tuple[InferRequest, set[str]]:
         if default_binary if flag is None else flag:
             binary.add(out.name)
     outputs = [o.name for o in body.outputs or []]
-    # Without a list of outputs, binary_data_output applies to every output produced.
-    binary_all = default_binary and not outputs
     request_ = InferRequest(inputs, outputs, body.id or "", parameters)
-    return request_, {"*"} if binary_all else binary
+    # Without a list of outputs, binary_data_output applies to every output produced.
+    return request_, inference.all_raw if default_binary and not outputs else binary.__contains__
 
 
-def encode_response(result: InferResult, binary: set[str]) -> Response:
-    """JSON, or JSON followed by the binary outputs (with the header that says where the JSON ends).
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
-    Written slice by slice (`answer_json`), so that a big answer encoded in a worker thread leaves
-    the event loop free."""
+
+def json_data(tensor: Tensor) -> str:
+    """`json.dumps(tensor.json_data())`, `SLICE_ELEMENTS` at a time (each slice by
+    `Tensor.json_data`, so the elements are written by the one rule, non-finite floats as null)."""
+    size = int(tensor.array.size)
+    slices = (tensor.json_data(i, i + SLICE_ELEMENTS) for i in range(0, size, SLICE_ELEMENTS))
+    return "[" + ",".join(_dumps(values)[1:-1] for values in slices) + "]"
+
+
+def answer_json(
+    head: dict[str, Any], outputs: Sequence[Tensor], raw: Callable[[Tensor], dict[str, Any] | None]
+) -> bytes:
+    """The answer document: `head` (model name, version, id), then each output's metadata and
+    either the parameters `raw` gives it (an output sent as binary data) or its JSON `data`, last.
+
+    `json.dumps` of one list holds the GIL from its first number to its last: on millions of
+    numbers that is seconds in which no other thread runs, the event loop included, even when the
+    encoding runs in a worker thread. So a big answer's `data` is written slice by slice
+    (`json_data`), the GIL free between slices; the text is exactly what `_dumps` writes for the
+    whole answer, which an answer of at most `SLICE_ELEMENTS` numbers, the usual case, is."""
+    entries: list[dict[str, Any]] = []
+    sliced: dict[int, Tensor] = {}  # entries whose data is written slice by slice
+    small = sum(int(tensor.array.size) for tensor in outputs) <= SLICE_ELEMENTS
+    for tensor in outputs:
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        parameters = raw(tensor)
+        if parameters is not None:
+            entry["parameters"] = parameters
+        elif small:
+            entry["data"] = tensor.json_data()
+        else:
+            sliced[len(entries)] = tensor
+        entries.append(entry)
+    if not sliced:
+        return _dumps({**head, "outputs": entries}).encode()
+    texts = [
+        _dumps(entry)[:-1] + ',"data":' + json_data(sliced[i]) + "}" if i in sliced else _dumps(entry)
+        for i, entry in enumerate(entries)
+    ]
+    return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(texts) + "]}").encode()
+
+
+def encode_response(result: InferResult, is_raw: Callable[[str], bool]) -> Response:
+    """JSON (`answer_json`), or JSON followed by the binary outputs (with the header that says
+    where the JSON ends)."""
     blobs: list[bytes] = []
 
     def raw(tensor: Tensor) -> dict[str, Any] | None:
-        if "*" not in binary and tensor.name not in binary:
+        if not is_raw(tensor.name):
             return None
         blobs.append(tensor.raw())
         return {"binary_data_size": len(blobs[-1])}
@@ -312,33 +305,64 @@ def encode_response(result: InferResult, binary: set[str]) -> Response:
     )
 
 
+@_model_routes(
+    "POST",
+    "/infer",
+    None,
+    ("infer", "infer_version"),
+    "Inference",
+    responses=INFER_RESPONSES,
+    openapi_extra=INFER_DOC,
+)
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
     model = inference.resolve(state, name, version)
     # 404 / 503 before the body is read; the version is held until the answer is back.
     with state.lease(model.name, model.version, kind=Pipeline) as served:
-        infer_request, binary = await before(read_infer_request(request), deadline)
-
-        def is_raw(name: str) -> bool:
-            return "*" in binary or name in binary
-
+        infer_request, is_raw = await before(read_infer_request(request), deadline)
         result = await unless_disconnected(
             request, inference.infer(state, model, served, infer_request, deadline, is_raw)
         )
-    return await encode_off_loop(lambda: encode_response(result, binary), result.size.total)
+    return await encode_off_loop(lambda: encode_response(result, is_raw), result.size.total)
 
 
-_model_routes(
-    "POST",
-    "/infer",
-    _infer,
-    ("infer", "infer_version"),
-    "Inference",
-    response_model=None,
-    responses=_INFER_RESPONSES,
-    openapi_extra=_INFER_DOC,
+# The model-repository extension, as tritonclient.http calls it (an empty body, or JSON; any content
+# type): every path below its prefix is a control route, which access control gives the admin scope.
+repository_router = APIRouter(
+    prefix=REPOSITORY_PREFIX,
+    tags=["Open Inference Protocol v2: model repository"],
+    route_class=DirectRoute.answering(V2_ERRORS),
 )
 
 
-__all__ = ["router", "V2_ERRORS", "PREFIX", "read_infer_request", "encode_response"]
+async def _body(request: Request, schema: type[Any]) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        return schema()
+    return json_body(raw, schema, "the request body")
+
+
+@repository_router.post(
+    "/index", response_model=list[VersionState], responses=ERROR_RESPONSES, summary="Repository index"
+)
+@requires(Scope.ADMIN)
+async def repository_index(request: Request) -> JSONResponse:
+    body = await _body(request, IndexRequest)
+    return JSONResponse([vars(entry) for entry in get_state(request).table.index(body.ready)])
+
+
+@repository_router.post("/models/{name}/load", responses=ERROR_RESPONSES, summary="Load a model")
+@requires(Scope.ADMIN)
+async def load_model(request: Request, name: str) -> Response:
+    body = await _body(request, ControlRequest)
+    await inference.load_model(get_state(request), name, body.parameters)
+    return Response(status_code=200)
+
+
+@repository_router.post("/models/{name}/unload", responses=ERROR_RESPONSES, summary="Unload a model")
+@requires(Scope.ADMIN)
+async def unload_model(request: Request, name: str) -> Response:
+    await _body(request, ControlRequest)
+    await get_state(request).unload_model(name)
+    return Response(status_code=200)

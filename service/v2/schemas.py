@@ -11,7 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from contract.tensors import DATATYPES, MAX_DIMS, MAX_ELEMENTS, SHAPE_LIMITS
 from service.http.parsing import TopK, json_integer
-from service.http.schemas import MessageError, error_responses
+from service.http.schemas import MessageError, error_responses, inline_schema
 
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
 Scalar = str | int | float | bool
@@ -183,18 +183,50 @@ class ModelStatisticsBody(BaseModel):
     model_stats: list[ModelStatisticsEntry]
 
 
+class IndexRequest(BaseModel):
+    ready: StrictBool = Field(False, description="true: only the READY versions")
+
+
+class ControlRequest(BaseModel):
+    parameters: dict[str, Any] = Field(
+        default_factory=dict,
+        description='load: {"config": "<JSON model configuration>"}; its version_policy picks the versions',
+    )
+
+
 ERROR_RESPONSES = error_responses(MessageError, invalid=400)
 
 
-__all__ = [
-    "InferRequestBody",
-    "InferResponseBody",
-    "ServerMetadata",
-    "ModelMetadata",
-    "Live",
-    "Ready",
-    "ModelReadyBody",
-    "ModelConfigBody",
-    "ModelStatisticsBody",
-    "ERROR_RESPONSES",
-]
+def _json_form() -> dict[str, Any]:
+    """The request schema of a JSON-only body: every input carries its `data` (a tensor whose
+    parameters announce `binary_data_size` needs the binary form, JSON followed by the bytes)."""
+    schema = inline_schema(InferRequestBody)
+    tensor = schema["properties"]["inputs"]["items"]
+    tensor["required"] = [*tensor.get("required", []), "data"]
+    tensor["properties"]["data"] = {"type": "array", "description": "row-major data, flat or nested"}
+    tensor["properties"]["parameters"] = {
+        "anyOf": [{"type": "object", "not": {"required": ["binary_data_size"]}}, {"type": "null"}]
+    }
+    return schema
+
+
+INFER_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "JSON (any or no content type); with the Inference-Header-Content-Length header, "
+        "that many bytes of JSON followed by the binary tensors",
+        "content": {
+            "application/json": {"schema": _json_form()},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": InferResponseBody,
+        "description": "the outputs; as application/octet-stream when binary outputs follow the JSON "
+        "(its length in the Inference-Header-Content-Length header)",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    },
+    **ERROR_RESPONSES,
+}

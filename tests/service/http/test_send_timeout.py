@@ -78,7 +78,7 @@ def test_an_unread_answer_is_dropped_after_the_send_timeout(
     server: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     before = dropped(server)
-    with caplog.at_level(logging.WARNING, logger="service.http.send_deadline"):
+    with caplog.at_level(logging.WARNING, logger="service.http.connections"):
         sock = ask_for_a_big_answer(server)
         try:
             server.wait_for(lambda: dropped(server) > before, timeout=60)  # never reading meanwhile

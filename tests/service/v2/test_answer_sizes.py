@@ -14,10 +14,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import service.v2.answer_json as answer_json_module
+import service.v2.rest as rest_module
 from contract.tensors import NUMPY_TYPES, Tensor, bytes_tensor
-from service.v2.answer_json import answer_json, json_data
 from service.v2.inference import JSON_ELEMENT_BYTES, answer_size, check_answer, json_bytes, raw_bytes
+from service.v2.rest import answer_json, json_data
 
 NUMERIC = sorted(JSON_ELEMENT_BYTES)
 
@@ -62,7 +62,7 @@ def test_the_widest_elements_fit_the_per_element_bound(datatype: str) -> None:
 
 
 def test_slices_join_into_one_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(answer_json_module, "SLICE_ELEMENTS", 3)
+    monkeypatch.setattr(rest_module, "SLICE_ELEMENTS", 3)
     tensor = Tensor("logits", "FP32", np.linspace(-1, 1, 20, dtype=np.float32).reshape(4, 5))
     raw = Tensor("ids", "INT64", np.arange(6, dtype=np.int64))
     head = {"model_name": "m", "model_version": "1"}
