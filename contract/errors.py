@@ -368,30 +368,3 @@ def most_specific(table: Mapping[Any, S], kind: type, default: S) -> S:
         if cls in table:
             return table[cls]
     return default
-
-
-__all__ = [
-    "ErrorCode",
-    "most_specific",
-    "UserError",
-    "RequestError",
-    "InvalidInput",
-    "MalformedRequest",
-    "InputTooLarge",
-    "HeadersTooLarge",
-    "UnsupportedMediaType",
-    "ModelNotFound",
-    "RouteNotFound",
-    "MethodNotAllowed",
-    "Unavailable",
-    "Overloaded",
-    "NotReady",
-    "Closed",
-    "DeadlineExceeded",
-    "ClientGone",
-    "InternalError",
-    "Unauthenticated",
-    "PermissionDenied",
-    "RateLimited",
-    "RequestTimeout",
-]

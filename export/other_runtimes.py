@@ -91,6 +91,3 @@ def check_openvino(model: GMLPModel, fp32_path: Path) -> tuple[ParityReport, dic
         "max_abs_diff": report.max_abs_diff,
         "top1_agreement": report.top1_agreement,
     }
-
-
-__all__ = ["inlined", "write_inlined", "check_openvino"]
