@@ -66,10 +66,6 @@ class VersionSource:
     problem: str | None = None
     fingerprint: Fingerprint = ()
 
-    @property
-    def complete(self) -> bool:
-        return self.spec is not None
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -83,7 +79,7 @@ class ModelSource:
     notes: tuple[str, ...] = ()
 
     def complete_versions(self) -> list[int]:
-        return sorted(v for v, source in self.versions.items() if source.complete)
+        return sorted(v for v, source in self.versions.items() if source.spec is not None)
 
     def problems(self) -> tuple[str, ...]:
         """The model-level reasons to list (the versions carry their own)."""

@@ -78,10 +78,6 @@ class ModelSpec:
         return dict(self.config.get("variants") or {})
 
     @property
-    def preprocessing(self) -> dict[str, Any]:
-        return dict(self.config.get("preprocessing") or {})
-
-    @property
     def model_config(self) -> dict[str, Any]:
         return dict(self.config.get("model") or {})
 
@@ -109,8 +105,7 @@ class ModelSpec:
         return labels
 
     def tokenizer_path(self) -> Path:
-        name = self.model_config.get("tokenizer") or self.config.get("tokenizer") or DEFAULT_TOKENIZER
-        return confined(self.path, name, "tokenizer")
+        return confined(self.path, self.named_files()["tokenizer"], "tokenizer")
 
     def named_files(self) -> dict[str, object]:
         """Every file the config names, by what it is (the defaults included)."""
@@ -124,17 +119,13 @@ class ModelSpec:
         return files
 
 
-def read_format(directory: Path) -> str | None:
-    """The `format` a directory's config.json declares (served model, checkpoint), or None."""
+def is_checkpoint(directory: Path) -> bool:
+    """Whether `directory`'s config.json declares the checkpoint format."""
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
     except (OSError, ValueError):
-        return None
-    return config.get("format") if isinstance(config, dict) else None
-
-
-def is_checkpoint(directory: Path) -> bool:
-    return read_format(directory) == CHECKPOINT_FORMAT
+        return False
+    return isinstance(config, dict) and config.get("format") == CHECKPOINT_FORMAT
 
 
 def _read_config(config_file: Path) -> object:
