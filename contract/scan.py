@@ -5,29 +5,17 @@ Two layouts, side by side in one repository (Triton's, and the flat one of a sin
     models/NAME/1/config.json ...   versioned: each version directory is one exported version
     models/NAME/config.json ...     flat: the export itself is version 1
 
-The model's name is the directory's name in the versioned layout, the config's `name` in the flat
-one. A version directory is named by a version number (`parse_version`: ASCII digits, no leading
-zero) and is *complete* when its `config.json` exists and every file the config names (variants,
-labels, tokenizer, recorded check) is there, inside the directory: an export written in place must
-write `config.json` last (`gmlp export` moves a verified directory into place whole, which is the
-same). The poller also waits until a directory looks the same in two scans running
-`GMLP_REPOSITORY_POLL_S` apart (`fingerprint`: names, sizes and modification times), so a copy
-that writes `config.json` early is still not loaded half-written.
+A version directory is named by `parse_version` and is *complete* when its `config.json` and every
+file the config names are there, inside it (docs/service.md, "Model versions and the repository
+API", says when and how to write one); `fingerprint` lets the poller also wait until a directory
+looks the same in two scans `GMLP_REPOSITORY_POLL_S` apart.
 
 Whoever writes to the repository can put anything there, so `scan` reads each directory in
 isolation and never raises for one (only for a repository that is missing or cannot be listed):
-
-- a version that cannot be read (no or a malformed config.json, not UTF-8, a named file missing or
-  outside its directory, unreadable, a symlink loop) is a `VersionSource` with its `problem`;
-- a flat directory that cannot be read is version 1 of a model named by the directory;
-- a model that cannot be applied as it is (two directories claim its name, its policy file is
-  unreadable, its directory's name is not a model name) is a `ModelSource` with a `problem`:
-  nothing of it loads or unloads until that is fixed;
-- entries of a model directory that are not versions (a directory named `²`, `01` or `v2`, a file
-  named `3`) are `notes`: ignored, and listed. Names starting with a dot are hidden (staging copies).
-
-The service lists every problem and note as UNAVAILABLE with its reason (`/models`, the index API,
-the log, `gmlp_repository_problems`). Nothing here loads a model.
+what it cannot read is a `VersionSource` or `ModelSource` with a `problem` (nothing of a model
+with one loads or unloads until it is fixed), and entries of a model directory that are not
+versions are its `notes`. The service lists every problem and note as UNAVAILABLE with its reason
+(the docs' table of broken directories). Nothing here loads a model.
 """
 
 from __future__ import annotations

@@ -116,11 +116,8 @@ def graph_top_k(config: GMLPConfig, top_k: int) -> int:
     """K of the top-k outputs for a requested `top_k` (0: none): at most the row's length (the
     vocabulary, or the classes)."""
     if isinstance(config, GMLPMaskedLMConfig):
-        width = config.vocab_size
-    else:
-        assert isinstance(config, GMLPVisionConfig)
-        width = config.num_classes
-    return max(0, min(top_k, width))
+        return max(0, min(top_k, config.vocab_size))
+    return max(0, min(top_k, cast(GMLPVisionConfig, config).num_classes))
 
 
 def output_names(top_k: int) -> list[str]:
@@ -287,8 +284,9 @@ def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -
     onnx_model.opset_imports[""] = opset
 
 
-def metadata_for(config: GMLPConfig, source_sha256: str | None) -> dict[str, str]:
-    meta = {"gmlp.config": json.dumps(config.to_dict()), "gmlp.task": config.task}
-    if source_sha256:
-        meta["gmlp.source_sha256"] = source_sha256
-    return meta
+def metadata_for(config: GMLPConfig, source_sha256: str) -> dict[str, str]:
+    return {
+        "gmlp.config": json.dumps(config.to_dict()),
+        "gmlp.task": config.task,
+        "gmlp.source_sha256": source_sha256,
+    }

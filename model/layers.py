@@ -198,16 +198,11 @@ class GMLPBlock(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def init_weights(self) -> None:
-        for linear in self._channel_linears():
+        attn = [] if self.attn is None else [self.attn.qkv, self.attn.proj]
+        for linear in [self.proj_in, self.proj_out, *attn]:
             nn.init.xavier_uniform_(linear.weight)
             nn.init.normal_(linear.bias, std=1e-6)
         self.sgu.init_weights()
-
-    def _channel_linears(self) -> list[nn.Linear]:
-        linears = [self.proj_in, self.proj_out]
-        if self.attn is not None:
-            linears += [self.attn.qkv, self.attn.proj]
-        return linears
 
     def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         shortcut = x
