@@ -58,18 +58,6 @@ class _SymbolicSGU(nn.Module):
         )
 
 
-class _MaskedLMGraph(nn.Module):
-    """The MLM graph contract: (input_ids [B, L], mask_positions [B, P]) -> logits [B, P, vocab],
-    1 <= L <= n and 1 <= P <= max_predictions."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, mask_positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions=mask_positions)
-
-
 class _Float16Compute(nn.Module):
     """fp16 weights and compute behind float32 inputs and outputs (the fp16 variant, for CUDA).
 
@@ -126,13 +114,14 @@ def output_names(top_k: int) -> list[str]:
 
 
 def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, top_k: int = 0) -> nn.Module:
-    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), MLM wrapped,
-    with the top-k outputs when `top_k` > 0 (K = `graph_top_k`)."""
+    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), with the top-k
+    outputs when `top_k` > 0 (K = `graph_top_k`). The model's own forward is the graph contract:
+    (pixel_values) or (input_ids [B, L], mask_positions [B, P]), 1 <= L <= n, 1 <= P <= max_predictions."""
     copied = copy.deepcopy(model).float().eval()
     if fused:
         for block in cast("list[GMLPBlock]", copied.blocks):
             block.register_module("sgu", _SymbolicSGU(block.sgu))
-    graph: nn.Module = _MaskedLMGraph(copied) if isinstance(copied.config, GMLPMaskedLMConfig) else copied
+    graph: nn.Module = copied
     if float16:
         graph = _Float16Compute(graph)
     k = graph_top_k(copied.config, top_k)
