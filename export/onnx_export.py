@@ -164,45 +164,41 @@ def io_spec(config: GMLPConfig, top_k: int = 0) -> tuple[list[dict], list[dict]]
     axis, an int is fixed. A masked LM's `seq` runs from 1 to n and `predictions` from 1 to
     max_predictions; a classifier's patch grid, and so its image size, is fixed. With `top_k`,
     the top-k outputs follow `logits`, shaped like it with K in place of the row."""
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
+
+    def tensor(name: str, dtype: str, *shape: str | int) -> dict[str, Any]:
+        return {"name": name, "dtype": dtype, "shape": list(shape)}
+
     if isinstance(config, GMLPMaskedLMConfig):
         inputs = [
-            {"name": "input_ids", "dtype": "int64", "shape": [BATCH_AXIS, SEQ_AXIS]},
-            {"name": "mask_positions", "dtype": "int64", "shape": [BATCH_AXIS, PREDICTIONS_AXIS]},
+            tensor("input_ids", "int64", BATCH_AXIS, SEQ_AXIS),
+            tensor("mask_positions", "int64", BATCH_AXIS, PREDICTIONS_AXIS),
         ]
-        outputs = [
-            {
-                "name": "logits",
-                "dtype": "float32",
-                "shape": [BATCH_AXIS, PREDICTIONS_AXIS, config.vocab_size],
-            }
-        ]
+        outputs = [tensor("logits", "float32", BATCH_AXIS, PREDICTIONS_AXIS, config.vocab_size)]
     else:
         assert isinstance(config, GMLPVisionConfig)
         size = config.img_size
-        inputs = [
-            {"name": "pixel_values", "dtype": "float32", "shape": [BATCH_AXIS, config.in_chans, size, size]}
-        ]
-        outputs = [{"name": "logits", "dtype": "float32", "shape": [BATCH_AXIS, config.num_classes]}]
+        inputs = [tensor("pixel_values", "float32", BATCH_AXIS, config.in_chans, size, size)]
+        outputs = [tensor("logits", "float32", BATCH_AXIS, config.num_classes)]
     k = graph_top_k(config, top_k)
     if k:
         rows = outputs[0]["shape"][:-1]
         outputs += [
-            {"name": TOP_K_IDS_OUTPUT, "dtype": "int64", "shape": [*rows, k]},
-            {"name": TOP_K_SCORES_OUTPUT, "dtype": "float32", "shape": [*rows, k]},
+            tensor(TOP_K_IDS_OUTPUT, "int64", *rows, k),
+            tensor(TOP_K_SCORES_OUTPUT, "float32", *rows, k),
         ]
     return inputs, outputs
 
 
 def _dynamic_shapes(config: GMLPConfig) -> tuple[dict[int, torch.export.Dim], ...]:
-    """torch.export's dynamic axes for the graph inputs, named as in `io_spec`."""
-    batch = torch.export.Dim(BATCH_AXIS, min=1, max=4096)
+    """torch.export's dynamic axes for the graph inputs: the named axes of `io_spec`'s inputs."""
+    bounds = {BATCH_AXIS: 4096}
     if isinstance(config, GMLPMaskedLMConfig):
-        seq = torch.export.Dim(SEQ_AXIS, min=1, max=config.n)
-        predictions = torch.export.Dim(PREDICTIONS_AXIS, min=1, max=config.max_predictions)
-        return ({0: batch, 1: seq}, {0: batch, 1: predictions})
-    return ({0: batch},)
+        bounds.update({SEQ_AXIS: config.n, PREDICTIONS_AXIS: config.max_predictions})
+    dims = {axis: torch.export.Dim(axis, min=1, max=most) for axis, most in bounds.items()}
+    return tuple(
+        {i: dims[axis] for i, axis in enumerate(spec["shape"]) if isinstance(axis, str)}
+        for spec in io_spec(config)[0]
+    )
 
 
 def export_onnx(
