@@ -308,7 +308,7 @@ class ImageTransform:
 
     def transform(self, img: Image.Image | np.ndarray) -> np.ndarray:
         """RGB image (or uint8 [H, W, 3]) -> float32 [3, H, W]: resize shorter side, centre crop,
-        scale to [0, 1], normalise. An image already at the model's input size is neither resized nor copied."""
+        scale to [0, 1], normalise. An image already at the model's input size is not resized."""
         height, width = img.shape[:2] if isinstance(img, np.ndarray) else (img.height, img.width)
         new_w, new_h = self.resized_size(width, height)
         if (new_w, new_h) != (width, height):

@@ -20,7 +20,6 @@ versions are its `notes`. The service lists every problem and note as UNAVAILABL
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from contract.repository import (
     VersionPolicy,
     parse_version,
 )
-from contract.spec import ModelSpec, SpecError, export_command, model_name_problem, read_spec
+from contract.spec import ModelSpec, SpecError, export_command, model_name_problem, read_json, read_spec
 
 FLAT_VERSION = 1
 MAX_POLICY_BYTES = 64 << 10
@@ -132,11 +131,7 @@ def _policy_file(directory: Path) -> VersionPolicy | None:
     if not path.is_file():
         return None
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_POLICY_BYTES + 1)
-        if len(raw) > MAX_POLICY_BYTES:
-            raise ValueError(f"larger than {MAX_POLICY_BYTES} bytes")
-        return VersionPolicy.parse(json.loads(raw.decode("utf-8"))["version_policy"])
+        return VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES)["version_policy"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise SpecError(f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})') from None
 

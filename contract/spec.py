@@ -128,14 +128,20 @@ def is_checkpoint(directory: Path) -> bool:
     return isinstance(config, dict) and config.get("format") == CHECKPOINT_FORMAT
 
 
+def read_json(path: Path, limit: int) -> Any:
+    """The JSON document in `path`, read without trusting it: at most `limit` bytes of UTF-8
+    (ValueError otherwise; OSError or RecursionError as reading and parsing raise them)."""
+    with path.open("rb") as handle:
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return json.loads(raw.decode("utf-8"))
+
+
 def _read_config(config_file: Path) -> object:
     """The parsed config.json: bounded, UTF-8, JSON (SpecError otherwise, never another error)."""
     try:
-        with config_file.open("rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise SpecError(f"{config_file}: larger than {MAX_CONFIG_BYTES} bytes")
-        return json.loads(raw.decode("utf-8"))
+        return read_json(config_file, MAX_CONFIG_BYTES)
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
         raise SpecError(
             f"{config_file}: unreadable config ({type(exc).__name__}: {str(exc)[:200]})"
