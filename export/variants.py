@@ -21,17 +21,21 @@ log = logging.getLogger(__name__)
 # Recorded in each int8 file's metadata (`gmlp.int8`), so the service knows without the onnx package
 # whether rows of a batch are independent: with dynamic quantisation they are not.
 STATIC, DYNAMIC = "static", "dynamic"
-# ORT `quantize_static` settings of the static int8 variant (why each: `quantize_int8`);
-# docs/benchmarks.md ("int8 on CPUs without VNNI") compares activation/weight types over these.
+# ORT's settings of the int8 variant (why each: `quantize_int8`): the weights' in both modes, and
+# the static mode's activations; docs/benchmarks.md ("int8 on CPUs without VNNI") compares
+# activation/weight types over these.
+INT8_WEIGHT_OPTIONS = {
+    "weight_type": QuantType.QInt8,
+    "per_channel": True,
+    "reduce_range": True,
+    "extra_options": {"MatMulConstBOnly": True},
+}
 STATIC_INT8_OPTIONS = {
+    **INT8_WEIGHT_OPTIONS,
     "quant_format": QuantFormat.QDQ,
     "op_types_to_quantize": ["MatMul"],
-    "per_channel": True,
     "activation_type": QuantType.QUInt8,
-    "weight_type": QuantType.QInt8,
-    "reduce_range": True,
     "calibrate_method": CalibrationMethod.MinMax,
-    "extra_options": {"MatMulConstBOnly": True},
 }
 
 
@@ -61,12 +65,5 @@ def quantize_int8(
     if calibration:
         quantize_static(str(fp32_path), str(out_path), FeedsReader(calibration), **STATIC_INT8_OPTIONS)
         return STATIC
-    quantize_dynamic(
-        str(fp32_path),
-        str(out_path),
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        reduce_range=True,
-        extra_options={"MatMulConstBOnly": True},
-    )
+    quantize_dynamic(str(fp32_path), str(out_path), **INT8_WEIGHT_OPTIONS)
     return DYNAMIC
