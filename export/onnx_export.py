@@ -108,11 +108,6 @@ def graph_top_k(config: GMLPConfig, top_k: int) -> int:
     return max(0, min(top_k, cast(GMLPVisionConfig, config).num_classes))
 
 
-def output_names(top_k: int) -> list[str]:
-    """The graph's outputs, in order: `logits`, then the top-k pair when `top_k` > 0."""
-    return ["logits", TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT] if top_k else ["logits"]
-
-
 def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, top_k: int = 0) -> nn.Module:
     """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), with the top-k
     outputs when `top_k` > 0 (K = `graph_top_k`). The model's own forward is the graph contract:
@@ -229,7 +224,7 @@ def export_onnx(
             dynamo=True,
             opset_version=opset,
             input_names=list(inputs),
-            output_names=output_names(graph_top_k(config, top_k)),
+            output_names=[spec["name"] for spec in io_spec(config, top_k)[1]],
             dynamic_shapes=_dynamic_shapes(config),
             optimize=True,
             verbose=False,
