@@ -5,10 +5,12 @@ Two layouts, side by side in one repository (Triton's, and the flat one of a sin
     models/NAME/1/config.json ...   versioned: each version directory is one exported version
     models/NAME/config.json ...     flat: the export itself is version 1
 
-A version directory is named by `parse_version` and is *complete* when its `config.json` and every
-file the config names are there, inside it (docs/service.md, "Model versions and the repository
-API", says when and how to write one); `fingerprint` lets the poller also wait until a directory
-looks the same in two scans `GMLP_REPOSITORY_POLL_S` apart.
+The model's name is the directory's name in the versioned layout, the config's `name` in the flat
+one; names starting with a dot are hidden (staging copies). A version directory is named by
+`parse_version` and is *complete* when its `config.json` and every file the config names are
+there, inside it (docs/service.md, "Model versions and the repository API", says when and how to
+write one); `fingerprint` lets the poller also wait until a directory looks the same in two scans
+`GMLP_REPOSITORY_POLL_S` apart.
 
 Whoever writes to the repository can put anything there, so `scan` reads each directory in
 isolation and never raises for one (only for a repository that is missing or cannot be listed):
