@@ -1,9 +1,12 @@
-"""Calibration sets: a few hundred representative inputs stored beside a checkpoint.
+"""Calibration sets for static int8 quantisation: where they come from, and the feeds made of them.
 
-Static int8 quantisation (export/calibration.py) fixes every activation scale at export time from
-representative inputs. Training stores a small set of *training* inputs in the checkpoint
+Static quantisation fixes every activation scale at export time from representative inputs, so a
+request's result never depends on what else is in its batch (dynamic quantisation computes the
+scale over the whole batch). Training stores a small set of *training* inputs in the checkpoint
 (`calibration.npz` of JPEGs or `calibration.txt.gz` of sentences, docs/formats.md), so that
 `gmlp export`, and the Docker build that sees only the repository, still produce static int8.
+The feeds go through the service's own preprocessing (`ImageTransform`, `FillMaskCodec`), so the
+scales are measured on what the model will really see.
 
 Sources: for a classifier, a directory of images or a CIFAR-style `.npz` (`<split>_jpeg` +
 `<split>_offsets`); for a masked LM, a `.txt` or `.txt.gz` file of prose, cut into sentences of
@@ -16,11 +19,16 @@ import gzip
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from contract.errors import UserError
+from contract.errors import InvalidInput, UserError
 from contract.formats import MLM_TASK
+from contract.image import ImageTransform
+from contract.text import FillMaskCodec
+
+Feeds = dict[str, np.ndarray]
 
 CALIBRATION_FILES = ("calibration.npz", "calibration.txt.gz")
 _IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
@@ -78,3 +86,52 @@ def write_calibration_set(
     out = checkpoint_dir / "calibration.npz"
     np.savez_compressed(out, calib_jpeg=blob, calib_offsets=offsets)
     return out
+
+
+def calibration_feeds(
+    given: str | Path | None, served: dict[str, Any], checkpoint_dir: Path, count: int
+) -> tuple[Path | None, list[Feeds] | None]:
+    """(source, feeds prepared as requests are) for static int8, from `given` or else the set
+    stored in the checkpoint; (None, None) when there is neither, which makes the int8 variant
+    dynamic."""
+    source = Path(given) if given else bundled_calibration(checkpoint_dir)
+    if source is None:
+        return None, None
+    if served["task"] == MLM_TASK:
+        return source, text_feeds(source, served["model"], checkpoint_dir / served["tokenizer"], count)
+    return source, image_feeds(source, served, count)
+
+
+def image_feeds(source: Path, served_config: dict[str, Any], count: int, seed: int = 0) -> list[Feeds]:
+    (spec,) = served_config["inputs"]
+    transform = ImageTransform.for_model(served_config, max_pixels=50_000_000)
+    images = image_bytes(Path(source), count, seed)
+    if not images:
+        raise UserError(f"no calibration images found in {source}")
+    return [{spec["name"]: transform(data)[None]} for data in images]
+
+
+def text_feeds(
+    source: Path, model_config: dict[str, Any], tokenizer: Path, count: int, seed: int = 0
+) -> list[Feeds]:
+    rng = random.Random(seed)
+    found = sentences(Path(source))
+    rng.shuffle(found)
+    codec = FillMaskCodec(tokenizer, model_config)
+    feeds: list[Feeds] = []
+    for sentence in found:
+        words = sentence.split()
+        words[rng.randrange(len(words))] = codec.mask_token
+        try:
+            encoded = codec.encode(" ".join(words))
+        except InvalidInput:  # too long for n once tokenised
+            continue
+        # At the full window, as the scales of the published int8 figures were measured: the real
+        # tokens' activations are the same at any length, and the pad rows widen the ranges to
+        # what a batch padded to its longest text also contains.
+        feeds.append(codec.collate([encoded.feeds], fixed=True))
+        if len(feeds) == count:
+            break
+    if not feeds:
+        raise UserError(f"no usable calibration sentences in {source}")
+    return feeds

@@ -34,26 +34,12 @@ RTOL = {"fp32": 1e-3, "int8": 2e-2, "fp16": 2e-2, "bf16": 5e-2}
 Arrays = dict[str, np.ndarray]
 
 
-def input_key(case: str, name: str) -> str:
-    return f"{case}/{name}"
-
-
-def output_key(variant: str, case: str, name: str) -> str:
-    return f"{variant}/{case}/{name}"
-
-
 def write_check(path: Path, cases: Mapping[str, Arrays], outputs: Mapping[str, Mapping[str, Arrays]]) -> dict:
     """Write `check.npz` (cases: inputs by case; outputs: by variant, then case) and return the
     config.json entry that names it."""
-    arrays = {input_key(c, n): a for c, feeds in cases.items() for n, a in feeds.items()}
-    arrays.update(
-        {
-            output_key(v, c, n): a
-            for v, by_case in outputs.items()
-            for c, out in by_case.items()
-            for n, a in out.items()
-        }
-    )
+    arrays = {f"{c}/{n}": a for c, feeds in cases.items() for n, a in feeds.items()}
+    for v, by_case in outputs.items():
+        arrays.update({f"{v}/{c}/{n}": a for c, out in by_case.items() for n, a in out.items()})
     np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy types **kwds as allow_pickle
     return {"file": path.name, "cases": sorted(cases), "variants": sorted(outputs)}
 
@@ -86,7 +72,7 @@ def run_check(
                 shape = None if name not in got else got[name].shape
                 return f"case {case}: output {name} has shape {shape}, recorded {expected.shape}"
             if name == TOP_K_IDS_OUTPUT:
-                scores = arrays.get(output_key(variant, case, TOP_K_SCORES_OUTPUT))
+                scores = arrays.get(f"{variant}/{case}/{TOP_K_SCORES_OUTPUT}")
                 problem = _ids_differ(got[name], expected, scores, precision or variant)
                 if problem is not None:
                     return f"case {case}: output {name} {problem}"

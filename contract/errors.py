@@ -82,9 +82,12 @@ class MethodNotAllowed(RequestError):
 
 
 class Unavailable(RequestError):
-    """The service cannot take the request now; retrying later may succeed."""
+    """The service cannot take the request now; retrying after `retry_after_s` (None: unknown) may
+    succeed."""
 
-    retry_after_s: int | None = 1
+    def __init__(self, code: ErrorCode, message: str, *, retry_after_s: int | None = 1) -> None:
+        super().__init__(code, message)
+        self.retry_after_s = retry_after_s
 
 
 class Overloaded(Unavailable):
@@ -93,10 +96,6 @@ class Overloaded(Unavailable):
 
 class NotReady(Unavailable):
     """The models are loading, failed to load, or the service is shutting down."""
-
-    def __init__(self, code: ErrorCode, message: str, *, retry_after_s: int | None = 1) -> None:
-        super().__init__(code, message)
-        self.retry_after_s = retry_after_s
 
 
 class Closed(Unavailable):
@@ -125,10 +124,6 @@ class PermissionDenied(RequestError):
 
 class RateLimited(Unavailable):
     """The API key used up its request rate; retrying after `retry_after_s` succeeds (429)."""
-
-    def __init__(self, code: ErrorCode, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(code, message)
-        self.retry_after_s = retry_after_s
 
 
 class RequestTimeout(RequestError):
@@ -368,30 +363,3 @@ def most_specific(table: Mapping[Any, S], kind: type, default: S) -> S:
         if cls in table:
             return table[cls]
     return default
-
-
-__all__ = [
-    "ErrorCode",
-    "most_specific",
-    "UserError",
-    "RequestError",
-    "InvalidInput",
-    "MalformedRequest",
-    "InputTooLarge",
-    "HeadersTooLarge",
-    "UnsupportedMediaType",
-    "ModelNotFound",
-    "RouteNotFound",
-    "MethodNotAllowed",
-    "Unavailable",
-    "Overloaded",
-    "NotReady",
-    "Closed",
-    "DeadlineExceeded",
-    "ClientGone",
-    "InternalError",
-    "Unauthenticated",
-    "PermissionDenied",
-    "RateLimited",
-    "RequestTimeout",
-]

@@ -308,7 +308,7 @@ class ImageTransform:
 
     def transform(self, img: Image.Image | np.ndarray) -> np.ndarray:
         """RGB image (or uint8 [H, W, 3]) -> float32 [3, H, W]: resize shorter side, centre crop,
-        normalise. An image already at the model's input size is neither resized nor copied."""
+        scale to [0, 1], normalise. An image already at the model's input size is not resized."""
         height, width = img.shape[:2] if isinstance(img, np.ndarray) else (img.height, img.width)
         new_w, new_h = self.resized_size(width, height)
         if (new_w, new_h) != (width, height):
@@ -319,13 +319,8 @@ class ImageTransform:
         crop_h, crop_w = self.crop_size
         top = int(round((new_h - crop_h) / 2.0))
         left = int(round((new_w - crop_w) / 2.0))
-        return self.normalise(pixels[top : top + crop_h, left : left + crop_w])
-
-    def normalise(self, pixels: np.ndarray) -> np.ndarray:
-        """uint8 RGB [H, W, 3] -> float32 [3, H, W], scaled to [0, 1] and normalised."""
-        arr = pixels.astype(np.float32) / 255.0
-        arr = (arr - self.mean) / self.std
-        return np.ascontiguousarray(arr.transpose(2, 0, 1))
+        arr = pixels[top : top + crop_h, left : left + crop_w].astype(np.float32) / 255.0
+        return np.ascontiguousarray(((arr - self.mean) / self.std).transpose(2, 0, 1))
 
 
 def decode_base64(text: str, field: str) -> bytes:

@@ -6,33 +6,22 @@ Two layouts, side by side in one repository (Triton's, and the flat one of a sin
     models/NAME/config.json ...     flat: the export itself is version 1
 
 The model's name is the directory's name in the versioned layout, the config's `name` in the flat
-one. A version directory is named by a version number (`parse_version`: ASCII digits, no leading
-zero) and is *complete* when its `config.json` exists and every file the config names (variants,
-labels, tokenizer, recorded check) is there, inside the directory: an export written in place must
-write `config.json` last (`gmlp export` moves a verified directory into place whole, which is the
-same). The poller also waits until a directory looks the same in two scans running
-`GMLP_REPOSITORY_POLL_S` apart (`fingerprint`: names, sizes and modification times), so a copy
-that writes `config.json` early is still not loaded half-written.
+one; names starting with a dot are hidden (staging copies). A version directory is named by
+`parse_version` and is *complete* when its `config.json` and every file the config names are
+there, inside it (docs/service.md, "Model versions and the repository API", says when and how to
+write one); `fingerprint` lets the poller also wait until a directory looks the same in two scans
+`GMLP_REPOSITORY_POLL_S` apart.
 
 Whoever writes to the repository can put anything there, so `scan` reads each directory in
 isolation and never raises for one (only for a repository that is missing or cannot be listed):
-
-- a version that cannot be read (no or a malformed config.json, not UTF-8, a named file missing or
-  outside its directory, unreadable, a symlink loop) is a `VersionSource` with its `problem`;
-- a flat directory that cannot be read is version 1 of a model named by the directory;
-- a model that cannot be applied as it is (two directories claim its name, its policy file is
-  unreadable, its directory's name is not a model name) is a `ModelSource` with a `problem`:
-  nothing of it loads or unloads until that is fixed;
-- entries of a model directory that are not versions (a directory named `²`, `01` or `v2`, a file
-  named `3`) are `notes`: ignored, and listed. Names starting with a dot are hidden (staging copies).
-
-The service lists every problem and note as UNAVAILABLE with its reason (`/models`, the index API,
-the log, `gmlp_repository_problems`). Nothing here loads a model.
+what it cannot read is a `VersionSource` or `ModelSource` with a `problem` (nothing of a model
+with one loads or unloads until it is fixed), and entries of a model directory that are not
+versions are its `notes`. The service lists every problem and note as UNAVAILABLE with its reason
+(the docs' table of broken directories). Nothing here loads a model.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -46,7 +35,7 @@ from contract.repository import (
     VersionPolicy,
     parse_version,
 )
-from contract.spec import ModelSpec, SpecError, export_command, model_name_problem, read_spec
+from contract.spec import ModelSpec, SpecError, export_command, model_name_problem, read_json, read_spec
 
 FLAT_VERSION = 1
 MAX_POLICY_BYTES = 64 << 10
@@ -66,10 +55,6 @@ class VersionSource:
     problem: str | None = None
     fingerprint: Fingerprint = ()
 
-    @property
-    def complete(self) -> bool:
-        return self.spec is not None
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -83,7 +68,7 @@ class ModelSource:
     notes: tuple[str, ...] = ()
 
     def complete_versions(self) -> list[int]:
-        return sorted(v for v, source in self.versions.items() if source.complete)
+        return sorted(v for v, source in self.versions.items() if source.spec is not None)
 
     def problems(self) -> tuple[str, ...]:
         """The model-level reasons to list (the versions carry their own)."""
@@ -148,11 +133,7 @@ def _policy_file(directory: Path) -> VersionPolicy | None:
     if not path.is_file():
         return None
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_POLICY_BYTES + 1)
-        if len(raw) > MAX_POLICY_BYTES:
-            raise ValueError(f"larger than {MAX_POLICY_BYTES} bytes")
-        return VersionPolicy.parse(json.loads(raw.decode("utf-8"))["version_policy"])
+        return VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES)["version_policy"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise SpecError(f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})') from None
 

@@ -133,16 +133,12 @@ def top_k_mismatch(
     return None
 
 
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """Element-wise logistic in float64 (multi-label style scores, when a client asks for them)."""
-    return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
-
-
 ScoreFunction = Literal["softmax", "sigmoid", "none"]
-# How logits become the scores a client sees; "none" reports the logits themselves.
+# How logits become the scores a client sees: "sigmoid" is the element-wise logistic (multi-label
+# style scores, when a client asks for them), "none" reports the logits themselves.
 SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "softmax": softmax,
-    "sigmoid": sigmoid,
+    "sigmoid": lambda logits: 1.0 / (1.0 + np.exp(-logits.astype(np.float64))),
     "none": lambda logits: logits.astype(np.float64),
 }
 

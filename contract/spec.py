@@ -78,10 +78,6 @@ class ModelSpec:
         return dict(self.config.get("variants") or {})
 
     @property
-    def preprocessing(self) -> dict[str, Any]:
-        return dict(self.config.get("preprocessing") or {})
-
-    @property
     def model_config(self) -> dict[str, Any]:
         return dict(self.config.get("model") or {})
 
@@ -109,8 +105,7 @@ class ModelSpec:
         return labels
 
     def tokenizer_path(self) -> Path:
-        name = self.model_config.get("tokenizer") or self.config.get("tokenizer") or DEFAULT_TOKENIZER
-        return confined(self.path, name, "tokenizer")
+        return confined(self.path, self.named_files()["tokenizer"], "tokenizer")
 
     def named_files(self) -> dict[str, object]:
         """Every file the config names, by what it is (the defaults included)."""
@@ -124,27 +119,29 @@ class ModelSpec:
         return files
 
 
-def read_format(directory: Path) -> str | None:
-    """The `format` a directory's config.json declares (served model, checkpoint), or None."""
+def is_checkpoint(directory: Path) -> bool:
+    """Whether `directory`'s config.json declares the checkpoint format."""
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
     except (OSError, ValueError):
-        return None
-    return config.get("format") if isinstance(config, dict) else None
+        return False
+    return isinstance(config, dict) and config.get("format") == CHECKPOINT_FORMAT
 
 
-def is_checkpoint(directory: Path) -> bool:
-    return read_format(directory) == CHECKPOINT_FORMAT
+def read_json(path: Path, limit: int) -> Any:
+    """The JSON document in `path`, read without trusting it: at most `limit` bytes of UTF-8
+    (ValueError otherwise; OSError or RecursionError as reading and parsing raise them)."""
+    with path.open("rb") as handle:
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return json.loads(raw.decode("utf-8"))
 
 
 def _read_config(config_file: Path) -> object:
     """The parsed config.json: bounded, UTF-8, JSON (SpecError otherwise, never another error)."""
     try:
-        with config_file.open("rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise SpecError(f"{config_file}: larger than {MAX_CONFIG_BYTES} bytes")
-        return json.loads(raw.decode("utf-8"))
+        return read_json(config_file, MAX_CONFIG_BYTES)
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
         raise SpecError(
             f"{config_file}: unreadable config ({type(exc).__name__}: {str(exc)[:200]})"

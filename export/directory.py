@@ -13,11 +13,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from contract.calibration import calibration_feeds
 from contract.formats import (
     CONFIG_FILE,
     DEFAULT_GRAPH_TOP_K,
     GRAPH_TOP_K_KEY,
-    MLM_TASK,
     SERVED_FORMAT,
     VARIANT_FILES,
 )
@@ -56,7 +56,7 @@ def export_served_model(
 ) -> dict[str, ParityReport]:
     """Export, verify and write a served-model directory; returns the parity report per variant.
 
-    `calibration` (images or prose, see export/calibration.py; default: the checkpoint's own
+    `calibration` (images or prose, see contract/calibration.py; default: the checkpoint's own
     calibration set, if it has one) makes the int8 variant statically quantised, so the service can
     batch it; without any, int8 is dynamic. `top_k` > 0 gives every variant the top-k outputs
     (`topk_ids`, `topk_scores`; K = min(top_k, the row's length), recorded in config.json as
@@ -128,23 +128,6 @@ def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
     proto = onnx.load(str(path))
     onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **metadata})
     onnx.save(proto, str(path))
-
-
-def calibration_feeds(
-    source: str | Path | None, served: dict, checkpoint_dir: Path, count: int
-) -> tuple[Path | None, list[dict] | None]:
-    """(source, feeds prepared as requests are) for static int8; (None, None) when there is no
-    calibration source, which makes the int8 variant dynamic."""
-    from contract.calibration import bundled_calibration
-
-    from .calibration import image_feeds, text_feeds
-
-    source = Path(source) if source else bundled_calibration(checkpoint_dir)
-    if source is None:
-        return None, None
-    if served["task"] == MLM_TASK:
-        return source, text_feeds(source, served["model"], checkpoint_dir / served["tokenizer"], count)
-    return source, image_feeds(source, served, count)
 
 
 def _served_config(

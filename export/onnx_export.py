@@ -58,18 +58,6 @@ class _SymbolicSGU(nn.Module):
         )
 
 
-class _MaskedLMGraph(nn.Module):
-    """The MLM graph contract: (input_ids [B, L], mask_positions [B, P]) -> logits [B, P, vocab],
-    1 <= L <= n and 1 <= P <= max_predictions."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, mask_positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions=mask_positions)
-
-
 class _Float16Compute(nn.Module):
     """fp16 weights and compute behind float32 inputs and outputs (the fp16 variant, for CUDA).
 
@@ -116,26 +104,19 @@ def graph_top_k(config: GMLPConfig, top_k: int) -> int:
     """K of the top-k outputs for a requested `top_k` (0: none): at most the row's length (the
     vocabulary, or the classes)."""
     if isinstance(config, GMLPMaskedLMConfig):
-        width = config.vocab_size
-    else:
-        assert isinstance(config, GMLPVisionConfig)
-        width = config.num_classes
-    return max(0, min(top_k, width))
-
-
-def output_names(top_k: int) -> list[str]:
-    """The graph's outputs, in order: `logits`, then the top-k pair when `top_k` > 0."""
-    return ["logits", TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT] if top_k else ["logits"]
+        return max(0, min(top_k, config.vocab_size))
+    return max(0, min(top_k, cast(GMLPVisionConfig, config).num_classes))
 
 
 def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, top_k: int = 0) -> nn.Module:
-    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), MLM wrapped,
-    with the top-k outputs when `top_k` > 0 (K = `graph_top_k`)."""
+    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), with the top-k
+    outputs when `top_k` > 0 (K = `graph_top_k`). The model's own forward is the graph contract:
+    (pixel_values) or (input_ids [B, L], mask_positions [B, P]), 1 <= L <= n, 1 <= P <= max_predictions."""
     copied = copy.deepcopy(model).float().eval()
     if fused:
         for block in cast("list[GMLPBlock]", copied.blocks):
             block.register_module("sgu", _SymbolicSGU(block.sgu))
-    graph: nn.Module = _MaskedLMGraph(copied) if isinstance(copied.config, GMLPMaskedLMConfig) else copied
+    graph: nn.Module = copied
     if float16:
         graph = _Float16Compute(graph)
     k = graph_top_k(copied.config, top_k)
@@ -178,45 +159,41 @@ def io_spec(config: GMLPConfig, top_k: int = 0) -> tuple[list[dict], list[dict]]
     axis, an int is fixed. A masked LM's `seq` runs from 1 to n and `predictions` from 1 to
     max_predictions; a classifier's patch grid, and so its image size, is fixed. With `top_k`,
     the top-k outputs follow `logits`, shaped like it with K in place of the row."""
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
+
+    def tensor(name: str, dtype: str, *shape: str | int) -> dict[str, Any]:
+        return {"name": name, "dtype": dtype, "shape": list(shape)}
+
     if isinstance(config, GMLPMaskedLMConfig):
         inputs = [
-            {"name": "input_ids", "dtype": "int64", "shape": [BATCH_AXIS, SEQ_AXIS]},
-            {"name": "mask_positions", "dtype": "int64", "shape": [BATCH_AXIS, PREDICTIONS_AXIS]},
+            tensor("input_ids", "int64", BATCH_AXIS, SEQ_AXIS),
+            tensor("mask_positions", "int64", BATCH_AXIS, PREDICTIONS_AXIS),
         ]
-        outputs = [
-            {
-                "name": "logits",
-                "dtype": "float32",
-                "shape": [BATCH_AXIS, PREDICTIONS_AXIS, config.vocab_size],
-            }
-        ]
+        outputs = [tensor("logits", "float32", BATCH_AXIS, PREDICTIONS_AXIS, config.vocab_size)]
     else:
         assert isinstance(config, GMLPVisionConfig)
         size = config.img_size
-        inputs = [
-            {"name": "pixel_values", "dtype": "float32", "shape": [BATCH_AXIS, config.in_chans, size, size]}
-        ]
-        outputs = [{"name": "logits", "dtype": "float32", "shape": [BATCH_AXIS, config.num_classes]}]
+        inputs = [tensor("pixel_values", "float32", BATCH_AXIS, config.in_chans, size, size)]
+        outputs = [tensor("logits", "float32", BATCH_AXIS, config.num_classes)]
     k = graph_top_k(config, top_k)
     if k:
         rows = outputs[0]["shape"][:-1]
         outputs += [
-            {"name": TOP_K_IDS_OUTPUT, "dtype": "int64", "shape": [*rows, k]},
-            {"name": TOP_K_SCORES_OUTPUT, "dtype": "float32", "shape": [*rows, k]},
+            tensor(TOP_K_IDS_OUTPUT, "int64", *rows, k),
+            tensor(TOP_K_SCORES_OUTPUT, "float32", *rows, k),
         ]
     return inputs, outputs
 
 
 def _dynamic_shapes(config: GMLPConfig) -> tuple[dict[int, torch.export.Dim], ...]:
-    """torch.export's dynamic axes for the graph inputs, named as in `io_spec`."""
-    batch = torch.export.Dim(BATCH_AXIS, min=1, max=4096)
+    """torch.export's dynamic axes for the graph inputs: the named axes of `io_spec`'s inputs."""
+    bounds = {BATCH_AXIS: 4096}
     if isinstance(config, GMLPMaskedLMConfig):
-        seq = torch.export.Dim(SEQ_AXIS, min=1, max=config.n)
-        predictions = torch.export.Dim(PREDICTIONS_AXIS, min=1, max=config.max_predictions)
-        return ({0: batch, 1: seq}, {0: batch, 1: predictions})
-    return ({0: batch},)
+        bounds.update({SEQ_AXIS: config.n, PREDICTIONS_AXIS: config.max_predictions})
+    dims = {axis: torch.export.Dim(axis, min=1, max=most) for axis, most in bounds.items()}
+    return tuple(
+        {i: dims[axis] for i, axis in enumerate(spec["shape"]) if isinstance(axis, str)}
+        for spec in io_spec(config)[0]
+    )
 
 
 def export_onnx(
@@ -247,7 +224,7 @@ def export_onnx(
             dynamo=True,
             opset_version=opset,
             input_names=list(inputs),
-            output_names=output_names(graph_top_k(config, top_k)),
+            output_names=[spec["name"] for spec in io_spec(config, top_k)[1]],
             dynamic_shapes=_dynamic_shapes(config),
             optimize=True,
             verbose=False,
@@ -287,8 +264,9 @@ def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -
     onnx_model.opset_imports[""] = opset
 
 
-def metadata_for(config: GMLPConfig, source_sha256: str | None) -> dict[str, str]:
-    meta = {"gmlp.config": json.dumps(config.to_dict()), "gmlp.task": config.task}
-    if source_sha256:
-        meta["gmlp.source_sha256"] = source_sha256
-    return meta
+def metadata_for(config: GMLPConfig, source_sha256: str) -> dict[str, str]:
+    return {
+        "gmlp.config": json.dumps(config.to_dict()),
+        "gmlp.task": config.task,
+        "gmlp.source_sha256": source_sha256,
+    }

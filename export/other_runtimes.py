@@ -1,15 +1,11 @@
 """The served graph for runtimes that know no ONNX local functions, and the export's OpenVINO check.
 
-The fused graph (one `gmlp::SpatialGatingUnit` function node per block) stays the artifact: ONNX
-Runtime inlines the function itself, and a runtime with a kernel for it may take the node whole.
-OpenVINO's ONNX reader, TensorRT's parser and most converters know no local functions;
-`write_inlined` writes a copy of a served variant with every function node replaced by its body
-(the same operators ONNX Runtime runs, so the same answers). The service's OpenVINO backend
-inlines the same way when it loads a graph.
-
-When OpenVINO is installed, the export also runs the fp32 graph on it at the precision it chooses on
-this CPU (bf16 where the CPU has bf16 instructions, else fp32) and holds it to PyTorch within that
-precision's bound; config.json records what was checked (`openvino`).
+OpenVINO's ONNX reader, TensorRT's parser and most converters know no local functions:
+`write_inlined` writes a copy of a served variant with every `gmlp::SpatialGatingUnit` node
+replaced by its body, the operators ONNX Runtime runs after its own inlining (docs/export.md).
+When OpenVINO is installed, the export also runs the fp32 graph on it at the precision it chooses
+on this CPU (bf16 where the CPU has bf16 instructions, else fp32) and holds it to PyTorch within
+that precision's bound; config.json records what was checked (`openvino`).
 """
 
 from __future__ import annotations
@@ -91,6 +87,3 @@ def check_openvino(model: GMLPModel, fp32_path: Path) -> tuple[ParityReport, dic
         "max_abs_diff": report.max_abs_diff,
         "top1_agreement": report.top1_agreement,
     }
-
-
-__all__ = ["inlined", "write_inlined", "check_openvino"]

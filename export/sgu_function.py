@@ -1,4 +1,4 @@
-"""The `gmlp::SpatialGatingUnit` ONNX function, written with onnxscript.
+"""The `gmlp::SpatialGatingUnit` ONNX function, written with onnxscript (docs/export.md).
 
 Body (paper section 2, with the exported layout of `model.layers.SpatialGatingUnit`):
 
@@ -12,24 +12,12 @@ Body (paper section 2, with the exported layout of `model.layers.SpatialGatingUn
     gate   = act(gate)                                # a gate activation other than the identity
     out    = Mul(z1, gate)
 
-With h > 1 heads W is [h, n, n] and b [h, n]: z2, W and b are split into h parts (channels for
-z2), each head's `W_h @ z2_h + b_h` computed as above and the h gates concatenated over channels.
-The head count and the activation are part of the function's body (one function per model).
-
-Inputs, in order: z, gamma, beta, W, b, then `token_mask` [batch, L, 1] if the model masks
-padding, then `attn` [batch, L, d_ffn/2] if it is an aMLP. A model uses one signature for all its
-blocks, so one function per model suffices. The tiny attention itself is computed by ordinary
-nodes before the SGU node (it reads the block's normalised input, not z), and its output enters
-the function as `attn`.
-
-A masked LM's graph takes any length 1 <= L <= n, so the function slices the top-left L x L block
-of W (and the first L entries of b) itself, from the shape of its input: one file serves every
-length, and for the real tokens this is exactly the fixed window of n tokens with padding masked
-out (docs/model.md, "Variable length"). A classifier's patch grid is fixed, so its W is used
-whole.
-
-ONNX Runtime inlines the function before optimising, so serving speed equals a plain export;
-a runtime with a registered `gmlp::SpatialGatingUnit` kernel may take the node whole instead.
+With h > 1 heads W is [h, n, n] and b [h, n]: each head's `W_h @ z2_h + b_h` on its slice of z2's
+channels, the h gates concatenated over channels. The head count, the activation and the optional
+inputs (`token_mask` [batch, L, 1], `attn` [batch, L, d_ffn/2], computed by ordinary nodes before
+the SGU node) are fixed per model, so one function per model suffices. A masked LM's function
+slices W and b to its input's length itself, so one file serves every length 1 <= L <= n; a
+classifier's patch grid is fixed and its W used whole.
 """
 
 from __future__ import annotations
@@ -40,15 +28,6 @@ import onnxscript
 DOMAIN = "gmlp"
 OP_TYPE = "SpatialGatingUnit"
 FUNCTION_VERSION = 1
-
-
-def sgu_input_names(has_mask: bool, has_attn: bool) -> list[str]:
-    names = ["z", "norm_weight", "norm_bias", "spatial_weight", "spatial_bias"]
-    if has_mask:
-        names.append("token_mask")
-    if has_attn:
-        names.append("attn")
-    return names
 
 
 def build_sgu_function(
@@ -67,7 +46,8 @@ def build_sgu_function(
     `variable_length`, W and b are sliced to the input's length (masked LM). `heads` and
     `gate_act` are `GMLPConfig`'s (gelu needs opset >= 20).
     """
-    names = sgu_input_names(has_mask, has_attn)
+    names = ["z", "norm_weight", "norm_bias", "spatial_weight", "spatial_bias"]
+    names += [name for name, present in (("token_mask", has_mask), ("attn", has_attn)) if present]
 
     def body(op: onnxscript.OpBuilder, *values: ir.Value) -> ir.Value:
         args = dict(zip(names, values, strict=True))
@@ -102,8 +82,7 @@ def build_sgu_function(
         return op.Mul(z1, _activation(op, gate, gate_act))
 
     inputs = [ir.Value(name=name) for name in names]
-    function = onnxscript.build_function(body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset})
-    return function
+    return onnxscript.build_function(body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset})
 
 
 def _activation(op: onnxscript.OpBuilder, gate: ir.Value, name: str) -> ir.Value:

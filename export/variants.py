@@ -21,17 +21,21 @@ log = logging.getLogger(__name__)
 # Recorded in each int8 file's metadata (`gmlp.int8`), so the service knows without the onnx package
 # whether rows of a batch are independent: with dynamic quantisation they are not.
 STATIC, DYNAMIC = "static", "dynamic"
-# ORT `quantize_static` settings of the static int8 variant (why each: `quantize_int8`);
-# docs/benchmarks.md ("int8 on CPUs without VNNI") compares activation/weight types over these.
+# ORT's settings of the int8 variant (why each: `quantize_int8`): the weights' in both modes, and
+# the static mode's activations; docs/benchmarks.md ("int8 on CPUs without VNNI") compares
+# activation/weight types over these.
+INT8_WEIGHT_OPTIONS = {
+    "weight_type": QuantType.QInt8,
+    "per_channel": True,
+    "reduce_range": True,
+    "extra_options": {"MatMulConstBOnly": True},
+}
 STATIC_INT8_OPTIONS = {
+    **INT8_WEIGHT_OPTIONS,
     "quant_format": QuantFormat.QDQ,
     "op_types_to_quantize": ["MatMul"],
-    "per_channel": True,
     "activation_type": QuantType.QUInt8,
-    "weight_type": QuantType.QInt8,
-    "reduce_range": True,
     "calibrate_method": CalibrationMethod.MinMax,
-    "extra_options": {"MatMulConstBOnly": True},
 }
 
 
@@ -50,32 +54,16 @@ def quantize_int8(
 ) -> str:
     """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode.
 
-    Weights are int8 with per-channel scales (accuracy on the wide d_ffn projections). Activations:
-    - with `calibration` (inputs prepared like requests, see contract/calibration.py): *static* QDQ,
-      scales fixed at export, so each row of a batch is computed independently and the service can
-      batch int8 requests;
-    - without: *dynamic*, one activation scale per run over the whole batch, so the service runs
-      such a model one row at a time to keep results independent of batch-mates.
-    The spatial projection lives inside the SGU function, which neither mode touches: the function
-    nodes survive in the int8 file and W stays fp32.
-
-    Weights use 7 bits (`reduce_range`). On x86 CPUs without VNNI (AVX2, plain AVX-512) ONNX Runtime
-    multiplies u8 activations by s8 weights with VPMADDUBSW, which adds pairs of products in int16
-    and saturates, which costs 8-bit weights measurable top-1 on such machines. With 7 bits
-    (|w| <= 64) no pair can overflow, since 2 x 255 x 64 < 2**15.
-    VNNI CPUs accumulate in int32 either way, so one exported file computes the same integer
-    products on every x86 CPU it is served on (figures and command: docs/benchmarks.md, "int8 on
-    CPUs without VNNI").
+    Weights are int8 with per-channel scales (accuracy on the wide d_ffn projections), in 7 bits
+    (`reduce_range`): on x86 CPUs without VNNI ONNX Runtime adds pairs of u8 x s8 products in
+    int16, which 8-bit weights saturate, and 2 x 255 x 64 < 2**15 (docs/export.md, "Variants").
+    Activations: with `calibration` (inputs prepared like requests, contract/calibration.py)
+    *static* QDQ, scales fixed at export, so the service can batch int8 requests; without, *dynamic*
+    (one scale per run over the whole batch), which the service runs one row at a time. Neither
+    touches the spatial projection inside the SGU function: W stays fp32.
     """
     if calibration:
         quantize_static(str(fp32_path), str(out_path), FeedsReader(calibration), **STATIC_INT8_OPTIONS)
         return STATIC
-    quantize_dynamic(
-        str(fp32_path),
-        str(out_path),
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-        reduce_range=True,
-        extra_options={"MatMulConstBOnly": True},
-    )
+    quantize_dynamic(str(fp32_path), str(out_path), **INT8_WEIGHT_OPTIONS)
     return DYNAMIC

@@ -64,12 +64,10 @@ class ParityReport:
         )
 
 
-def session(path: str | Path, providers: list[str] | None = None, threads: int = 0) -> ort.InferenceSession:
+def session(path: str | Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def ort_run(path: str | Path) -> Run:

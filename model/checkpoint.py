@@ -82,7 +82,6 @@ def save_checkpoint(
     tokenizer: str | Path | None = None,
     preprocessing: dict[str, Any] | None = None,
     name: str | None = None,
-    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write `model` as a checkpoint directory and return its path.
 
@@ -100,7 +99,6 @@ def save_checkpoint(
         "seq_len": config.seq_len,
         "model": config.to_dict(),
         "preprocessing": preprocessing or default_preprocessing(config),
-        **(extra or {}),
     }
     if isinstance(config, GMLPVisionConfig):
         if labels is None or len(labels) != config.num_classes:

@@ -157,15 +157,3 @@ def config_from_dict(data: dict[str, Any]) -> GMLPConfig:
     if unknown:
         raise UserError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
     return cls(**data)
-
-
-__all__ = [
-    "GMLPConfig",
-    "GMLPVisionConfig",
-    "GMLPMaskedLMConfig",
-    "NAMED_CONFIGS",
-    "get_config",
-    "config_from_dict",
-    "VISION_TASK",
-    "MLM_TASK",
-]

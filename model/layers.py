@@ -89,17 +89,12 @@ class SpatialGatingUnit(nn.Module):
         return z1 * GATE_FUNCTIONS[self.gate_act](gate)
 
     def spatial_projection(self, z2: torch.Tensor) -> torch.Tensor:
-        """`W @ z2 + b` over tokens, for z2 [B, L, e] with L <= n.
+        """`W @ z2 + b` over tokens, for z2 [B, L, e] with L <= n: one batched GEMM on z2 as it lies
+        (W expanded over the batch is a stride-0 view; docs/model.md says why not `W @ z2 + b`).
 
-        W expanded over the batch is a stride-0 view, so this is one batched GEMM on z2 as it lies.
-        (`torch.matmul(W, z2)` folds the batch into the columns, which copies the strided z2 in the
-        forward and the backward; a separate fp32 `+ b` promotes the bf16 gate to fp32 under
-        autocast. Together they cost a sixth of a CIFAR training step on CPU: docs/benchmarks.md.)
-
-        A shorter sequence uses `W[:L, :L]` and `b[:L]`, views of the parameters. At the full
-        length nothing is sliced, so training at n keeps the plain GEMM and a gradient with no
-        slice in its path. Under torch.export L is symbolic and the slice is always taken (a no-op
-        at L = n), so the exported graph serves every length.
+        A shorter sequence uses the views `W[:L, :L]` and `b[:L]`; at the full length nothing is
+        sliced, so training at n has no slice in the gradient's path. Under torch.export L is
+        symbolic and the slice is always taken (a no-op at L = n), so the graph serves every length.
         """
         length = z2.shape[1]
         weight: torch.Tensor = self.spatial_proj.weight
@@ -198,16 +193,11 @@ class GMLPBlock(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def init_weights(self) -> None:
-        for linear in self._channel_linears():
+        attn = [] if self.attn is None else [self.attn.qkv, self.attn.proj]
+        for linear in [self.proj_in, self.proj_out, *attn]:
             nn.init.xavier_uniform_(linear.weight)
             nn.init.normal_(linear.bias, std=1e-6)
         self.sgu.init_weights()
-
-    def _channel_linears(self) -> list[nn.Linear]:
-        linears = [self.proj_in, self.proj_out]
-        if self.attn is not None:
-            linears += [self.attn.qkv, self.attn.proj]
-        return linears
 
     def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         shortcut = x

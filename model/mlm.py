@@ -1,12 +1,5 @@
 """gMLP masked language model (paper section 4): token embedding -> gMLP blocks -> LayerNorm ->
-vocabulary projection (tied to the embedding unless the config unties it).
-
-There are no position embeddings: the spatial projection W of every block is position-aware.
-The window is n tokens. A sequence may be shorter, L <= n: each block then mixes with the top-left
-L x L block of W. Padding (`pad_token_id`, to the longest text of a batch or to n) is masked out of
-the spatial mixing (see `SpatialGatingUnit`), so a sentence's predictions are the same at any
-length it is run at, padded to n or not (docs/model.md, "Variable length").
-"""
+vocabulary projection (tied to the embedding unless the config unties it)."""
 
 from __future__ import annotations
 
@@ -23,10 +16,11 @@ class GMLPForMaskedLM(nn.Module):
     """The paper's masked language model (section 4): BERT's pre-training task without attention.
 
     Token embeddings pass through `depth` gMLP blocks (with aMLP's tiny attention when
-    `config.attn_dim` is set), a final LayerNorm and a vocabulary projection tied to the embedding
-    matrix. Padding is masked out of every spatial mixing, so answers do not depend on how far a
-    batch was padded. The head can decode only the requested positions, which is what fill-mask
-    and the exported graph use.
+    `config.attn_dim` is set). There are no position embeddings: each block's W is position-aware.
+    The window is n tokens; a shorter sequence, L <= n, is mixed with the top-left L x L block of W,
+    and padding (`pad_token_id`) is masked out of every spatial mixing, so a sentence's predictions
+    are the same at any length it is run at (docs/model.md, "Variable length"). The head can decode
+    only the requested positions, which is what fill-mask and the exported graph use.
 
     `checkpoint_info` holds the parsed config.json when the model came from a checkpoint.
     """

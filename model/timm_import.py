@@ -33,16 +33,14 @@ _KEY_MAP = [
 ]
 
 
-def timm_key_to_ours(key: str) -> str:
-    for pattern, replacement in _KEY_MAP:
-        new, count = re.subn(pattern, replacement, key)
-        if count:
-            return new
-    return key
-
-
 def convert_timm_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {timm_key_to_ours(k): v for k, v in state.items()}
+    """timm's keys renamed to ours (the tensors are the same)."""
+    renamed = {}
+    for key, value in state.items():
+        for pattern, replacement in _KEY_MAP:
+            key = re.sub(pattern, replacement, key)
+        renamed[key] = value
+    return renamed
 
 
 def gmlp_from_timm(

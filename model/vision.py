@@ -1,8 +1,4 @@
-"""gMLP image classifier (paper section 3): patches -> gMLP blocks -> LayerNorm -> mean -> linear head.
-
-Split as timm splits its models: `forward_features` returns the normalised tokens and
-`forward_head` pools and classifies, so features can be used without the head.
-"""
+"""gMLP image classifier (paper section 3): patches -> gMLP blocks -> LayerNorm -> mean -> linear head."""
 
 from __future__ import annotations
 
@@ -38,7 +34,8 @@ class GMLPVisionClassifier(nn.Module):
     Images are cut into non-overlapping patches, each projected to `d_model`; `depth` gMLP blocks
     mix channels and, through the Spatial Gating Unit, tokens; a LayerNorm, the mean over tokens
     and a linear head give class logits. The token count n = (img_size / patch_size)^2 is fixed by
-    the SGU's n x n projection, so the input size is too.
+    the SGU's n x n projection, so the input size is too. Split as timm splits its models:
+    `forward_features` returns the normalised tokens and `forward_head` pools and classifies.
 
     `checkpoint_info` holds the parsed config.json when the model came from a checkpoint.
     """

@@ -75,19 +75,17 @@ def finish_run(
     return summary
 
 
-def fill_mask_examples(
-    pred: Any, sentences: list[str] = FILL_MASK_EXAMPLES, k: int = 5
-) -> list[dict[str, Any]]:
-    """Top-k predictions for each [MASK] of `sentences`, encoded by the service's own codec and run
-    through `pred` (a PyTorch checkpoint or an exported ONNX variant, see `evaluate.Predictor`)."""
+def fill_mask_examples(pred: Any) -> list[dict[str, Any]]:
+    """The top-5 predictions for each [MASK] of `FILL_MASK_EXAMPLES`, encoded by the service's own
+    codec and run through `pred` (a checkpoint or an exported ONNX variant: `evaluate.Predictor`)."""
     from contract.text import FillMaskCodec
 
     codec = FillMaskCodec(pred.root / "tokenizer.json", pred.info["model"])
     rows = []
-    for sentence in sentences:
+    for sentence in FILL_MASK_EXAMPLES:
         enc = codec.encode(sentence)
         logits = pred.mlm(enc.feeds["input_ids"][None], enc.feeds["mask_positions"][None])[0]
-        slots = codec.decode(enc, logits, top_k=k)  # the service's own softmax and ranking
+        slots = codec.decode(enc, logits, top_k=5)  # the service's own softmax and ranking
         preds = [[(p["token_str"], round(p["score"], 3)) for p in slot] for slot in slots]
         rows.append({"sentence": sentence, "predictions": preds})
     return rows

@@ -33,9 +33,6 @@ def _source_id(path: Path) -> str:
     return f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
 
 
-# --------------------------------------------------------------------------------------------- CIFAR
-
-
 def load_cifar(
     npz_path: str | Path, split: str, limit: int | None = None, cache_dir: Path | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -112,8 +109,6 @@ def to_pixel_values(images: np.ndarray, mean: tuple[float, ...], std: tuple[floa
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
-
-# -------------------------------------------------------------------------------------------- corpus
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+(?=[\"'“‘(\[]*[A-Z0-9])")
 

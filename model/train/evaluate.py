@@ -33,6 +33,10 @@ from .data import (
 EVAL_SEED = 1234
 
 
+Vision = Callable[[np.ndarray], np.ndarray]
+MaskedLM = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
 @dataclass
 class Predictor:
     """A model behind plain numpy calls: `vision(pixels)` -> logits or `mlm(ids, positions)` -> logits."""
@@ -40,27 +44,11 @@ class Predictor:
     task: str
     info: dict[str, Any]  # the directory's config.json
     root: Path
-    vision: Callable[[np.ndarray], np.ndarray] | None = None
-    mlm: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
-
-    @property
-    def preprocessing(self) -> dict[str, Any]:
-        return self.info.get("preprocessing") or {}
-
-    def classifier(self) -> Callable[[np.ndarray], np.ndarray]:
-        """`vision`, or a clear error when this model is not an image classifier."""
-        if self.vision is None:
-            raise UserError(f"{self.root} is a {self.task} model, not an image classifier")
-        return self.vision
-
-    def masked_lm(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        """`mlm`, or a clear error when this model is not a masked LM."""
-        if self.mlm is None:
-            raise UserError(f"{self.root} is a {self.task} model, not a masked LM")
-        return self.mlm
+    vision: Vision
+    mlm: MaskedLM
 
 
-def _torch_predictor(root: Path) -> Predictor:
+def _torch_runs(root: Path) -> tuple[Vision, MaskedLM]:
     import torch
 
     from model.checkpoint import load_checkpoint
@@ -71,17 +59,13 @@ def _torch_predictor(root: Path) -> Predictor:
         with torch.inference_mode():
             return fn().float().numpy()
 
-    info = model.checkpoint_info
-    return Predictor(
-        task=info["task"],
-        info=info,
-        root=root,
-        vision=lambda x: run(lambda: model(torch.from_numpy(x))),
-        mlm=lambda ids, pos: run(lambda: model(torch.from_numpy(ids), positions=torch.from_numpy(pos))),
+    return (
+        lambda x: run(lambda: model(torch.from_numpy(x))),
+        lambda ids, pos: run(lambda: model(torch.from_numpy(ids), positions=torch.from_numpy(pos))),
     )
 
 
-def _onnx_predictor(root: Path, info: dict[str, Any], variant: str, threads: int) -> Predictor:
+def _onnx_runs(root: Path, info: dict[str, Any], variant: str, threads: int) -> tuple[Vision, MaskedLM]:
     import onnxruntime as ort
 
     variants = info.get("variants") or {"fp32": VARIANT_FILES["fp32"]}
@@ -110,13 +94,7 @@ def _onnx_predictor(root: Path, info: dict[str, Any], variant: str, threads: int
             parts.append(out[:, :width])
         return np.concatenate(parts, axis=1)
 
-    return Predictor(
-        task=info["task"],
-        info=info,
-        root=root,
-        vision=lambda x: session.run(None, {"pixel_values": x})[0],
-        mlm=mlm,
-    )
+    return lambda x: session.run(None, {"pixel_values": x})[0], mlm
 
 
 def open_predictor(path: str | Path, variant: str = "fp32", threads: int = 1) -> Predictor:
@@ -128,16 +106,16 @@ def open_predictor(path: str | Path, variant: str = "fp32", threads: int = 1) ->
             f"{root} has no config.json (expected a checkpoint or served-model directory)"
         )
     info = json.loads(cfg.read_text())
-    if info.get("format") == SERVED_FORMAT:
-        return _onnx_predictor(root, info, variant, threads)
-    return _torch_predictor(root)
+    served = info.get("format") == SERVED_FORMAT
+    runs = _onnx_runs(root, info, variant, threads) if served else _torch_runs(root)
+    return Predictor(info["task"], info, root, *runs)
 
 
 def evaluate_classifier(
     pred: Predictor, npz: Path, limit: int | None, cache_dir: Path | None, batch: int = 250
 ) -> dict[str, float]:
     """CIFAR-10 test top-1 with the directory's own preprocessing (identity resize at 32x32)."""
-    pre = pred.preprocessing
+    pre = pred.info.get("preprocessing") or {}
     if pre.get("crop_size", 32) != 32 or pre.get("resize_size", 32) != 32:
         raise UserError(
             f"{pred.root} expects {pre.get('crop_size')}px inputs; CIFAR-10 evaluation needs 32px"
@@ -146,7 +124,7 @@ def evaluate_classifier(
     correct = 0
     for start in range(0, len(labels), batch):
         x = to_pixel_values(images[start : start + batch], tuple(pre["mean"]), tuple(pre["std"]))
-        correct += int((pred.classifier()(x).argmax(-1) == labels[start : start + batch]).sum())
+        correct += int((pred.vision(x).argmax(-1) == labels[start : start + batch]).sum())
     return {"top1": round(correct / len(labels), 4), "images": len(labels)}
 
 
@@ -202,7 +180,7 @@ def evaluate_mlm(pred: Predictor, corpus: TokenCorpus, windows: int, short: int)
     max_pred = int(model_cfg.get("max_predictions", 16))
     full_budget = max(max_pred, int(round(0.15 * (n - 2))))
     out: dict[str, Any] = {}
-    mlm = pred.masked_lm()
+    mlm = pred.mlm
     full = eval_windows(corpus, n, special, windows, short=False)
     out["full"] = mlm_accuracy(mlm, full, special, full_budget)
     out["full_bert_masking"] = mlm_accuracy(mlm, full, special, full_budget, bert_mix=True)

@@ -55,7 +55,6 @@ class LoopConfig:
 class LoopResult:
     steps: int
     train_seconds: float
-    last_lr: float
     metrics: dict[str, float] = field(default_factory=dict)
     precision: str = "fp32"
 
@@ -198,7 +197,6 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     return LoopResult(
         steps=step,
         train_seconds=planner.elapsed(),
-        last_lr=lr,
         metrics=meter.summary(),
         precision=precision_label(cfg.bf16),
     )

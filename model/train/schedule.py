@@ -36,23 +36,21 @@ class StepPlanner:
     process only (a resumed run re-measures).
     """
 
+    calib_steps = 30
+    skip_steps = 3
+    replan_every = 50
+
     def __init__(
         self,
         max_steps: int | None,
         budget_s: float | None,
         elapsed_s: float = 0.0,
-        calib_steps: int = 30,
-        skip_steps: int = 3,
-        replan_every: int = 50,
         provisional_steps: int = 10_000,
     ) -> None:
         if max_steps is None and budget_s is None:
             raise UserError("give a step limit, a time budget or both")
         self.max_steps = max_steps
         self.budget_s = budget_s
-        self.calib_steps = calib_steps
-        self.skip_steps = skip_steps
-        self.replan_every = replan_every
         self._start_elapsed = elapsed_s
         self._t0 = time.monotonic()
         self._mark: tuple[int, float] | None = None  # (step, monotonic time) when timing started

@@ -260,8 +260,7 @@ def test_int8_weights_fit_in_seven_bits(static_int8, tiny_vision_served, mode):
 
 
 def test_image_calibration_set_round_trip(tmp_path, tiny_vision_served):
-    from contract.calibration import bundled_calibration, write_calibration_set
-    from export.calibration import image_feeds
+    from contract.calibration import bundled_calibration, image_feeds, write_calibration_set
     from support.helpers import CIFAR_SAMPLE_NPZ
 
     stored = write_calibration_set(tmp_path, "image-classification", CIFAR_SAMPLE_NPZ, count=16)
