@@ -39,7 +39,7 @@ def expected_probs(served: Path, variant_file: str, image: bytes) -> np.ndarray:
     """What the service should answer, computed directly with ORT (no batching, no HTTP)."""
     spec = read_spec(served)
     assert spec is not None
-    pixels = ImageTransform.from_config(spec.preprocessing, 10**8, (32, 32))(image)
+    pixels = ImageTransform.from_config(spec.config["preprocessing"], 10**8, (32, 32))(image)
     session = ort.InferenceSession(str(served / variant_file), providers=["CPUExecutionProvider"])
     logits = session.run(None, {"pixel_values": pixels[None]})[0][0].astype(np.float64)
     probs = np.exp(logits - logits.max())

@@ -56,7 +56,7 @@ def top_label(server: RunningServer, image: bytes) -> str:
 def pixels(served: Path, image: bytes) -> np.ndarray:
     spec = read_spec(served)
     assert spec is not None
-    return ImageTransform.from_config(spec.preprocessing, 10**8, (32, 32))(image)
+    return ImageTransform.from_config(spec.config["preprocessing"], 10**8, (32, 32))(image)
 
 
 def test_health_and_metadata(triton: httpclient.InferenceServerClient) -> None:
