@@ -84,7 +84,10 @@ def test_infer_raw_image_and_text(
     spec = read_spec(tiny_vision_served)
     assert spec is not None
     batch = np.stack(
-        [ImageTransform.from_config(spec.config["preprocessing"], 10**8, (32, 32))(i) for i in cifar_images[:2]]
+        [
+            ImageTransform.from_config(spec.config["preprocessing"], 10**8, (32, 32))(i)
+            for i in cifar_images[:2]
+        ]
     )
     raw = grpcclient.InferInput("pixel_values", list(batch.shape), "FP32")
     raw.set_data_from_numpy(batch)
