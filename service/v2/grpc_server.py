@@ -332,7 +332,8 @@ class CallHandling:
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
             finally:
-                metrics.grpc_call(method, code.name, time.perf_counter() - start)
+                metrics.grpc_calls.labels(method, code.name).inc()
+                metrics.grpc_latency.labels(method, code.name).observe(time.perf_counter() - start)
                 if tracing is not None:
                     failed = code != grpc.StatusCode.OK
                     tracing.end_server_span(

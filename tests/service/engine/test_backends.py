@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from contract.check import CHECK_FILE
-from service.engine.backends import BF16_FLAGS, auto_backend, cpu_flags, open_runtime
+from contract.cpu import BF16_FLAGS, cpu_flags
+from service.engine.backends import auto_backend, open_runtime
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
