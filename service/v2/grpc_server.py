@@ -178,15 +178,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(**inference.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
-        meta = inference.model_metadata(
+        document = inference.model_metadata(
             self.state, inference.resolve(self.state, request.name, request.version)
         )
-        response = pb.ModelMetadataResponse(
-            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
-        )
-        for key in ("inputs", "outputs"):
-            getattr(response, key).extend(pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key])
-        return response
+        return json_format.ParseDict(document, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
         document = inference.model_config(
