@@ -208,10 +208,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- the model-repository extension (control calls: admin scope under access control) ----------
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext) -> Any:
-        entries = self.state.table.index(request.ready)
-        return pb.RepositoryIndexResponse(
-            models=[pb.RepositoryIndexResponse.ModelIndex(**vars(entry)) for entry in entries]
-        )
+        entries = [vars(entry) for entry in self.state.table.index(request.ready)]
+        return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
