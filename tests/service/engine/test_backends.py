@@ -40,13 +40,6 @@ def test_auto_picks_openvino_only_on_cpus_with_bf16_instructions(device, flags, 
     assert auto_backend(device, flags, installed) == expected
 
 
-def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t\t: spectre_v1\n")
-    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
-    assert cpu_flags(tmp_path / "absent") == frozenset()
-
-
 def test_openvino_loads_the_fp32_graph_unless_told_otherwise() -> None:
     available = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
     assert choose_variant(available, "cpu", None) == "int8"
