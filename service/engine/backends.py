@@ -19,6 +19,7 @@ import threading
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from contract.cpu import BF16_FLAGS, OPENVINO_PRECISIONS, cpu_flags
 from service.engine.runtime import (
     ONNXRUNTIME,
     OPENVINO,
@@ -30,21 +31,6 @@ from service.engine.runtime import (
 )
 
 log = logging.getLogger(__name__)
-
-# CPU flags (Linux /proc/cpuinfo names) of the bf16 instructions OpenVINO's CPU plugin computes with.
-BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-# OpenVINO's element types -> the names the service reports precisions by.
-PRECISIONS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The feature flags of this machine's CPU as Linux lists them; empty where it does not."""
-    try:
-        lines = cpuinfo.read_text().splitlines()
-    except OSError:
-        return frozenset()
-    flags = next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "")
-    return frozenset(flags.split())
 
 
 def auto_backend(device: str, flags: Collection[str], openvino: bool) -> str:
@@ -84,7 +70,7 @@ class OpenVinoModel(Runtime):
         }
         self.compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU", config)
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-        self.precision = PRECISIONS.get(hint, hint)
+        self.precision = OPENVINO_PRECISIONS.get(hint, hint)
         graph = proto.graph
         self.input_names = [value.name for value in graph.input]
         self.output_names = [value.name for value in graph.output]

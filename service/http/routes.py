@@ -124,18 +124,17 @@ def _health(ok: bool, status: str, detail: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-_UNHEALTHY: dict[int | str, dict[str, Any]] = {
-    503: {"model": HealthResponse, "description": "not live / not ready"}
-}
+def _probe(path: str, summary: str) -> Any:
+    """The route decorator of a health probe: 200 or 503, both with a `HealthResponse`."""
+    unhealthy: dict[int | str, dict[str, Any]] = {
+        503: {"model": HealthResponse, "description": "not live / not ready"}
+    }
+    return router.get(
+        path, response_model=HealthResponse, responses=unhealthy, tags=["health"], summary=summary
+    )
 
 
-@router.get(
-    "/health/live",
-    response_model=HealthResponse,
-    responses=_UNHEALTHY,
-    tags=["health"],
-    summary="Liveness probe",
-)
+@_probe("/health/live", "Liveness probe")
 @public
 async def live(request: Request) -> JSONResponse:
     """200 while the process works; 503 only if loading the models failed (restart won't hurt)."""
@@ -145,13 +144,7 @@ async def live(request: Request) -> JSONResponse:
     return _health(True, "alive")
 
 
-@router.get(
-    "/health/ready",
-    response_model=HealthResponse,
-    responses=_UNHEALTHY,
-    tags=["health"],
-    summary="Readiness probe",
-)
+@_probe("/health/ready", "Readiness probe")
 @public
 async def ready(request: Request) -> JSONResponse:
     """200 only when every model is loaded and warmed up; 503 while loading, failed or draining."""

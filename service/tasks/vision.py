@@ -131,10 +131,6 @@ class VisionPipeline(Pipeline):
         each row keeps its own prefix of the ranking)."""
         return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
 
-    async def logits(self, image: bytes, deadline: Deadline) -> np.ndarray:
-        """The logits of one encoded image, through the model's own transform and the batcher."""
-        return (await self.image_outputs(image, deadline, frozenset({"logits"})))["logits"]
-
     async def image_outputs(self, image: bytes, deadline: Deadline, names: frozenset[str]) -> Feeds:
         """The graph outputs `names` of one encoded image (the v2 protocol's image input)."""
         return (await self._submit(image, deadline, None, names)).outputs

@@ -171,17 +171,6 @@ class ServiceMetrics:
         """A connection the server closed to keep a connection cap."""
         self.connections_closed.labels(transport, reason).inc()
 
-    def grpc_call(self, method: str, code: str, seconds: float) -> None:
-        """A finished gRPC call (the protocol's method name, the status code's name)."""
-        self.grpc_calls.labels(method, code).inc()
-        self.grpc_latency.labels(method, code).observe(seconds)
-
-    def model_request(self, model: str, version: str, ok: bool, seconds: float) -> None:
-        """One inference request of the protocol's API answered (ok) or refused, and its duration."""
-        outcome = "success" if ok else "fail"
-        self.statistics.requests.labels(model, version, outcome).inc()
-        self.statistics.request_seconds.labels(model, version, outcome).inc(seconds)
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

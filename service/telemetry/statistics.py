@@ -2,7 +2,7 @@
 
 The batcher's observer (`service.telemetry.metrics.ModelObserver`, which feeds the batch metrics
 too, in the same step) adds every executed batch to these series, and the protocol's inference
-handlers every answered or refused request (`ServiceMetrics.model_request`); `/metrics` exposes the
+handlers every answered or refused request (`service.v2.inference.infer`); `/metrics` exposes the
 series, and the Open Inference Protocol's statistics extension reads the same series back through
 `StatisticsSeries.counters`, so the two can never disagree. Series are labelled by model and
 version.

@@ -178,15 +178,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(**inference.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
-        meta = inference.model_metadata(
+        document = inference.model_metadata(
             self.state, inference.resolve(self.state, request.name, request.version)
         )
-        response = pb.ModelMetadataResponse(
-            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
-        )
-        for key in ("inputs", "outputs"):
-            getattr(response, key).extend(pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key])
-        return response
+        return json_format.ParseDict(document, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
         document = inference.model_config(
@@ -213,10 +208,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- the model-repository extension (control calls: admin scope under access control) ----------
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext) -> Any:
-        entries = self.state.table.index(request.ready)
-        return pb.RepositoryIndexResponse(
-            models=[pb.RepositoryIndexResponse.ModelIndex(**vars(entry)) for entry in entries]
-        )
+        entries = [vars(entry) for entry in self.state.table.index(request.ready)]
+        return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: aio.ServicerContext
@@ -332,7 +325,8 @@ class CallHandling:
                 code = context.code() or grpc.StatusCode.UNKNOWN
                 raise
             finally:
-                metrics.grpc_call(method, code.name, time.perf_counter() - start)
+                metrics.grpc_calls.labels(method, code.name).inc()
+                metrics.grpc_latency.labels(method, code.name).observe(time.perf_counter() - start)
                 if tracing is not None:
                     failed = code != grpc.StatusCode.OK
                     tracing.end_server_span(

@@ -267,7 +267,9 @@ async def infer(
         ok = True
         return result
     finally:
-        state.metrics.model_request(served.name, served.version, ok, time.perf_counter() - start)
+        labels = (served.name, served.version, "success" if ok else "fail")
+        state.metrics.statistics.requests.labels(*labels).inc()
+        state.metrics.statistics.request_seconds.labels(*labels).inc(time.perf_counter() - start)
 
 
 BACKEND = "onnxruntime"

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from contract.check import CHECK_FILE
-from service.engine.backends import BF16_FLAGS, auto_backend, cpu_flags, open_runtime
+from contract.cpu import BF16_FLAGS, cpu_flags
+from service.engine.backends import auto_backend, open_runtime
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -37,13 +38,6 @@ HASWELL = {"avx", "avx2", "fma"}
 )
 def test_auto_picks_openvino_only_on_cpus_with_bf16_instructions(device, flags, installed, expected):
     assert auto_backend(device, flags, installed) == expected
-
-
-def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t\t: spectre_v1\n")
-    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
-    assert cpu_flags(tmp_path / "absent") == frozenset()
 
 
 def test_openvino_loads_the_fp32_graph_unless_told_otherwise() -> None:

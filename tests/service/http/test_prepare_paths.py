@@ -53,6 +53,12 @@ def _run(pipeline: Any, work: Callable[[], Any]) -> Any:
     return asyncio.run(asyncio.wait_for(main(), 60))
 
 
+async def _logits(pipeline: VisionPipeline, image: bytes) -> np.ndarray:
+    """The logits of one encoded image, through the model's transform and the batcher."""
+    outputs = await pipeline.image_outputs(image, Deadline.after(30), frozenset({"logits"}))
+    return outputs["logits"]
+
+
 @pytest.fixture
 def threads(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The functions the pipelines hand to a thread."""
@@ -76,7 +82,7 @@ def test_small_and_large_images_give_the_transform_s_answer(
     assert 32 * 32 <= vision.INLINE_DECODE_PIXELS < 300 * 300
     got = _run(
         pipeline,
-        lambda: asyncio.gather(*(pipeline.logits(d, Deadline.after(30)) for d in (small, large))),
+        lambda: asyncio.gather(*(_logits(pipeline, d) for d in (small, large))),
     )
     assert len(threads) == 1  # only the large image went to a thread
     for data, logits in zip((small, large), got, strict=True):
@@ -127,7 +133,7 @@ def test_jpeg_draft_setting_chooses_the_decode(
     reduced = transform.transform(decode_image(data, 10**8, min_side=2 * transform.resize_size))
     full = transform.transform(decode_image(data, 10**8))
     assert not np.array_equal(reduced, full)
-    got = _run(pipeline, lambda: pipeline.logits(data, Deadline.after(30)))
+    got = _run(pipeline, lambda: _logits(pipeline, data))
     expected, other = (
         pipeline.runtime.run({"pixel_values": pixels[None]})["logits"][0]
         for pixels in ((reduced, full) if draft else (full, reduced))
