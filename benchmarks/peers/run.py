@@ -136,7 +136,7 @@ def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
 def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: Results) -> None:
     images = bundled_images()
     first = next(iter(images.values()))
-    with running(peer, work, MODEL, first) as server:
+    with running(peer, work, MODEL, lambda s: classify(s.url, first, peer.body, timeout_s=5.0)) as server:
         check_answers(server.url, peer, images, results.reference)
         script = write_script(work, peer.key, first, peer.body)
         wrk.run(server.url, script, 8, WARMUP_S)  # warm-up, not recorded
@@ -191,8 +191,8 @@ def section(results: dict[str, Any]) -> str:
     names = labels(keys)
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
     m = meta["machine"]
-    background = report.stat(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
-    load = f"a median {background.fmt()} % of both CPUs" if background else "an unmeasured share"
+    background = report.spread(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
+    load = f"a median {background} % of both CPUs" if background != "-" else "an unmeasured share"
     ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
     instances = int(meta.get("instances", 1))
     return f"""\
