@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Sample
 
 BATCH_SIZE_METRIC = "gmlp_batch_size"  # histogram labelled by model (service/telemetry/metrics.py)
 REJECTIONS_METRIC = "gmlp_rejections"  # counter labelled by model and reason
@@ -39,21 +42,31 @@ _BATCH_SUM, _BATCH_COUNT = f"{BATCH_SIZE_METRIC}_sum", f"{BATCH_SIZE_METRIC}_cou
 _REJECTED = f"{REJECTIONS_METRIC}_total"
 
 
-def parse_metrics(text: str) -> Snapshot:
-    """The batch-size histogram totals and the rejection counters of Prometheus text.
+def sample_totals(text: str, key: Callable[[Sample], Hashable | None]) -> Counter[Any]:
+    """The samples of Prometheus text summed by `key(sample)` (None: left out).
 
     Samples are told apart by their names, not their families': the parser names a counter's
     family with or without `_total` depending on how the TYPE line is written. prometheus-client
     (the `loadtest` extra) is imported here, since `http_get` runs in the serving install too."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return Counter(
-        {
-            (sample.name, sample.labels.get("model", ""), sample.labels.get("reason", "")): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name in (_BATCH_SUM, _BATCH_COUNT, _REJECTED)
-        }
+    totals: Counter[Any] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (group := key(sample)) is not None:
+                totals[group] += sample.value
+    return totals
+
+
+def parse_metrics(text: str) -> Snapshot:
+    """The batch-size histogram totals and the rejection counters of Prometheus text."""
+    return sample_totals(
+        text,
+        lambda s: (
+            (s.name, s.labels.get("model", ""), s.labels.get("reason", ""))
+            if s.name in (_BATCH_SUM, _BATCH_COUNT, _REJECTED)
+            else None
+        ),
     )
 
 
