@@ -34,7 +34,7 @@ from contract.image import ImageTransform
 from contract.scores import labelled_rows, ranked_labels
 from contract.spec import ModelSpec, read_spec
 from contract.text import FillMaskCodec
-from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
+from loadtests.workload import BUNDLED_SENTENCES, load_images, read_sentences_tsv
 from service.engine.rows import TOP_K_OUTPUTS, graph_top_k
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
@@ -46,11 +46,6 @@ DEFAULT_MODELS = {
     "classify": REPO / "models" / "cifar10-gmlp",
     "fill-mask": REPO / "models" / "gutenberg-gmlp-mlm",
 }
-
-
-def peer_images() -> list[bytes]:
-    """The bundled CIFAR-10 test JPEGs in the peer benchmark's order (its request is the first)."""
-    return [p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))]
 
 
 def sentences() -> list[str]:
@@ -228,7 +223,7 @@ def measure(bare: Bare, seconds: float, rounds: int) -> dict[str, Any]:
 
 def build(task: str, model_dir: Path, settings: ServiceSettings, all_images: bool = False) -> Bare:
     if task == "classify":
-        images = peer_images()
+        images, _ = load_images()  # in the peer benchmark's order: its request is the first
         return BareClassify(model_dir, settings, images if all_images else images[:1])
     return BareFillMask(model_dir, settings, sentences())
 

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
-from benchmarks.peers.model import INSTANCES_ENV, MODEL_ENV
-from benchmarks.peers.peers import Peer, ensure_venv
+from benchmarks.peers.model import INSTANCES_ENV
+from benchmarks.peers.peers import Peer, ensure_venv, running
 from benchmarks.peers.report import replace_section
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
@@ -276,21 +276,14 @@ def serving(server: str, args: argparse.Namespace) -> Iterator[tuple[ServerProce
         with gmlp_serve(args.models.resolve(), log_path=log, serve_args=flags) as process:
             yield process, grpc_port, None
         return
-    port, model = free_port(), args.models.resolve() / args.classifier
     shutil.rmtree(args.out / "pytriton", ignore_errors=True)  # PyTriton refuses a workspace that exists
-    process = ServerProcess(
-        PYTRITON_PEER.argv(PYTRITON_PEER.bin_dir(), [port, grpc_port], args.out),
-        port=port,
-        log_path=log,
-        env={MODEL_ENV: str(model), INSTANCES_ENV: str(args.instances), "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-    )
-    process.start()
-    try:  # the model's readiness: Triton is ready before PyTriton has bound the model
-        process.wait_ready(lambda: http_get(f"{process.base_url}/v2/models/{args.classifier}/ready"), 240.0)
+
+    def ready(s: ServerProcess) -> bytes:  # the model's: Triton is ready before PyTriton binds it
+        return http_get(f"{s.base_url}/v2/models/{args.classifier}/ready")
+
+    model, ports = args.models.resolve() / args.classifier, [free_port(), grpc_port]
+    with running(PYTRITON_PEER, args.out, model, ready, ports) as process:
         yield process, grpc_port, TOKEN
-    finally:
-        process.stop(grace_s=15.0)
 
 
 def loads(
@@ -356,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         stale.unlink()
     servers = [GMLP] + ([args.against] if args.against else [])
     if args.against:
+        os.environ[INSTANCES_ENV] = str(args.instances)  # the peer's execution instances
         ensure_venv(PYTRITON_PEER)
     results: dict[Key, list[dict[str, float]]] = {}
     for rnd in range(args.rounds):

@@ -35,7 +35,7 @@ from urllib.parse import urlencode, urlsplit
 from contract.errors import UserError
 from contract.formats import MLM_TASK, VISION_TASK
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.workload import LoadConfig, fitting, load_images, load_sentences, multipart_body
+from loadtests.workload import LoadConfig, fitting, jpeg_body, load_images, load_sentences
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +171,7 @@ def classify_request(
     """POST /classify with a JPEG as the raw body or as a multipart upload, checked."""
     query = urlencode({"top_k": top_k} | ({"model": model} if model else {}))
     check = functools.partial(check_classify, top_k=top_k, expected_model=model)
-    body, content_type = (
-        multipart_body(image, "image.jpg", "image/jpeg") if multipart else (image, "image/jpeg")
-    )
-    return PreparedRequest(f"/classify?{query}", body, content_type, check)
+    return PreparedRequest(f"/classify?{query}", *jpeg_body(image, multipart), check)
 
 
 def fill_mask_request(text: str, top_k: int, *, model: str | None = None) -> PreparedRequest:

@@ -32,8 +32,8 @@ from loadtests.workload import (
     LoadConfig,
     estimate_tokens,
     fitting,
+    jpeg_body,
     mask_one_word,
-    multipart_body,
     read_sentences_tsv,
     split_sentences,
 )
@@ -147,10 +147,11 @@ def test_load_config_from_env() -> None:
         LoadConfig.from_env({"GMLP_LOADTEST_UPLOAD": "carrier-pigeon"})
 
 
-def test_multipart_body_parses_as_form_data() -> None:
+def test_jpeg_body_parses_as_form_data() -> None:
     from email.parser import BytesParser
 
-    body, content_type = multipart_body(b"\xff\xd8\xffdata", "a.jpg", "image/jpeg")
+    assert jpeg_body(b"\xff\xd8\xffdata", multipart=False) == (b"\xff\xd8\xffdata", "image/jpeg")
+    body, content_type = jpeg_body(b"\xff\xd8\xffdata", multipart=True)
     message = BytesParser().parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
     (part,) = message.get_payload()
     assert part.get_param("name", header="content-disposition") == "file"
