@@ -7,35 +7,10 @@ report can be re-rendered or compared across runs without re-running anything.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.runner import StepResult
-
 SCHEMA = "gmlp-loadtest-results/1"
-
-
-def build_results(
-    *,
-    url: str,
-    steps: Sequence[StepResult],
-    models: list[dict[str, Any]],
-    workload: dict[str, Any],
-    started: str,
-    finished: str,
-) -> dict[str, Any]:
-    """The content of results.json."""
-    return {
-        "schema": SCHEMA,
-        "url": url,
-        "started": started,
-        "finished": finished,
-        "workload": workload,
-        "server_models": models,
-        "steps": [step.to_json() for step in steps],
-        "total_failures": sum(step.failures for step in steps),
-    }
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
