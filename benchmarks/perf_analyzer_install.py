@@ -128,7 +128,7 @@ def perf_analyzer_command(cache: Path = CACHE) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(__doc__)
-    parser.add_argument("--cache", type=Path, default=CACHE, help=f"install folder (default {CACHE})")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="install folder")
     args = parser.parse_args(argv)
     print(" ".join(perf_analyzer_command(args.cache)))
     return 0
