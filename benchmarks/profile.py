@@ -39,7 +39,7 @@ from benchmarks.peers.peers import PEERS, classify, running
 from benchmarks.peers.run import MODEL, bundled_images, ensure_model, write_script
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 from gmlp.server_process import get_json, gmlp_serve, http_get, link_repository
-from loadtests.metrics_scrape import sample_totals
+from loadtests.runner import sample_totals
 
 # The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).
 # A sample whose innermost Python frame is the loop's `run` is in uvloop's C code (polling,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.engine import classify_request, fill_mask_request, run_closed_loop
-from loadtests.metrics_scrape import sample_totals
+from loadtests.runner import sample_totals
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "loadtests" / "data" / "cifar10-test-03000-cat.jpg"

@@ -23,9 +23,19 @@ import pytest
 
 from gmlp.server_process import ServerProcess, gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.metrics_scrape import BatchStats, batch_delta, overall, parse_metrics, rejections_delta
 from loadtests.report import render_markdown, write_report
-from loadtests.runner import StepResult, parse_duration, parse_users, read_failures_csv, read_stats_csv
+from loadtests.runner import (
+    BatchStats,
+    StepResult,
+    batch_delta,
+    overall,
+    parse_duration,
+    parse_metrics,
+    parse_users,
+    read_failures_csv,
+    read_stats_csv,
+    rejections_delta,
+)
 from loadtests.workload import (
     BUNDLED_DIR,
     BUNDLED_SENTENCES,
@@ -232,7 +242,7 @@ def test_report_renders_without_a_server(tmp_path: Path) -> None:
     rows = read_stats_csv(_write(tmp_path / "s_stats.csv", _STATS_CSV))
     total = rows.pop("Aggregated")
     steps = [
-        StepResult(users=u, duration_s=5, total=total, endpoints=rows, batch_all=BatchStats(10, 25))
+        StepResult(users=u, duration_s=5, total=total, endpoints=rows, batch_size_all=BatchStats(10, 25))
         for u in (1, 8)
     ]
     steps.append(StepResult(users=64, duration_s=5, total=None, error="locust did not finish"))
