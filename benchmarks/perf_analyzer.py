@@ -74,27 +74,17 @@ def _levels(text: str) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     """The command line; the measurement window's flags are perf_analyzer's own."""
     parser = command_line(__doc__)
-    parser.add_argument(
-        "--models", type=Path, default=REPO / "models", help="model repository (default ./models)"
-    )
-    parser.add_argument(
-        "--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients (default 1,8,32)"
-    )
-    parser.add_argument("--transports", default="http,grpc", help="default http,grpc")
-    parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window (default 5000)")
-    parser.add_argument(
-        "--max-trials", type=int, default=6, help="windows until stable, 3 or more (default 6)"
-    )
-    parser.add_argument(
-        "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
-    )
-    parser.add_argument(
-        "--rate-fractions", default="0.5,0.9", help="open-loop rates, of the best closed-loop"
-    )
-    parser.add_argument("--data", default="random,real", help="data sets (default random,real)")
+    parser.add_argument("--models", type=Path, default=REPO / "models", help="model repository")
+    parser.add_argument("--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients")
+    parser.add_argument("--transports", default="http,grpc", help="of http, grpc")
+    parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window")
+    parser.add_argument("--max-trials", type=int, default=6, help="windows until stable, 3 or more")
+    parser.add_argument("--stability", type=int, default=10, help="perf_analyzer's --stability-percentage")
+    parser.add_argument("--rate-fractions", default="0.5,0.9", help="Poisson rates, of the best closed loop")
+    parser.add_argument("--data", default="random,real", help="data sets")
     parser.add_argument("--serve-args", default="", help="extra `gmlp serve` flags, space separated")
     parser.add_argument("--against", choices=[PYTRITON], help="measure this peer beside gmlp-serve")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per median (default 1)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per median")
     parser.add_argument("--instances", type=int, default=2, help="with --against: both servers' instances")
     parser.add_argument("--classifier", default="cifar10-gmlp", help="with --against: the model both serve")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
