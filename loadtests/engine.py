@@ -70,12 +70,14 @@ class Outcome:
     error: str | None
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0-100) of `values`, nearest rank; None without any."""
+def percentile(values: Sequence[float], q: float, digits: int | None = None) -> float | None:
+    """The q-th percentile (0-100) of `values`, nearest rank, rounded to `digits` if given; None
+    without any."""
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+    value = ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+    return value if digits is None else round(value, digits)
 
 
 @dataclass
@@ -122,13 +124,9 @@ class LoadResult:
             "failures": self.failed,
             "failure_reasons": dict(self.failures.most_common(5)),
             "rps": round(self.rps, 2),
-            "p50_ms": _round(self.percentile_ms(50)),
-            "p99_ms": _round(self.percentile_ms(99)),
+            "p50_ms": percentile(self.latencies_ms, 50, 3),
+            "p99_ms": percentile(self.latencies_ms, 99, 3),
         }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 _RAW_BUNDLED = LoadConfig(upload="raw")  # the bundled inputs, each image as the raw body

@@ -180,15 +180,11 @@ def ensure_model() -> None:
     subprocess.run([*cmd, "--out", str(MODEL), "--variants", "fp32,int8"], check=True)
 
 
-def labels(keys: list[str]) -> dict[str, str]:
-    return {p.key: p.label for p in PEERS if p.key in keys}
-
-
 def section(results: dict[str, Any]) -> str:
     """The markdown between the markers: this run's conditions, table and ratios (what is
     measured and how, and what is not like for like, is prose around them in the document)."""
     meta, keys = results["meta"], [k for k in PEER_KEYS if k in results["meta"]["peers"]]
-    names = labels(keys)
+    names = {p.key: p.label for p in PEERS if p.key in keys}
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
     m = meta["machine"]
     background = report.spread(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
