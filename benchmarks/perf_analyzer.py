@@ -351,14 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     layout = (
         f"both servers {args.instances} instances, max batch 16, 2 ms delay, int8; " if args.against else ""
     )
-    section = "\n".join(
-        [
-            f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows, {args.rounds} interleaved "
-            f"round(s), medians; {layout}{cpu_line()}. "
-            f"Command: `python -m benchmarks.perf_analyzer {given}`.",
-            "",
-            table(results),
-        ]
+    section = (
+        f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows, {args.rounds} interleaved round(s), "
+        f"medians; {layout}{cpu_line()}. Command: `python -m benchmarks.perf_analyzer {given}`.\n\n"
+        + table(results)
     )
     print(section)
     if not args.no_doc:

@@ -72,11 +72,6 @@ def build(arch: str, work: Path) -> Path:
     return out
 
 
-def session(path: Path, threads: int) -> ort.InferenceSession:
-    """A session with the service's CPU options (sequential, no spinning) on `threads` threads."""
-    return OnnxModel(path, RuntimeOptions("cpu", threads)).session
-
-
 def int8_gemm(threads: int, side: int = GEMM_SIDE) -> Callable[[], object]:
     """One ORT `MatMulInteger` of two side x side matrices (uint8 activations, int8 weights)."""
     from onnx import TensorProto, helper, numpy_helper
@@ -113,7 +108,7 @@ def agreement(directory: Path, config: dict[str, Any], threads: int) -> tuple[fl
     top1 = {}
     name = config["inputs"][0]["name"]
     for variant in ("fp32", "int8"):
-        run = session(directory / config["variants"][variant], threads)
+        run = OnnxModel(directory / config["variants"][variant], RuntimeOptions("cpu", threads)).session
         chunks = np.array_split(photos, 32)
         top1[variant] = np.concatenate([run.run(["logits"], {name: c})[0] for c in chunks]).argmax(-1)
     return float(np.mean(top1["fp32"] == top1["int8"])), len(photos)
@@ -125,7 +120,8 @@ def one_round(directory: Path, config: dict[str, Any], servers: dict[str, Server
     (spec,) = config["inputs"]
     row: dict[str, Any] = {}
     for variant in ("fp32", "int8"):
-        run = session(directory / config["variants"][variant], threads)
+        # The service's CPU options (sequential, no spinning).
+        run = OnnxModel(directory / config["variants"][variant], RuntimeOptions("cpu", threads)).session
         for batch in (1, 8):
             x = np.random.default_rng(batch).standard_normal((batch, *spec["shape"][1:])).astype(np.float32)
             per_call = median_seconds(lambda: run.run(["logits"], {spec["name"]: x}), seconds)  # noqa: B023

@@ -4,12 +4,9 @@ connections on asyncio, every answer checked.
 `gmlp loadtest` drives locust, whose processes take seconds to start: right for a sweep a person
 reads, too slow for a tuner that measures dozens of short windows, and too heavy per request for
 a soak that must offer twice what the server sustains on the same machine. This engine is what
-`gmlp tune`, the soak and swap benchmarks and the Swarm probe load with:
-
-- `closed_loop`: N connections, each sending its next request as soon as the last one answered,
-  for a time window after a warm-up, at most a fixed count, until an optional stop condition;
-- `open_loop`: arrivals at a fixed rate whatever the server answers, at most a bound of open
-  requests (arrivals past it, or too late to send on time, are counted and not sent).
+`gmlp tune`, the soak and swap benchmarks and the Swarm probe load with: `closed_loop` (N
+connections, each sending as soon as its last answer came) and `open_loop` (arrivals at a fixed
+rate whatever the server answers).
 
 Each request is a `PreparedRequest` (encoded once, with the check of its answer: a fast wrong
 answer is a failure; the locustfile sends the same requests and judges answers with the same
