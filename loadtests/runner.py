@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,12 +102,12 @@ def sample_totals(text: str, key: Callable[[Sample], Hashable | None]) -> Counte
     (the `loadtest` extra) is imported here, since `http_get` runs in the serving install too."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    totals: Counter[Any] = Counter()
+    totals: defaultdict[Any, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if (group := key(sample)) is not None:
                 totals[group] += sample.value
-    return totals
+    return Counter(totals)  # of floats: a Counter, for the deltas between two scrapes
 
 
 def parse_metrics(text: str) -> Snapshot:
