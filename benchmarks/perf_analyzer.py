@@ -228,11 +228,7 @@ def table(results: dict[Key, list[dict[str, float]]]) -> str:
         lines.append("| " + " | ".join([*key[:4], load, *cells]) + " |")
     pairs = [(k, (PYTRITON, *k[1:])) for k in medians if k[0] == GMLP and (PYTRITON, *k[1:]) in medians]
     if pairs:
-        lines += [
-            "",
-            "| model | transport | data | load | infer/s ratio | p99 ratio |",
-            "|---|---|---|---|---|---|",
-        ]
+        lines += ["", "| model | transport | data | load | infer/s ratio | p99 ratio |", "|---" * 6 + "|"]
         for ours, theirs in pairs:
             a, b = medians[ours], medians[theirs]
             ratios = f"{a['infer/s'] / b['infer/s']:.2f}x | {a['p99 ms'] / b['p99 ms']:.2f}x"

@@ -64,15 +64,11 @@ def _binary(cache: Path) -> Path:
 
 def _apt_options(apt: Path) -> list[str]:
     """apt-get options that read and write only `apt/`: its own source list, lists, cache and status."""
+    parts = apt / "parts"
     return [
-        *(
-            "-o",
-            f"Dir::Etc::sourcelist={apt / 'sources.list'}",
-            "-o",
-            f"Dir::Etc::sourceparts={apt / 'parts'}",
-        ),
-        *("-o", f"Dir::Etc::preferencesparts={apt / 'parts'}", "-o", f"Dir::State::Lists={apt / 'lists'}"),
-        *("-o", f"Dir::State::status={apt / 'status'}", "-o", f"Dir::Cache={apt / 'cache'}"),
+        *("-o", f"Dir::Etc::sourcelist={apt / 'sources.list'}", "-o", f"Dir::Cache={apt / 'cache'}"),
+        *("-o", f"Dir::Etc::sourceparts={parts}", "-o", f"Dir::Etc::preferencesparts={parts}"),
+        *("-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::State::status={apt / 'status'}"),
         *("-o", "Debug::NoLocking=1", "-o", "APT::Architecture=amd64", "-o", "APT::Sandbox::User=root"),
     ]
 
