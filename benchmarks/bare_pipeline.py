@@ -8,7 +8,7 @@ with the service's intra-op threads, call a session built by the product's `Onnx
 after batch of 16 requests. "bare" is the task's whole work with the product's own libraries
 (classify: decode, transform, run, rank; fill-mask: tokenise, run at the padded length, top 5 of
 every [MASK] with the strings a response carries); "raw" is `session.run` alone on inputs prepared
-once. Rounds alternate the two; CPU is getrusage of the whole process per request answered. One
+once. Rounds alternate the two; CPU is the whole process's (all threads) per request answered. One
 JSON line per task; `benchmarks.peers.run` runs it every round for served/bare ratios
 (docs/benchmarks.md, "The limit: the bare pipeline").
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import resource
 import statistics
 import threading
 import time
@@ -34,7 +33,7 @@ from contract.image import ImageTransform
 from contract.scores import labelled_rows, ranked_labels
 from contract.spec import ModelSpec, read_spec
 from contract.text import FillMaskCodec
-from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
+from loadtests.workload import BUNDLED_SENTENCES, load_images, read_sentences_tsv
 from service.engine.rows import TOP_K_OUTPUTS, graph_top_k
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
@@ -48,19 +47,9 @@ DEFAULT_MODELS = {
 }
 
 
-def peer_images() -> list[bytes]:
-    """The bundled CIFAR-10 test JPEGs in the peer benchmark's order (its request is the first)."""
-    return [p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))]
-
-
 def sentences() -> list[str]:
     """The bundled masked sentences (Project Gutenberg, one [MASK] each)."""
     return [s.text for s in read_sentences_tsv(BUNDLED_SENTENCES)]
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 @dataclass(frozen=True)
@@ -80,7 +69,7 @@ def timed(run: Callable[[int], object], threads: int, seconds: float, batch: int
     threads) from `threads` threads for `seconds`. ORT releases the GIL, so the threads run their
     sessions in parallel, as the service's execution instances do."""
     calls = itertools.count()
-    cpu0, t0 = _cpu_s(), time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()  # CPU of every thread
 
     def worker() -> None:
         while time.perf_counter() - t0 < seconds:
@@ -92,7 +81,7 @@ def timed(run: Callable[[int], object], threads: int, seconds: float, batch: int
     for thread in pool:
         thread.join()
     # `calls` has handed out one number per call made; the next one is their count.
-    batches, wall_s, cpu_s = next(calls), time.perf_counter() - t0, _cpu_s() - cpu0
+    batches, wall_s, cpu_s = next(calls), time.perf_counter() - t0, time.process_time() - cpu0
     requests = batches * batch
     return Rate(batches, requests, wall_s, cpu_s, requests / wall_s, cpu_s * 1000.0 / max(requests, 1))
 
@@ -228,7 +217,7 @@ def measure(bare: Bare, seconds: float, rounds: int) -> dict[str, Any]:
 
 def build(task: str, model_dir: Path, settings: ServiceSettings, all_images: bool = False) -> Bare:
     if task == "classify":
-        images = peer_images()
+        images, _ = load_images()  # in the peer benchmark's order: its request is the first
         return BareClassify(model_dir, settings, images if all_images else images[:1])
     return BareFillMask(model_dir, settings, sentences())
 

@@ -82,6 +82,11 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
+class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and each option's default after its help."""
+
+
 def command_line(doc: str | None) -> argparse.ArgumentParser:
-    """A benchmark's command line; `--help` shows its whole docstring (what it measures, the command)."""
-    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """A benchmark's command line; `--help` shows its whole docstring (what it measures, the command)
+    and the options' defaults."""
+    return argparse.ArgumentParser(description=doc, formatter_class=_Help)

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
-from benchmarks.peers.model import INSTANCES_ENV, MODEL_ENV
-from benchmarks.peers.peers import Peer, ensure_venv
+from benchmarks.peers.model import INSTANCES_ENV
+from benchmarks.peers.peers import Peer, ensure_venv, running
 from benchmarks.peers.report import replace_section
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
@@ -74,27 +74,17 @@ def _levels(text: str) -> list[int]:
 def parser() -> argparse.ArgumentParser:
     """The command line; the measurement window's flags are perf_analyzer's own."""
     parser = command_line(__doc__)
-    parser.add_argument(
-        "--models", type=Path, default=REPO / "models", help="model repository (default ./models)"
-    )
-    parser.add_argument(
-        "--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients (default 1,8,32)"
-    )
-    parser.add_argument("--transports", default="http,grpc", help="default http,grpc")
-    parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window (default 5000)")
-    parser.add_argument(
-        "--max-trials", type=int, default=6, help="windows until stable, 3 or more (default 6)"
-    )
-    parser.add_argument(
-        "--stability", type=int, default=10, help="perf_analyzer's --stability-percentage (default 10)"
-    )
-    parser.add_argument(
-        "--rate-fractions", default="0.5,0.9", help="open-loop rates, of the best closed-loop"
-    )
-    parser.add_argument("--data", default="random,real", help="data sets (default random,real)")
+    parser.add_argument("--models", type=Path, default=REPO / "models", help="model repository")
+    parser.add_argument("--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients")
+    parser.add_argument("--transports", default="http,grpc", help="of http, grpc")
+    parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window")
+    parser.add_argument("--max-trials", type=int, default=6, help="windows until stable, 3 or more")
+    parser.add_argument("--stability", type=int, default=10, help="perf_analyzer's --stability-percentage")
+    parser.add_argument("--rate-fractions", default="0.5,0.9", help="Poisson rates, of the best closed loop")
+    parser.add_argument("--data", default="random,real", help="data sets")
     parser.add_argument("--serve-args", default="", help="extra `gmlp serve` flags, space separated")
     parser.add_argument("--against", choices=[PYTRITON], help="measure this peer beside gmlp-serve")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per median (default 1)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per median")
     parser.add_argument("--instances", type=int, default=2, help="with --against: both servers' instances")
     parser.add_argument("--classifier", default="cifar10-gmlp", help="with --against: the model both serve")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
@@ -238,11 +228,7 @@ def table(results: dict[Key, list[dict[str, float]]]) -> str:
         lines.append("| " + " | ".join([*key[:4], load, *cells]) + " |")
     pairs = [(k, (PYTRITON, *k[1:])) for k in medians if k[0] == GMLP and (PYTRITON, *k[1:]) in medians]
     if pairs:
-        lines += [
-            "",
-            "| model | transport | data | load | infer/s ratio | p99 ratio |",
-            "|---|---|---|---|---|---|",
-        ]
+        lines += ["", "| model | transport | data | load | infer/s ratio | p99 ratio |", "|---" * 6 + "|"]
         for ours, theirs in pairs:
             a, b = medians[ours], medians[theirs]
             ratios = f"{a['infer/s'] / b['infer/s']:.2f}x | {a['p99 ms'] / b['p99 ms']:.2f}x"
@@ -276,21 +262,14 @@ def serving(server: str, args: argparse.Namespace) -> Iterator[tuple[ServerProce
         with gmlp_serve(args.models.resolve(), log_path=log, serve_args=flags) as process:
             yield process, grpc_port, None
         return
-    port, model = free_port(), args.models.resolve() / args.classifier
     shutil.rmtree(args.out / "pytriton", ignore_errors=True)  # PyTriton refuses a workspace that exists
-    process = ServerProcess(
-        PYTRITON_PEER.argv(PYTRITON_PEER.bin_dir(), [port, grpc_port], args.out),
-        port=port,
-        log_path=log,
-        env={MODEL_ENV: str(model), INSTANCES_ENV: str(args.instances), "PYTHONPATH": str(REPO)},
-        cwd=REPO,
-    )
-    process.start()
-    try:  # the model's readiness: Triton is ready before PyTriton has bound the model
-        process.wait_ready(lambda: http_get(f"{process.base_url}/v2/models/{args.classifier}/ready"), 240.0)
+
+    def ready(s: ServerProcess) -> bytes:  # the model's: Triton is ready before PyTriton binds it
+        return http_get(f"{s.base_url}/v2/models/{args.classifier}/ready")
+
+    model, ports = args.models.resolve() / args.classifier, [free_port(), grpc_port]
+    with running(PYTRITON_PEER, args.out, model, ready, ports) as process:
         yield process, grpc_port, TOKEN
-    finally:
-        process.stop(grace_s=15.0)
 
 
 def loads(
@@ -356,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         stale.unlink()
     servers = [GMLP] + ([args.against] if args.against else [])
     if args.against:
+        os.environ[INSTANCES_ENV] = str(args.instances)  # the peer's execution instances
         ensure_venv(PYTRITON_PEER)
     results: dict[Key, list[dict[str, float]]] = {}
     for rnd in range(args.rounds):
@@ -367,14 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     layout = (
         f"both servers {args.instances} instances, max batch 16, 2 ms delay, int8; " if args.against else ""
     )
-    section = "\n".join(
-        [
-            f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows, {args.rounds} interleaved "
-            f"round(s), medians; {layout}{cpu_line()}. "
-            f"Command: `python -m benchmarks.perf_analyzer {given}`.",
-            "",
-            table(results),
-        ]
+    section = (
+        f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows, {args.rounds} interleaved round(s), "
+        f"medians; {layout}{cpu_line()}. Command: `python -m benchmarks.perf_analyzer {given}`.\n\n"
+        + table(results)
     )
     print(section)
     if not args.no_doc:

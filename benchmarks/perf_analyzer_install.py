@@ -64,15 +64,11 @@ def _binary(cache: Path) -> Path:
 
 def _apt_options(apt: Path) -> list[str]:
     """apt-get options that read and write only `apt/`: its own source list, lists, cache and status."""
+    parts = apt / "parts"
     return [
-        *(
-            "-o",
-            f"Dir::Etc::sourcelist={apt / 'sources.list'}",
-            "-o",
-            f"Dir::Etc::sourceparts={apt / 'parts'}",
-        ),
-        *("-o", f"Dir::Etc::preferencesparts={apt / 'parts'}", "-o", f"Dir::State::Lists={apt / 'lists'}"),
-        *("-o", f"Dir::State::status={apt / 'status'}", "-o", f"Dir::Cache={apt / 'cache'}"),
+        *("-o", f"Dir::Etc::sourcelist={apt / 'sources.list'}", "-o", f"Dir::Cache={apt / 'cache'}"),
+        *("-o", f"Dir::Etc::sourceparts={parts}", "-o", f"Dir::Etc::preferencesparts={parts}"),
+        *("-o", f"Dir::State::Lists={apt / 'lists'}", "-o", f"Dir::State::status={apt / 'status'}"),
         *("-o", "Debug::NoLocking=1", "-o", "APT::Architecture=amd64", "-o", "APT::Sandbox::User=root"),
     ]
 
@@ -128,7 +124,7 @@ def perf_analyzer_command(cache: Path = CACHE) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(__doc__)
-    parser.add_argument("--cache", type=Path, default=CACHE, help=f"install folder (default {CACHE})")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="install folder")
     args = parser.parse_args(argv)
     print(" ".join(perf_analyzer_command(args.cache)))
     return 0

@@ -31,16 +31,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from benchmarks import wrk
 from benchmarks.bare_pipeline import sentences
 from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers.model import INSTANCES_ENV
-from benchmarks.peers.peers import PEERS, running
+from benchmarks.peers.peers import PEERS, classify, running
 from benchmarks.peers.run import MODEL, bundled_images, ensure_model, write_script
 from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
 from gmlp.server_process import get_json, gmlp_serve, http_get, link_repository
+from loadtests.runner import sample_totals
 
 # The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).
 # A sample whose innermost Python frame is the loop's `run` is in uvloop's C code (polling,
@@ -125,13 +124,8 @@ def table(counts: collections.Counter[str], ms_per_request: float, top: int | No
 
 def batch_totals(base_url: str) -> list[float]:
     """[batches, items in them, seconds spent running them] so far, all models, from /metrics."""
-    text = http_get(f"{base_url}/metrics", timeout_s=10).decode()
-    totals = {"gmlp_batch_size_count": 0.0, "gmlp_batch_size_sum": 0.0, "gmlp_inference_seconds_sum": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in totals:
-                totals[sample.name] += sample.value
-    return list(totals.values())
+    totals = sample_totals(http_get(f"{base_url}/metrics", timeout_s=10).decode(), lambda s: s.name)
+    return [totals[n] for n in ("gmlp_batch_size_count", "gmlp_batch_size_sum", "gmlp_inference_seconds_sum")]
 
 
 @dataclass(frozen=True)
@@ -151,7 +145,7 @@ def classify_target(work: Path) -> Iterator[Target]:
     image = next(iter(bundled_images().values()))
     link_repository(work, MODEL)
     script = write_script(work, peer.key, image, peer.body)
-    with running(peer, work, MODEL, image) as server:
+    with running(peer, work, MODEL, lambda s: classify(s.url, image, peer.body, timeout_s=5.0)) as server:
         yield Target(server.pid, server.base_url, server.url, script)
 
 

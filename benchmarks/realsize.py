@@ -72,11 +72,6 @@ def build(arch: str, work: Path) -> Path:
     return out
 
 
-def session(path: Path, threads: int) -> ort.InferenceSession:
-    """A session with the service's CPU options (sequential, no spinning) on `threads` threads."""
-    return OnnxModel(path, RuntimeOptions("cpu", threads)).session
-
-
 def int8_gemm(threads: int, side: int = GEMM_SIDE) -> Callable[[], object]:
     """One ORT `MatMulInteger` of two side x side matrices (uint8 activations, int8 weights)."""
     from onnx import TensorProto, helper, numpy_helper
@@ -113,23 +108,25 @@ def agreement(directory: Path, config: dict[str, Any], threads: int) -> tuple[fl
     top1 = {}
     name = config["inputs"][0]["name"]
     for variant in ("fp32", "int8"):
-        run = session(directory / config["variants"][variant], threads)
+        run = OnnxModel(directory / config["variants"][variant], RuntimeOptions("cpu", threads)).session
         chunks = np.array_split(photos, 32)
         top1[variant] = np.concatenate([run.run(["logits"], {name: c})[0] for c in chunks]).argmax(-1)
     return float(np.mean(top1["fp32"] == top1["int8"])), len(photos)
 
 
 def one_round(directory: Path, config: dict[str, Any], servers: dict[str, ServerProcess], args: Any) -> dict:
-    """Every row once: raw ORT, the two GEMM peaks, each server at each number of clients."""
+    """Every row's figures once: raw ORT, the two GEMM peaks, each server at each number of clients."""
     threads, seconds = available_cpus(), args.seconds
     (spec,) = config["inputs"]
     row: dict[str, Any] = {}
     for variant in ("fp32", "int8"):
-        run = session(directory / config["variants"][variant], threads)
+        # The service's CPU options (sequential, no spinning).
+        run = OnnxModel(directory / config["variants"][variant], RuntimeOptions("cpu", threads)).session
         for batch in (1, 8):
             x = np.random.default_rng(batch).standard_normal((batch, *spec["shape"][1:])).astype(np.float32)
             per_call = median_seconds(lambda: run.run(["logits"], {spec["name"]: x}), seconds)  # noqa: B023
-            row[f"raw_{variant}_b{batch}"] = {"ms": 1000 * per_call, "img_s": batch / per_call}
+            row[f"raw_{variant}_b{batch}_ms"] = 1000 * per_call
+            row[f"raw_{variant}_b{batch}_img_s"] = batch / per_call
     side_flops = 2 * GEMM_SIDE**3
     row["peak_fp32_gflops"] = side_flops / median_seconds(fp32_gemm(threads), seconds) / 1e9
     row["peak_int8_gops"] = side_flops / median_seconds(int8_gemm(threads), seconds) / 1e9
@@ -140,35 +137,20 @@ def one_round(directory: Path, config: dict[str, Any], servers: dict[str, Server
             load = run_closed_loop(
                 server.base_url, requests, concurrency=clients, seconds=seconds, warmup_s=1
             )
-            row[f"{name}_c{clients}"] = {
-                "rps": load.rps,
-                "p50_ms": load.percentile_ms(50),
-                "failed": load.failed,
-            }
+            row[f"{name}_c{clients}_rps"], row[f"{name}_c{clients}_failed"] = load.rps, load.failed
+            row[f"{name}_c{clients}_p50_ms"] = load.percentile_ms(50)
     return row
 
 
 def summary(rounds: list[dict], macs: int, clients: list[int]) -> dict[str, Any]:
-    """Medians over the rounds, the achieved share of each GEMM peak, and the served rows against
-    raw int8: throughput against batch 8, one client's p50 against batch 1's latency."""
-
-    def med(key: str, field: str | None = None) -> float:
-        return statistics.median(r[key][field] if field else r[key] for r in rounds)
-
-    out = {"gmacs_per_image": macs / 1e9, "peak_fp32_gflops": med("peak_fp32_gflops")}
-    out["peak_int8_gops"] = med("peak_int8_gops")
+    """Medians over the rounds of every figure, the achieved share of each GEMM peak, and the
+    served rows against raw int8: throughput against batch 8, one client's p50 against batch 1's
+    latency."""
+    out = {"gmacs_per_image": macs / 1e9} | {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     for variant, peak in (("fp32", out["peak_fp32_gflops"]), ("int8", out["peak_int8_gops"])):
-        for batch in (1, 8):
-            out[f"raw_{variant}_b{batch}_img_s"] = med(f"raw_{variant}_b{batch}", "img_s")
-        out[f"raw_{variant}_b1_ms"] = med(f"raw_{variant}_b1", "ms")
         achieved = out[f"raw_{variant}_b8_img_s"] * 2 * macs / 1e9
         out[f"achieved_{variant}_b8_g"], out[f"achieved_{variant}_of_peak"] = achieved, achieved / peak
     for name in ("served", "served_lone_off"):
-        for c in clients:
-            out[f"{name}_c{c}_rps"], out[f"{name}_c{c}_p50_ms"] = (
-                med(f"{name}_c{c}", "rps"),
-                med(f"{name}_c{c}", "p50_ms"),
-            )
         if 8 in clients:
             out[f"{name}_c8_over_raw_int8_b8"] = out[f"{name}_c8_rps"] / out["raw_int8_b8_img_s"]
         if 1 in clients:

@@ -65,17 +65,13 @@ def report(
         "ok_per_s": round(len(ok) / seconds, 1),
         "refused_503": refused,
         "errors": len(outcomes) - len(ok) - refused,
-        "p50_ms": _round(engine.percentile(ok, 50)),
-        "p99_ms": _round(engine.percentile(ok, 99)),
+        "p50_ms": engine.percentile(ok, 50, 1),
+        "p99_ms": engine.percentile(ok, 99, 1),
         "rss_mib": round(max(s[0] for s in samples) / 1024, 1) if samples else None,
         "open_fds": max(s[1] for s in samples) if samples else None,
         # The machine's 1-minute load average: other work on the CPUs shows in the latencies.
         "loadavg_1m": max(s[2] for s in samples) if samples else None,
     }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
 
 
 async def ramp(args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.harness import command_line, cpu_line
 from gmlp.server_process import gmlp_serve
-from loadtests.engine import LoadResult, Outcome, PreparedRequest, percentile, run_closed_loop
+from loadtests.engine import LoadResult, Outcome, PreparedRequest, run_closed_loop
 from loadtests.workload import BUNDLED_DIR
 from service.access.keys import key_line, new_key
 
@@ -51,17 +51,16 @@ def _swapped(base_url: str, name: str, expected: dict[str, str]) -> None:
 
 
 def _row(label: str, group: list[Outcome]) -> str:
-    latencies = [1000 * o.seconds for o in group if o.error is None]
-    failed = sum(1 for o in group if o.error is not None)
-    p50, p99 = (percentile(latencies, q) or float("nan") for q in (50, 99))
-    return f"| {label} | {len(group)} | {failed} | {p50:.1f} | {p99:.1f} |"
+    load = LoadResult(0, outcomes=group)
+    p50, p99 = (load.percentile_ms(q) or float("nan") for q in (50, 99))
+    return f"| {label} | {len(group)} | {load.failed} | {p50:.1f} | {p99:.1f} |"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = command_line(__doc__)
     parser.add_argument("--model", type=Path, required=True, help="an exported model directory (version 1)")
     parser.add_argument("--model-v2", type=Path, help="the directory to deploy as each new version")
-    parser.add_argument("--concurrency", type=int, default=8, help="client connections (default 8)")
+    parser.add_argument("--concurrency", type=int, default=8, help="client connections")
     parser.add_argument("--steady-s", type=float, default=10.0, help="steady state before, between and after")
     parser.add_argument("--swaps", type=int, default=3, help="versions deployed one after the other")
     parser.add_argument("--poll-s", type=float, default=0.5, help="GMLP_REPOSITORY_POLL_S of the server")

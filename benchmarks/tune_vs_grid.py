@@ -62,10 +62,10 @@ def main() -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--slo-p99-ms", type=float, required=True)
     p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--budget-minutes", type=float, default=10.0, help="the search's budget (default 10)")
+    p.add_argument("--budget-minutes", type=float, default=10.0, help="the search's budget")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds of the two picks (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds of the two picks")
     p.add_argument("--out", type=Path, default=Path("reports/tune-vs-grid"))
     for knob, text in KNOB_FLAGS.items():
         p.add_argument("--" + knob.replace("_", "-"), dest=knob, default=None, help=text)

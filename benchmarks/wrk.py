@@ -88,17 +88,8 @@ def lua_rotating(path: str, bodies: list[str], content_type: str = "application/
 
 def run(url: str, script: Path, connections: int, duration_s: float, timeout_s: float = 10.0) -> WrkResult:
     """One wrk run with a single thread (one load-generator core) and `connections` clients."""
-    cmd = [
-        "wrk",
-        "-t1",
-        f"-c{connections}",
-        f"-d{duration_s:g}s",
-        f"--timeout={timeout_s:g}s",
-        "--latency",
-        "-s",
-        str(script),
-        url,
-    ]
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s", f"--timeout={timeout_s:g}s", "--latency"]
+    cmd += ["-s", str(script), url]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + timeout_s + 30)
     if done.returncode != 0:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr or done.stdout}")

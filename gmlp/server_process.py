@@ -23,8 +23,8 @@ from types import TracebackType
 from typing import TypeVar
 
 from gmlp.proc import alive, tree_pids
-from loadtests.metrics_scrape import get_json as get_json  # for the programs that start servers here
-from loadtests.metrics_scrape import http_get
+from loadtests.runner import get_json as get_json  # for the programs that start servers here
+from loadtests.runner import http_get
 
 HOST = "127.0.0.1"
 

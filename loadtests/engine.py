@@ -4,12 +4,9 @@ connections on asyncio, every answer checked.
 `gmlp loadtest` drives locust, whose processes take seconds to start: right for a sweep a person
 reads, too slow for a tuner that measures dozens of short windows, and too heavy per request for
 a soak that must offer twice what the server sustains on the same machine. This engine is what
-`gmlp tune`, the soak and swap benchmarks and the Swarm probe load with:
-
-- `closed_loop`: N connections, each sending its next request as soon as the last one answered,
-  for a time window after a warm-up, at most a fixed count, until an optional stop condition;
-- `open_loop`: arrivals at a fixed rate whatever the server answers, at most a bound of open
-  requests (arrivals past it, or too late to send on time, are counted and not sent).
+`gmlp tune`, the soak and swap benchmarks and the Swarm probe load with: `closed_loop` (N
+connections, each sending as soon as its last answer came) and `open_loop` (arrivals at a fixed
+rate whatever the server answers).
 
 Each request is a `PreparedRequest` (encoded once, with the check of its answer: a fast wrong
 answer is a failure; the locustfile sends the same requests and judges answers with the same
@@ -35,7 +32,7 @@ from urllib.parse import urlencode, urlsplit
 from contract.errors import UserError
 from contract.formats import MLM_TASK, VISION_TASK
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.workload import LoadConfig, fitting, load_images, load_sentences, multipart_body
+from loadtests.workload import LoadConfig, fitting, jpeg_body, load_images, load_sentences
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +67,14 @@ class Outcome:
     error: str | None
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0-100) of `values`, nearest rank; None without any."""
+def percentile(values: Sequence[float], q: float, digits: int | None = None) -> float | None:
+    """The q-th percentile (0-100) of `values`, nearest rank, rounded to `digits` if given; None
+    without any."""
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+    value = ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+    return value if digits is None else round(value, digits)
 
 
 @dataclass
@@ -122,13 +121,9 @@ class LoadResult:
             "failures": self.failed,
             "failure_reasons": dict(self.failures.most_common(5)),
             "rps": round(self.rps, 2),
-            "p50_ms": _round(self.percentile_ms(50)),
-            "p99_ms": _round(self.percentile_ms(99)),
+            "p50_ms": percentile(self.latencies_ms, 50, 3),
+            "p99_ms": percentile(self.latencies_ms, 99, 3),
         }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 _RAW_BUNDLED = LoadConfig(upload="raw")  # the bundled inputs, each image as the raw body
@@ -171,10 +166,7 @@ def classify_request(
     """POST /classify with a JPEG as the raw body or as a multipart upload, checked."""
     query = urlencode({"top_k": top_k} | ({"model": model} if model else {}))
     check = functools.partial(check_classify, top_k=top_k, expected_model=model)
-    body, content_type = (
-        multipart_body(image, "image.jpg", "image/jpeg") if multipart else (image, "image/jpeg")
-    )
-    return PreparedRequest(f"/classify?{query}", body, content_type, check)
+    return PreparedRequest(f"/classify?{query}", *jpeg_body(image, multipart), check)
 
 
 def fill_mask_request(text: str, top_k: int, *, model: str | None = None) -> PreparedRequest:

@@ -32,7 +32,7 @@ from locust.env import Environment  # noqa: E402
 from contract.errors import UserError  # noqa: E402
 from contract.formats import MLM_TASK, VISION_TASK  # noqa: E402
 from loadtests.engine import PreparedRequest, answer_error, task_requests  # noqa: E402
-from loadtests.metrics_scrape import get_json  # noqa: E402
+from loadtests.runner import get_json  # noqa: E402
 from loadtests.workload import LoadConfig  # noqa: E402
 
 log = logging.getLogger("gmlp.loadtest")

@@ -7,35 +7,10 @@ report can be re-rendered or compared across runs without re-running anything.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.runner import StepResult
-
 SCHEMA = "gmlp-loadtest-results/1"
-
-
-def build_results(
-    *,
-    url: str,
-    steps: Sequence[StepResult],
-    models: list[dict[str, Any]],
-    workload: dict[str, Any],
-    started: str,
-    finished: str,
-) -> dict[str, Any]:
-    """The content of results.json."""
-    return {
-        "schema": SCHEMA,
-        "url": url,
-        "started": started,
-        "finished": finished,
-        "workload": workload,
-        "server_models": models,
-        "steps": [step.to_json() for step in steps],
-        "total_failures": sum(step.failures for step in steps),
-    }
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -87,6 +62,11 @@ def summary_table(steps: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _heading(title: str) -> list[str]:
+    """A section heading of report.md, with the blank lines around it."""
+    return ["", f"## {title}", ""]
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     """report.md: summary per user count, per endpoint, batch sizes per model, failures."""
     steps = results["steps"]
@@ -100,27 +80,19 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"{w.get('spawn_rate') or 'all in 1 s'}), no think time",
         f"- task weights: classify {w.get('classify_weight')}, fill-mask {w.get('fill_mask_weight')}",
         f"- failed requests in all steps: **{results['total_failures']}**",
-        "",
-        "## Served models",
-        "",
+        *_heading("Served models"),
         *_models_table(results.get("server_models", [])),
-        "",
-        "## Summary (all endpoints)",
-        "",
+        *_heading("Summary (all endpoints)"),
         *summary_table(steps),
-        "",
-        "## Per endpoint",
-        "",
+        *_heading("Per endpoint"),
         "| users | endpoint | requests | req/s | p50 ms | p95 ms | p99 ms | failures |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in steps:
         for name, e in sorted(s["endpoints"].items()):
             lines.append(f"| {s['users']} | `{name}` | {_timing(e)} | {e['failures']} |")
+    lines += _heading("Batch sizes by model (server side, from the `gmlp_batch_size` histogram)")
     lines += [
-        "",
-        "## Batch sizes by model (server side, from the `gmlp_batch_size` histogram)",
-        "",
         "| users | model | batches | requests in batches | avg batch size |",
         "|---:|---|---:|---:|---:|",
     ]
@@ -131,22 +103,17 @@ def render_markdown(results: dict[str, Any]) -> str:
             )
     problems = [s for s in steps if s["failures"] or s["error"] or s["rejections"]]
     if problems:
-        lines += ["", "## Failures and rejections", ""]
+        lines += _heading("Failures and rejections")
         for s in problems:
             lines.append(f"- **users={s['users']}**")
             if s["error"]:
-                first = s["error"].splitlines()[0]
-                lines.append(f"  - step error: {first}")
+                lines.append(f"  - step error: {s['error'].splitlines()[0]}")
             for f in s["failure_messages"][:10]:
                 lines.append(f"  - {f['occurrences']} x {f['method']} `{f['name']}`: {f['error']}")
             for key, count in sorted(s["rejections"].items()):
                 lines.append(f"  - rejected by the batcher: {count} x {key}")
-    lines += [
-        "",
-        "## Files",
-        "",
-        "- `results.json`: every figure above; `report.png`: throughput and p95 latency vs users",
-    ]
+    lines += _heading("Files")
+    lines.append("- `results.json`: every figure above; `report.png`: throughput and p95 latency vs users")
     for s in steps:
         files = ", ".join(f"[{name}]({path})" for name, path in s["files"].items())
         lines.append(f"- users={s['users']}: {files}")

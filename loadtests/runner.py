@@ -4,11 +4,17 @@ Each step is a separate `python -m locust` process (fresh statistics, its own CS
 report, and a hard subprocess timeout so a hung run cannot hang the sweep), bracketed by two
 /metrics scrapes for the server-side batch sizes. Nothing here imports locust: the runner only
 reads the files locust writes.
+
+Locust sees latency and throughput from outside; only the server knows how many requests each
+model run carried. Prometheus counters and histograms are cumulative since the process started
+(warm-up batches included), so a step's figures are the difference between a scrape just before
+and one just after it. Other traffic during the step is counted too: run against a quiet server.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import os
@@ -16,21 +22,17 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.errors import UserError
-from loadtests.metrics_scrape import (
-    BatchStats,
-    batch_delta,
-    get_json,
-    http_get,
-    overall,
-    rejections_delta,
-    scrape,
-)
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,104 @@ def parse_users(text: str) -> list[int]:
     return users
 
 
+BATCH_SIZE_METRIC = "gmlp_batch_size"  # histogram labelled by model (service/telemetry/metrics.py)
+REJECTIONS_METRIC = "gmlp_rejections"  # counter labelled by model and reason
+
+
+def http_get(url: str, timeout_s: float = 10.0) -> bytes:
+    """The body of a GET that answered 2xx (urllib raises OSError subclasses otherwise). Standard
+    library only: the runner, `gmlp tune` and the benchmarks' server processes use it in a slim
+    image."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.read()
+
+
+def get_json(url: str, timeout_s: float = 10.0) -> Any:
+    """The decoded JSON body of a GET that answered 2xx."""
+    return json.loads(http_get(url, timeout_s))
+
+
+# Cumulative totals at one instant, by (sample name, model, reason): the batch-size histogram's
+# sum and count per model, and the rejection counters per model and reason.
+Snapshot = Counter[tuple[str, str, str]]
+_BATCH_SUM, _BATCH_COUNT = f"{BATCH_SIZE_METRIC}_sum", f"{BATCH_SIZE_METRIC}_count"
+_REJECTED = f"{REJECTIONS_METRIC}_total"
+
+
+def sample_totals(text: str, key: Callable[[Sample], Hashable | None]) -> Counter[Any]:
+    """The samples of Prometheus text summed by `key(sample)` (None: left out).
+
+    Samples are told apart by their names, not their families': the parser names a counter's
+    family with or without `_total` depending on how the TYPE line is written. prometheus-client
+    (the `loadtest` extra) is imported here, since `http_get` runs in the serving install too."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: defaultdict[Any, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (group := key(sample)) is not None:
+                totals[group] += sample.value
+    return Counter(totals)  # of floats: a Counter, for the deltas between two scrapes
+
+
+def parse_metrics(text: str) -> Snapshot:
+    """The batch-size histogram totals and the rejection counters of Prometheus text."""
+    return sample_totals(
+        text,
+        lambda s: (
+            (s.name, s.labels.get("model", ""), s.labels.get("reason", ""))
+            if s.name in (_BATCH_SUM, _BATCH_COUNT, _REJECTED)
+            else None
+        ),
+    )
+
+
+def scrape(base_url: str, timeout_s: float = 10.0) -> Snapshot | None:
+    """A snapshot of `base_url`/metrics, or None when the endpoint cannot be read (report says n/a)."""
+    try:
+        text = http_get(f"{base_url.rstrip('/')}/metrics", timeout_s).decode("utf-8")
+        return parse_metrics(text)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """Batches run and requests they carried during one step, for one model (or all)."""
+
+    batches: int
+    requests: int
+    mean: float | None = field(init=False, compare=False)  # requests per batch
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", self.requests / self.batches if self.batches else None)
+
+
+def batch_delta(before: Snapshot, after: Snapshot) -> dict[str, BatchStats]:
+    """Per model, the batches that ran between the two snapshots (models without batches left out)."""
+    delta = after - before  # a Counter keeps the increases only
+    return {
+        model: BatchStats(batches=round(count), requests=round(delta[(_BATCH_SUM, model, "")]))
+        for (name, model, _), count in delta.items()
+        if name == _BATCH_COUNT and round(count) > 0
+    }
+
+
+def overall(stats: Iterable[BatchStats]) -> BatchStats:
+    """All models together: the mean batch size weighted by batches, i.e. requests per model run."""
+    items = list(stats)
+    return BatchStats(batches=sum(s.batches for s in items), requests=sum(s.requests for s in items))
+
+
+def rejections_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
+    """Requests refused by the batchers during the step, by "model/reason" (nonzero only)."""
+    return {
+        f"{model}/{reason}": round(count)
+        for (name, model, reason), count in (after - before).items()
+        if name == _REJECTED and round(count) > 0
+    }
+
+
 @dataclass(frozen=True)
 class EndpointStats:
     """One row of locust's `_stats.csv` (an endpoint, or the Aggregated row). Times in ms."""
@@ -81,9 +181,6 @@ class EndpointStats:
     p95_ms: float | None
     p99_ms: float | None
     max_ms: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _number(value: str | None) -> float | None:
@@ -138,8 +235,8 @@ class StepResult:
     duration_s: float
     total: EndpointStats | None
     endpoints: dict[str, EndpointStats] = field(default_factory=dict)
-    batch: dict[str, BatchStats] = field(default_factory=dict)
-    batch_all: BatchStats | None = None  # None when /metrics could not be read
+    batch_size: dict[str, BatchStats] = field(default_factory=dict)
+    batch_size_all: BatchStats | None = None  # None when /metrics could not be read
     rejections: dict[str, int] = field(default_factory=dict)
     failure_messages: list[dict[str, Any]] = field(default_factory=list)
     locust_exit_code: int | None = None
@@ -155,20 +252,8 @@ class StepResult:
         return counted
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "users": self.users,
-            "duration_s": self.duration_s,
-            "total": self.total.to_json() if self.total else None,
-            "endpoints": {k: v.to_json() for k, v in self.endpoints.items()},
-            "batch_size": {k: v.to_json() for k, v in self.batch.items()},
-            "batch_size_all": self.batch_all.to_json() if self.batch_all else None,
-            "rejections": self.rejections,
-            "failures": self.failures,
-            "failure_messages": self.failure_messages,
-            "locust_exit_code": self.locust_exit_code,
-            "error": self.error,
-            "files": self.files,
-        }
+        """The step as results.json holds it."""
+        return asdict(self) | {"failures": self.failures}
 
 
 @dataclass(frozen=True)
@@ -232,8 +317,8 @@ def run_step(config: SweepConfig, users: int) -> StepResult:
         row for kind in ("failures", "exceptions") for row in read_failures_csv(Path(f"{prefix}_{kind}.csv"))
     ]
     if before is not None and after is not None:
-        result.batch = batch_delta(before, after)
-        result.batch_all = overall(result.batch.values())
+        result.batch_size = batch_delta(before, after)
+        result.batch_size_all = overall(result.batch_size.values())
         result.rejections = rejections_delta(before, after)
     result.files = {
         name: str(path.relative_to(out_dir))

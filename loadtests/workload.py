@@ -64,8 +64,13 @@ class LoadConfig:
             return value or None
 
         def path(name: str) -> Path | None:
+            """A file the variable names (checked here, not in each locust process), or None."""
             value = get(name)
-            return Path(value).expanduser() if value else None
+            if value is None:
+                return None
+            if not (found := Path(value).expanduser()).is_file():
+                raise FileNotFoundError(f"GMLP_LOADTEST_{name}={found} does not exist")
+            return found
 
         def integer(name: str, default: int, minimum: int) -> int:
             value = get(name)
@@ -105,8 +110,6 @@ def load_images(npz_path: Path | None = None) -> tuple[list[bytes], str]:
     """(JPEG files, where they came from): the CIFAR-10 *test* JPEGs (never seen in training) of
     the given npz, as the bytes a client would upload, else the bundled JPEGs."""
     if npz_path is not None:
-        if not npz_path.is_file():
-            raise FileNotFoundError(f"GMLP_LOADTEST_CIFAR={npz_path} does not exist")
         import numpy as np
 
         with np.load(npz_path) as data:
@@ -183,8 +186,6 @@ def token_counter(tokenizer_path: Path | None = None) -> tuple[Callable[[str], i
     estimate (no tokenizer given, e.g. GMLP_LOADTEST_TOKENIZER unset, or `tokenizers` missing)."""
     if tokenizer_path is None:
         return estimate_tokens, "estimated (no GMLP_LOADTEST_TOKENIZER)"
-    if not tokenizer_path.is_file():
-        raise FileNotFoundError(f"GMLP_LOADTEST_TOKENIZER={tokenizer_path} does not exist")
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -232,8 +233,6 @@ def read_sentences_tsv(path: Path) -> list[MaskedSentence]:
 def load_sentences(config: LoadConfig) -> tuple[list[MaskedSentence], str]:
     """(masked sentences, source): the given text (or TSV), else the bundled TSV."""
     path = config.text_path
-    if path is not None and not path.is_file():
-        raise FileNotFoundError(f"GMLP_LOADTEST_TEXT={path} does not exist")
     if path is None or path.suffix == ".tsv":
         tsv = path or BUNDLED_SENTENCES
         return read_sentences_tsv(tsv), f"{tsv} (bundled, token counts precomputed)"
@@ -253,16 +252,19 @@ def fitting(sentences: list[MaskedSentence], max_tokens: int | None) -> list[Mas
 # -- request bodies --------------------------------------------------------------------------------
 
 
-def multipart_body(data: bytes, filename: str, content_type: str, field: str = "file") -> tuple[bytes, str]:
-    """(body, Content-Type header) of a multipart/form-data upload with one file field.
+def jpeg_body(image: bytes, multipart: bool) -> tuple[bytes, str]:
+    """(body, Content-Type header) of a JPEG upload: the raw bytes, or a multipart/form-data form
+    with the image in field `file`, as a browser's upload sends it.
 
     Locust's FastHttpSession has no `files=` argument, so the body is built here, once per image.
     """
+    if not multipart:
+        return image, "image/jpeg"
     boundary = f"gmlp-loadtest-{random.getrandbits(64):016x}"
     head = (
         f"--{boundary}\r\n"
-        f'Content-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
-        f"Content-Type: {content_type}\r\n\r\n"
+        'Content-Disposition: form-data; name="file"; filename="image.jpg"\r\n'
+        "Content-Type: image/jpeg\r\n\r\n"
     ).encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
-    return head + data + tail, f"multipart/form-data; boundary={boundary}"
+    return head + image + tail, f"multipart/form-data; boundary={boundary}"

@@ -19,12 +19,11 @@ import json
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
-from loadtests.checks import check_classify
-from loadtests.engine import PreparedRequest, fill_mask_request, percentile, run_closed_loop
-from loadtests.workload import multipart_body
+from loadtests.engine import classify_request, fill_mask_request, run_closed_loop
+from loadtests.runner import sample_totals
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "loadtests" / "data" / "cifar10-test-03000-cat.jpg"
@@ -33,15 +32,9 @@ TOP_K = 3
 KEPT_FAILURES = 50
 
 
-def _classify_request(image: bytes) -> PreparedRequest:
-    """POST /classify of the JPEG as a multipart form, as a browser's upload sends it."""
-    body, content_type = multipart_body(image, "cat.jpg", "image/jpeg")
-    return PreparedRequest(f"/classify?top_k={TOP_K}", body, content_type, lambda b: check_classify(b, TOP_K))
-
-
 def run_load(args: argparse.Namespace) -> dict[str, object]:
     """The load's totals, latency percentiles and first failures (closed loop, `--workers` wide)."""
-    requests = [_classify_request(IMAGE.read_bytes()), fill_mask_request(TEXT, TOP_K)]
+    requests = [classify_request(IMAGE.read_bytes(), TOP_K, multipart=True), fill_mask_request(TEXT, TOP_K)]
     stop_file = Path(args.stop_file) if args.stop_file else None
     start = time.perf_counter()
     result = run_closed_loop(
@@ -54,7 +47,6 @@ def run_load(args: argparse.Namespace) -> dict[str, object]:
         pause_s=args.pause,
         stop=lambda: stop_file is not None and stop_file.exists(),
     )
-    latencies = result.latencies_ms
     failures = [
         {"t_s": round(o.started - start, 2), "path": o.path, "error": o.error}
         for o in result.outcomes
@@ -66,15 +58,22 @@ def run_load(args: argparse.Namespace) -> dict[str, object]:
         "failed": result.failed,
         "seconds": round(result.seconds, 1),
         "ok_per_s": round(result.rps, 1),
-        **{f"p{q}_ms": round(percentile(latencies, q) or float("nan"), 1) for q in (50, 95, 99)},
+        **{f"p{q}_ms": round(result.percentile_ms(q) or float("nan"), 1) for q in (50, 95, 99)},
         "failures": failures[:KEPT_FAILURES],
     }
 
 
+def _replica_figure(sample: Any) -> str | None:
+    """Which of a replica's figures a /metrics sample adds to (None: none)."""
+    if sample.name == "gmlp_http_requests_total":
+        return (
+            "posts" if (sample.labels.get("method"), sample.labels.get("status")) == ("POST", "200") else None
+        )
+    return {"gmlp_batch_size_count": "batches", "gmlp_batch_size_sum": "batched_requests"}.get(sample.name)
+
+
 def replica_counts(containers: list[str]) -> dict[str, dict[str, float]]:
     """Per container: POSTs answered 200 (`posts`), batches run and the requests in them."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     scrape = (
         "import urllib.request as u; "
         "print(u.urlopen('http://127.0.0.1:8000/metrics', timeout=5).read().decode())"
@@ -88,17 +87,7 @@ def replica_counts(containers: list[str]) -> dict[str, dict[str, float]]:
             text=True,
             timeout=30,
         ).stdout
-        totals: defaultdict[str, float] = defaultdict(float)
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = sample.labels
-                if sample.name == "gmlp_http_requests_total":
-                    if labels.get("method") == "POST" and labels.get("status") == "200":
-                        totals["posts"] += sample.value
-                elif sample.name == "gmlp_batch_size_count":
-                    totals["batches"] += sample.value
-                elif sample.name == "gmlp_batch_size_sum":
-                    totals["batched_requests"] += sample.value
+        totals = sample_totals(text, _replica_figure)
         counts[container] = {key: totals[key] for key in ("posts", "batches", "batched_requests")}
     return counts
 

@@ -29,7 +29,7 @@ from typing import Any
 from benchmarks.harness import REPO
 from benchmarks.peers.model import MODEL_ENV, instances, intra_op_threads
 from gmlp.server_process import ServerProcess, free_port, serve_argv
-from loadtests.workload import multipart_body
+from loadtests.workload import jpeg_body
 
 VENVS = REPO / ".bench-venvs"
 # The packages whose versions decide the work every server does, pinned as the product pins them.
@@ -145,11 +145,9 @@ def ensure_venv(peer: Peer) -> None:
 
 def request_body(image: bytes, kind: str) -> tuple[bytes, str]:
     """(body, content type) of one /classify request: the raw image, or multipart field `file`."""
-    if kind == "raw":
-        return image, "image/jpeg"
-    if kind != "multipart":
+    if kind not in ("raw", "multipart"):
         raise ValueError(f"unknown body kind {kind!r}")
-    return multipart_body(image, "image.jpg", "image/jpeg")
+    return jpeg_body(image, kind == "multipart")
 
 
 def top_label(answer: Any) -> str:
@@ -167,10 +165,17 @@ def classify(url: str, image: bytes, kind: str, timeout_s: float = 10.0) -> str:
 
 
 @contextlib.contextmanager
-def running(peer: Peer, work: Path, model_dir: Path, image: bytes) -> Iterator[ServerProcess]:
-    """`peer` started from the checkout (the peers' own servers are modules of it) on free ports
-    and answering `image`; stopped with its whole tree after. Its `url` is the route measured."""
-    ports = [free_port() for _ in range(1 + peer.extra_ports)]
+def running(
+    peer: Peer,
+    work: Path,
+    model_dir: Path,
+    ready: Callable[[ServerProcess], object],
+    ports: list[int] | None = None,
+) -> Iterator[ServerProcess]:
+    """`peer` started from the checkout (the peers' own servers are modules of it) on `ports` (default:
+    free ones) until `ready(server)` answers; stopped with its whole tree after. Its `url` is the
+    route measured."""
+    ports = ports or [free_port() for _ in range(1 + peer.extra_ports)]
     server = ServerProcess(
         peer.argv(peer.bin_dir(), ports, work),
         port=ports[0],
@@ -181,7 +186,7 @@ def running(peer: Peer, work: Path, model_dir: Path, image: bytes) -> Iterator[S
     )
     server.start()
     try:
-        server.wait_ready(lambda: classify(server.url, image, peer.body, timeout_s=5.0), timeout_s=180.0)
+        server.wait_ready(lambda: ready(server), timeout_s=240.0)
         yield server
     finally:
         server.stop(grace_s=15.0)

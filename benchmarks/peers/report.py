@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 BEGIN = "<!-- peers:begin (written by benchmarks/peers/run.py) -->"
@@ -19,43 +18,30 @@ TABLE_LEVELS = (8, 32, 64)
 CPU_LEVEL = 32
 
 
-@dataclass(frozen=True)
-class Stat:
-    """The median of a figure over rounds and its range."""
-
-    median: float
-    low: float
-    high: float
-    n: int
-
-    def fmt(self, digits: int = 0) -> str:
-        text = f"{self.median:.{digits}f}"
-        if self.n > 1:
-            text += f" ({self.low:.{digits}f}-{self.high:.{digits}f})"
-        return text
-
-
-def stat(values: Iterable[float]) -> Stat | None:
+def spread(values: Iterable[float], digits: int = 0) -> str:
+    """The median of a figure over rounds, with its range when there was more than one round ("-"
+    where nothing was measured)."""
     vals = [v for v in values if v == v]  # drop NaN
     if not vals:
-        return None
-    return Stat(statistics.median(vals), min(vals), max(vals), len(vals))
+        return "-"
+    text = f"{statistics.median(vals):.{digits}f}"
+    return text + (f" ({min(vals):.{digits}f}-{max(vals):.{digits}f})" if len(vals) > 1 else "")
 
 
-def figure(rows: Sequence[dict[str, Any]], peer: str, c: int, key: str) -> Stat | None:
-    match = (r for r in rows if r["peer"] == peer and r["concurrency"] == c)
-    return stat(r.get(key, float("nan")) for r in match)
+def figures(rows: Sequence[dict[str, Any]], peer: str, c: int, key: str) -> list[float]:
+    """One figure of `peer` at `c` clients, each round's (NaN where a row lacks it)."""
+    return [r.get(key, float("nan")) for r in rows if r["peer"] == peer and r["concurrency"] == c]
+
+
+def median(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v == v]
+    return statistics.median(vals) if vals else None
 
 
 def floors(results: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
     """The runs without HTTP, each round's: the bare pipeline and raw `session.run` beside it."""
     bare = results.get("bare") or []
     return {"raw": [b["raw"] for b in bare], "bare": bare}
-
-
-def cell(s: Stat | None, digits: int = 0) -> str:
-    """A table cell: the figure with its spread, or "-" where nothing was measured."""
-    return s.fmt(digits) if s else "-"
 
 
 def table(results: dict[str, Any], labels: dict[str, str]) -> str:
@@ -72,10 +58,10 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     for key, label in labels.items():
         if not any(r["peer"] == key for r in rows):
             continue
-        cells = [cell(figure(rows, key, 1, "p50_ms"), 1)]
-        cells += [cell(figure(rows, key, c, "rps")) for c in TABLE_LEVELS]
-        cells.append(cell(figure(rows, key, CPU_LEVEL, "cpu_ms_per_request"), 2))
-        cells.append(cell(figure(rows, key, CPU_LEVEL, "others_cpu_pct")))
+        cells = [spread(figures(rows, key, 1, "p50_ms"), 1)]
+        cells += [spread(figures(rows, key, c, "rps")) for c in TABLE_LEVELS]
+        cells.append(spread(figures(rows, key, CPU_LEVEL, "cpu_ms_per_request"), 2))
+        cells.append(spread(figures(rows, key, CPU_LEVEL, "others_cpu_pct")))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     # The floors beside the servers (no HTTP): raw ORT, and the bare pipeline when it was run.
     labels = {
@@ -85,8 +71,11 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     for key, runs in floors(results).items():
         if runs:
             label, empty = labels[key], " |" * (len(TABLE_LEVELS) - 2)
-            rps, ms = stat(r["requests_per_s"] for r in runs), stat(r["cpu_ms_per_request"] for r in runs)
-            lines.append(f"| {label} | |{empty} {cell(rps)} images/s | | {cell(ms, 2)} per image | |")
+            rps, ms = (
+                spread(r["requests_per_s"] for r in runs),
+                spread((r["cpu_ms_per_request"] for r in runs), 2),
+            )
+            lines.append(f"| {label} | |{empty} {rps} images/s | | {ms} per image | |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -108,21 +97,21 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
         ),
     ]
     for c, key, pick, what, whose in against:
-        mine = figure(rows, ours, c, key)
-        theirs = [(k, s.median) for k in others if (s := figure(rows, k, c, key))]
-        if mine and theirs:
+        mine = median(figures(rows, ours, c, key))
+        theirs = [(k, m) for k in others if (m := median(figures(rows, k, c, key))) is not None]
+        if mine is not None and theirs:
             peer, value = pick(theirs, key=lambda kv: kv[1])
-            out.append(f"{what}: {mine.median / value:.2f}x {whose} ({labels[peer]})")
-    mine32 = figure(rows, ours, CPU_LEVEL, "rps")
-    cpu32 = figure(rows, ours, CPU_LEVEL, "cpu_ms_per_request")
+            out.append(f"{what}: {mine / value:.2f}x {whose} ({labels[peer]})")
+    mine32 = median(figures(rows, ours, CPU_LEVEL, "rps"))
+    cpu32 = median(figures(rows, ours, CPU_LEVEL, "cpu_ms_per_request"))
     names = {"raw": ("raw session.run images/s", "raw ORT CPU per image")}
     names["bare"] = ("the bare pipeline's images/s", "the bare pipeline's CPU per image")
     for key, runs in floors(results).items():
-        if runs and mine32 and cpu32:
+        if runs and mine32 is not None and cpu32 is not None:
             rps = statistics.median(r["requests_per_s"] for r in runs)
             cpu = statistics.median(r["cpu_ms_per_request"] for r in runs)
-            out.append(f"c={CPU_LEVEL} req/s: {mine32.median / rps:.2f}x {names[key][0]}")
-            out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32.median / cpu:.2f}x {names[key][1]}")
+            out.append(f"c={CPU_LEVEL} req/s: {mine32 / rps:.2f}x {names[key][0]}")
+            out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32 / cpu:.2f}x {names[key][1]}")
     return out
 
 

@@ -136,7 +136,7 @@ def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
 def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: Results) -> None:
     images = bundled_images()
     first = next(iter(images.values()))
-    with running(peer, work, MODEL, first) as server:
+    with running(peer, work, MODEL, lambda s: classify(s.url, first, peer.body, timeout_s=5.0)) as server:
         check_answers(server.url, peer, images, results.reference)
         script = write_script(work, peer.key, first, peer.body)
         wrk.run(server.url, script, 8, WARMUP_S)  # warm-up, not recorded
@@ -180,19 +180,15 @@ def ensure_model() -> None:
     subprocess.run([*cmd, "--out", str(MODEL), "--variants", "fp32,int8"], check=True)
 
 
-def labels(keys: list[str]) -> dict[str, str]:
-    return {p.key: p.label for p in PEERS if p.key in keys}
-
-
 def section(results: dict[str, Any]) -> str:
     """The markdown between the markers: this run's conditions, table and ratios (what is
     measured and how, and what is not like for like, is prose around them in the document)."""
     meta, keys = results["meta"], [k for k in PEER_KEYS if k in results["meta"]["peers"]]
-    names = labels(keys)
+    names = {p.key: p.label for p in PEERS if p.key in keys}
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
     m = meta["machine"]
-    background = report.stat(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
-    load = f"a median {background.fmt()} % of both CPUs" if background else "an unmeasured share"
+    background = report.spread(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
+    load = f"a median {background} % of both CPUs" if background != "-" else "an unmeasured share"
     ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
     instances = int(meta.get("instances", 1))
     return f"""\

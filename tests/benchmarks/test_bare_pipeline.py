@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import bare_pipeline
 from contract.scores import ranked, softmax
+from loadtests.workload import load_images
 from service.settings import ServiceSettings
 
 
@@ -42,7 +43,7 @@ def _check_counts(result: dict) -> None:
 def test_classify_run_is_well_formed(capsys, tiny_vision_served):
     result = _run(capsys, "--task", "classify", "--model-dir", str(tiny_vision_served), "--all-images")
     assert result["task"] == "classify" and result["model"] == "tiny-vision"
-    assert result["inputs"] == len(bare_pipeline.peer_images())
+    assert result["inputs"] == len(load_images()[0])
     assert result["machine"].startswith("CPU: ")
     _check_counts(result)
 
@@ -58,7 +59,7 @@ def test_fill_mask_run_is_well_formed(capsys, tiny_mlm_served):
 def test_bare_classify_answers_as_the_service_ranks(tiny_vision_served, from_top_k):
     """The bare batch's top 5 per image are the per-image softmax and ranking of its logits,
     whether built from the graph's top-k outputs (float32 scores) or from the logits (exact)."""
-    images = bare_pipeline.peer_images()
+    images, _ = load_images()
     bare = bare_pipeline.BareClassify(tiny_vision_served, ServiceSettings(), images)
     assert bare.from_top_k, "the tiny classifier is exported with top-k outputs"
     if not from_top_k:

@@ -23,17 +23,27 @@ import pytest
 
 from gmlp.server_process import ServerProcess, gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.metrics_scrape import BatchStats, batch_delta, overall, parse_metrics, rejections_delta
 from loadtests.report import render_markdown, write_report
-from loadtests.runner import StepResult, parse_duration, parse_users, read_failures_csv, read_stats_csv
+from loadtests.runner import (
+    BatchStats,
+    StepResult,
+    batch_delta,
+    overall,
+    parse_duration,
+    parse_metrics,
+    parse_users,
+    read_failures_csv,
+    read_stats_csv,
+    rejections_delta,
+)
 from loadtests.workload import (
     BUNDLED_DIR,
     BUNDLED_SENTENCES,
     LoadConfig,
     estimate_tokens,
     fitting,
+    jpeg_body,
     mask_one_word,
-    multipart_body,
     read_sentences_tsv,
     split_sentences,
 )
@@ -147,10 +157,11 @@ def test_load_config_from_env() -> None:
         LoadConfig.from_env({"GMLP_LOADTEST_UPLOAD": "carrier-pigeon"})
 
 
-def test_multipart_body_parses_as_form_data() -> None:
+def test_jpeg_body_parses_as_form_data() -> None:
     from email.parser import BytesParser
 
-    body, content_type = multipart_body(b"\xff\xd8\xffdata", "a.jpg", "image/jpeg")
+    assert jpeg_body(b"\xff\xd8\xffdata", multipart=False) == (b"\xff\xd8\xffdata", "image/jpeg")
+    body, content_type = jpeg_body(b"\xff\xd8\xffdata", multipart=True)
     message = BytesParser().parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
     (part,) = message.get_payload()
     assert part.get_param("name", header="content-disposition") == "file"
@@ -231,7 +242,7 @@ def test_report_renders_without_a_server(tmp_path: Path) -> None:
     rows = read_stats_csv(_write(tmp_path / "s_stats.csv", _STATS_CSV))
     total = rows.pop("Aggregated")
     steps = [
-        StepResult(users=u, duration_s=5, total=total, endpoints=rows, batch_all=BatchStats(10, 25))
+        StepResult(users=u, duration_s=5, total=total, endpoints=rows, batch_size_all=BatchStats(10, 25))
         for u in (1, 8)
     ]
     steps.append(StepResult(users=64, duration_s=5, total=None, error="locust did not finish"))

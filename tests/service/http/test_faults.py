@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from contract.spec import read_spec
 from gmlp.server_process import gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
-from loadtests.metrics_scrape import http_get
+from loadtests.runner import http_get
 from service import cli
 from service.app import create_app
 from service.engine.request_context import Deadline
