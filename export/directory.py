@@ -98,9 +98,7 @@ def export_served_model(
             )
         if "fp16" in variants:
             export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, metadata=metadata, top_k=k)
-        for variant in variants:
-            if variant == "fp32":
-                continue
+        for variant in (v for v in variants if v != "fp32"):
             reports[variant] = check_parity(model, staging / VARIANT_FILES[variant], variant)
             if reports[variant].top1_agreement < MIN_TOP1_AGREEMENT[variant]:
                 raise ExportCheckError(
