@@ -64,15 +64,11 @@ class VersionPolicy:
         """`latest:N`, `all`, `specific:1,3`, or Triton's JSON form ({"latest": {"num_versions": N}},
         {"all": {}}, {"specific": {"versions": [1, 3]}})."""
         try:
-            if isinstance(value, str):
+            if isinstance(value, str):  # as the JSON form, read below
                 kind, _, rest = value.partition(":")
-                if kind == "all" and not rest:
-                    return cls("all")
-                if kind == "latest":
-                    return cls._checked("latest", parse_version(rest or 1), ())
-                if kind == "specific":
-                    return cls._checked("specific", 1, tuple(map(parse_version, rest.split(","))))
-            elif isinstance(value, dict) and len(value) == 1:
+                if kind != "all" or not rest:
+                    value = {kind: {"num_versions": rest or 1, "versions": rest.split(",")}}
+            if isinstance(value, dict) and len(value) == 1:
                 ((kind, body),) = value.items()
                 body = body or {}
                 if kind == "all":

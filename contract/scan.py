@@ -104,28 +104,27 @@ def read_version(model: str, version: int, directory: Path) -> VersionSource:
     """A version directory: complete (config.json and every file it names), or why not; never
     raises for what is on disk."""
     try:
-        return _read_version(model, version, directory)
+        print_ = fingerprint(directory)
+        spec, problem = _read_spec(directory)
     except Exception as exc:  # anything a hostile directory makes the reading raise
         return VersionSource(model, version, directory, None, _unreadable(exc))
+    return VersionSource(model, version, directory, spec and replace(spec, name=model), problem, print_)
 
 
-def _read_version(model: str, version: int, directory: Path) -> VersionSource:
-    print_ = fingerprint(directory)
+def _read_spec(directory: Path) -> tuple[ModelSpec | None, str | None]:
+    """A version directory's spec when it is complete, else (None, why not)."""
     if not (directory / CONFIG_FILE).is_file():
-        problem = f"incomplete: {directory} has no {CONFIG_FILE} yet (it is written last)"
-        return VersionSource(model, version, directory, None, problem, print_)
+        return None, f"incomplete: {directory} has no {CONFIG_FILE} yet (it is written last)"
     try:
         spec = read_spec(directory)
     except SpecError as exc:
-        return VersionSource(model, version, directory, None, f"incomplete or malformed: {exc}", print_)
+        return None, f"incomplete or malformed: {exc}"
     if spec is None:
-        problem = f"{directory / CONFIG_FILE} is not a served-model config"
-        return VersionSource(model, version, directory, None, problem, print_)
+        return None, f"{directory / CONFIG_FILE} is not a served-model config"
     missing = [n for n in _named_files(spec) if not (directory / n).is_file()]
     if missing:
-        problem = f"incomplete: {directory} lacks {missing}, which its {CONFIG_FILE} names"
-        return VersionSource(model, version, directory, None, problem, print_)
-    return VersionSource(model, version, directory, replace(spec, name=model), None, print_)
+        return None, f"incomplete: {directory} lacks {missing}, which its {CONFIG_FILE} names"
+    return spec, None
 
 
 def _policy_file(directory: Path) -> VersionPolicy | None:

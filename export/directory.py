@@ -1,4 +1,5 @@
-"""Checkpoint directory -> served-model directory (docs/formats.md), verified before it is written.
+"""Checkpoint directory -> served-model directory (docs/formats.md), verified before it is written:
+the fp32 graph, and the int8 (CPU) and fp16 (CUDA) variants made of it.
 
 Everything is first written to a temporary directory next to the destination and moved into place
 only after all checks pass, so a failed export never leaves a half-written model for the service.
@@ -13,20 +14,23 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from contract.calibration import calibration_feeds
-from contract.formats import (
-    CONFIG_FILE,
-    DEFAULT_GRAPH_TOP_K,
-    GRAPH_TOP_K_KEY,
-    SERVED_FORMAT,
-    VARIANT_FILES,
+import numpy as np
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
 )
+
+from contract.calibration import calibration_feeds
+from contract.formats import CONFIG_FILE, DEFAULT_GRAPH_TOP_K, GRAPH_TOP_K_KEY, SERVED_FORMAT, VARIANT_FILES
 from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
-from .onnx_export import DEFAULT_OPSET, export_onnx, graph_top_k, io_spec, metadata_for
+from .onnx_export import OPSET, export_onnx, graph_top_k, io_spec, metadata_for
 from .other_runtimes import check_openvino
-from .variants import quantize_int8
 from .verify import (
     ExportCheckError,
     ParityReport,
@@ -49,7 +53,6 @@ def export_served_model(
     variants: list[str] | tuple[str, ...] = ("fp32",),
     *,
     name: str | None = None,
-    opset: int = DEFAULT_OPSET,
     calibration: str | Path | None = None,
     calibration_samples: int = 256,
     top_k: int = DEFAULT_GRAPH_TOP_K,
@@ -78,13 +81,13 @@ def export_served_model(
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
         staging = Path(tmp)
         k = graph_top_k(config, top_k)
-        fp32 = export_onnx(model, staging / VARIANT_FILES["fp32"], opset=opset, metadata=metadata, top_k=k)
+        fp32 = export_onnx(model, staging / VARIANT_FILES["fp32"], metadata=metadata, top_k=k)
         check_fused_graph(fp32, config)
         check_optimized_graph(fp32, config)
         reports["fp32"] = check_parity(model, fp32, "fp32")
         if reports["fp32"].max_abs_diff > FP32_TOLERANCE:
             raise ExportCheckError(f"fp32 parity failed: {reports['fp32']} (tolerance {FP32_TOLERANCE})")
-        served = _served_config(info, config, variants, sha, opset, name or out_dir.name, k)
+        served = _served_config(info, config, variants, sha, name or out_dir.name, k)
         if "int8" in variants:
             source, feeds = calibration_feeds(calibration, served, checkpoint_dir, calibration_samples)
             served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
@@ -94,12 +97,8 @@ def export_served_model(
                 staging / VARIANT_FILES["int8"], {**metadata, "gmlp.int8": served["int8_quantization"]}
             )
         if "fp16" in variants:
-            export_onnx(
-                model, staging / VARIANT_FILES["fp16"], float16=True, opset=opset, metadata=metadata, top_k=k
-            )
-        for variant in variants:
-            if variant == "fp32":
-                continue
+            export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, metadata=metadata, top_k=k)
+        for variant in (v for v in variants if v != "fp32"):
             reports[variant] = check_parity(model, staging / VARIANT_FILES[variant], variant)
             if reports[variant].top1_agreement < MIN_TOP1_AGREEMENT[variant]:
                 raise ExportCheckError(
@@ -122,6 +121,57 @@ def export_served_model(
     return reports
 
 
+# Recorded in each int8 file's metadata (`gmlp.int8`), so the service knows without the onnx package
+# whether rows of a batch are independent: with dynamic quantisation they are not.
+STATIC, DYNAMIC = "static", "dynamic"
+# ORT's settings of the int8 variant (why each: `quantize_int8`): the weights' in both modes, and
+# the static mode's activations; docs/benchmarks.md ("int8 on CPUs without VNNI") compares
+# activation/weight types over these.
+INT8_WEIGHT_OPTIONS = {
+    "weight_type": QuantType.QInt8,
+    "per_channel": True,
+    "reduce_range": True,
+    "extra_options": {"MatMulConstBOnly": True},
+}
+STATIC_INT8_OPTIONS = {
+    **INT8_WEIGHT_OPTIONS,
+    "quant_format": QuantFormat.QDQ,
+    "op_types_to_quantize": ["MatMul"],
+    "activation_type": QuantType.QUInt8,
+    "calibrate_method": CalibrationMethod.MinMax,
+}
+
+
+class FeedsReader(CalibrationDataReader):
+    """ORT's calibration interface over a list of prepared feeds."""
+
+    def __init__(self, feeds: Sequence[dict[str, np.ndarray]]) -> None:
+        self._feeds = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+def quantize_int8(
+    fp32_path: str | Path, out_path: str | Path, calibration: Sequence[dict[str, np.ndarray]] | None = None
+) -> str:
+    """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode.
+
+    Weights are int8 with per-channel scales (accuracy on the wide d_ffn projections), in 7 bits
+    (`reduce_range`): on x86 CPUs without VNNI ONNX Runtime adds pairs of u8 x s8 products in
+    int16, which 8-bit weights saturate, and 2 x 255 x 64 < 2**15 (docs/export.md, "Variants").
+    Activations: with `calibration` (inputs prepared like requests, contract/calibration.py)
+    *static* QDQ, scales fixed at export, so the service can batch int8 requests; without, *dynamic*
+    (one scale per run over the whole batch), which the service runs one row at a time. Neither
+    touches the spatial projection inside the SGU function: W stays fp32.
+    """
+    if calibration:
+        quantize_static(str(fp32_path), str(out_path), FeedsReader(calibration), **STATIC_INT8_OPTIONS)
+        return STATIC
+    quantize_dynamic(str(fp32_path), str(out_path), **INT8_WEIGHT_OPTIONS)
+    return DYNAMIC
+
+
 def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
     import onnx
 
@@ -131,7 +181,7 @@ def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
 
 
 def _served_config(
-    info: dict, config: GMLPConfig, variants: Sequence[str], sha: str, opset: int, name: str, top_k: int
+    info: dict, config: GMLPConfig, variants: Sequence[str], sha: str, name: str, top_k: int
 ) -> dict:
     inputs, outputs = io_spec(config, top_k)
     served = {
@@ -146,7 +196,7 @@ def _served_config(
         "inputs": inputs,
         "outputs": outputs,
         "source_sha256": sha,
-        "opset": opset,
+        "opset": OPSET,
     }
     if top_k:
         served[GRAPH_TOP_K_KEY] = top_k

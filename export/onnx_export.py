@@ -2,8 +2,27 @@
 
 How (docs/export.md): for the export only, each block's SGU module is wrapped so that its forward
 emits a single `torch.onnx.ops.symbolic` node; after the dynamo exporter has run, the function's
-body (export/sgu_function.py) is attached to the model.
+body (`build_sgu_function`, written with onnxscript) is attached to the model.
 The model code itself knows nothing about ONNX.
+
+The function's body (paper section 2, with the exported layout of `model.layers.SpatialGatingUnit`):
+
+    z1, z2 = Split(z, axis=-1, num_outputs=2)
+    z2     = LayerNormalization(z2, gamma, beta, epsilon)
+    z2     = Mul(z2, token_mask)                      # masked LM only: padding takes no part
+    L      = Shape(z, start=1, end=2)                 # masked LM only: this run's length
+    W, b   = Slice(W, [0, 0], [L, L], axes=[-2, -1]), Slice(b, [0], L, axes=[-1])
+    gate   = Add(MatMul(W, z2), Unsqueeze(b, [-1]))   # W [L, L] broadcast over the batch
+    gate   = Add(gate, attn)                          # aMLP only: the tiny attention's output
+    gate   = act(gate)                                # a gate activation other than the identity
+    out    = Mul(z1, gate)
+
+With h > 1 heads W is [h, n, n] and b [h, n]: each head's `W_h @ z2_h + b_h` on its slice of z2's
+channels, the h gates concatenated over channels. The head count, the activation and the optional
+inputs (`token_mask` [batch, L, 1], `attn` [batch, L, d_ffn/2], computed by ordinary nodes before
+the SGU node) are fixed per model, so one function per model suffices. A masked LM's function
+slices W and b to its input's length itself, so one file serves every length 1 <= L <= n; a
+classifier's patch grid is fixed and its W used whole.
 """
 
 from __future__ import annotations
@@ -16,6 +35,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import onnx_ir as ir
+import onnxscript
 import torch
 from torch import nn
 
@@ -24,11 +44,12 @@ from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig
 from model.layers import GMLPBlock, SpatialGatingUnit
 
-from .sgu_function import DOMAIN, FUNCTION_VERSION, OP_TYPE, build_sgu_function
-
 log = logging.getLogger(__name__)
 
-DEFAULT_OPSET = 20  # opset 20 emits ONNX Gelu, which ORT fuses with the bias into BiasGelu
+OPSET = 20  # opset 20 emits ONNX Gelu, which ORT fuses with the bias into BiasGelu
+DOMAIN = "gmlp"
+OP_TYPE = "SpatialGatingUnit"
+FUNCTION_VERSION = 1
 
 
 class _SymbolicSGU(nn.Module):
@@ -124,11 +145,7 @@ def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, to
 
 
 def example_inputs(
-    config: GMLPConfig,
-    batch: int,
-    seed: int = 0,
-    length: int | None = None,
-    predictions: int | None = None,
+    config: GMLPConfig, batch: int, seed: int = 0, length: int | None = None, predictions: int | None = None
 ) -> dict[str, torch.Tensor]:
     """Named example inputs of the graph contract (random but valid), used for export and checks.
 
@@ -202,7 +219,6 @@ def export_onnx(
     *,
     fused: bool = True,
     float16: bool = False,
-    opset: int = DEFAULT_OPSET,
     metadata: dict[str, str] | None = None,
     top_k: int = 0,
 ) -> Path:
@@ -222,7 +238,7 @@ def export_onnx(
             graph,
             args=tuple(inputs.values()),
             dynamo=True,
-            opset_version=opset,
+            opset_version=OPSET,
             input_names=list(inputs),
             output_names=[spec["name"] for spec in io_spec(config, top_k)[1]],
             dynamic_shapes=_dynamic_shapes(config),
@@ -233,7 +249,7 @@ def export_onnx(
         raise RuntimeError("torch.onnx.export returned no program")
     onnx_model: ir.Model = program.model
     if fused:
-        _attach_sgu_function(onnx_model, config, opset)
+        _attach_sgu_function(onnx_model, config)
     for key, value in (metadata or {}).items():
         onnx_model.metadata_props[key] = value
     path = Path(path)
@@ -242,7 +258,7 @@ def export_onnx(
     return path
 
 
-def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -> None:
+def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig) -> None:
     nodes = [n for n in onnx_model.graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP_TYPE]
     if len(nodes) != config.depth:
         raise RuntimeError(
@@ -254,14 +270,79 @@ def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig, opset: int) -
         epsilon=config.sgu_norm_eps,
         has_mask=is_mlm,
         has_attn=has_attn,
-        opset=opset,
+        opset=OPSET,
         variable_length=is_mlm,  # a classifier's patch grid is fixed
         heads=config.heads,
         gate_act=config.gate_act,
     )
     onnx_model.functions[function.identifier()] = function
     onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION
-    onnx_model.opset_imports[""] = opset
+    onnx_model.opset_imports[""] = OPSET
+
+
+def build_sgu_function(
+    *,
+    epsilon: float,
+    has_mask: bool,
+    has_attn: bool,
+    opset: int,
+    variable_length: bool = False,
+    heads: int = 1,
+    gate_act: str = "identity",
+) -> ir.Function:
+    """The FunctionProto (as an onnx_ir Function) for one model's SGU signature.
+
+    Its default-domain opset must equal the model's, or ONNX Runtime refuses the model. With
+    `variable_length`, W and b are sliced to the input's length (masked LM). `heads` and
+    `gate_act` are `GMLPConfig`'s (gelu needs opset >= 20).
+    """
+    names = ["z", "norm_weight", "norm_bias", "spatial_weight", "spatial_bias"]
+    names += [name for name, present in (("token_mask", has_mask), ("attn", has_attn)) if present]
+
+    def body(op: onnxscript.OpBuilder, *values: ir.Value) -> ir.Value:
+        args = dict(zip(names, values, strict=True))
+        z1, z2 = op.Split(args["z"], axis=-1, num_outputs=2, _outputs=2)
+        z2 = op.LayerNormalization(z2, args["norm_weight"], args["norm_bias"], axis=-1, epsilon=epsilon)
+        if has_mask:
+            z2 = op.Mul(z2, args["token_mask"])
+        weight, bias = args["spatial_weight"], args["spatial_bias"]
+        if variable_length:
+            length = op.Shape(args["z"], start=1, end=2)
+            weight = op.Slice(
+                weight,
+                op.Constant(value_ints=[0, 0]),
+                op.Concat(length, length, axis=0),
+                op.Constant(value_ints=[-2, -1]),
+            )
+            bias = op.Slice(bias, op.Constant(value_ints=[0]), length, op.Constant(value_ints=[-1]))
+        bias = op.Unsqueeze(bias, op.Constant(value_ints=[-1]))
+        if heads == 1:
+            gate = op.Add(op.MatMul(weight, z2), bias)
+        else:
+            # Head by head on its channel slice: no Transpose of the activations.
+            slices = op.Split(z2, axis=-1, num_outputs=heads, _outputs=heads)
+            weights = op.Split(weight, axis=0, num_outputs=heads, _outputs=heads)
+            biases = op.Split(bias, axis=0, num_outputs=heads, _outputs=heads)
+            gate = op.Concat(
+                *(op.Add(op.MatMul(w, z), b) for w, z, b in zip(weights, slices, biases, strict=True)),
+                axis=-1,
+            )
+        if has_attn:
+            gate = op.Add(gate, args["attn"])
+        return op.Mul(z1, _activation(op, gate, gate_act))
+
+    inputs = [ir.Value(name=name) for name in names]
+    return onnxscript.build_function(body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset})
+
+
+def _activation(op: onnxscript.OpBuilder, gate: ir.Value, name: str) -> ir.Value:
+    """`model.layers.GATE_FUNCTIONS[name]` in ONNX ops."""
+    if name == "identity":
+        return gate
+    if name == "silu":
+        return op.Mul(gate, op.Sigmoid(gate))
+    ops = {"tanh": op.Tanh, "sigmoid": op.Sigmoid, "relu": op.Relu, "gelu": op.Gelu}
+    return ops[name](gate)
 
 
 def metadata_for(config: GMLPConfig, source_sha256: str) -> dict[str, str]:

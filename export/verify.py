@@ -26,8 +26,7 @@ from contract.scores import top_k_mismatch
 from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
-from .onnx_export import PREDICTIONS_AXIS, SEQ_AXIS, example_inputs
-from .sgu_function import DOMAIN, OP_TYPE
+from .onnx_export import DOMAIN, OP_TYPE, PREDICTIONS_AXIS, SEQ_AXIS, example_inputs
 
 
 class ExportCheckError(UserError):
@@ -64,9 +63,13 @@ class ParityReport:
         )
 
 
-def session(path: str | Path) -> ort.InferenceSession:
+def session(path: str | Path, optimized_path: Path | None = None) -> ort.InferenceSession:
+    """ONNX Runtime (CPU) on the graph at `path`; with `optimized_path`, the graph it runs
+    (ORT_ENABLE_ALL, its default) is written there."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -176,13 +179,9 @@ def check_fused_graph(path: str | Path, config: GMLPConfig) -> None:
 
 def optimized_op_counts(path: str | Path) -> Counter:
     """Op types of the graph ONNX Runtime actually runs (ORT_ENABLE_ALL, CPU)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
     with tempfile.TemporaryDirectory() as tmp:
-        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(options.optimized_model_filepath)
+        session(path, Path(tmp) / "optimized.onnx")
+        optimized = onnx.load(str(Path(tmp) / "optimized.onnx"))
     return Counter(n.op_type for n in optimized.graph.node)
 
 

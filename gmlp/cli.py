@@ -17,7 +17,6 @@ from contract.errors import UserError
 # the pip extra it needs.
 _COMMAND_MODULES = {
     "gmlp.model_commands": "export",
-    "gmlp.export_commands": "export",
     "gmlp.train_commands": "train",
     "gmlp.serve_command": "serve",
     "loadtests.cli": "loadtest",

@@ -1,4 +1,4 @@
-"""`gmlp convert-timm`, `gmlp convert-lucidrains` and `gmlp info`.
+"""`gmlp convert-timm`, `gmlp convert-lucidrains`, `gmlp info`, `gmlp export` and `gmlp inline`.
 
 The converters write a checkpoint directory, which `gmlp export` then turns into a served model.
 """
@@ -13,11 +13,29 @@ from pathlib import Path
 import numpy as np
 
 from contract.errors import UserError
-from contract.formats import SERVED_FORMAT
+from contract.formats import DEFAULT_EXPORT_VARIANTS, DEFAULT_GRAPH_TOP_K, SERVED_FORMAT, VARIANTS
 
 from .paths import IMAGENET_CLASS_INDEX
 
 IMAGENET_CLASSES = 1000  # a head of this size is named with ImageNet-1k's labels by default
+
+
+def _variants(text: str) -> list[str]:
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variants {unknown}; choose from {','.join(VARIANTS)}")
+    return variants
+
+
+def _top_k(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--top-k takes a whole number >= 0, got {text!r}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,12 +73,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
     p.set_defaults(handler=info)
 
+    p = sub.add_parser("export", help="export a checkpoint to a verified ONNX served-model directory")
+    p.add_argument("checkpoint", type=Path, help="checkpoint directory (model.safetensors + config.json)")
+    p.add_argument("--out", type=Path, required=True, help="served-model directory to write")
+    p.add_argument(
+        "--variants",
+        type=_variants,
+        default=list(DEFAULT_EXPORT_VARIANTS),
+        help=f"comma list of {','.join(VARIANTS)} (default {','.join(DEFAULT_EXPORT_VARIANTS)})",
+    )
+    p.add_argument("--name", default=None, help="model name in the service (default: the --out folder name)")
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="representative inputs for static int8 (batchable): a folder or CIFAR-style .npz of images, "
+        "or a .txt/.txt.gz of prose for a masked LM; without it int8 is dynamically quantised",
+    )
+    p.add_argument("--calibration-samples", type=int, default=256, help="calibration inputs to use")
+    p.add_argument(
+        "--top-k",
+        type=_top_k,
+        default=DEFAULT_GRAPH_TOP_K,
+        help="K of the graph's topk_ids/topk_scores outputs (at most the vocabulary or classes; "
+        f"default {DEFAULT_GRAPH_TOP_K}); 0 exports logits alone",
+    )
+    p.set_defaults(handler=export)
+    p = sub.add_parser(
+        "inline",
+        help="write a served variant with its SGU function nodes inlined, for runtimes that know no ONNX "
+        "local functions (TensorRT, OpenVINO's tools)",
+    )
+    p.add_argument("served", type=Path, help="served-model directory")
+    p.add_argument("--variant", choices=VARIANTS, default="fp32", help="variant to write (default fp32)")
+    p.add_argument("--out", type=Path, required=True, help="file to write, or a folder to write it in")
+    p.set_defaults(handler=inline)
 
-def _labels(given: Path | None, count: int) -> list[str]:
+
+def _labels(given: Path | None, count: int, imagenet: bool = False) -> list[str]:
     """The head's class names from `given` (a JSON list or class index), one per class; without
-    it `class_<i>`."""
+    it ImageNet-1k's for a 1000-class head when `imagenet` (timm's weights), else `class_<i>`."""
     from model.checkpoint import read_labels
 
+    if given is None and imagenet and count == IMAGENET_CLASSES:
+        with resources.as_file(IMAGENET_CLASS_INDEX) as labels_path:
+            return read_labels(labels_path)
     if given is None:
         return [f"class_{i}" for i in range(count)]
     labels = read_labels(given)
@@ -70,17 +127,13 @@ def _labels(given: Path | None, count: int) -> list[str]:
 
 
 def convert_timm(args: argparse.Namespace) -> int:
-    from model.checkpoint import read_labels, read_state_dict, save_checkpoint
+    from model.checkpoint import read_state_dict, save_checkpoint
     from model.timm_import import TIMM_PREPROCESSING, gmlp_from_timm
 
     state = read_state_dict(args.checkpoint)
     model = gmlp_from_timm(state, args.arch, source=str(args.checkpoint))
     count = model.config.num_classes
-    if args.labels is None and count == IMAGENET_CLASSES:
-        with resources.as_file(IMAGENET_CLASS_INDEX) as labels_path:
-            labels = read_labels(labels_path)
-    else:
-        labels = _labels(args.labels, count)
+    labels = _labels(args.labels, count, imagenet=True)
     save_checkpoint(
         model, args.out, labels=labels, preprocessing=dict(TIMM_PREPROCESSING), name=args.out.name
     )
@@ -162,4 +215,29 @@ def _served_info(path: Path, meta: dict) -> int:
     print("config:     " + json.dumps(meta["model"]))
     print("inputs:     " + json.dumps(meta["inputs"]))
     print("outputs:    " + json.dumps(meta["outputs"]))
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    from export import export_served_model
+
+    reports = export_served_model(
+        args.checkpoint,
+        args.out,
+        args.variants,
+        name=args.name,
+        calibration=args.calibration,
+        calibration_samples=args.calibration_samples,
+        top_k=args.top_k,
+    )
+    for report in reports.values():
+        print(f"verified {report}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def inline(args: argparse.Namespace) -> int:
+    from export.other_runtimes import write_inlined
+
+    print(f"wrote {write_inlined(args.served, args.variant, args.out)}")
     return 0

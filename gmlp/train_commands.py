@@ -172,12 +172,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=model_card)
 
 
+def _set_threads(threads: int | None) -> None:
+    """torch's intra-op threads, when `--threads` gives them (torch is imported only then)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
     """Either trainer, with the threads, training-state folder and command line settled first."""
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     if args.state_dir is None:
         args.state_dir = CACHE_DIR / "train" / Path(args.out).name
     args.argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("gmlp", "__main__.py")) else None
@@ -188,14 +193,14 @@ def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[st
 
 
 def train_vision(args: argparse.Namespace) -> int:
-    from model.train.vision import train_vision as run
+    from model.train.tasks import train_vision as run
 
     args.data = _given(args.data, "--data CIFAR10_NPZ")
     return _train(args, run)
 
 
 def train_mlm(args: argparse.Namespace) -> int:
-    from model.train.mlm import train_mlm as run
+    from model.train.tasks import train_mlm as run
 
     args.corpus = _given(args.corpus, "--corpus GUTENBERG_DIR")
     args.tokenizer = _given(args.tokenizer, "--tokenizer TOKENIZER_JSON")
@@ -207,10 +212,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
     from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
     start = time.monotonic()
     pred = open_predictor(args.path, variant=args.variant, threads=args.threads or 1)
     kind = "onnx" if pred.info.get("format") == SERVED_FORMAT else "pytorch"
@@ -221,7 +223,7 @@ def evaluate(args: argparse.Namespace) -> int:
         results = {"cifar10_test": evaluate_classifier(pred, data, args.limit, args.cache_dir)}
     else:
         from model.train.data import load_corpus
-        from model.train.mlm import corpus_files
+        from model.train.tasks import corpus_files
 
         _, valid = corpus_files(_given(args.corpus, "--corpus GUTENBERG_DIR"))
         count = args.limit or 2000

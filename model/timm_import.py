@@ -33,16 +33,6 @@ _KEY_MAP = [
 ]
 
 
-def convert_timm_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """timm's keys renamed to ours (the tensors are the same)."""
-    renamed = {}
-    for key, value in state.items():
-        for pattern, replacement in _KEY_MAP:
-            key = re.sub(pattern, replacement, key)
-        renamed[key] = value
-    return renamed
-
-
 def gmlp_from_timm(
     state: dict[str, torch.Tensor], arch: str = "gmlp_s16_224", source: str = "timm checkpoint"
 ) -> GMLPVisionClassifier:
@@ -56,8 +46,13 @@ def gmlp_from_timm(
     config = get_config(arch, num_classes=head.shape[0])
     if not isinstance(config, GMLPVisionConfig):
         raise CheckpointError(f"{arch} is not a vision config")
+    renamed = {}
+    for key, value in state.items():
+        for pattern, replacement in _KEY_MAP:
+            key = re.sub(pattern, replacement, key)
+        renamed[key] = value  # the tensors are the same
     model = GMLPVisionClassifier(config)
-    load_state_dict_strict(model, convert_timm_state_dict(state), source)
+    load_state_dict_strict(model, renamed, source)
     return model.eval()
 
 

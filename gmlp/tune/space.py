@@ -93,20 +93,19 @@ def power_of_two_steps(limit: int) -> tuple[int, ...]:
 def parse_values(knob: str, text: str) -> tuple[Any, ...]:
     """A knob's comma-separated values from the command line, checked for their type and range."""
     kind: Callable[[str], Any] = {"int": int, "float": float, "str": str}[_TYPES[knob]]
+    given = f"{_flag(knob)} {text!r}"
     try:
         values = tuple(dict.fromkeys(kind(part.strip()) for part in text.split(",") if part.strip()))
     except ValueError:
-        raise UserError(
-            f"--{knob.replace('_', '-')} {text!r}: comma-separated {kind.__name__} values"
-        ) from None
+        raise UserError(f"{given}: comma-separated {kind.__name__} values") from None
     if not values:
-        raise UserError(f"--{knob.replace('_', '-')} {text!r}: give at least one value")
+        raise UserError(f"{given}: give at least one value")
     if kind is int and min(values) < 1:
-        raise UserError(f"--{knob.replace('_', '-')} {text!r}: every value must be >= 1")
+        raise UserError(f"{given}: every value must be >= 1")
     if kind is float and min(values) < 0:
-        raise UserError(f"--{knob.replace('_', '-')} {text!r}: every value must be >= 0")
+        raise UserError(f"{given}: every value must be >= 0")
     if knob == "queue_delay_policy" and set(values) - set(QUEUE_DELAY_POLICIES):
-        raise UserError(f"--queue-delay-policy {text!r}: the policies are {', '.join(QUEUE_DELAY_POLICIES)}")
+        raise UserError(f"{given}: the policies are {', '.join(QUEUE_DELAY_POLICIES)}")
     return values
 
 

@@ -22,6 +22,11 @@ TRAINING_FILE = "training.json"
 # A training.json without `precision` records a run trained under bf16 autocast.
 LEGACY_PRECISION = precision_label(bf16=True)
 
+# The flags of either trainer that the card records (those a trainer lacks are left out).
+HYPERPARAMETERS = (
+    "batch_size lr weight_decay warmup_steps label_smoothing short_frac drop_path random_erase attn_dim"
+)
+
 FILL_MASK_EXAMPLES = [
     "The cat sat on the [MASK].",
     "She opened the [MASK] and walked into the room.",
@@ -51,21 +56,7 @@ def finish_run(
         "train_wall_time_s": round(result.train_seconds, 1),
         "threads": getattr(args, "threads", None),
         "precision": result.precision,
-        "hyperparameters": {
-            k: getattr(args, k)
-            for k in (
-                "batch_size",
-                "lr",
-                "weight_decay",
-                "warmup_steps",
-                "label_smoothing",
-                "short_frac",
-                "drop_path",
-                "random_erase",
-                "attn_dim",
-            )
-            if hasattr(args, k)
-        },
+        "hyperparameters": {k: getattr(args, k) for k in HYPERPARAMETERS.split() if hasattr(args, k)},
         "final_train_metrics": result.metrics,
         "results": results,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -20,15 +20,7 @@ import numpy as np
 from contract.errors import UserError
 from contract.formats import SERVED_FORMAT, VARIANT_FILES
 
-from .data import (
-    SpecialIds,
-    TokenCorpus,
-    full_window,
-    load_cifar,
-    mask_tokens,
-    short_window,
-    to_pixel_values,
-)
+from .data import SpecialIds, TokenCorpus, full_window, load_cifar, mask_tokens, short_window, to_pixel_values
 
 EVAL_SEED = 1234
 

@@ -159,7 +159,7 @@ def test_gmlp_serve_from_the_wheel_classifies(
     # The same model file run here, in the checkout's environment, without the service.
     spec = read_spec(tiny_vision_served)
     assert spec is not None
-    pixels = ImageTransform.from_config(spec.config["preprocessing"], 10**8, (32, 32))(image)
+    pixels = ImageTransform.for_model(spec.config, 10**8)(image)
     session = ort.InferenceSession(
         str(tiny_vision_served / spec.variants[variant]), providers=["CPUExecutionProvider"]
     )

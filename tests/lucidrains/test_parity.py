@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from contract.check import run_check
-from export.sgu_function import DOMAIN, OP_TYPE
+from export.onnx_export import DOMAIN, OP_TYPE
 from support.lucidrains import ALL_VARIANTS, CASES, VOCAB
 
 PARITY = 1e-4

@@ -228,7 +228,7 @@ def test_bert_masking_statistics_on_real_text(workdir: Path, data: dict[str, Pat
 
 
 def test_schedule_warmup_then_cosine_to_floor() -> None:
-    from model.train.schedule import StepPlanner, lr_at
+    from model.train.loop import StepPlanner, lr_at
 
     lrs = [lr_at(s, 100, 1e-3, 10, 0.01) for s in range(100)]
     assert lrs[0] < lrs[5] < lrs[9] == pytest.approx(1e-3)
