@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnx.inliner
 
+from contract.cpu import OPENVINO_PRECISIONS
 from contract.spec import SpecError, read_spec
 from model.checkpoint import GMLPModel
 
@@ -27,7 +28,6 @@ from .verify import ExportCheckError, ParityReport, check_parity
 # against PyTorch), in a lower precision what the fp16 variant meets (top-1 agreement).
 OPENVINO_FP32_TOLERANCE = 1e-4
 OPENVINO_MIN_TOP1 = 0.95
-PRECISIONS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 
 
 def inlined(path: str | Path) -> onnx.ModelProto:
@@ -63,7 +63,7 @@ def check_openvino(model: GMLPModel, fp32_path: Path) -> tuple[ParityReport, dic
     proto = inlined(fp32_path)
     compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU")
     hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-    precision = PRECISIONS.get(hint, hint)
+    precision = OPENVINO_PRECISIONS.get(hint, hint)
     names = [value.name for value in proto.graph.output]
     # Below fp32 the graph's top-k scores are not the softmax of its logits to check_top_k's 1e-5:
     # only the logits are held to PyTorch's then.

@@ -9,26 +9,15 @@ So `auto`, the training commands' default, picks bf16 only where it is native, a
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
+from contract.cpu import BF16_FLAGS, cpu_flags
 from contract.errors import UserError
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp32")
-_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
-
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags Linux reports (empty where /proc/cpuinfo is missing)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
 
 
 def native_bf16() -> bool:
@@ -38,7 +27,7 @@ def native_bf16() -> bool:
         check = getattr(torch.cpu, probe, None)
         if check is not None and check():
             return True
-    return bool(cpu_flags() & _BF16_FLAGS)
+    return bool(cpu_flags() & BF16_FLAGS)
 
 
 def precision_label(bf16: bool) -> str:
