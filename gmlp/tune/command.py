@@ -33,6 +33,7 @@ KNOB_FLAGS = {
     "max_batch_size": "largest batch sizes to try (default: 4,8,16,32)",
     "max_queue_delay_ms": "queue delays to try, ms (default: 0,2,5)",
     "queue_delay_policy": "queue delay policies to try (default: arriving,always)",
+    "backend": "backends to try (default: onnxruntime, and what `--backend auto` picks on this CPU)",
 }
 DEFAULT_VALUES = {
     "max_batch_size": "4,8,16,32",
@@ -99,6 +100,7 @@ def _model_and_variants(repository: Path, model: str | None) -> tuple[str, list[
 def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
     from contract.errors import UserError
     from gmlp.tune.space import KNOBS, Space, parse_values, power_of_two_steps
+    from service.engine.backends import resolve_backend
 
     steps = ",".join(map(str, power_of_two_steps(cpus)))
     defaults = {
@@ -106,6 +108,7 @@ def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
         "variant": ",".join(v for v in ("int8", "fp32") if v in variants) or ",".join(variants),
         "instances": steps,
         "intra_op_threads": steps,
+        "backend": ",".join(dict.fromkeys(("onnxruntime", resolve_backend("auto", "cpu")))),
     }
     values = {k: parse_values(k, getattr(args, f"knob_{k}") or defaults[k]) for k in KNOBS}
     unknown = set(values["variant"]) - set(variants)
@@ -118,6 +121,8 @@ def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
 
 def run_tune(args: argparse.Namespace) -> int:
     """Handler of `gmlp tune`: search (or grid), write the report and the env file."""
+    from dataclasses import replace
+
     from contract.errors import UserError
     from gmlp.tune.measure import Plan, measure
     from gmlp.tune.space import Candidate, coordinate_descent, full_grid
@@ -138,6 +143,11 @@ def run_tune(args: argparse.Namespace) -> int:
         max_batch_size=defaults.max_batch_size,
         max_queue_delay_ms=defaults.max_queue_delay_ms,
         queue_delay_policy=defaults.queue_delay_policy,
+        backend=space.values["backend"][0],
+    )
+    # The service's defaults start the search, except where the knobs given leave them out.
+    start = replace(
+        start, **{k: space.values[k][0] for k, v in start.settings().items() if v not in space.values[k]}
     )
     budget_min = args.budget_minutes if args.budget_minutes is not None else (None if args.grid else 10.0)
     try:

@@ -18,13 +18,15 @@ from typing import Any
 from contract.errors import UserError
 
 QUEUE_DELAY_POLICIES = ("arriving", "always")
+BACKENDS = ("onnxruntime", "openvino")
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
     """One setting of every knob (the `ServiceSettings` fields of the same names), in the order
     coordinate descent visits them: the variant and the split of the CPUs first (they move
-    throughput most), the batching knobs after."""
+    throughput most), the batching knobs after, the backend last (OpenVINO reads the fp32 graph
+    whatever the variant, so it is compared once the rest is settled)."""
 
     variant: str
     instances: int
@@ -32,6 +34,7 @@ class Candidate:
     max_batch_size: int
     max_queue_delay_ms: float
     queue_delay_policy: str
+    backend: str = "onnxruntime"
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,6 +51,7 @@ class Candidate:
         return (
             f"{self.variant} {self.instances}x{self.intra_op_threads}t b{self.max_batch_size} "
             f"{self.max_queue_delay_ms:g}ms {self.queue_delay_policy}"
+            + ("" if self.backend == "onnxruntime" else f" {self.backend}")
         )
 
 
@@ -104,6 +108,8 @@ def parse_values(knob: str, text: str) -> tuple[Any, ...]:
         raise UserError(f"{given}: every value must be >= 1")
     if kind is float and min(values) < 0:
         raise UserError(f"{given}: every value must be >= 0")
+    if knob == "backend" and set(values) - set(BACKENDS):
+        raise UserError(f"{given}: choose from {', '.join(BACKENDS)}")
     if knob == "queue_delay_policy" and set(values) - set(QUEUE_DELAY_POLICIES):
         raise UserError(f"{given}: the policies are {', '.join(QUEUE_DELAY_POLICIES)}")
     return values
@@ -173,10 +179,10 @@ def coordinate_descent(
                     return
                 if fresh:
                     yield result
-            best = max(
-                (seen[c] for c in space.neighbours(centre, knob) if c in seen),
-                key=lambda m: m.rank(slo_p99_ms),
-            )
+            near = [seen[c] for c in space.neighbours(centre, knob) if c in seen]
+            if not near:  # no value of this knob fits the CPUs beside the centre's others
+                continue
+            best = max(near, key=lambda m: m.rank(slo_p99_ms))
             if best.candidate != centre and best.rank(slo_p99_ms) > seen[centre].rank(slo_p99_ms):
                 centre, changed = best.candidate, True
 

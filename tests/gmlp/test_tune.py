@@ -119,7 +119,13 @@ def test_every_knob_is_a_setting_the_service_accepts() -> None:
 
 @pytest.mark.parametrize(
     ("knob", "text"),
-    [("instances", "0,2"), ("max_batch_size", "x"), ("queue_delay_policy", "sometimes"), ("variant", ",")],
+    [
+        ("instances", "0,2"),
+        ("max_batch_size", "x"),
+        ("queue_delay_policy", "sometimes"),
+        ("variant", ","),
+        ("backend", "onnxruntime,tensorrt"),
+    ],
 )
 def test_bad_knob_values_are_refused(knob: str, text: str) -> None:
     from contract.errors import UserError
@@ -139,11 +145,12 @@ def test_descent_reaches_the_best_of_a_separable_score_with_fewer_measurements()
             "max_batch_size": (4, 8, 16, 32),
             "max_queue_delay_ms": (0.0, 2.0, 5.0),
             "queue_delay_policy": ("arriving", "always"),
+            "backend": ("onnxruntime", "openvino"),
         },
         cpus=4,
     )
     best = {"variant": "int8", "instances": 2, "intra_op_threads": 2, "max_batch_size": 16}
-    best |= {"max_queue_delay_ms": 2.0, "queue_delay_policy": "always"}
+    best |= {"max_queue_delay_ms": 2.0, "queue_delay_policy": "always", "backend": "openvino"}
 
     def measure(c: Candidate) -> Measured:
         misses = sum(getattr(c, k) != v for k, v in best.items())
@@ -155,3 +162,27 @@ def test_descent_reaches_the_best_of_a_separable_score_with_fewer_measurements()
     top = max(walked, key=lambda m: m.rank(50.0))
     assert top.candidate.settings() == best
     assert len({m.candidate for m in walked}) == len(walked) < len(space.grid())
+
+
+def test_descent_skips_a_knob_whose_values_do_not_fit_beside_the_centre() -> None:
+    """A start outside the values given (2 instances x 1 thread, the service's default split) with
+    threads pinned to 2 on 2 CPUs: no thread value fits beside 2 instances, so the descent moves
+    on to the next knob instead of failing, and measures nothing over the CPUs. (`gmlp tune` itself
+    starts from the values given, where the defaults are not among them.)"""
+    values: dict[str, tuple[Any, ...]] = {
+        "variant": ("int8",),
+        "instances": (1, 2),
+        "intra_op_threads": (2,),
+        "max_batch_size": (8,),
+        "max_queue_delay_ms": (2.0,),
+        "queue_delay_policy": ("arriving",),
+        "backend": ("onnxruntime",),
+    }
+    space = Space(values, cpus=2)
+
+    def measure(c: Candidate) -> Measured:
+        level = {"concurrency": 1, "requests": 10, "failures": 0, "rps": 10.0 * c.intra_op_threads}
+        return Measured(c, levels=[level | {"p99_ms": 1.0}])
+
+    walked = list(coordinate_descent(space, Candidate("int8", 2, 1, 8, 2.0, "arriving"), measure, 50.0))
+    assert [(m.candidate.instances, m.candidate.intra_op_threads) for m in walked] == [(2, 1), (1, 1)]
