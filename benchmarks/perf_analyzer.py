@@ -39,7 +39,7 @@ import numpy as np
 
 from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
 from benchmarks.peers.model import INSTANCES_ENV
-from benchmarks.peers.peers import Peer, ensure_venv, running
+from benchmarks.peers.peers import Peer, ensure_venv, gmlp_layout, running
 from benchmarks.peers.report import replace_section
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
@@ -252,13 +252,9 @@ PYTRITON_PEER = Peer(
 def serving(server: str, args: argparse.Namespace) -> Iterator[tuple[ServerProcess, int, str | None]]:
     """One started, ready server: (its process, its gRPC port, the token its statistics need)."""
     grpc_port, log = free_port(), args.out / f"{server}.log"
-    if server == GMLP:
-        threads = max(1, (os.cpu_count() or 2) // args.instances)
-        layout = [
-            *("--instances", str(args.instances), "--intra-op-threads", str(threads)),
-            *("--max-batch-size", "16", "--max-queue-delay-ms", "2", "--variant", "int8"),
-        ]
-        flags = ["--grpc-port", str(grpc_port), *(layout if args.against else []), *args.serve_args.split()]
+    if server == GMLP:  # with a peer: the peers' layout, which main() sized by --instances
+        layout = gmlp_layout() if args.against else []
+        flags = ["--grpc-port", str(grpc_port), *layout, *args.serve_args.split()]
         with gmlp_serve(args.models.resolve(), log_path=log, serve_args=flags) as process:
             yield process, grpc_port, None
         return

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import REPO
-from benchmarks.peers.model import MODEL_ENV, instances, intra_op_threads
+from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, MODEL_ENV, instances, intra_op_threads
 from gmlp.server_process import ServerProcess, free_port, serve_argv
 from loadtests.workload import jpeg_body
 
@@ -60,14 +60,18 @@ class Peer:
         return VENVS / self.venv / "bin" if self.venv else Path(sys.executable).parent
 
 
-def _gmlp(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
-    return serve_argv(
-        work / "repository",
-        ports[0],
+def gmlp_layout() -> list[str]:
+    """`gmlp serve` flags of the layout every peer is given: the int8 file, the run's instances
+    sharing the CPUs, the peers' batch limits."""
+    return [
         *("--variant", "int8", "--instances", str(instances())),
-        *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", "16"),
-        *("--max-queue-delay-ms", "2", "--log-level", "warning"),
-    )
+        *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", str(MAX_BATCH)),
+        *("--max-queue-delay-ms", f"{MAX_WAIT_S * 1000:g}"),
+    ]
+
+
+def _gmlp(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
+    return serve_argv(work / "repository", ports[0], *gmlp_layout(), "--log-level", "warning")
 
 
 def _litserve(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
