@@ -63,13 +63,14 @@ class VersionPolicy:
     def parse(cls, value: object) -> VersionPolicy:
         """`latest:N`, `all`, `specific:1,3`, or Triton's JSON form ({"latest": {"num_versions": N}},
         {"all": {}}, {"specific": {"versions": [1, 3]}})."""
+        form = value
         try:
             if isinstance(value, str):  # as the JSON form, read below
                 kind, _, rest = value.partition(":")
                 if kind != "all" or not rest:
-                    value = {kind: {"num_versions": rest or 1, "versions": rest.split(",")}}
-            if isinstance(value, dict) and len(value) == 1:
-                ((kind, body),) = value.items()
+                    form = {kind: {"num_versions": rest or 1, "versions": rest.split(",")}}
+            if isinstance(form, dict) and len(form) == 1:
+                ((kind, body),) = form.items()
                 body = body or {}
                 if kind == "all":
                     return cls("all")

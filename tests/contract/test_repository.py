@@ -35,8 +35,10 @@ def test_policies_select_versions(text: str, available: list[int], selected: set
     "bad", ["newest", "latest:0", "latest:x", "specific:", "specific:0", "all:2", 3, {"a": 1}]
 )
 def test_unreadable_policies_say_what_is_accepted(bad: object) -> None:
-    with pytest.raises(PolicyError, match="latest:N"):
+    with pytest.raises(PolicyError, match="latest:N") as refused:
         VersionPolicy.parse(bad)
+    if isinstance(bad, str):  # the form echoed as it was given
+        assert str(refused.value).startswith(f"version policy {bad!r}:")
 
 
 def test_a_load_config_carries_the_policy_in_tritons_form() -> None:
