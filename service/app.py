@@ -99,7 +99,7 @@ def start_metrics_port(settings: ServiceSettings, metrics: ServiceMetrics) -> An
     if settings.tls_cert is not None:
         tls = {"certfile": str(settings.tls_cert), "keyfile": str(settings.tls_key)}
         tls["tls_min_version"] = ssl.TLSVersion.TLSv1_2
-    server, _ = start_http_server(settings.metrics_port or 0, settings.host, metrics.registry, **tls)
+    server, _ = start_http_server(settings.metrics_port or 0, settings.host, metrics.exposed, **tls)
     log.info("metrics on %s:%s", settings.host, settings.metrics_port)
     return server
 

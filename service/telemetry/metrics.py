@@ -4,6 +4,11 @@
 of `service.http.observe`, labelled by route template; gRPC: the wrapper of every call), and the
 batcher reports to its `BatchObserver`s (`ModelObserver` here), so that the batcher itself stays
 free of Prometheus. Nothing here knows a transport.
+
+With several worker processes (prometheus_client's multiprocess mode: `PROMETHEUS_MULTIPROC_DIR`
+set before it is imported), each worker writes its own files and everything read back (/metrics,
+the v2 statistics, /stats) is the merge of all workers' files (`server_registry`), so that any
+worker answers for the whole server; each gauge says how its workers' values merge.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from contextlib import suppress
 from functools import partial
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from service.engine.batcher import BatchObserver
 from service.engine.request_context import BatchRun
@@ -25,6 +31,19 @@ MV = ["model", "version"]
 ROUTE, CALL = ["route", "method", "status"], ["method", "code"]
 QUALITY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+# Whether prometheus_client keeps its values in per-process files (decided when it was imported).
+MULTIPROCESS = bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+def server_registry(path: str | None = None) -> CollectorRegistry:
+    """The whole server's series: every worker's files in `path` (default PROMETHEUS_MULTIPROC_DIR)
+    merged; a dead worker's counters and histograms still count, its live* gauges do not once
+    `prometheus_client.multiprocess.mark_process_dead` removed them."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path)
+    return registry
 
 
 def power_of_two_buckets(max_batch_size: int) -> tuple[float, ...]:
@@ -39,22 +58,27 @@ class ServiceMetrics:
 
     def __init__(self, max_batch_size: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # What /metrics renders and the statistics and /stats read: this app's series, or the server's.
+        self.exposed = server_registry() if MULTIPROCESS else self.registry
         counter = partial(Counter, registry=self.registry)
-        gauge = partial(Gauge, registry=self.registry)
+        # Gauges by how workers' values merge (multiprocess mode; one process: its value): `summed`
+        # what each worker holds, `alike` what every worker holds the same (the largest is shown).
+        summed = partial(Gauge, registry=self.registry, multiprocess_mode="livesum")
+        alike = partial(Gauge, registry=self.registry, multiprocess_mode="livemax")
         histogram = partial(Histogram, registry=self.registry)
         timing = partial(Histogram, registry=self.registry, buckets=LATENCY_BUCKETS)
         self.requests = counter("gmlp_http_requests", "HTTP requests by route, method and status", ROUTE)
         self.latency = timing(
             "gmlp_http_request_duration_seconds", "HTTP request latency by route, method and status", ROUTE
         )
-        self.in_flight = gauge("gmlp_http_requests_in_flight", "HTTP requests being handled")
+        self.in_flight = summed("gmlp_http_requests_in_flight", "HTTP requests being handled")
         self.grpc_calls = counter("gmlp_grpc_calls", "gRPC calls by method and status code", CALL)
         self.grpc_latency = timing(
             "gmlp_grpc_call_duration_seconds", "gRPC call latency by method and status code", CALL
         )
         # The three gauges of a version's batcher are labelled by version: two versions are loaded
         # at once during a swap (and with latest:N, all), and each has its own queue and sessions.
-        self.queue_depth = gauge(
+        self.queue_depth = summed(
             "gmlp_queue_depth", "requests waiting in the batch queue of a model version", MV
         )
         self.batch_size = histogram(
@@ -82,9 +106,15 @@ class ServiceMetrics:
             "requests refused or dropped by the batcher (queue_full, deadline, cancelled, shutting_down)",
             ["model", "reason"],
         )
-        self.model_ready = gauge("gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"])
+        self.model_ready = Gauge(  # ready when every worker is
+            "gmlp_model_ready",
+            "1 when the model is loaded and warmed up",
+            ["model"],
+            registry=self.registry,
+            multiprocess_mode="livemin",
+        )
         # --- per-model statistics (what the v2 statistics extension reports) ---
-        self.statistics = StatisticsSeries(self.registry)
+        self.statistics = StatisticsSeries(self.registry, self.exposed)
         # --- access control ---
         self.key_requests = counter(
             "gmlp_api_key_requests",
@@ -93,7 +123,7 @@ class ServiceMetrics:
             "forbidden, rate_limited)",
             ["key", "transport", "outcome"],
         )
-        self.api_keys = gauge("gmlp_api_keys", "API keys loaded from GMLP_API_KEYS_FILE")
+        self.api_keys = alike("gmlp_api_keys", "API keys loaded from GMLP_API_KEYS_FILE")
         self.file_reloads = counter(
             "gmlp_file_reloads",
             "re-reads of a changed keys or TLS file, by file (api_keys, tls) and result (ok, error: the "
@@ -121,17 +151,18 @@ class ServiceMetrics:
             buckets=QUALITY_BUCKETS,
         )
         # --- what the alert rules compare with (deploy/observability/rules.yml) ---
-        self.queue_capacity = gauge(
+        # Capacity and instances are summed like the depth, so depth / capacity stays a fraction.
+        self.queue_capacity = summed(
             "gmlp_queue_capacity", "waiting requests per model version before 503 (max_queue_size)", MV
         )
-        self.model_instances = gauge(
+        self.model_instances = summed(
             "gmlp_model_instances", "execution instances of the model version (batches run at once)", MV
         )
-        self.request_timeout = gauge(
+        self.request_timeout = alike(
             "gmlp_request_timeout_seconds", "deadline of a request from its arrival (request_timeout_s)"
         )
         # --- model lifecycle ---
-        self.model_versions = gauge(
+        self.model_versions = alike(
             "gmlp_model_versions",
             "model versions known to the service by state (READY, LOADING, UNLOADING, UNAVAILABLE)",
             ["state"],
@@ -151,7 +182,7 @@ class ServiceMetrics:
             ["model", "version"],
         )
         # --- the model repository (contract.scan, service.lifecycle.poller) ---
-        self.repository_problems = gauge(
+        self.repository_problems = alike(
             "gmlp_repository_problems",
             "problems the latest repository scan found (models and versions listed UNAVAILABLE with "
             "the reason: malformed or incomplete directories, duplicate names, ignored entries)",
@@ -172,7 +203,7 @@ class ServiceMetrics:
         self.connections_closed.labels(transport, reason).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed)
 
 
 class ModelObserver(BatchObserver):
@@ -290,8 +321,13 @@ class LifecycleMetrics:
         """A version was retired: its batcher's gauges go (not left behind at their last value)."""
         metrics = self._metrics
         for gauge in (metrics.queue_depth, metrics.queue_capacity, metrics.model_instances):
-            with suppress(KeyError):
-                gauge.remove(model, str(version))
+            # In multiprocess mode remove() leaves the value in this worker's file (prometheus_client
+            # only warns): a zero there drops the retired version out of the sum over workers.
+            if MULTIPROCESS:
+                gauge.labels(model, str(version)).set(0)
+            else:
+                with suppress(KeyError):
+                    gauge.remove(model, str(version))
 
     def refused(self, model: str, reason: str) -> None:
         self._metrics.version_refusals.labels(model, reason).inc()

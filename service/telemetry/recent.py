@@ -15,13 +15,11 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.metrics import MetricWrapperBase
-
 from service.telemetry.metrics import LATENCY_BUCKETS, ServiceMetrics
+from service.telemetry.statistics import read
 
 # Route templates and gRPC methods that are the service's own traffic, not requests for a model.
 OWN_TRAFFIC = frozenset(
@@ -65,19 +63,14 @@ class Snapshot:
     queue_depth: float
 
 
-def _samples(metric: MetricWrapperBase) -> Iterable[tuple[str, dict[str, str], float]]:
-    for family in metric.collect():
-        for sample in family.samples:
-            yield sample.name, sample.labels, sample.value
-
-
 def take_snapshot(metrics: ServiceMetrics) -> Snapshot:
-    """Read the served-request and batcher series of `metrics` as they are now."""
+    """Read the served-request and batcher series of `metrics` as /metrics exposes them now."""
+    now = read(metrics.exposed)
     bounds = [*LATENCY_BUCKETS, float("inf")]
     latency = [0.0] * len(bounds)
     requests = 0.0
     for metric, label in ((metrics.latency, "route"), (metrics.grpc_latency, "method")):
-        for name, labels, value in _samples(metric):
+        for name, labels, value, *_ in now(metric):
             if not counted(labels[label]):
                 continue
             if name.endswith("_bucket"):
@@ -85,12 +78,12 @@ def take_snapshot(metrics: ServiceMetrics) -> Snapshot:
             elif name.endswith("_count"):
                 requests += value
     batches = batched = 0.0
-    for name, _, value in _samples(metrics.batch_size):
+    for name, _, value, *_ in now(metrics.batch_size):
         if name.endswith("_count"):
             batches += value
         elif name.endswith("_sum"):
             batched += value
-    depth = sum(value for _, _, value in _samples(metrics.queue_depth))
+    depth = sum(sample.value for sample in now(metrics.queue_depth))
     return Snapshot(time.monotonic(), time.time(), requests, tuple(latency), batches, batched, depth)
 
 

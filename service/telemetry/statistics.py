@@ -4,8 +4,8 @@ The batcher's observer (`service.telemetry.metrics.ModelObserver`, which feeds t
 too, in the same step) adds every executed batch to these series, and the protocol's inference
 handlers every answered or refused request (`service.v2.inference.infer`); `/metrics` exposes the
 series, and the Open Inference Protocol's statistics extension reads the same series back through
-`StatisticsSeries.counters`, so the two can never disagree. Series are labelled by model and
-version.
+`StatisticsSeries.counters`, so the two can never disagree (with several workers, both read the
+merge of every worker's series). Series are labelled by model and version.
 
 What is counted where: `inferences` and `executions` count the rows and batches the model ran
 (every API's traffic: task routes, Hugging Face API and v2 share the batcher); queue and compute
@@ -16,10 +16,13 @@ gRPC, with their durations inside the server.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.samples import Sample
 
 # The version of a pipeline loaded without one (a model directory served on its own).
 DEFAULT_VERSION = "1"
@@ -49,10 +52,19 @@ class ModelCounters:
     by_batch_size: dict[int, Duration] = field(default_factory=dict)  # batch size -> executions, run time
 
 
-class StatisticsSeries:
-    """The statistics' Prometheus series on one registry."""
+def read(source: CollectorRegistry) -> Callable[[MetricWrapperBase], list[Sample]]:
+    """The samples of each metric as `source` has them now: one collection, looked up by the metric's
+    family name (what a registry of merged worker files knows a series by, not the local object)."""
+    families = {family.name: family.samples for family in source.collect()}
+    return lambda metric: [sample for family in metric.describe() for sample in families.get(family.name, [])]
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+class StatisticsSeries:
+    """The statistics' Prometheus series on one registry, read back from `source` (the registry
+    /metrics exposes: the same, or the merge of every worker's)."""
+
+    def __init__(self, registry: CollectorRegistry, source: CollectorRegistry) -> None:
+        self._source = source
         mv = ["model", "version"]
         counter = partial(Counter, registry=registry)
         self.inferences = counter("gmlp_model_inferences", "rows run by the model", mv)
@@ -84,16 +96,18 @@ class StatisticsSeries:
             "Unix time of the last batch run",
             mv,
             registry=registry,
+            multiprocess_mode="max",  # a dead worker's last batch still ran (as its counts still count)
         )
 
     def counters(self, model: str, version: str) -> ModelCounters:
         """The model version's statistics, read from the series /metrics exposes."""
 
+        now = read(self._source)
+
         def samples(metric: Counter | Gauge, suffix: str = "_total") -> list[tuple[dict[str, str], float]]:
             return [
                 (sample.labels, sample.value)
-                for family in metric.collect()
-                for sample in family.samples
+                for sample in now(metric)
                 if sample.name.endswith(suffix) and (sample.labels["model"], sample.labels["version"]) == key
             ]
 
