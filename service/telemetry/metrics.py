@@ -61,10 +61,12 @@ class ServiceMetrics:
         # What /metrics renders and the statistics and /stats read: this app's series, or the server's.
         self.exposed = server_registry() if MULTIPROCESS else self.registry
         counter = partial(Counter, registry=self.registry)
-        # Gauges by how workers' values merge (multiprocess mode; one process: its value): `summed`
-        # what each worker holds, `alike` what every worker holds the same (the largest is shown).
+        # Gauges by how live workers' values merge (multiprocess mode; one process: its value): `summed`
+        # what each worker holds, `alike` what every worker holds the same (the largest is shown),
+        # `least` readiness (ready when every worker is).
         summed = partial(Gauge, registry=self.registry, multiprocess_mode="livesum")
         alike = partial(Gauge, registry=self.registry, multiprocess_mode="livemax")
+        least = partial(Gauge, registry=self.registry, multiprocess_mode="livemin")
         histogram = partial(Histogram, registry=self.registry)
         timing = partial(Histogram, registry=self.registry, buckets=LATENCY_BUCKETS)
         self.requests = counter("gmlp_http_requests", "HTTP requests by route, method and status", ROUTE)
@@ -106,13 +108,7 @@ class ServiceMetrics:
             "requests refused or dropped by the batcher (queue_full, deadline, cancelled, shutting_down)",
             ["model", "reason"],
         )
-        self.model_ready = Gauge(  # ready when every worker is
-            "gmlp_model_ready",
-            "1 when the model is loaded and warmed up",
-            ["model"],
-            registry=self.registry,
-            multiprocess_mode="livemin",
-        )
+        self.model_ready = least("gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"])
         # --- per-model statistics (what the v2 statistics extension reports) ---
         self.statistics = StatisticsSeries(self.registry, self.exposed)
         # --- access control ---

@@ -57,9 +57,8 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def record(metrics: ServiceMetrics, spec: dict[str, Any]) -> None:
     """What one worker serves, recorded the way the server records it."""
-    observer = ModelObserver(metrics, "m", "1")
+    observer, t = ModelObserver(metrics, "m", "1"), 10.0  # t: when each batch starts (monotonic)
     for size, seconds, wait in spec["batches"]:
-        t = 10.0
         observer.batch_done(
             BatchRun(0, [None] * size, [None] * size, [t - wait] * size, t, t, t + seconds, t + seconds)
         )
