@@ -13,10 +13,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 from prometheus_client import generate_latest
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.parser import text_string_to_metric_families
 
+from gmlp.server_process import gmlp_serve, link_repository
 from service.engine.request_context import BatchRun
 from service.telemetry.metrics import (
     MULTIPROCESS,
@@ -26,6 +28,7 @@ from service.telemetry.metrics import (
     server_registry,
 )
 from service.telemetry.recent import take_snapshot
+from support.repository_servers import v2_image_request
 
 REPO = Path(__file__).resolve().parents[3]
 # What each worker records: batches (size, run seconds, each row's wait), v2 requests by outcome,
@@ -145,7 +148,11 @@ def check_traffic(document: dict[str, Any], workers: list[dict[str, Any]]) -> No
 def worker(directory: Path, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one worker process on `directory`: it records `spec` (nothing: a worker that only
     answers), then reads the server back; its pid and readout."""
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory), "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(directory),
+        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+    }
     command = [sys.executable, __file__, json.dumps(spec or {})]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=True)
     return dict(json.loads(done.stdout))
@@ -178,6 +185,30 @@ def test_every_worker_reads_the_whole_server(tmp_path: Path) -> None:
         "capacity": survivor["capacity"],
         "retired_capacity": 0,
     }
+
+
+def test_servers_sharing_the_directory_answer_for_all(
+    tmp_path: Path, tiny_vision_served: Path, cifar_images: list[bytes]
+) -> None:
+    """Two `gmlp serve` processes on one directory, as the workers of one server: whichever answers,
+    the statistics count what both ran (consecutive reads agree, as perf_analyzer requires)."""
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    repository = link_repository(tmp_path, tiny_vision_served)
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    servers = [gmlp_serve(repository, log_path=tmp_path / f"{i}.log", env=env) for i in range(2)]
+    body, headers = v2_image_request(cifar_images[0])
+    sent = [2, 3]
+    with servers[0], servers[1]:
+        for server, count in zip(servers, sent, strict=True):
+            with httpx.Client(base_url=server.base_url, timeout=30) as client:
+                for _ in range(count):
+                    answer = client.post("/v2/models/tiny-vision/infer", content=body, headers=headers)
+                    assert answer.status_code == 200
+        stats = [httpx.get(f"{server.base_url}/v2/models/tiny-vision/stats").json() for server in servers]
+    assert stats[0] == stats[1]
+    (model,) = stats[0]["model_stats"]
+    assert model["inference_count"] == model["inference_stats"]["success"]["count"] == sum(sent)
 
 
 def test_one_process_reads_its_own_registry() -> None:
