@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from PIL import Image
+from prometheus_client import CollectorRegistry
 from starlette.middleware import Middleware
 
 from contract.errors import UserError
@@ -61,13 +62,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     settings = state.settings
     keys, tls, tracing = app.state.keys, app.state.tls, app.state.tracing
     grpc_server = await start_grpc(state, keys=keys, tls=tls, tracing=tracing) if settings.grpc_port else None
-    metrics_server = start_metrics_port(settings, state.metrics) if settings.metrics_port else None
+    metrics_server = start_metrics_port(settings, state.metrics.exposed) if settings.metrics_port else None
     watched: list[Reloadable] = [r for r in (keys, tls) if r is not None and r.paths]
     watcher = asyncio.create_task(watch(watched, settings.reload_interval_s), name="watch-files")
     loop = asyncio.get_running_loop()
     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # main thread only
         loop.add_signal_handler(signal.SIGHUP, reload_all, watched)
     loader = asyncio.create_task(state.load(), name="load-models")
+    if app.state.listen_when_loaded:  # a worker (service.server): it takes connections once it can serve
+        await asyncio.shield(loader)
     # The status view's sampling of the metrics (/stats).
     sampler = asyncio.create_task(app.state.stats.run(), name="stats")
     try:
@@ -90,7 +93,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
             await asyncio.to_thread(tracing.shutdown)
 
 
-def start_metrics_port(settings: ServiceSettings, metrics: ServiceMetrics) -> Any:
+def start_metrics_port(settings: ServiceSettings, registry: CollectorRegistry) -> Any:
     """/metrics without a key on `metrics_port` (a thread of prometheus_client's own server), with
     the service's certificate when TLS is on; for scrapers on a network that only they reach."""
     from prometheus_client import start_http_server
@@ -99,7 +102,7 @@ def start_metrics_port(settings: ServiceSettings, metrics: ServiceMetrics) -> An
     if settings.tls_cert is not None:
         tls = {"certfile": str(settings.tls_cert), "keyfile": str(settings.tls_key)}
         tls["tls_min_version"] = ssl.TLSVersion.TLSv1_2
-    server, _ = start_http_server(settings.metrics_port or 0, settings.host, metrics.exposed, **tls)
+    server, _ = start_http_server(settings.metrics_port or 0, settings.host, registry, **tls)
     log.info("metrics on %s:%s", settings.host, settings.metrics_port)
     return server
 
@@ -145,8 +148,9 @@ def cors(settings: ServiceSettings) -> list[Middleware]:
     ]
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
-    """A new, independent app (own metrics registry, own models) for `settings`."""
+def create_app(settings: ServiceSettings | None = None, *, listen_when_loaded: bool = False) -> FastAPI:
+    """A new, independent app (own metrics registry, own models) for `settings`; `listen_when_loaded`:
+    the server starts listening once the models are loaded (not at once, answering not_ready)."""
     settings = settings or ServiceSettings()
     # The per-image check in preprocessing applies this app's limit before decoding. Pillow's own
     # check is process-wide (shared by every app in the process), so it is only ever raised, never
@@ -165,6 +169,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.service = ServiceState(settings, metrics)
+    app.state.listen_when_loaded = listen_when_loaded
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
     app.state.keys = KeyStore(settings.api_keys_file, metrics)
     app.state.tls = tls_files(settings, metrics)

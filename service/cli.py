@@ -2,9 +2,9 @@
 
 `add_serve_arguments(parser)` adds one `--flag` per setting (default None, meaning "use the
 environment or the built-in default"); `settings_from_args(args)` applies the flags on top of
-`GMLP_*`; `serve(settings)` checks the repository and runs uvicorn. The `gmlp serve` subcommand
-(gmlp/serve_command.py) adds the start-up export of missing demo checkpoints on top;
-`python -m service.cli` serves what the repository holds.
+`GMLP_*`; `serve(settings)` checks the repository and runs the service (`service.server`). The
+`gmlp serve` subcommand (gmlp/serve_command.py) adds the start-up export of missing demo
+checkpoints on top; `python -m service.cli` serves what the repository holds.
 """
 
 from __future__ import annotations
@@ -111,12 +111,10 @@ def settings_from_args(args: argparse.Namespace) -> ServiceSettings:
 
 
 def serve(settings: ServiceSettings) -> None:
-    """Run the service in the foreground until SIGINT/SIGTERM (then drain and exit)."""
-    import uvicorn
-
+    """Check the repository, then run the service in the foreground until SIGINT/SIGTERM (then drain
+    and exit)."""
     from contract.scan import require_sources, scan
-    from service.app import create_app
-    from service.telemetry.logs import uvicorn_log_config
+    from service.server import serve as run
 
     # Fail fast, before listening: a missing or empty repository is a configuration error the
     # operator must see at once, not a pod that never becomes ready.
@@ -128,47 +126,7 @@ def serve(settings: ServiceSettings) -> None:
     else:
         models = require_sources(settings.model_repository, every_model=settings.model_control == "none")
     log.info("serving %s from %s", ", ".join(sorted(models)), settings.model_repository)
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=uvicorn_log_config(settings),
-        # The service writes its own access line (service.http.observe), in the log format.
-        access_log=False,
-        **server_options(settings, app),
-    )
-    uvicorn.Server(config).run()
-
-
-def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]:
-    """uvicorn's options that enforce the service's settings (shared with the test harness); with
-    the `app`, also its TLS context (`app.state.tls`, re-read in place when the files change)."""
-    # These import uvicorn: not for `gmlp --help`.
-    from service.http.admission import tls_protocol
-    from service.http.connections import http_protocol
-
-    http = http_protocol(settings.header_timeout_s, send_timeout_s=settings.send_timeout_s)
-    tls = getattr(getattr(app, "state", None), "tls", None)
-    if tls is not None:
-        # TLS is the protocol's own (uvicorn listens in plain TCP), so that a connection is counted
-        # against the cap from accept and its handshake bounded by header_timeout_s.
-        http = tls_protocol(http, tls.context, settings.header_timeout_s)
-    return {
-        # In-flight requests get their full deadline to finish on shutdown, then some slack.
-        "timeout_graceful_shutdown": int(settings.request_timeout_s + settings.drain_timeout_s) + 1,
-        # Beyond this many connections (counted from accept, idle keep-alive ones evicted first) or
-        # in-flight requests a newcomer is refused at once, so idle or slow clients cannot exhaust
-        # file descriptors or memory; the protocol is ours so that the refusal is a 503 in the REST
-        # error shape, with Retry-After, and counted (service.http.admission, .connections).
-        "limit_concurrency": settings.max_connections,
-        # Slow clients: TLS handshake and headers each within header_timeout_s (408 and closed, as
-        # the protocol enforces), idle kept-alive connections closed after keep_alive_timeout_s,
-        # answers the client does not read dropped after send_timeout_s (service.http.connections).
-        "http": http,
-        "timeout_keep_alive": settings.keep_alive_timeout_s,
-    }
+    run(settings)
 
 
 def run_serve(args: argparse.Namespace, prepare: Callable[[ServiceSettings], None] | None = None) -> int:

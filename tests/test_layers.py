@@ -30,7 +30,7 @@ ALLOWED = {
 # Inside `service/` the same rule, by wing. A module's wing is the first entry its name falls
 # under (the name itself or below it); the composition root is named module by module, so that a
 # new module at the top of `service/` has to be placed in a wing.
-SERVICE_ROOT = ("service", "service.app", "service.cli", "service.healthcheck")
+SERVICE_ROOT = ("service", "service.app", "service.cli", "service.healthcheck", "service.server")
 SERVICE_LAYER_OF = (
     ("settings", "service.settings"),
     ("engine", "service.engine"),

@@ -253,7 +253,7 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
     which also spreads them over replicas), the handshake's deadline, and the number of open
     connections: gRPC core counts each from accept until it closes and closes one over
     `grpc_max_connections` at once, before its handshake (what bounds descriptors: an HTTP/2
-    stream limit would not)."""
+    stream limit would not); the port shared only among workers."""
     ms = 1000
     return [
         ("grpc.max_receive_message_length", settings.max_upload_bytes),
@@ -266,6 +266,8 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
         ("grpc.max_connection_age_grace_ms", int(settings.drain_timeout_s * ms)),
         ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * ms)),
         ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
+        # Workers share the port (service.server); a lone server refuses a port another one holds.
+        ("grpc.so_reuseport", int(settings.workers > 1)),
     ]
 
 

@@ -87,7 +87,7 @@ def env_of(container: dict[str, Any], config_maps: list[dict[str, Any]]) -> dict
 
 
 def shutdown_budget_s(env: dict[str, Any]) -> float:
-    """Seconds the service may take to stop after SIGTERM: request deadline + drain + 1 (service/cli.py)."""
+    """Seconds the service may take to stop after SIGTERM: deadline + drain + 1 (service/server.py)."""
     settings = ServiceSettings(
         request_timeout_s=env.get("GMLP_REQUEST_TIMEOUT_S", ServiceSettings().request_timeout_s),
         drain_timeout_s=env.get("GMLP_DRAIN_TIMEOUT_S", ServiceSettings().drain_timeout_s),

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gmlp.server_process import free_port as free_port  # for the v2 tests' gRPC port
 from service.app import create_app
-from service.cli import server_options
+from service.server import server_options
 from service.settings import ServiceSettings
 
 

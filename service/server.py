@@ -1,0 +1,269 @@
+"""Running the service: uvicorn in this process, or a supervisor and `workers` worker processes.
+
+One process has one event loop, and with a small model that loop, not the model, is the ceiling:
+HTTP parsing, routing and the JSON answer cost it about as much CPU as the model's share of a batch,
+so at most about 1.6 of 2 cores are ever busy (docs/benchmarks.md, "Worker processes"). With
+`workers` > 1 each worker is the whole service (`service.app`) in a process of its own, spawned
+fresh (no state forked), listening on its own socket of the same port with SO_REUSEPORT, so that
+the kernel spreads connections among them; gRPC's port the same way. The parent serves nothing. It
+holds both ports bound but not listening (so that port 0 resolves once and no other program can take
+them, while no connection is queued to a socket nobody accepts on), restarts a worker that dies,
+forwards SIGTERM and SIGINT (every worker drains) and SIGHUP (keys and TLS re-read), and serves
+`metrics_port` from every worker's series (prometheus_client's multiprocess mode).
+
+What a worker is given is its share: the CPUs, the connection caps and the queue size are divided
+among the workers (`worker_settings`), so that the server's limits stay what the settings say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+from contract.errors import UserError
+from service.settings import ServiceSettings
+from service.telemetry.logs import configure_logging, uvicorn_log_config
+
+log = logging.getLogger(__name__)
+
+# A worker that ends this soon after its start, this many times in a row, is not restarted again:
+# something in its start-up is broken, and the supervisor stops (exit status 1) instead of looping.
+EARLY_EXIT_S, EARLY_EXITS = 10.0, 5
+# A worker's exit status when the settings cannot work (unreadable TLS or keys files): no restart.
+CONFIGURATION_ERROR = 2
+
+
+def serve(settings: ServiceSettings) -> None:
+    """Serve until SIGINT/SIGTERM (then drain and exit): in this process, or with workers."""
+    if settings.workers == 1:
+        _run_uvicorn(settings, sockets=None)
+    elif (status := Supervisor(settings).run()) != 0:
+        raise SystemExit(status)
+
+
+def _run_uvicorn(
+    settings: ServiceSettings, sockets: list[socket.socket] | None, listen_when_loaded: bool = False
+) -> bool:
+    """The app on uvicorn until it is stopped; False when it never started."""
+    import uvicorn
+
+    from service.app import create_app
+
+    app = create_app(settings, listen_when_loaded=listen_when_loaded)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=uvicorn_log_config(settings),
+        # The service writes its own access line (service.http.observe), in the log format.
+        access_log=False,
+        **server_options(settings, app),
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=sockets)
+    return server.started
+
+
+def server_options(settings: ServiceSettings, app: Any = None) -> dict[str, Any]:
+    """uvicorn's options that enforce the service's settings (shared with the test harness); with
+    the `app`, also its TLS context (`app.state.tls`, re-read in place when the files change)."""
+    # These import uvicorn: not for `gmlp --help`.
+    from service.http.admission import tls_protocol
+    from service.http.connections import http_protocol
+
+    http = http_protocol(settings.header_timeout_s, send_timeout_s=settings.send_timeout_s)
+    tls = getattr(getattr(app, "state", None), "tls", None)
+    if tls is not None:
+        # TLS is the protocol's own (uvicorn listens in plain TCP), so that a connection is counted
+        # against the cap from accept and its handshake bounded by header_timeout_s.
+        http = tls_protocol(http, tls.context, settings.header_timeout_s)
+    return {
+        # In-flight requests get their full deadline to finish on shutdown, then some slack.
+        "timeout_graceful_shutdown": _graceful_s(settings),
+        # Beyond this many connections (counted from accept, idle keep-alive ones evicted first) or
+        # in-flight requests a newcomer is refused at once, so idle or slow clients cannot exhaust
+        # file descriptors or memory; the protocol is ours so that the refusal is a 503 in the REST
+        # error shape, with Retry-After, and counted (service.http.admission, .connections).
+        "limit_concurrency": settings.max_connections,
+        # Slow clients: TLS handshake and headers each within header_timeout_s (408 and closed, as
+        # the protocol enforces), idle kept-alive connections closed after keep_alive_timeout_s,
+        # answers the client does not read dropped after send_timeout_s (service.http.connections).
+        "http": http,
+        "timeout_keep_alive": settings.keep_alive_timeout_s,
+    }
+
+
+def _graceful_s(settings: ServiceSettings) -> int:
+    return int(settings.request_timeout_s + settings.drain_timeout_s) + 1
+
+
+def _share(total: int, workers: int) -> int:
+    return max(1, -(-total // workers))
+
+
+def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
+    """One worker's settings: the resolved `port`, its share of the CPUs, of the HTTP and gRPC
+    connection caps and of each model's queue; no metrics port (the supervisor serves it)."""
+    n = settings.workers
+    return settings.model_copy(
+        update={
+            "port": port,
+            "cpus": max(1, settings.usable_cpus() // n),
+            "max_connections": _share(settings.max_connections, n),
+            "grpc_max_connections": _share(settings.grpc_max_connections, n),
+            "max_queue_size": _share(settings.max_queue_size, n),
+            "metrics_port": None,
+        }
+    )
+
+
+def _socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) in the port's SO_REUSEPORT group."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _worker(settings: ServiceSettings, index: int) -> None:
+    """A worker process's body: the whole service on its own socket of the port, listening once its
+    models are loaded. A connection the kernel gives a worker stays there, so a worker still loading
+    must not take any: it would answer not_ready while another could serve (the probes see the port
+    closed until the first worker is ready, which the start-up probes of deploy/ allow for)."""
+    configure_logging(settings)
+    sock = _socket(settings.host, settings.port)  # asyncio listens on it when uvicorn starts serving
+    log.info("worker %d (pid %d) serving on port %d", index, os.getpid(), settings.port)
+    try:
+        started = _run_uvicorn(settings, [sock], listen_when_loaded=True)
+    except UserError as exc:
+        log.error("worker %d cannot start: %s", index, exc)
+        raise SystemExit(CONFIGURATION_ERROR) from None
+    if not started:
+        raise SystemExit(3)
+
+
+class Supervisor:
+    """The parent of the workers: starts them, restarts one that dies, stops them all on a signal."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.context = multiprocessing.get_context("spawn")
+        self.workers: dict[int, BaseProcess] = {}
+        self.started: dict[int, float] = {}
+        self.stopping = False
+
+    def run(self) -> int:
+        """Serve until a signal stops every worker: 0, or 1 when workers kept failing at start."""
+        settings = self.settings
+        reserved: list[socket.socket] = []
+        for wanted in (settings.port, settings.grpc_port) if settings.grpc_port else (settings.port,):
+            try:
+                reserved.append(_socket(settings.host, wanted))
+            except OSError as exc:
+                for sock in reserved:
+                    sock.close()
+                raise UserError(f"cannot listen on {settings.host}:{wanted}: {exc.strerror}") from None
+        port = reserved[0].getsockname()[1]
+        metrics_dir = tempfile.mkdtemp(prefix="gmlp-metrics-")
+        # Read by prometheus_client when a worker imports it: every worker's series go to files there.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        self.child = worker_settings(settings, port)
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        handlers = {sig: signal.signal(sig, self._signal) for sig in signals}
+        metrics_server = None
+        try:
+            metrics_server = self._metrics_port()
+            log.info("starting %d workers on port %d", settings.workers, port)
+            for index in range(settings.workers):
+                self._start(index)
+            return self._supervise()
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            for process in self.workers.values():  # still alive only after an early failure
+                process.kill()
+                process.join()
+            if metrics_server is not None:
+                metrics_server.shutdown()
+            for sock in reserved:
+                sock.close()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+    def _metrics_port(self) -> Any:
+        if not self.settings.metrics_port:
+            return None
+        from service.app import start_metrics_port
+        from service.telemetry.metrics import server_registry
+
+        return start_metrics_port(self.settings, server_registry())
+
+    def _start(self, index: int) -> None:
+        process = self.context.Process(target=_worker, args=(self.child, index), name=f"gmlp-worker-{index}")
+        process.start()
+        self.workers[index], self.started[index] = process, time.monotonic()
+
+    def _supervise(self) -> int:
+        early = 0
+        deadline: float | None = None
+        while self.workers:
+            if self.stopping and deadline is None:
+                deadline = time.monotonic() + _graceful_s(self.settings) + 5
+            timeout = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            ended = wait([p.sentinel for p in self.workers.values()], timeout=timeout)
+            if deadline is not None and not ended and time.monotonic() >= deadline:
+                log.warning("workers still running after the drain: killed")
+                for process in self.workers.values():
+                    process.kill()
+            for index, process in list(self.workers.items()):
+                if process.is_alive():
+                    continue
+                process.join()
+                del self.workers[index]
+                self._forget(process)
+                if self.stopping:
+                    continue
+                if process.exitcode == CONFIGURATION_ERROR:
+                    return 1
+                early = early + 1 if time.monotonic() - self.started[index] < EARLY_EXIT_S else 0
+                if early >= EARLY_EXITS:
+                    status = process.exitcode
+                    log.error("workers keep ending at start (last exit status %s): stopping", status)
+                    return 1
+                log.warning("worker %d ended with status %s: restarting", index, process.exitcode)
+                self._start(index)
+        return 0
+
+    def _forget(self, process: BaseProcess) -> None:
+        """Drop a dead worker's live gauges (its counters still count)."""
+        from prometheus_client.multiprocess import mark_process_dead
+
+        if process.pid is not None:
+            mark_process_dead(process.pid)
+
+    def _signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum != signal.SIGHUP:
+            self.stopping = True
+        forwarded = signal.SIGHUP if signum == signal.SIGHUP else signal.SIGTERM
+        for process in self.workers.values():
+            if process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, forwarded)

@@ -1,0 +1,233 @@
+"""Worker processes (`workers` > 1): real `gmlp serve` processes, their sockets read from the kernel.
+
+The supervisor must leave both ports to its workers (each listening on its own socket of the
+port), replace a worker that dies, drain them all on SIGTERM, and stop at once when a worker cannot
+start; each worker must hold its share of the caps.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from gmlp.server_process import ServerProcess, free_port, gmlp_serve, serve_argv
+from service.server import worker_settings
+from support.keys import bearer, write_keys
+
+
+def workers_of(root: int) -> list[psutil.Process]:
+    """The supervisor's living worker processes (multiprocessing's resource tracker is not one)."""
+    found = []
+    for process in psutil.Process(root).children():
+        try:
+            if "spawn_main" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:  # ended (a zombie until the supervisor reaps it)
+            pass
+    return found
+
+
+def listening_ports(process: psutil.Process) -> set[int]:
+    return {c.laddr.port for c in process.connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def established_on(process: psutil.Process, port: int) -> int:
+    return sum(
+        1
+        for c in process.connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+    )
+
+
+def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> None:
+    settings = make_settings(
+        workers=3,
+        cpus=7,
+        max_connections=1000,
+        grpc_max_connections=10,
+        max_queue_size=256,
+        metrics_port=9100,
+    )
+    child = worker_settings(settings, 4321)
+    assert (child.port, child.metrics_port, child.workers) == (4321, None, 3)
+    assert child.cpus == 7 // 3
+    assert child.max_connections == math.ceil(1000 / 3)
+    assert child.grpc_max_connections == math.ceil(10 / 3)
+    assert child.max_queue_size == math.ceil(256 / 3)
+    assert child.max_batch_size == settings.max_batch_size  # a batch is a worker's own
+
+
+def test_explicit_model_control_is_refused_with_workers(make_settings) -> None:
+    with pytest.raises(ValidationError, match="workers > 1 needs model_control none or poll"):
+        make_settings(workers=2, model_control="explicit")
+    assert make_settings(workers=2, model_control="poll").workers == 2
+
+
+@pytest.fixture
+def two_workers(repository: Path, tmp_path: Path) -> Iterator[tuple[ServerProcess, int]]:
+    grpc_port = free_port()
+    flags = ["--workers", "2", "--grpc-port", str(grpc_port), "--intra-op-threads", "1"]
+    with gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags) as server:
+        yield server, grpc_port
+
+
+def classify(connection: http.client.HTTPConnection, image: bytes) -> dict:
+    connection.request("POST", "/classify", body=image, headers={"Content-Type": "image/jpeg"})
+    response = connection.getresponse()
+    body = response.read()
+    assert response.status == 200, body
+    return json.loads(body)
+
+
+def test_workers_listen_on_both_ports_and_share_the_connections(two_workers, cifar_images, poll) -> None:
+    server, grpc_port = two_workers
+    poll(
+        lambda: (
+            len(workers_of(server.pid)) == 2
+            and all(listening_ports(w) >= {server.port, grpc_port} for w in workers_of(server.pid))
+        ),
+        timeout=60,
+    )
+    # The supervisor holds the ports bound, never listening: no connection waits on its socket.
+    assert not listening_ports(psutil.Process(server.pid)) & {server.port, grpc_port}
+    connections = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=30) for _ in range(24)]
+    try:
+        answers = [classify(c, cifar_images[0]) for c in connections]
+        # Every worker serves the same model: one image, one answer, whichever worker took it.
+        assert all(a["predictions"] == answers[0]["predictions"] for a in answers)
+        per_worker = [established_on(w, server.port) for w in workers_of(server.pid)]
+        assert sum(per_worker) == len(connections)
+        assert min(per_worker) >= 1, per_worker  # the kernel spread them (2 ** -23 that it did not)
+    finally:
+        for c in connections:
+            c.close()
+
+
+def test_a_dead_worker_is_replaced_and_sigterm_drains_every_worker(two_workers, cifar_images, poll) -> None:
+    server, _ = two_workers
+    poll(lambda: len(workers_of(server.pid)) == 2, timeout=60)
+    first, second = workers_of(server.pid)
+    metrics_dir = Path(first.environ()["PROMETHEUS_MULTIPROC_DIR"])
+    assert metrics_dir.is_dir()
+    first.send_signal(signal.SIGKILL)
+    poll(lambda: {w.pid for w in workers_of(server.pid)} - {first.pid, second.pid} != set(), timeout=60)
+    replacement = next(w for w in workers_of(server.pid) if w.pid not in (first.pid, second.pid))
+    poll(lambda: server.port in listening_ports(replacement), timeout=60)
+    for _ in range(8):  # new connections reach both workers; every one is answered
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            classify(connection, cifar_images[1])
+        finally:
+            connection.close()
+    assert server.proc is not None
+    os.kill(server.pid, signal.SIGTERM)  # the supervisor alone: it forwards the signal
+    assert server.proc.wait(timeout=90) == 0, server.log_tail()
+    assert not second.is_running() and not replacement.is_running()
+    assert not metrics_dir.exists()
+    assert server.log_tail(20000).count("Application shutdown complete") == 2
+
+
+def test_a_worker_that_cannot_start_stops_the_server(repository: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.pem"
+    argv = serve_argv(
+        repository, free_port(), "--workers", "2", "--tls-cert", str(missing), "--tls-key", str(missing)
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "cannot start: GMLP_TLS_CERT" in done.stderr and "No such file" in done.stderr
+    assert done.stderr.count("Traceback") == 0
+
+
+def test_a_taken_port_is_refused_before_any_worker_starts(repository: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            serve_argv(repository, port, "--workers", "2"), capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "starting 2 workers" not in done.stderr
+
+
+def test_workers_need_no_more_than_the_interpreter(repository: Path) -> None:
+    """Workers are spawned, not forked: the settings travel to them pickled."""
+    settings_code = (
+        "import pickle; from service.settings import ServiceSettings; "
+        f"s = ServiceSettings(model_repository={str(repository)!r}, workers=2, port=0); "
+        "t = pickle.loads(pickle.dumps(s)); assert t == s, (s, t); print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", settings_code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_server_counts_every_worker_and_sighup_reaches_them_all(
+    repository: Path, tmp_path: Path, cifar_images, poll
+) -> None:
+    """The supervisor's metrics port and the v2 statistics of any worker count every worker's
+    requests; SIGHUP to the supervisor has each worker re-read the keys file."""
+    keys = write_keys(tmp_path / "keys", client="infer,metrics")
+    metrics_port = free_port()
+    flags = ["--workers", "2", "--api-keys-file", str(tmp_path / "keys"), "--metrics-port", str(metrics_port)]
+    with gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags) as server:
+        poll(lambda: all(server.port in listening_ports(w) for w in workers_of(server.pid)), timeout=60)
+        sent = 0
+        for _ in range(12):  # fresh connections: both workers take some (checked below)
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            try:
+                connection.request(
+                    "POST",
+                    "/classify",
+                    body=cifar_images[2],
+                    headers={"Content-Type": "image/jpeg", **bearer(keys["client"])},
+                )
+                assert connection.getresponse().status == 200
+                sent += 1
+            finally:
+                connection.close()
+
+        def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            text = (
+                urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+            )
+            return {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+
+        classified = sum(
+            v
+            for (name, labels), v in scrape().items()
+            if name == "gmlp_http_requests_total" and dict(labels)["route"] == "/classify"
+        )
+        assert classified == sent
+        for _ in range(4):  # whichever worker answers, the statistics are the server's
+            request = urllib.request.Request(
+                f"{server.base_url}/v2/models/tiny-vision/stats", headers=bearer(keys["client"])
+            )
+            stats = json.loads(urllib.request.urlopen(request, timeout=10).read())["model_stats"]
+            assert sum(int(s["inference_count"]) for s in stats) == sent
+
+        def reloads() -> float:
+            key = ("gmlp_file_reloads_total", (("file", "api_keys"), ("result", "ok")))
+            return scrape().get(key, 0.0)
+
+        before = reloads()
+        os.kill(server.pid, signal.SIGHUP)
+        poll(lambda: reloads() == before + 2, timeout=30)  # one re-read in each worker
