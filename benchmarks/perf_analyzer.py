@@ -87,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per median")
     parser.add_argument("--instances", type=int, default=2, help="with --against: both servers' instances")
     parser.add_argument("--classifier", default="cifar10-gmlp", help="with --against: the model both serve")
+    parser.add_argument(
+        "--also", default="", help="with --against: one more gmlp-serve a round, the layout plus these flags"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "perf_analyzer", help="raw outputs")
     parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
     return parser
@@ -252,9 +255,10 @@ PYTRITON_PEER = Peer(
 def serving(server: str, args: argparse.Namespace) -> Iterator[tuple[ServerProcess, int, str | None]]:
     """One started, ready server: (its process, its gRPC port, the token its statistics need)."""
     grpc_port, log = free_port(), args.out / f"{server}.log"
-    if server == GMLP:  # with a peer: the peers' layout, which main() sized by --instances
+    if server.startswith(GMLP):  # with a peer: the peers' layout, which main() sized by --instances
         layout = gmlp_layout() if args.against else []
-        flags = ["--grpc-port", str(grpc_port), *layout, *args.serve_args.split()]
+        also = args.also.split() if server != GMLP else []
+        flags = ["--grpc-port", str(grpc_port), *layout, *also, *args.serve_args.split()]
         with gmlp_serve(args.models.resolve(), log_path=log, serve_args=flags) as process:
             yield process, grpc_port, None
         return
@@ -315,7 +319,8 @@ def measure(
                 url = f"127.0.0.1:{process.port if transport == 'http' else grpc_port}"
                 base = ["-m", name, "-u", url, "-i", transport, "--input-data", str(data_file), *window]
                 base += ["-H", f"{TOKEN_KEYS[transport]}:{token}"] if token else []
-                stem = Path(f"{args.out}/round{rnd}-{server}-{name}-{transport}-{data}")
+                label = "_".join(server.split())
+                stem = Path(f"{args.out}/round{rnd}-{label}-{name}-{transport}-{data}")
                 for label, row in loads(args, command, base, stem, process, name, token):
                     out[(server, name, transport, data, label)] = row
     return out
@@ -329,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for stale in args.out.glob("*.json"):
         stale.unlink()
-    servers = [GMLP] + ([args.against] if args.against else [])
+    servers = [GMLP] + ([f"{GMLP} {args.also}"] if args.against and args.also else [])
+    servers += [args.against] if args.against else []
     if args.against:
         os.environ[INSTANCES_ENV] = str(args.instances)  # the peer's execution instances
         ensure_venv(PYTRITON_PEER)
@@ -341,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault(key, []).append(figure)
     given = " ".join(sys.argv[1:] if argv is None else argv)
     layout = (
-        f"both servers {args.instances} instances, max batch 16, 2 ms delay, int8; " if args.against else ""
+        f"gmlp-serve {args.instances} workers of 1 instance, PyTriton {args.instances} instances, max batch "
+        "16, 2 ms delay, int8; "
+        if args.against
+        else ""
     )
     section = (
         f"perf_analyzer {VERSION}, {args.measurement_ms} ms windows, {args.rounds} interleaved round(s), "

@@ -42,7 +42,7 @@ def link_repository(work: Path, model_dir: Path) -> Path:
     """`work/repository`, a model repository holding `model_dir` as a link: a server started on it
     serves exactly that model, whatever else lies beside it."""
     repository = work / "repository"
-    repository.mkdir(exist_ok=True)
+    repository.mkdir(parents=True, exist_ok=True)
     link = repository / model_dir.name
     if not link.exists():
         link.symlink_to(model_dir.resolve())

@@ -61,10 +61,11 @@ class Peer:
 
 
 def gmlp_layout() -> list[str]:
-    """`gmlp serve` flags of the layout every peer is given: the int8 file, the run's instances
-    sharing the CPUs, the peers' batch limits."""
+    """`gmlp serve` flags of the layout every peer is given: the int8 file, the run's instances as
+    worker processes of one instance each (as BentoML's and LitServe's workers are), sharing the
+    CPUs, the peers' batch limits."""
     return [
-        *("--variant", "int8", "--instances", str(instances())),
+        *("--variant", "int8", "--workers", str(instances()), "--instances", "1"),
         *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", str(MAX_BATCH)),
         *("--max-queue-delay-ms", f"{MAX_WAIT_S * 1000:g}"),
     ]

@@ -28,6 +28,7 @@ from gmlp.tune.space import Measured, best_of, meets
 
 KNOB_FLAGS = {
     "variant": "variants to try (default: fp32 and int8, those the model has)",
+    "workers": "worker processes to try (default: 1, 2, 4, ... up to the CPUs)",
     "instances": "execution instances to try (default: 1, 2, 4, ... up to the CPUs)",
     "intra_op_threads": "intra-op threads per instance to try (default: 1, 2, 4, ... up to the CPUs)",
     "max_batch_size": "largest batch sizes to try (default: 4,8,16,32)",
@@ -61,12 +62,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune",
         help="search the serving settings with the best throughput under a p99 SLO; write an env file",
-        description="Start `gmlp serve` with candidate settings (variant, instances, intra-op threads, "
-        "max batch size, queue delay and policy), load each with a closed-loop client at every --concurrency "
-        "level, and search by coordinate descent within --budget-minutes (--grid: every combination). "
-        "Writes OUT/tuned.env (GMLP_* lines of the best candidate whose p99 met the SLO with no failed "
-        "request), OUT/report.md, OUT/results.json and OUT/report.png (with matplotlib). Exits 1 when no "
-        "candidate met the SLO.",
+        description="Start `gmlp serve` with candidate settings (variant, workers, instances, intra-op "
+        "threads, max batch size, queue delay and policy), load each with a closed-loop client at every "
+        "--concurrency level, and search by coordinate descent within --budget-minutes (--grid: every "
+        "combination). Writes OUT/tuned.env (GMLP_* lines of the best candidate whose p99 met the SLO with "
+        "no failed request), OUT/report.md, OUT/results.json and OUT/report.png (with matplotlib). Exits 1 "
+        "when no candidate met the SLO.",
     )
     for flag, kind, default, text in _OPTIONS:
         p.add_argument(flag, type=kind, default=default, required=flag == "--slo-p99-ms", help=text)
@@ -106,6 +107,7 @@ def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
     defaults = {
         **DEFAULT_VALUES,
         "variant": ",".join(v for v in ("int8", "fp32") if v in variants) or ",".join(variants),
+        "workers": steps,
         "instances": steps,
         "intra_op_threads": steps,
         "backend": ",".join(dict.fromkeys(("onnxruntime", resolve_backend("auto", "cpu")))),
@@ -138,6 +140,7 @@ def run_tune(args: argparse.Namespace) -> int:
     instances = defaults.resolved_instances("cpu")
     start = Candidate(
         variant=space.values["variant"][0],
+        workers=defaults.workers,
         instances=instances,
         intra_op_threads=defaults.resolved_threads(instances),
         max_batch_size=defaults.max_batch_size,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gmlp.proc import tree_cpu_seconds
-from gmlp.server_process import get_json, gmlp_serve
+from gmlp.server_process import get_json, gmlp_serve, link_repository
 from gmlp.tune.space import Candidate, Measured
 from loadtests.engine import run_closed_loop, task_requests
 
@@ -45,13 +45,9 @@ def measure(plan: Plan, candidate: Candidate, index: int) -> Measured:
     started = time.monotonic()
     result = Measured(candidate)
     server = gmlp_serve(
-        plan.repository,
+        link_repository(plan.work_dir, plan.repository / plan.model),  # that model alone
         log_path=plan.work_dir / f"server-{index:03d}.log",
-        serve_args=[
-            *("--model-control", "explicit", "--load-model", plan.model),
-            *candidate.flags(),
-            *plan.serve_args,
-        ],
+        serve_args=[*candidate.flags(), *plan.serve_args],
         ready_timeout_s=plan.ready_timeout_s,
     )
     try:

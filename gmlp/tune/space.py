@@ -24,11 +24,13 @@ BACKENDS = ("onnxruntime", "openvino")
 @dataclass(frozen=True, order=True)
 class Candidate:
     """One setting of every knob (the `ServiceSettings` fields of the same names), in the order
-    coordinate descent visits them: the variant and the split of the CPUs first (they move
-    throughput most), the batching knobs after, the backend last (OpenVINO reads the fp32 graph
-    whatever the variant, so it is compared once the rest is settled)."""
+    coordinate descent visits them: the variant and the split of the CPUs among worker processes,
+    instances and threads first (they move throughput most), the batching knobs after, the backend
+    last (OpenVINO reads the fp32 graph whatever the variant, so it is compared once the rest is
+    settled)."""
 
     variant: str
+    workers: int
     instances: int
     intra_op_threads: int
     max_batch_size: int
@@ -49,7 +51,7 @@ class Candidate:
 
     def label(self) -> str:
         return (
-            f"{self.variant} {self.instances}x{self.intra_op_threads}t b{self.max_batch_size} "
+            f"{self.variant} {self.workers}w{self.instances}x{self.intra_op_threads}t b{self.max_batch_size} "
             f"{self.max_queue_delay_ms:g}ms {self.queue_delay_policy}"
             + ("" if self.backend == "onnxruntime" else f" {self.backend}")
         )
@@ -71,8 +73,9 @@ class Space:
     cpus: int
 
     def fits(self, candidate: Candidate) -> bool:
-        """Whether the candidate's instances and threads fit the CPUs (more only oversubscribes)."""
-        return candidate.instances * candidate.intra_op_threads <= self.cpus
+        """Whether the candidate's workers, instances and threads fit the CPUs (more only
+        oversubscribes)."""
+        return candidate.workers * candidate.instances * candidate.intra_op_threads <= self.cpus
 
     def grid(self) -> list[Candidate]:
         """Every combination that fits the CPUs."""

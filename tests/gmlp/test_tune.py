@@ -57,12 +57,13 @@ def test_the_search_writes_settings_the_service_reads(
         capsys,
         *("--model-repository", str(model_repository), "--model", "tiny-vision"),
         *("--slo-p99-ms", str(SLO_MS), "--budget-minutes", "1", "--out", str(out), *SMALL),
-        *("--variant", "int8,fp32", "--instances", "1", "--intra-op-threads", "1"),
+        *("--variant", "int8,fp32", "--workers", "1,2", "--instances", "1", "--intra-op-threads", "1"),
         *("--max-batch-size", "4,8", "--max-queue-delay-ms", "2", "--queue-delay-policy", "arriving"),
     )
     assert code == 0, printed
     document = _check_outputs(out, printed)
     assert document["mode"] == "coordinate descent"
+    assert {entry["settings"]["workers"] for entry in document["candidates"]} == {1, 2}
     # What the server reported running is what the candidate asked for.
     for entry in document["candidates"]:
         assert entry["served"]["variant"] == entry["settings"]["variant"]
@@ -78,14 +79,14 @@ def test_the_grid_measures_every_combination(
         capsys,
         *("--model-repository", str(model_repository), "--model", "tiny-mlm", "--grid"),
         *("--slo-p99-ms", str(SLO_MS), "--out", str(out), *SMALL),
-        *("--variant", "int8", "--instances", "1", "--intra-op-threads", "1"),
+        *("--variant", "int8", "--workers", "1", "--instances", "1", "--intra-op-threads", "1"),
         *("--max-batch-size", "4,8", "--max-queue-delay-ms", "0", "--queue-delay-policy", "arriving"),
     )
     assert code == 0, printed
     document = _check_outputs(out, printed)
     labels = {c["label"] for c in document["candidates"]}
     assert document["grid_size"] == 2
-    assert {"int8 1x1t b4 0ms arriving", "int8 1x1t b8 0ms arriving"} <= labels
+    assert {"int8 1w1x1t b4 0ms arriving", "int8 1w1x1t b8 0ms arriving"} <= labels
 
 
 def test_no_candidate_meeting_the_slo_writes_no_env_file(tmp_path: Path, model_repository: Path) -> None:
@@ -98,7 +99,7 @@ def test_no_candidate_meeting_the_slo_writes_no_env_file(tmp_path: Path, model_r
             "tune",
             *("--model-repository", str(model_repository), "--model", "tiny-vision"),
             *("--slo-p99-ms", "0.001", "--out", str(out), *SMALL, "--concurrency", "1"),
-            *("--variant", "int8", "--instances", "1", "--intra-op-threads", "1"),
+            *("--variant", "int8", "--workers", "1", "--instances", "1", "--intra-op-threads", "1"),
             *("--max-batch-size", "4", "--max-queue-delay-ms", "0", "--queue-delay-policy", "arriving"),
             *("--budget-minutes", "0.01"),
         ]
@@ -109,7 +110,7 @@ def test_no_candidate_meeting_the_slo_writes_no_env_file(tmp_path: Path, model_r
 
 
 def test_every_knob_is_a_setting_the_service_accepts() -> None:
-    candidate = Candidate("fp32", 2, 1, 8, 0.5, "always")
+    candidate = Candidate("fp32", 2, 2, 1, 8, 0.5, "always")
     env = dict(line.split("=", 1) for line in candidate.env_lines())
     settings = ServiceSettings(**{k.removeprefix("GMLP_").lower(): v for k, v in env.items()})
     assert settings.model_dump(include=set(candidate.settings())) == candidate.settings()
@@ -121,6 +122,7 @@ def test_every_knob_is_a_setting_the_service_accepts() -> None:
     ("knob", "text"),
     [
         ("instances", "0,2"),
+        ("workers", "1,x"),
         ("max_batch_size", "x"),
         ("queue_delay_policy", "sometimes"),
         ("variant", ","),
@@ -140,6 +142,7 @@ def test_descent_reaches_the_best_of_a_separable_score_with_fewer_measurements()
     space = Space(
         {
             "variant": ("fp32", "int8"),
+            "workers": (1, 2),
             "instances": (1, 2, 4),
             "intra_op_threads": (1, 2),
             "max_batch_size": (4, 8, 16, 32),
@@ -149,7 +152,7 @@ def test_descent_reaches_the_best_of_a_separable_score_with_fewer_measurements()
         },
         cpus=4,
     )
-    best = {"variant": "int8", "instances": 2, "intra_op_threads": 2, "max_batch_size": 16}
+    best = {"variant": "int8", "workers": 2, "instances": 2, "intra_op_threads": 1, "max_batch_size": 16}
     best |= {"max_queue_delay_ms": 2.0, "queue_delay_policy": "always", "backend": "openvino"}
 
     def measure(c: Candidate) -> Measured:
@@ -157,7 +160,7 @@ def test_descent_reaches_the_best_of_a_separable_score_with_fewer_measurements()
         level = {"concurrency": 8, "requests": 100, "failures": 0, "rps": 100.0 - 10 * misses}
         return Measured(c, levels=[level | {"p99_ms": 10.0}])
 
-    start = Candidate("fp32", 1, 1, 4, 0.0, "arriving")
+    start = Candidate("fp32", 1, 1, 1, 4, 0.0, "arriving")
     walked = list(coordinate_descent(space, start, measure, slo_p99_ms=50.0))
     top = max(walked, key=lambda m: m.rank(50.0))
     assert top.candidate.settings() == best
@@ -171,6 +174,7 @@ def test_descent_skips_a_knob_whose_values_do_not_fit_beside_the_centre() -> Non
     starts from the values given, where the defaults are not among them.)"""
     values: dict[str, tuple[Any, ...]] = {
         "variant": ("int8",),
+        "workers": (1,),
         "instances": (1, 2),
         "intra_op_threads": (2,),
         "max_batch_size": (8,),
@@ -184,5 +188,5 @@ def test_descent_skips_a_knob_whose_values_do_not_fit_beside_the_centre() -> Non
         level = {"concurrency": 1, "requests": 10, "failures": 0, "rps": 10.0 * c.intra_op_threads}
         return Measured(c, levels=[level | {"p99_ms": 1.0}])
 
-    walked = list(coordinate_descent(space, Candidate("int8", 2, 1, 8, 2.0, "arriving"), measure, 50.0))
+    walked = list(coordinate_descent(space, Candidate("int8", 1, 2, 1, 8, 2.0, "arriving"), measure, 50.0))
     assert [(m.candidate.instances, m.candidate.intra_op_threads) for m in walked] == [(2, 1), (1, 1)]
