@@ -114,13 +114,17 @@ def _share(total: int, workers: int) -> int:
 
 
 def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
-    """One worker's settings: the resolved `port`, its share of the CPUs, of the HTTP and gRPC
-    connection caps and of each model's queue; no metrics port (the supervisor serves it)."""
+    """One worker's settings: the resolved `port`; its share of the CPUs (its instances and threads
+    are resolved from them: 1 single-threaded instance each with as many workers as CPUs), of the
+    HTTP and gRPC connection caps and of each model's queue; no metrics port (the supervisor serves
+    it). A lone request still runs on every CPU (`lone_threads`): the other workers are idle then."""
     n = settings.workers
+    lone = settings.usable_cpus() if settings.lone_threads is None else settings.lone_threads
     return settings.model_copy(
         update={
             "port": port,
             "cpus": max(1, settings.usable_cpus() // n),
+            "lone_threads": lone,
             "max_connections": _share(settings.max_connections, n),
             "grpc_max_connections": _share(settings.grpc_max_connections, n),
             "max_queue_size": _share(settings.max_queue_size, n),
@@ -193,7 +197,8 @@ class Supervisor:
             metrics_server = self._metrics_port()
             log.info("starting %d workers on port %d", settings.workers, port)
             for index in range(settings.workers):
-                self._start(index)
+                if not self.stopping:  # a signal during the start reaches only those started
+                    self._start(index)
             return self._supervise()
         finally:
             for sig, handler in handlers.items():

@@ -56,7 +56,8 @@ def established_on(process: psutil.Process, port: int) -> int:
 def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> None:
     settings = make_settings(
         workers=3,
-        cpus=7,
+        cpus=12,
+        intra_op_threads=None,
         max_connections=1000,
         grpc_max_connections=10,
         max_queue_size=256,
@@ -64,11 +65,19 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
     )
     child = worker_settings(settings, 4321)
     assert (child.port, child.metrics_port, child.workers) == (4321, None, 3)
-    assert child.cpus == 7 // 3
     assert child.max_connections == math.ceil(1000 / 3)
     assert child.grpc_max_connections == math.ceil(10 / 3)
     assert child.max_queue_size == math.ceil(256 / 3)
     assert child.max_batch_size == settings.max_batch_size  # a batch is a worker's own
+    # A third of the CPUs: 2 instances of 2 threads; a lone request on all 12.
+    instances = child.resolved_instances("cpu")
+    assert (child.cpus, instances, child.resolved_threads(instances)) == (4, 2, 2)
+    assert child.resolved_lone_threads("cpu") == 12
+    # As many workers as CPUs: one single-threaded instance each; what is given explicitly stays.
+    small = worker_settings(make_settings(workers=2, cpus=2, intra_op_threads=None), 1)
+    assert (small.resolved_instances("cpu"), small.resolved_threads(1)) == (1, 1)
+    given = worker_settings(make_settings(workers=2, cpus=8, instances=2, lone_threads=0), 1)
+    assert (given.instances, given.intra_op_threads, given.resolved_lone_threads("cpu")) == (2, 1, 0)
 
 
 def test_explicit_model_control_is_refused_with_workers(make_settings) -> None:
