@@ -2,7 +2,7 @@
 
 One process has one event loop, and with a small model that loop, not the model, is the ceiling:
 HTTP parsing, routing and the JSON answer cost it about as much CPU as the model's share of a batch,
-so at most about 1.6 of 2 cores are ever busy (docs/benchmarks.md, "Worker processes"). With
+so one process keeps about 1.65 of 2 cores busy (docs/benchmarks.md, "Worker processes"). With
 `workers` > 1 each worker is the whole service (`service.app`) in a process of its own, spawned
 fresh (no state forked), listening on its own socket of the same port with SO_REUSEPORT, so that
 the kernel spreads connections among them; gRPC's port the same way. The parent serves nothing. It
