@@ -58,8 +58,10 @@ class ServiceMetrics:
 
     def __init__(self, max_batch_size: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        # What /metrics renders and the statistics and /stats read: this app's series, or the server's.
-        self.exposed = server_registry() if MULTIPROCESS else self.registry
+        # Every worker's series merged (several workers), or None: this app's registry is the server's.
+        self.merged = server_registry() if MULTIPROCESS else None
+        # What /metrics renders and the statistics and /stats read.
+        self.exposed = self.registry if self.merged is None else self.merged
         counter = partial(Counter, registry=self.registry)
         # Gauges by how live workers' values merge (multiprocess mode; one process: its value): `summed`
         # what each worker holds, `alike` what every worker holds the same (the largest is shown),
@@ -110,7 +112,7 @@ class ServiceMetrics:
         )
         self.model_ready = least("gmlp_model_ready", "1 when the model is loaded and warmed up", ["model"])
         # --- per-model statistics (what the v2 statistics extension reports) ---
-        self.statistics = StatisticsSeries(self.registry, self.exposed)
+        self.statistics = StatisticsSeries(self.registry, self.merged)
         # --- access control ---
         self.key_requests = counter(
             "gmlp_api_key_requests",

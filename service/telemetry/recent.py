@@ -65,7 +65,7 @@ class Snapshot:
 
 def take_snapshot(metrics: ServiceMetrics) -> Snapshot:
     """Read the served-request and batcher series of `metrics` as /metrics exposes them now."""
-    now = read(metrics.exposed)
+    now = read(metrics.merged)
     bounds = [*LATENCY_BUCKETS, float("inf")]
     latency = [0.0] * len(bounds)
     requests = 0.0

@@ -16,7 +16,7 @@ gRPC, with their durations inside the server.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -52,19 +52,23 @@ class ModelCounters:
     by_batch_size: dict[int, Duration] = field(default_factory=dict)  # batch size -> executions, run time
 
 
-def read(source: CollectorRegistry) -> Callable[[MetricWrapperBase], list[Sample]]:
-    """The samples of each metric as `source` has them now: one collection, looked up by the metric's
-    family name (what a registry of merged worker files knows a series by, not the local object)."""
-    families = {family.name: family.samples for family in source.collect()}
+def read(merged: CollectorRegistry | None) -> Callable[[MetricWrapperBase], list[Sample]]:
+    """The samples of each metric as /metrics has them now. `merged` None (one process): each metric
+    collected by itself, so that a read costs what it reads, not the whole registry. A registry of
+    every worker's files: one collection, looked up by the metric's family name (what the merge knows
+    a series by, not the local object)."""
+    if merged is None:
+        return lambda metric: [sample for family in metric.collect() for sample in family.samples]
+    families = {family.name: family.samples for family in merged.collect()}
     return lambda metric: [sample for family in metric.describe() for sample in families.get(family.name, [])]
 
 
 class StatisticsSeries:
-    """The statistics' Prometheus series on one registry, read back from `source` (the registry
-    /metrics exposes: the same, or the merge of every worker's)."""
+    """The statistics' Prometheus series on one registry, read back from it, or with several workers
+    from `merged`, the merge of every worker's series."""
 
-    def __init__(self, registry: CollectorRegistry, source: CollectorRegistry) -> None:
-        self._source = source
+    def __init__(self, registry: CollectorRegistry, merged: CollectorRegistry | None) -> None:
+        self._merged = merged
         mv = ["model", "version"]
         counter = partial(Counter, registry=registry)
         self.inferences = counter("gmlp_model_inferences", "rows run by the model", mv)
@@ -99,11 +103,15 @@ class StatisticsSeries:
             multiprocess_mode="max",  # a dead worker's last batch still ran (as its counts still count)
         )
 
-    def counters(self, model: str, version: str) -> ModelCounters:
-        """The model version's statistics, read from the series /metrics exposes."""
+    def counters(self, keys: Sequence[tuple[str, str]]) -> list[ModelCounters]:
+        """Each (model, version)'s statistics, read from the series /metrics exposes: one read for
+        all of them (with several workers, one merge of their files)."""
+        now = read(self._merged)
+        return [self._counters(now, model, version) for model, version in keys]
 
-        now = read(self._source)
-
+    def _counters(
+        self, now: Callable[[MetricWrapperBase], list[Sample]], model: str, version: str
+    ) -> ModelCounters:
         def samples(metric: Counter | Gauge, suffix: str = "_total") -> list[tuple[dict[str, str], float]]:
             return [
                 (sample.labels, sample.value)

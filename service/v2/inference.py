@@ -385,5 +385,6 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
         # A model or version not served: ModelNotFound; no version named: the newest READY one's.
         served = state.loaded(model.name, model.version)
         names = [(model.name, model.shown, str(served.version))]  # a model's two names share its counters
-    counters = state.metrics.statistics.counters
-    return {"model_stats": [_model_statistics(counters(model, v), shown) for model, shown, v in names]}
+    counted = state.metrics.statistics.counters([(model, v) for model, _, v in names])
+    shown = [shown for _, shown, _ in names]
+    return {"model_stats": [_model_statistics(c, s) for c, s in zip(counted, shown, strict=True)]}

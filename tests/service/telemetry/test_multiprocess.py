@@ -80,7 +80,7 @@ def record(metrics: ServiceMetrics, spec: dict[str, Any]) -> None:
 
 def readout(metrics: ServiceMetrics) -> dict[str, Any]:
     """What the server answers: /metrics, the statistics of m/1 and a /stats snapshot (as JSON)."""
-    counters = metrics.statistics.counters("m", "1")
+    (counters,) = metrics.statistics.counters([("m", "1")])
     document = {"metrics": metrics.render().decode(), "counters": asdict(counters)}
     return json.loads(json.dumps({**document, "snapshot": asdict(take_snapshot(metrics))}))
 

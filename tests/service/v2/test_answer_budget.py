@@ -124,8 +124,12 @@ def test_health_answers_while_a_big_answer_is_encoded(start_server: Any) -> None
     server = start_server(max_response_bytes=256 * 1024 * 1024)
     state = server.app.state.service
     version = state.loaded("tiny-mlm").version
-    counted = state.metrics.statistics.counters
-    before = counted("tiny-mlm", version).success.count
+
+    def successes() -> int:
+        (counted,) = state.metrics.statistics.counters([("tiny-mlm", version)])
+        return counted.success.count
+
+    before = successes()
     headers_at: list[float] = []
 
     def big() -> int:
@@ -140,7 +144,7 @@ def test_health_answers_while_a_big_answer_is_encoded(start_server: Any) -> None
     with ThreadPoolExecutor(1) as pool, server.client() as probe:
         probe.get("/v2/health/live")  # connected before
         pending = pool.submit(big)
-        server.wait_for(lambda: counted("tiny-mlm", version).success.count > before, timeout=60)
+        server.wait_for(lambda: successes() > before, timeout=60)
         sent = time.monotonic()
         live = probe.get("/v2/health/live")
         answered = time.monotonic()
