@@ -319,8 +319,8 @@ def measure(
                 url = f"127.0.0.1:{process.port if transport == 'http' else grpc_port}"
                 base = ["-m", name, "-u", url, "-i", transport, "--input-data", str(data_file), *window]
                 base += ["-H", f"{TOKEN_KEYS[transport]}:{token}"] if token else []
-                label = "_".join(server.split())
-                stem = Path(f"{args.out}/round{rnd}-{label}-{name}-{transport}-{data}")
+                tag = "_".join(server.split())  # the --also server's flags, without spaces
+                stem = Path(f"{args.out}/round{rnd}-{tag}-{name}-{transport}-{data}")
                 for label, row in loads(args, command, base, stem, process, name, token):
                     out[(server, name, transport, data, label)] = row
     return out
