@@ -80,6 +80,12 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
     assert (given.instances, given.intra_op_threads, given.resolved_lone_threads("cpu")) == (2, 1, 0)
 
 
+@pytest.mark.parametrize("bad", [0, 65, "2.5", "two", -1])
+def test_a_worker_count_outside_1_to_64_is_refused(make_settings, bad: object) -> None:
+    with pytest.raises(ValidationError, match="workers"):
+        make_settings(workers=bad)
+
+
 def test_explicit_model_control_is_refused_with_workers(make_settings) -> None:
     with pytest.raises(ValidationError, match="workers > 1 needs model_control none or poll"):
         make_settings(workers=2, model_control="explicit")
