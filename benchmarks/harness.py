@@ -1,8 +1,8 @@
 """What every benchmark program shares beside its servers: the machine's CPU facts, a median timer,
 the command line and the checkout's root (`REPO`: the wheel does not ship the benchmarks).
 
-Servers, ports and process trees come from `gmlp.server_process` and `gmlp.proc` (which `gmlp
-tune` shares), load from `loadtests.engine` (or wrk, for the peer benchmark). Every figure comes
+Servers, ports and process trees come from `gmlp.server_process` (which `gmlp tune`
+shares), load from `loadtests.engine` (or wrk, for the peer benchmark). Every figure comes
 with `cpu_line()`, since int8 and bf16 speed depend on the SIMD flags. Standard library only: the
 GPU check runs the benchmarks from a virtual environment with just the serving install.
 """

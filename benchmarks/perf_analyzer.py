@@ -45,8 +45,7 @@ from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
-from gmlp.proc import tree_cpu_seconds
-from gmlp.server_process import ServerProcess, free_port, get_json, gmlp_serve, http_get
+from gmlp.server_process import ServerProcess, free_port, get_json, gmlp_serve, http_get, tree_cpu_seconds
 from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
 
 DOC = REPO / "docs" / "benchmarks.md"

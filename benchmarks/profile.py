@@ -37,8 +37,15 @@ from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS, classify, running
 from benchmarks.peers.run import MODEL, bundled_images, ensure_model, write_script
-from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, thread_cpu_seconds
-from gmlp.server_process import get_json, gmlp_serve, http_get, link_repository
+from gmlp.server_process import (
+    get_json,
+    gmlp_serve,
+    http_get,
+    link_repository,
+    machine_busy_seconds,
+    reaped_children_cpu_seconds,
+    thread_cpu_seconds,
+)
 from loadtests.runner import sample_totals
 
 # The layer of a sample is that of its innermost frame, by the frame's file (as py-spy names it).

@@ -1,17 +1,22 @@
 """A server as a child process on 127.0.0.1: started in its own session, probed until ready,
-stopped with its whole process tree.
+stopped with its whole process tree; and the CPU time of process trees and threads (psutil).
 
 `ServerProcess` runs any server command (SIGTERM, then SIGKILL, to every process of the tree,
 since some frameworks leave helpers behind a plain kill of the root); `gmlp_serve` builds the one
 for `gmlp serve`. `gmlp tune` starts its candidates with it and the benchmark programs their
-servers. Standard library only (plus `gmlp.proc`, psutil, and the load tests' HTTP GET): it runs
-wherever the serving install does.
+servers. Servers differ in how many processes they start (LitServe's inference worker, Ray's
+raylet, GCS, controller, proxy and replica, BentoML's arbiter and worker), so CPU is taken over
+the whole tree rooted at the process started, read before and after the load: the difference over
+the requests served is the server's CPU cost per request, whichever process spent it (processes
+that exit between the two reads take their time with them). Standard library only, plus psutil
+and the load tests' HTTP GET: it runs wherever the serving install does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -22,13 +27,66 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from gmlp.proc import alive, tree_pids
+import psutil
+
 from loadtests.runner import get_json as get_json  # for the programs that start servers here
 from loadtests.runner import http_get
 
 HOST = "127.0.0.1"
 
 T = TypeVar("T")
+
+
+def _tree(root: int) -> list[psutil.Process]:
+    """`root` and its living descendants ([] when `root` has ended)."""
+    try:
+        process = psutil.Process(root)
+        return [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds (user + system) spent so far by `root` and its living descendants."""
+    total = 0.0
+    for process in _tree(root):
+        with contextlib.suppress(psutil.NoSuchProcess):  # exited while we were reading
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def tree_pids(root: int) -> set[int]:
+    """The living processes of the tree (to stop every one of them after a peer's rows)."""
+    return {process.pid for process in _tree(root)}
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a living process (a zombie, ended but not yet reaped, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all CPUs; steal counted as busy: the host
+    took that time from us). Minus the server's and wrk's share, it is the background load."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
+
+
+def reaped_children_cpu_seconds() -> float:
+    """CPU seconds of this process's children that have ended and been waited for (the load
+    generator's, read around one run of it)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) spent so far by each living thread of process `pid`, by thread
+    id; the main thread's id is `pid` itself."""
+    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
 
 
 def free_port() -> int:

@@ -35,8 +35,13 @@ from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers import report
 from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT, PeerModel, instances, intra_op_threads
 from benchmarks.peers.peers import PEER_KEYS, PEERS, Peer, classify, ensure_venv, request_body, running
-from gmlp.proc import machine_busy_seconds, reaped_children_cpu_seconds, tree_cpu_seconds
-from gmlp.server_process import ServerProcess, link_repository
+from gmlp.server_process import (
+    ServerProcess,
+    link_repository,
+    machine_busy_seconds,
+    reaped_children_cpu_seconds,
+    tree_cpu_seconds,
+)
 from loadtests.workload import BUNDLED_DIR
 
 MODEL = REPO / "models" / "cifar10-gmlp"

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gmlp.proc import tree_cpu_seconds
-from gmlp.server_process import get_json, gmlp_serve, link_repository
+from gmlp.server_process import get_json, gmlp_serve, link_repository, tree_cpu_seconds
 from gmlp.tune.space import Candidate, Measured
 from loadtests.engine import run_closed_loop, task_requests
 

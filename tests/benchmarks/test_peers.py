@@ -19,7 +19,7 @@ import pytest
 from benchmarks import wrk
 from benchmarks.peers import report
 from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins, request_body, top_label
-from gmlp import proc
+from gmlp import server_process as proc
 
 WRK_OUTPUT = """\
 Running 10s test @ http://127.0.0.1:8000/classify

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from benchmarks import profile
-from gmlp.proc import thread_cpu_seconds
+from gmlp.server_process import thread_cpu_seconds
 
 LOOP = "thread (100): MainThread;Runner.run (asyncio/runners.py:118)"
 RAW = "\n".join(
