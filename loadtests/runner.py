@@ -168,19 +168,14 @@ def rejections_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
     }
 
 
-@dataclass(frozen=True)
-class EndpointStats:
-    """One row of locust's `_stats.csv` (an endpoint, or the Aggregated row). Times in ms."""
-
-    name: str
-    requests: int
-    failures: int
-    rps: float
-    avg_ms: float | None
-    p50_ms: float | None
-    p95_ms: float | None
-    p99_ms: float | None
-    max_ms: float | None
+# The timing columns of locust's `_stats.csv` (ms; None where it writes N/A), by results.json key.
+_TIMES = {
+    "avg_ms": "Average Response Time",
+    "p50_ms": "50%",
+    "p95_ms": "95%",
+    "p99_ms": "99%",
+    "max_ms": "Max Response Time",
+}
 
 
 def _number(value: str | None) -> float | None:
@@ -189,23 +184,20 @@ def _number(value: str | None) -> float | None:
     return float(value)
 
 
-def read_stats_csv(path: Path) -> dict[str, EndpointStats]:
-    """The rows of a locust `PREFIX_stats.csv`, by name ("/classify", "Aggregated", ...)."""
-    rows: dict[str, EndpointStats] = {}
+def read_stats_csv(path: Path) -> dict[str, dict[str, Any]]:
+    """The rows of a locust `PREFIX_stats.csv` (an endpoint, or the Aggregated row), by name
+    ("/classify", "Aggregated", ...): requests, failures, rps and the `_TIMES` in ms."""
     with path.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            rows[row["Name"]] = EndpointStats(
-                name=row["Name"],
-                requests=int(row["Request Count"]),
-                failures=int(row["Failure Count"]),
-                rps=float(_number(row["Requests/s"]) or 0.0),
-                avg_ms=_number(row["Average Response Time"]),
-                p50_ms=_number(row["50%"]),
-                p95_ms=_number(row["95%"]),
-                p99_ms=_number(row["99%"]),
-                max_ms=_number(row["Max Response Time"]),
-            )
-    return rows
+        return {
+            row["Name"]: {
+                "name": row["Name"],
+                "requests": int(row["Request Count"]),
+                "failures": int(row["Failure Count"]),
+                "rps": _number(row["Requests/s"]) or 0.0,
+                **{key: _number(row[column]) for key, column in _TIMES.items()},
+            }
+            for row in csv.DictReader(f)
+        }
 
 
 def read_failures_csv(path: Path) -> list[dict[str, Any]]:
@@ -233,8 +225,8 @@ class StepResult:
 
     users: int
     duration_s: float
-    total: EndpointStats | None
-    endpoints: dict[str, EndpointStats] = field(default_factory=dict)
+    total: dict[str, Any] | None  # a row of `read_stats_csv`
+    endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_size: dict[str, BatchStats] = field(default_factory=dict)
     batch_size_all: BatchStats | None = None  # None when /metrics could not be read
     rejections: dict[str, int] = field(default_factory=dict)
@@ -246,7 +238,7 @@ class StepResult:
     @property
     def failures(self) -> int:
         """Failed requests; a step that did not complete, or that locust exited 1 on, counts as failing."""
-        counted = self.total.failures if self.total else 0
+        counted = self.total["failures"] if self.total else 0
         if self.error or (self.locust_exit_code not in (0, None) and counted == 0):
             return max(counted, 1)
         return counted
@@ -266,15 +258,6 @@ class SweepConfig:
     env: Mapping[str, str] = field(default_factory=dict)  # GMLP_LOADTEST_* for the locustfile
 
 
-def locust_command(config: SweepConfig, users: int, prefix: Path, html: Path) -> list[str]:
-    spawn_rate = config.spawn_rate or float(users)
-    return [
-        *(sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless"),
-        *("-u", str(users), "-r", f"{spawn_rate:g}", "-t", f"{math.ceil(parse_duration(config.duration))}s"),
-        *("--host", config.url, "--csv", str(prefix), "--html", str(html), "--only-summary"),
-    ]
-
-
 def run_step(config: SweepConfig, users: int) -> StepResult:
     """One locust run at `users` concurrent users, with /metrics scraped before and after."""
     duration_s = parse_duration(config.duration)
@@ -288,18 +271,17 @@ def run_step(config: SweepConfig, users: int) -> StepResult:
     env = {**os.environ, **config.env}
     result = StepResult(users=users, duration_s=duration_s, total=None)
     before = scrape(config.url)
-    cmd = locust_command(config, users, prefix, html)
+    cmd = [
+        *(sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users)),
+        *("-r", f"{config.spawn_rate or users:g}", "-t", f"{math.ceil(duration_s)}s", "--host", config.url),
+        *("--csv", str(prefix), "--html", str(html), "--only-summary"),
+    ]
     log.info("step: %d users for %s", users, config.duration)
     with log_file.open("w", encoding="utf-8") as out:
         try:
+            timeout = duration_s + STARTUP_SLACK_S
             proc = subprocess.run(
-                cmd,
-                cwd=step_dir,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=duration_s + STARTUP_SLACK_S,
-                check=False,
+                cmd, cwd=step_dir, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
             )
             result.locust_exit_code = proc.returncode
         except subprocess.TimeoutExpired:

@@ -196,8 +196,8 @@ POST,/fill-mask,0,0,0,0,0,0,0,0.0,0.0,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/
 def test_read_locust_csvs(tmp_path: Path) -> None:
     (tmp_path / "s_stats.csv").write_text(_STATS_CSV)
     rows = read_stats_csv(tmp_path / "s_stats.csv")
-    assert rows["Aggregated"].rps == pytest.approx(185.4) and rows["Aggregated"].p95_ms == 43
-    assert rows["/classify"].failures == 2 and rows["/fill-mask"].p99_ms is None
+    assert rows["Aggregated"]["rps"] == pytest.approx(185.4) and rows["Aggregated"]["p95_ms"] == 43
+    assert rows["/classify"]["failures"] == 2 and rows["/fill-mask"]["p99_ms"] is None
     (tmp_path / "s_failures.csv").write_text(
         "Method,Name,Error,Occurrences\nPOST,/classify,x,1\nPOST,/classify,y,5\n"
     )
