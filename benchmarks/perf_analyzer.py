@@ -30,7 +30,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,11 +150,8 @@ def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, 
 
 def inference_count(server: ServerProcess, model: str, token: str | None) -> int:
     """Inferences the server's statistics extension has counted for `model` so far."""
-    request = urllib.request.Request(f"{server.base_url}/v2/models/{model}/stats")
-    if token:
-        request.add_header(TOKEN_KEYS["http"], token)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        stats = json.loads(response.read())["model_stats"]
+    headers = {TOKEN_KEYS["http"]: token} if token else None
+    stats = get_json(f"{server.base_url}/v2/models/{model}/stats", 10, headers)["model_stats"]
     return sum(int(s["inference_count"]) for s in stats)
 
 

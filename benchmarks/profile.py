@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,9 +163,8 @@ def fill_mask_target(work: Path) -> Iterator[Target]:
     log, serve_args = work / "server.log", ["--log-level", "warning"]
     with gmlp_serve(repository, log_path=log, serve_args=serve_args, ready_timeout_s=180) as server:
         url = server.url + "/fill-mask"
-        check = urllib.request.Request(url, json.dumps({"text": texts[0], "top_k": 5}).encode(), JSON)
-        with urllib.request.urlopen(check, timeout=30) as response:  # a real answer before any timing
-            assert len(json.loads(response.read())["predictions"][0]) == 5
+        answer = get_json(url, 30, JSON, json.dumps({"text": texts[0], "top_k": 5}).encode())
+        assert len(answer["predictions"][0]) == 5  # a real answer before any timing
         script = work / "fill_mask.lua"
         bodies = [json.dumps({"text": t, "top_k": 5}) for t in texts]
         script.write_text(wrk.lua_rotating("/fill-mask", bodies))

@@ -13,16 +13,14 @@ scope (the repository index is an admin route), which every request sends.
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.harness import command_line, cpu_line
-from gmlp.server_process import gmlp_serve
+from gmlp.server_process import get_json, gmlp_serve
 from loadtests.engine import LoadResult, Outcome, PreparedRequest, run_closed_loop
 from loadtests.workload import BUNDLED_DIR
 from service.access.keys import key_line, new_key
@@ -42,10 +40,7 @@ def _classify() -> PreparedRequest:
 def _swapped(base_url: str, name: str, expected: dict[str, str]) -> None:
     """A readiness probe: raises KeyError ("not yet") until the repository index shows `expected`
     (version -> state) for `name`."""
-    auth = {"Authorization": f"Bearer {KEY}"}
-    request = urllib.request.Request(f"{base_url}/v2/repository/index", data=b"", headers=auth)
-    with urllib.request.urlopen(request, timeout=30) as response:
-        index = json.loads(response.read())
+    index = get_json(f"{base_url}/v2/repository/index", 30, {"Authorization": f"Bearer {KEY}"}, b"")
     if {e["version"]: e["state"] for e in index if e["name"] == name} != expected:
         raise KeyError("the swap has not finished")
 

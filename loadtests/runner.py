@@ -74,17 +74,22 @@ BATCH_SIZE_METRIC = "gmlp_batch_size"  # histogram labelled by model (service/te
 REJECTIONS_METRIC = "gmlp_rejections"  # counter labelled by model and reason
 
 
-def http_get(url: str, timeout_s: float = 10.0) -> bytes:
-    """The body of a GET that answered 2xx (urllib raises OSError subclasses otherwise). Standard
-    library only: the runner, `gmlp tune` and the benchmarks' server processes use it in a slim
-    image."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+def http_get(
+    url: str, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None, data: bytes | None = None
+) -> bytes:
+    """The body of a GET (a POST of `data` when given) that answered 2xx (urllib raises OSError
+    subclasses otherwise). Standard library only: the runner, `gmlp tune` and the benchmarks'
+    server processes use it in a slim image."""
+    request = urllib.request.Request(url, data, dict(headers or {}))
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return response.read()
 
 
-def get_json(url: str, timeout_s: float = 10.0) -> Any:
-    """The decoded JSON body of a GET that answered 2xx."""
-    return json.loads(http_get(url, timeout_s))
+def get_json(
+    url: str, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None, data: bytes | None = None
+) -> Any:
+    """The decoded JSON body of `http_get`."""
+    return json.loads(http_get(url, timeout_s, headers, data))
 
 
 # Cumulative totals at one instant, by (sample name, model, reason): the batch-size histogram's

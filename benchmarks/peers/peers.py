@@ -16,11 +16,9 @@ plain kill of the root.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +26,7 @@ from typing import Any
 
 from benchmarks.harness import REPO
 from benchmarks.peers.model import MAX_BATCH, MAX_WAIT_S, MODEL_ENV, instances, intra_op_threads
-from gmlp.server_process import ServerProcess, free_port, serve_argv
+from gmlp.server_process import ServerProcess, free_port, get_json, serve_argv
 from loadtests.workload import jpeg_body
 
 VENVS = REPO / ".bench-venvs"
@@ -164,9 +162,7 @@ def top_label(answer: Any) -> str:
 
 def classify(url: str, image: bytes, kind: str, timeout_s: float = 10.0) -> str:
     body, content_type = request_body(image, kind)
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return top_label(json.loads(resp.read()))
+    return top_label(get_json(url, timeout_s, {"Content-Type": content_type}, body))
 
 
 @contextlib.contextmanager
