@@ -21,7 +21,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,22 +51,11 @@ def sentences() -> list[str]:
     return [s.text for s in read_sentences_tsv(BUNDLED_SENTENCES)]
 
 
-@dataclass(frozen=True)
-class Rate:
-    """One timed run: batches and requests answered, wall and CPU seconds, and the two figures."""
-
-    batches: int
-    requests: int
-    wall_s: float
-    cpu_s: float
-    requests_per_s: float
-    cpu_ms_per_request: float
-
-
-def timed(run: Callable[[int], object], threads: int, seconds: float, batch: int) -> Rate:
+def timed(run: Callable[[int], object], threads: int, seconds: float, batch: int) -> dict[str, Any]:
     """`run(k)` (one batch of `batch` requests; k: the batch's number, 0, 1, ... across all
-    threads) from `threads` threads for `seconds`. ORT releases the GIL, so the threads run their
-    sessions in parallel, as the service's execution instances do."""
+    threads) from `threads` threads for `seconds`: batches and requests answered, wall and CPU
+    seconds, and the two figures. ORT releases the GIL, so the threads run their sessions in
+    parallel, as the service's execution instances do."""
     calls = itertools.count()
     cpu0, t0 = time.process_time(), time.perf_counter()  # CPU of every thread
 
@@ -83,7 +71,9 @@ def timed(run: Callable[[int], object], threads: int, seconds: float, batch: int
     # `calls` has handed out one number per call made; the next one is their count.
     batches, wall_s, cpu_s = next(calls), time.perf_counter() - t0, time.process_time() - cpu0
     requests = batches * batch
-    return Rate(batches, requests, wall_s, cpu_s, requests / wall_s, cpu_s * 1000.0 / max(requests, 1))
+    per_request = cpu_s * 1000.0 / max(requests, 1)
+    figures = {"requests_per_s": requests / wall_s, "cpu_ms_per_request": per_request}
+    return {"batches": batches, "requests": requests, "wall_s": wall_s, "cpu_s": cpu_s, **figures}
 
 
 class Bare:
@@ -118,19 +108,6 @@ class Bare:
     def _wrap(self, items: Sequence[Any], start: int) -> list[Any]:
         """The batch of `items` from `start` on, wrapping around."""
         return [items[(start + i) % len(items)] for i in range(self.batch)]
-
-    def settings(self) -> dict[str, Any]:
-        """What the measured work was: model, variant, threads, batch and distinct inputs."""
-        return {
-            "inputs": self.inputs,
-            "task": self.task,
-            "model": self.spec.name,
-            "variant": self.variant,
-            "instances": self.instances,
-            "intra_op_threads": self.model.options.intra_op_threads,
-            "batch": self.batch,
-            "outputs": self.outputs,
-        }
 
 
 class BareClassify(Bare):
@@ -204,7 +181,7 @@ def measure(bare: Bare, seconds: float, rounds: int) -> dict[str, Any]:
     for rnd in range(rounds):
         b = timed(bare.bare, bare.instances, seconds, bare.batch)
         r = timed(bare.raw, bare.instances, seconds, bare.batch)
-        per_round.append({"round": rnd, "bare": asdict(b), "raw": asdict(r)})
+        per_round.append({"round": rnd, "bare": b, "raw": r})
     medians = {
         kind: {
             key: statistics.median(p[kind][key] for p in per_round)
@@ -212,7 +189,19 @@ def measure(bare: Bare, seconds: float, rounds: int) -> dict[str, Any]:
         }
         for kind in ("bare", "raw")
     }
-    return {**bare.settings(), "seconds": seconds, "rounds": per_round, **medians}
+    return {
+        "inputs": bare.inputs,
+        "task": bare.task,
+        "model": bare.spec.name,
+        "variant": bare.variant,
+        "instances": bare.instances,
+        "intra_op_threads": bare.model.options.intra_op_threads,
+        "batch": bare.batch,
+        "outputs": bare.outputs,
+        "seconds": seconds,
+        "rounds": per_round,
+        **medians,
+    }
 
 
 def build(task: str, model_dir: Path, settings: ServiceSettings, all_images: bool = False) -> Bare:

@@ -3,16 +3,12 @@ connections on asyncio, every answer checked.
 
 `gmlp loadtest` drives locust, whose processes take seconds to start: right for a sweep a person
 reads, too slow for a tuner that measures dozens of short windows, and too heavy per request for
-a soak that must offer twice what the server sustains on the same machine. This engine is what
-`gmlp tune`, the soak and swap benchmarks and the Swarm probe load with: `closed_loop` (N
-connections, each sending as soon as its last answer came) and `open_loop` (arrivals at a fixed
-rate whatever the server answers).
-
-Each request is a `PreparedRequest` (encoded once, with the check of its answer: a fast wrong
-answer is a failure; the locustfile sends the same requests and judges answers with the same
-`answer_error`); each one sent becomes an `Outcome`. `percentile` is the one percentile of
-every figure the programs print. Standard library only (raw HTTP/1.1 over asyncio streams,
-Content-Length and chunked bodies): `gmlp tune` runs it wherever the serving install does.
+a soak that must offer twice what the server sustains on the same machine. `gmlp tune`, the soak
+and swap benchmarks and the Swarm probe load with `run_closed_loop` (N connections, each sending
+as soon as its last answer came) and `open_loop` (arrivals at a fixed rate whatever the server
+answers). Each request is a `PreparedRequest` (encoded once, with the check of its answer; the
+locustfile sends the same requests and judges answers with the same `answer_error`). Standard
+library only: `gmlp tune` runs it wherever the serving install does.
 """
 
 from __future__ import annotations
@@ -279,7 +275,7 @@ def _address(url: str, requests: Sequence[PreparedRequest]) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 80
 
 
-async def closed_loop(
+def run_closed_loop(
     url: str,
     requests: Sequence[PreparedRequest],
     *,
@@ -292,12 +288,10 @@ async def closed_loop(
     stop: Callable[[], bool] = lambda: False,
 ) -> LoadResult:
     """`concurrency` closed-loop clients against `url` for `warmup_s` (not recorded) plus `seconds`,
-    sending at most `max_requests` in all and none once `stop()` holds; each waits `pause_s`
-    between its requests. Requests sent before the end finish (or time out)."""
+    on a fresh event loop, sending at most `max_requests` in all and none once `stop()` holds;
+    each waits `pause_s` between its requests. Requests sent before the end finish (or time out)."""
     host, port = _address(url, requests)
     result = LoadResult(concurrency)
-    start = time.perf_counter()
-    measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
     budget = [max_requests]
 
     async def user(index: int, conn: _Connection) -> None:
@@ -312,21 +306,21 @@ async def closed_loop(
             if pause_s:
                 await asyncio.sleep(pause_s)
 
-    connections = [_Connection(host, port) for _ in range(concurrency)]
-    try:
-        await asyncio.gather(*(user(i, c) for i, c in enumerate(connections)))
-    finally:
-        for conn in connections:
-            conn.close()
+    async def users() -> None:
+        connections = [_Connection(host, port) for _ in range(concurrency)]
+        try:
+            await asyncio.gather(*(user(i, c) for i, c in enumerate(connections)))
+        finally:
+            for conn in connections:
+                conn.close()
+
+    start = time.perf_counter()
+    measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
+    asyncio.run(users())
     # From the end of the warm-up until the last recorded request answered (closed loop: the
     # requests sent just before the end are counted, so their answering time is too).
     result.seconds = max(time.perf_counter() - measure_from, 1e-9)
     return result
-
-
-def run_closed_loop(url: str, requests: Sequence[PreparedRequest], **options: Any) -> LoadResult:
-    """`closed_loop` on a fresh event loop (for callers that are not async)."""
-    return asyncio.run(closed_loop(url, requests, **options))
 
 
 async def open_loop(
