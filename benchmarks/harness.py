@@ -1,10 +1,11 @@
 """What every benchmark program shares beside its servers: the machine's CPU facts, a median timer,
-the command line and the checkout's root (`REPO`: the wheel does not ship the benchmarks).
+the command line, the rewriting of a section of docs/benchmarks.md and the checkout's root
+(`REPO`: the wheel does not ship the benchmarks).
 
-Servers, ports and process trees come from `gmlp.server_process` (which `gmlp tune`
-shares), load from `loadtests.engine` (or wrk, for the peer benchmark). Every figure comes
-with `cpu_line()`, since int8 and bf16 speed depend on the SIMD flags. Standard library only: the
-GPU check runs the benchmarks from a virtual environment with just the serving install.
+Servers, ports and process trees come from `gmlp.server_process` (which `gmlp tune` shares), load
+from `loadtests.engine` (or wrk, for the peer benchmark). Every figure comes with `cpu_line()`,
+since int8 and bf16 speed depend on the SIMD flags. Standard library only: the GPU check runs the
+benchmarks from a virtual environment with just the serving install.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -80,6 +82,15 @@ def stop_on_sigterm() -> None:
     """Make SIGTERM unwind like an exception, so that `with` blocks stop the servers they started
     instead of leaving them running."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def replace_section(doc: str, section: str, begin: str, end: str, heading: str) -> str:
+    """Put `section` between the markers of a markdown document, or append it (with its heading)
+    when they are absent: how a program rewrites its section of docs/benchmarks.md."""
+    block = f"{begin}\n{section.rstrip()}\n{end}"
+    if begin in doc and end in doc:
+        return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
+    return doc.rstrip() + f"\n\n{heading}\n\n{block}\n"
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -36,10 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import REPO, command_line, cpu_line, stop_on_sigterm
+from benchmarks.harness import REPO, command_line, cpu_line, replace_section, stop_on_sigterm
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import Peer, ensure_venv, gmlp_layout, running
-from benchmarks.peers.report import replace_section
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
 from contract.image import ImageTransform
 from contract.spec import read_spec

@@ -22,17 +22,18 @@ import datetime
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks import wrk
-from benchmarks.harness import REPO, command_line, cpu_facts
-from benchmarks.peers import report
+from benchmarks.harness import REPO, command_line, cpu_facts, replace_section
 from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT, PeerModel, instances, intra_op_threads
 from benchmarks.peers.peers import PEER_KEYS, PEERS, Peer, classify, ensure_venv, request_body, running
 from gmlp.server_process import (
@@ -48,6 +49,109 @@ MODEL = REPO / "models" / "cifar10-gmlp"
 DOC = REPO / "docs" / "benchmarks.md"
 RESULTS = REPO / "benchmarks" / "peers" / "results.json"  # committed with the section it feeds
 WARMUP_S = 2.0
+# The section of docs/benchmarks.md this program rewrites, and what its table shows.
+BEGIN = "<!-- peers:begin (written by benchmarks/peers/run.py) -->"
+END = "<!-- peers:end -->"
+HEADING = "## Against other servers"
+TABLE_LEVELS = (8, 32, 64)
+CPU_LEVEL = 32
+
+
+def spread(values: Iterable[float], digits: int = 0) -> str:
+    """The median of a figure over rounds, with its range when there was more than one round ("-"
+    where nothing was measured)."""
+    vals = [v for v in values if v == v]  # drop NaN
+    if not vals:
+        return "-"
+    text = f"{statistics.median(vals):.{digits}f}"
+    return text + (f" ({min(vals):.{digits}f}-{max(vals):.{digits}f})" if len(vals) > 1 else "")
+
+
+def figures(rows: Sequence[dict[str, Any]], peer: str, c: int, key: str) -> list[float]:
+    """One figure of `peer` at `c` clients, each round's (NaN where a row lacks it)."""
+    return [r.get(key, float("nan")) for r in rows if r["peer"] == peer and r["concurrency"] == c]
+
+
+def median(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v == v]
+    return statistics.median(vals) if vals else None
+
+
+def floors(results: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
+    """The runs without HTTP, each round's: the bare pipeline and raw `session.run` beside it."""
+    bare = results.get("bare") or []
+    return {"raw": [b["raw"] for b in bare], "bare": bare}
+
+
+def table(results: dict[str, Any], labels: dict[str, str]) -> str:
+    """The markdown comparison table: c=1 p50, req/s at 8/32/64, CPU/request at 32, one row each."""
+    rows = results["rows"]
+    head = (
+        "| server | c=1 p50 ms | "
+        + " | ".join(f"c={c} req/s" for c in TABLE_LEVELS)
+        + f" | server CPU ms/request (c={CPU_LEVEL}) | background CPU % (c={CPU_LEVEL}) |\n|---|---:|"
+        + "---:|" * len(TABLE_LEVELS)
+        + "---:|---:|\n"
+    )
+    lines = []
+    for key, label in labels.items():
+        if not any(r["peer"] == key for r in rows):
+            continue
+        cells = [spread(figures(rows, key, 1, "p50_ms"), 1)]
+        cells += [spread(figures(rows, key, c, "rps")) for c in TABLE_LEVELS]
+        cells.append(spread(figures(rows, key, CPU_LEVEL, "cpu_ms_per_request"), 2))
+        cells.append(spread(figures(rows, key, CPU_LEVEL, "others_cpu_pct")))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    # The floors beside the servers (no HTTP): raw ORT, and the bare pipeline when it was run.
+    labels = {
+        "raw": "raw `session.run`, batch 16 (no HTTP)",
+        "bare": "bare pipeline: decode, batch 16, rank (no HTTP)",
+    }
+    for key, runs in floors(results).items():
+        if runs:
+            label, empty = labels[key], " |" * (len(TABLE_LEVELS) - 2)
+            rps, ms = (
+                spread(r["requests_per_s"] for r in runs),
+                spread((r["cpu_ms_per_request"] for r in runs), 2),
+            )
+            lines.append(f"| {label} | |{empty} {rps} images/s | | {ms} per image | |")
+    return head + "\n".join(lines) + "\n"
+
+
+def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-serve") -> list[str]:
+    """gmlp-serve against the best other server at each level, and against raw ORT."""
+    rows = results["rows"]
+    others = [k for k in labels if not k.startswith(ours)]
+    out = []
+    # (clients, figure, which peer is the one to beat, what is compared, whose figure)
+    against = [
+        (1, "p50_ms", min, "c=1 p50", "the lowest peer's"),
+        *((c, "rps", max, f"c={c} req/s", "the best peer's") for c in TABLE_LEVELS),
+        (
+            CPU_LEVEL,
+            "cpu_ms_per_request",
+            min,
+            f"c={CPU_LEVEL} server CPU per request",
+            "the most frugal peer's",
+        ),
+    ]
+    for c, key, pick, what, whose in against:
+        mine = median(figures(rows, ours, c, key))
+        theirs = [(k, m) for k in others if (m := median(figures(rows, k, c, key))) is not None]
+        if mine is not None and theirs:
+            peer, value = pick(theirs, key=lambda kv: kv[1])
+            out.append(f"{what}: {mine / value:.2f}x {whose} ({labels[peer]})")
+    mine32 = median(figures(rows, ours, CPU_LEVEL, "rps"))
+    cpu32 = median(figures(rows, ours, CPU_LEVEL, "cpu_ms_per_request"))
+    names = {"raw": ("raw session.run images/s", "raw ORT CPU per image")}
+    names["bare"] = ("the bare pipeline's images/s", "the bare pipeline's CPU per image")
+    for key, runs in floors(results).items():
+        if runs and mine32 is not None and cpu32 is not None:
+            rps = statistics.median(r["requests_per_s"] for r in runs)
+            cpu = statistics.median(r["cpu_ms_per_request"] for r in runs)
+            out.append(f"c={CPU_LEVEL} req/s: {mine32 / rps:.2f}x {names[key][0]}")
+            out.append(f"c={CPU_LEVEL} server CPU per request: {cpu32 / cpu:.2f}x {names[key][1]}")
+    return out
 
 
 @dataclass
@@ -192,9 +296,9 @@ def section(results: dict[str, Any]) -> str:
     names = {p.key: p.label for p in PEERS if p.key in keys}
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
     m = meta["machine"]
-    background = report.spread(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
+    background = spread(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
     load = f"a median {background} % of both CPUs" if background != "-" else "an unmeasured share"
-    ratio_lines = "\n".join(f"- {line}" for line in report.ratios(results, names))
+    ratio_lines = "\n".join(f"- {line}" for line in ratios(results, names))
     instances = int(meta.get("instances", 1))
     return f"""\
 Measured {meta["date"]} on {m.get("cpu", "?")}, {m.get("cpus", "?")} vCPUs ({m.get("hypervisor")} guest;
@@ -203,7 +307,7 @@ SIMD: {m.get("simd", "?")}), Python {m.get("python")}: {instances} execution ins
 per row, {meta["rounds"]} round(s) at c = {", ".join(map(str, meta["levels"]))} (about
 {meta["minutes"]:.0f} minutes); during the rows the rest of the machine used {load}.
 
-{report.table(results, names)}
+{table(results, names)}
 gmlp-serve, medians:
 {ratio_lines}{failed}
 """
@@ -231,7 +335,7 @@ def main() -> None:
         measure(args)
     results = json.loads(args.results.read_text())
     if not args.no_docs:
-        DOC.write_text(report.replace_section(DOC.read_text(), section(results)))
+        DOC.write_text(replace_section(DOC.read_text(), section(results), BEGIN, END, HEADING))
         print(f"wrote {DOC}")
 
 

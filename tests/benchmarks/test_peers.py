@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import wrk
-from benchmarks.peers import report
+from benchmarks.harness import replace_section
+from benchmarks.peers import run as report
 from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins, request_body, top_label
 from gmlp import server_process as proc
 
@@ -218,9 +219,10 @@ def test_bare_pipeline_row_and_ratios():
 
 def test_section_is_replaced_between_markers_and_appended_once():
     doc = "# Benchmarks\n\nintro\n"
-    once = report.replace_section(doc, "first")
+    markers = (report.BEGIN, report.END, report.HEADING)
+    once = replace_section(doc, "first", *markers)
     assert once.count(report.HEADING) == 1 and "first" in once
-    twice = report.replace_section(once + "\n## Later section\n", "second")
+    twice = replace_section(once + "\n## Later section\n", "second", *markers)
     assert "first" not in twice and "second" in twice and twice.count(report.HEADING) == 1
     assert twice.rstrip().endswith("## Later section")
 
