@@ -44,6 +44,7 @@ from contract.image import ImageTransform
 from contract.spec import read_spec
 from contract.text import FillMaskCodec
 from gmlp.server_process import ServerProcess, free_port, get_json, gmlp_serve, http_get, tree_cpu_seconds
+from loadtests.runner import parse_users
 from loadtests.workload import BUNDLED_DIR, BUNDLED_SENTENCES, read_sentences_tsv
 
 DOC = REPO / "docs" / "benchmarks.md"
@@ -61,18 +62,11 @@ RANDOM_ROWS, RANDOM_TOKENS = 16, 32
 POISSON_FLAGS = ("--request-distribution", "poisson", "--async")
 
 
-def _levels(text: str) -> list[int]:
-    levels = [int(c) for c in text.split(",") if c.strip()]
-    if not levels or min(levels) < 1:
-        raise ValueError(f"client counts must be positive integers, not {text!r}")
-    return levels
-
-
 def parser() -> argparse.ArgumentParser:
     """The command line; the measurement window's flags are perf_analyzer's own."""
     parser = command_line(__doc__)
     parser.add_argument("--models", type=Path, default=REPO / "models", help="model repository")
-    parser.add_argument("--concurrency", type=_levels, default=[1, 8, 32], help="closed-loop clients")
+    parser.add_argument("--concurrency", type=parse_users, default=[1, 8, 32], help="closed-loop clients")
     parser.add_argument("--transports", default="http,grpc", help="of http, grpc")
     parser.add_argument("--measurement-ms", type=int, default=5000, help="measurement window")
     parser.add_argument("--max-trials", type=int, default=6, help="windows until stable, 3 or more")

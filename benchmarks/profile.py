@@ -34,8 +34,8 @@ from benchmarks import wrk
 from benchmarks.bare_pipeline import sentences
 from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers.model import INSTANCES_ENV
-from benchmarks.peers.peers import PEERS, classify, running
-from benchmarks.peers.run import MODEL, bundled_images, ensure_model, write_script
+from benchmarks.peers.peers import PEERS
+from benchmarks.peers.run import MODEL, ensure_model, started
 from gmlp.server_process import (
     get_json,
     gmlp_serve,
@@ -147,11 +147,8 @@ class Target:
 @contextlib.contextmanager
 def classify_target(work: Path) -> Iterator[Target]:
     """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
-    peer = next(p for p in PEERS if p.key == "gmlp-serve")
-    image = next(iter(bundled_images().values()))
     link_repository(work, MODEL)
-    script = write_script(work, peer.key, image, peer.body)
-    with running(peer, work, MODEL, lambda s: classify(s.url, image, peer.body, timeout_s=5.0)) as server:
+    with started(next(p for p in PEERS if p.key == "gmlp-serve"), work) as (server, script):
         yield Target(server.pid, server.base_url, server.url, script)
 
 

@@ -32,6 +32,7 @@ from contract.calibration import image_bytes
 from contract.image import ImageTransform
 from gmlp.server_process import ServerProcess, gmlp_serve, link_repository
 from loadtests.engine import classify_request, run_closed_loop
+from loadtests.runner import parse_users
 from service.engine.runtime import OnnxModel, RuntimeOptions
 from service.settings import available_cpus
 
@@ -164,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=None, help="an exported served directory instead")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per row and round")
-    parser.add_argument(
-        "--clients", type=lambda text: [int(c) for c in text.split(",")], default=[8, 1], help="e.g. 1,8,32"
-    )
+    parser.add_argument("--clients", type=parse_users, default=[8, 1], help="e.g. 1,8,32")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gmlp-realsize-") as tmp:
         work = Path(tmp)

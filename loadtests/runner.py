@@ -59,14 +59,14 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def parse_users(text: str) -> list[int]:
-    """ "1,4,16,64" -> [1, 4, 16, 64] (each >= 1, kept in the given order)."""
+def parse_users(text: str, flag: str = "--users") -> list[int]:
+    """ "1,4,16,64" -> [1, 4, 16, 64] (each >= 1, kept in the given order), the value of `flag`."""
     try:
         users = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise UserError(f"invalid --users {text!r}: a comma-separated list of integers") from None
+        raise UserError(f"invalid {flag} {text!r}: a comma-separated list of integers") from None
     if not users or min(users) < 1:
-        raise UserError(f"invalid --users {text!r}: at least one count, each >= 1")
+        raise UserError(f"invalid {flag} {text!r}: at least one count, each >= 1")
     return users
 
 

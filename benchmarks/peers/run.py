@@ -18,6 +18,7 @@ timing: a fast wrong server is no result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,13 +220,17 @@ def measure_row(
     }
 
 
-def write_script(work: Path, key: str, image: bytes, kind: str) -> Path:
-    body, content_type = request_body(image, kind)
-    body_file = work / f"{key}.body"
-    body_file.write_bytes(body)
-    script = work / f"{key}.lua"
-    script.write_text(wrk.lua_script(body_file, content_type))
-    return script
+@contextlib.contextmanager
+def started(peer: Peer, work: Path) -> Iterator[tuple[ServerProcess, Path]]:
+    """`peer` serving the demo classifier, ready at its first answer to the request every row
+    sends (the first bundled JPEG), and the wrk script that sends it."""
+    image = next(iter(bundled_images().values()))
+    body, content_type = request_body(image, peer.body)
+    (work / f"{peer.key}.body").write_bytes(body)
+    script = work / f"{peer.key}.lua"
+    script.write_text(wrk.lua_script(work / f"{peer.key}.body", content_type))
+    with running(peer, work, MODEL, lambda s: classify(s.url, image, peer.body, timeout_s=5.0)) as server:
+        yield server, script
 
 
 def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
@@ -243,11 +248,8 @@ def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
 
 
 def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: Results) -> None:
-    images = bundled_images()
-    first = next(iter(images.values()))
-    with running(peer, work, MODEL, lambda s: classify(s.url, first, peer.body, timeout_s=5.0)) as server:
-        check_answers(server.url, peer, images, results.reference)
-        script = write_script(work, peer.key, first, peer.body)
+    with started(peer, work) as (server, script):
+        check_answers(server.url, peer, bundled_images(), results.reference)
         wrk.run(server.url, script, 8, WARMUP_S)  # warm-up, not recorded
         for c in args.levels:
             row = measure_row(server, peer.key, script, rnd, c, args.duration)

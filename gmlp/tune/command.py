@@ -123,11 +123,9 @@ def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
 
 def run_tune(args: argparse.Namespace) -> int:
     """Handler of `gmlp tune`: search (or grid), write the report and the env file."""
-    from dataclasses import replace
-
     from contract.errors import UserError
     from gmlp.tune.measure import Plan, measure
-    from gmlp.tune.space import Candidate, coordinate_descent, full_grid
+    from gmlp.tune.space import KNOBS, Candidate, coordinate_descent, full_grid
     from loadtests.runner import parse_users
     from service.settings import ServiceSettings, available_cpus
 
@@ -138,25 +136,17 @@ def run_tune(args: argparse.Namespace) -> int:
     space = _space(args, variants, cpus)
     defaults = ServiceSettings(cpus=cpus)
     instances = defaults.resolved_instances("cpu")
-    start = Candidate(
-        variant=space.values["variant"][0],
-        workers=defaults.workers,
-        instances=instances,
-        intra_op_threads=defaults.resolved_threads(instances),
-        max_batch_size=defaults.max_batch_size,
-        max_queue_delay_ms=defaults.max_queue_delay_ms,
-        queue_delay_policy=defaults.queue_delay_policy,
-        backend=space.values["backend"][0],
-    )
-    # The service's defaults start the search, except where the knobs given leave them out.
-    start = replace(
-        start, **{k: space.values[k][0] for k, v in start.settings().items() if v not in space.values[k]}
-    )
+    # The service's defaults start the search (with the first variant and backend given), except
+    # where the knobs given leave them out.
+    served: dict[str, Any] = defaults.model_dump() | {
+        "variant": None,
+        "backend": None,
+        "instances": instances,
+        "intra_op_threads": defaults.resolved_threads(instances),
+    }
+    start = Candidate(**{k: served[k] if served[k] in space.values[k] else space.values[k][0] for k in KNOBS})
     budget_min = args.budget_minutes if args.budget_minutes is not None else (None if args.grid else 10.0)
-    try:
-        concurrency = tuple(parse_users(args.concurrency))
-    except UserError as exc:  # its message names the load test's --users
-        raise UserError(str(exc).replace("--users", "--concurrency")) from None
+    concurrency = tuple(parse_users(args.concurrency, "--concurrency"))
     serve_args = (*shlex.split(args.serve_args), *(("--cpus", str(args.cpus)) if args.cpus else ()))
     results: list[Measured] = []
     stopped: list[str] = []
@@ -184,12 +174,12 @@ def run_tune(args: argparse.Namespace) -> int:
         _print_progress(len(results), measured, args.slo_p99_ms)
         return measured
 
-    if args.grid:
-        walk = full_grid(space, start, guarded)
-    else:
-        walk = coordinate_descent(space, start, guarded, args.slo_p99_ms)
-    for _ in walk:
-        pass
+    # Each walk measures through `guarded`, which keeps every result.
+    list(
+        full_grid(space, start, guarded)
+        if args.grid
+        else coordinate_descent(space, start, guarded, args.slo_p99_ms)
+    )
     meta = {
         "model": model,
         "mode": "grid" if args.grid else "coordinate descent",
