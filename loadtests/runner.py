@@ -70,10 +70,6 @@ def parse_users(text: str, flag: str = "--users") -> list[int]:
     return users
 
 
-BATCH_SIZE_METRIC = "gmlp_batch_size"  # histogram labelled by model (service/telemetry/metrics.py)
-REJECTIONS_METRIC = "gmlp_rejections"  # counter labelled by model and reason
-
-
 def http_get(
     url: str, timeout_s: float = 10.0, headers: Mapping[str, str] | None = None, data: bytes | None = None
 ) -> bytes:
@@ -93,10 +89,9 @@ def get_json(
 
 
 # Cumulative totals at one instant, by (sample name, model, reason): the batch-size histogram's
-# sum and count per model, and the rejection counters per model and reason.
+# sum and count per model, and the rejection counters per model and reason (service/telemetry/).
 Snapshot = Counter[tuple[str, str, str]]
-_BATCH_SUM, _BATCH_COUNT = f"{BATCH_SIZE_METRIC}_sum", f"{BATCH_SIZE_METRIC}_count"
-_REJECTED = f"{REJECTIONS_METRIC}_total"
+_BATCH_SUM, _BATCH_COUNT, _REJECTED = "gmlp_batch_size_sum", "gmlp_batch_size_count", "gmlp_rejections_total"
 
 
 def sample_totals(text: str, key: Callable[[Sample], Hashable | None]) -> Counter[Any]:
@@ -127,11 +122,10 @@ def parse_metrics(text: str) -> Snapshot:
     )
 
 
-def scrape(base_url: str, timeout_s: float = 10.0) -> Snapshot | None:
+def scrape(base_url: str) -> Snapshot | None:
     """A snapshot of `base_url`/metrics, or None when the endpoint cannot be read (report says n/a)."""
     try:
-        text = http_get(f"{base_url.rstrip('/')}/metrics", timeout_s).decode("utf-8")
-        return parse_metrics(text)
+        return parse_metrics(http_get(f"{base_url.rstrip('/')}/metrics").decode("utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -161,7 +155,7 @@ def batch_delta(before: Snapshot, after: Snapshot) -> dict[str, BatchStats]:
 def overall(stats: Iterable[BatchStats]) -> BatchStats:
     """All models together: the mean batch size weighted by batches, i.e. requests per model run."""
     items = list(stats)
-    return BatchStats(batches=sum(s.batches for s in items), requests=sum(s.requests for s in items))
+    return BatchStats(sum(s.batches for s in items), sum(s.requests for s in items))
 
 
 def rejections_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
