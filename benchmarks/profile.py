@@ -37,6 +37,7 @@ from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import PEERS
 from benchmarks.peers.run import MODEL, ensure_model, started
 from gmlp.server_process import (
+    ServerProcess,
     get_json,
     gmlp_serve,
     http_get,
@@ -134,22 +135,16 @@ def batch_totals(base_url: str) -> list[float]:
     return [totals[n] for n in ("gmlp_batch_size_count", "gmlp_batch_size_sum", "gmlp_inference_seconds_sum")]
 
 
-@dataclass(frozen=True)
-class Target:
-    """A started server to load: its process, the /metrics base URL, the URL and the wrk script."""
-
-    pid: int
-    base_url: str
-    url: str
-    script: Path
+# A started server to load (its `url` the route loaded) and the wrk script that loads it.
+Target = tuple[ServerProcess, Path]
 
 
 @contextlib.contextmanager
 def classify_target(work: Path) -> Iterator[Target]:
     """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
     link_repository(work, MODEL)
-    with started(next(p for p in PEERS if p.key == "gmlp-serve"), work) as (server, script):
-        yield Target(server.pid, server.base_url, server.url, script)
+    with started(next(p for p in PEERS if p.key == "gmlp-serve"), work) as target:
+        yield target
 
 
 @contextlib.contextmanager
@@ -158,14 +153,16 @@ def fill_mask_target(work: Path) -> Iterator[Target]:
     texts = sentences()
     repository = link_repository(work, REPO / "models" / "gutenberg-gmlp-mlm")
     log, serve_args = work / "server.log", ["--log-level", "warning"]
-    with gmlp_serve(repository, log_path=log, serve_args=serve_args, ready_timeout_s=180) as server:
-        url = server.url + "/fill-mask"
-        answer = get_json(url, 30, JSON, json.dumps({"text": texts[0], "top_k": 5}).encode())
+    server = gmlp_serve(
+        repository, log_path=log, serve_args=serve_args, ready_timeout_s=180, path="/fill-mask"
+    )
+    with server:
+        answer = get_json(server.url, 30, JSON, json.dumps({"text": texts[0], "top_k": 5}).encode())
         assert len(answer["predictions"][0]) == 5  # a real answer before any timing
         script = work / "fill_mask.lua"
         bodies = [json.dumps({"text": t, "top_k": 5}) for t in texts]
         script.write_text(wrk.lua_rotating("/fill-mask", bodies))
-        yield Target(server.pid, server.url, url, script)
+        yield server, script
 
 
 TARGETS = {"classify": classify_target, "fill-mask": fill_mask_target}
@@ -174,36 +171,37 @@ TARGETS = {"classify": classify_target, "fill-mask": fill_mask_target}
 def profile(target: Target, args: argparse.Namespace, work: Path) -> Iterator[str]:
     """Warm up, then load for `--seconds` while py-spy samples the server `--rate` times a second;
     the report's lines."""
-    wrk.run(target.url, target.script, args.clients, args.warmup)
+    server, script = target
+    wrk.run(server.url, script, args.clients, args.warmup)
     out = work / "profile.txt"
-    spy = [py_spy() or "py-spy", "record", "--pid", str(target.pid), "--threads", "--nonblocking"]
+    spy = [py_spy() or "py-spy", "record", "--pid", str(server.pid), "--threads", "--nonblocking"]
     spy += ["--format", "raw", "--rate", str(args.rate), "--duration", str(int(args.seconds) + 2)]
     sampler = subprocess.Popen(
         [*spy, "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     time.sleep(1.0)  # py-spy attaches before the timed load starts
     before, wrk0, busy0, batches0, t0 = (
-        thread_cpu_seconds(target.pid),
+        thread_cpu_seconds(server.pid),
         reaped_children_cpu_seconds(),
         machine_busy_seconds(),
-        batch_totals(target.base_url),
+        batch_totals(server.base_url),
         time.monotonic(),
     )
-    result = wrk.run(target.url, target.script, args.clients, args.seconds)
+    result = wrk.run(server.url, script, args.clients, args.seconds)
     wall_s = time.monotonic() - t0
-    after, wrk_s = thread_cpu_seconds(target.pid), reaped_children_cpu_seconds() - wrk0
+    after, wrk_s = thread_cpu_seconds(server.pid), reaped_children_cpu_seconds() - wrk0
     busy_s = machine_busy_seconds() - busy0
-    batches, batched, batch_s = (b - a for a, b in zip(batches0, batch_totals(target.base_url), strict=True))
+    batches, batched, batch_s = (b - a for a, b in zip(batches0, batch_totals(server.base_url), strict=True))
     _, err = sampler.communicate(timeout=args.seconds + 60)
     if sampler.returncode != 0 or not out.exists():
         raise RuntimeError(f"py-spy failed ({sampler.returncode}): {err.decode(errors='replace')}")
-    (model,) = get_json(f"{target.base_url}/models")["models"]  # the one model served
+    (model,) = get_json(f"{server.base_url}/models")["models"]  # the one model served
     instances, info = int(model["instances"]), cpu_facts()
-    main_s = after.get(target.pid, 0.0) - before.get(target.pid, 0.0)
+    main_s = after.get(server.pid, 0.0) - before.get(server.pid, 0.0)
     other_s = sum(after.values()) - sum(before[t] for t in after if t in before) - main_s
     per_request = 1000.0 / max(result.requests, 1)
     main_ms, other_ms = main_s * per_request, other_s * per_request
-    stacks = thread_stacks(out.read_text(), target.pid)
+    stacks = thread_stacks(out.read_text(), server.pid)
     yield f"Measured {datetime.date.today()} on {info.get('cpu', '?')}, {info.get('cpus', '?')} CPUs"
     yield f"(SIMD: {info.get('simd', '?')}), Python {info['python']}: wrk, {args.clients} connections,"
     yield f"{args.seconds:.0f} s, py-spy sampling the server."

@@ -99,15 +99,8 @@ async def ramp(args: argparse.Namespace) -> tuple[float, list[dict[str, Any]]]:
 def _open_loop(
     args: argparse.Namespace, rate: float, seconds: float
 ) -> Coroutine[Any, Any, engine.LoadResult]:
-    return engine.open_loop(
-        args.url,
-        traffic(),
-        rate=rate,
-        seconds=seconds,
-        max_requests=args.max_requests,
-        max_outstanding=args.max_outstanding,
-        timeout_s=args.timeout,
-    )
+    limits = {"max_requests": args.max_requests, "max_outstanding": args.max_outstanding}
+    return engine.open_loop(args.url, traffic(), rate=rate, seconds=seconds, timeout_s=args.timeout, **limits)
 
 
 async def sample(pid: int | None, until: float, into: list[Sample]) -> None:

@@ -236,13 +236,11 @@ def gmlp_serve(
     serve_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 90.0,
+    path: str = "",
 ) -> ServerProcess:
-    """A `ServerProcess` of `gmlp serve` on a free port (not started yet)."""
+    """A `ServerProcess` of `gmlp serve` on a free port (not started yet), its `url` ending in `path`."""
     port = free_port()
+    argv = serve_argv(repository, port, *serve_args)
     return ServerProcess(
-        serve_argv(repository, port, *serve_args),
-        port=port,
-        log_path=log_path,
-        env=env,
-        ready_timeout_s=ready_timeout_s,
+        argv, port=port, log_path=log_path, path=path, env=env, ready_timeout_s=ready_timeout_s
     )
