@@ -32,10 +32,6 @@ class WrkResult:
     percentiles_ms: dict[float, float]
     errors: int
 
-    @property
-    def p50_ms(self) -> float:
-        return self.percentiles_ms[50.0]
-
 
 def to_ms(text: str) -> float:
     """A wrk duration ("812.00us", "1.96ms", "2.01s", "1.00m") in milliseconds."""

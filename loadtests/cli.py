@@ -57,12 +57,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_loadtest)
 
 
-def _workload_env(args: argparse.Namespace) -> dict[str, str]:
-    """The weights given as flags, as the environment variables the locustfile reads."""
-    weights = {task: getattr(args, f"{task}_weight") for task in _WEIGHTS}
-    return {f"GMLP_LOADTEST_{task.upper()}_WEIGHT": str(w) for task, w in weights.items() if w is not None}
-
-
 def run_loadtest(args: argparse.Namespace) -> int:
     """Handler of `gmlp loadtest`: sweep, report, exit status 1 on any failed request."""
     from loadtests.report import SCHEMA, summary_table, write_report
@@ -78,7 +72,9 @@ def run_loadtest(args: argparse.Namespace) -> int:
 
     users = parse_users(args.users)
     parse_duration(args.duration)
-    env = _workload_env(args)
+    # The weights given as flags, as the environment variables the locustfile reads.
+    weights = {task: getattr(args, f"{task}_weight") for task in _WEIGHTS}
+    env = {f"GMLP_LOADTEST_{task.upper()}_WEIGHT": str(w) for task, w in weights.items() if w is not None}
     config = LoadConfig.from_env({**os.environ, **env})  # fail here, not in N locust processes
     try:
         wait_ready(args.url, args.ready_timeout)
@@ -88,20 +84,19 @@ def run_loadtest(args: argparse.Namespace) -> int:
     models = describe_server(args.url)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     steps = run_sweep(SweepConfig(args.url, users, args.duration, args.out, args.spawn_rate, env))
-    workload = {
-        "duration": args.duration,
-        "spawn_rate": args.spawn_rate,
-        "classify_weight": config.classify_weight,
-        "fill_mask_weight": config.fill_mask_weight,
-        "top_k": config.top_k,
-        "upload": config.upload,
-    }
     results = {  # results.json: report.md and report.png are drawn from it alone
         "schema": SCHEMA,
         "url": args.url,
         "started": started,
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "workload": workload,
+        "workload": {
+            "duration": args.duration,
+            "spawn_rate": args.spawn_rate,
+            "classify_weight": config.classify_weight,
+            "fill_mask_weight": config.fill_mask_weight,
+            "top_k": config.top_k,
+            "upload": config.upload,
+        },
         "server_models": models,
         "steps": [step.to_json() for step in steps],
         "total_failures": sum(step.failures for step in steps),

@@ -211,7 +211,7 @@ def measure_row(
         "round": rnd,
         "concurrency": c,
         "rps": result.rps,
-        "p50_ms": result.p50_ms,
+        "p50_ms": result.percentiles_ms[50.0],
         "p99_ms": result.percentiles_ms.get(99.0, float("nan")),
         "cpu_ms_per_request": cpu_s * 1000.0 / max(result.requests, 1),
         "requests": result.requests,

@@ -45,7 +45,7 @@ def test_wrk_report_is_parsed_with_units():
     result = wrk.parse(WRK_OUTPUT)
     assert result.requests == 5219
     assert result.rps == pytest.approx(521.38)
-    assert result.p50_ms == pytest.approx(59.87)
+    assert result.percentiles_ms[50.0] == pytest.approx(59.87)
     assert result.percentiles_ms[90.0] == pytest.approx(0.75)
     assert result.percentiles_ms[99.0] == pytest.approx(1200.0)
     assert result.errors == 3 + 3  # non-2xx answers and socket errors
