@@ -30,13 +30,6 @@ IMAGE = BUNDLED_DIR / "cifar10-test-03000-cat.jpg"
 KEY = new_key()
 
 
-def _classify() -> PreparedRequest:
-    """POST /classify of a bundled CIFAR-10 JPEG with the key; any 200 answer counts (a swapped-in
-    model need not give the same label)."""
-    headers = (("Authorization", f"Bearer {KEY}"),)
-    return PreparedRequest("/classify", IMAGE.read_bytes(), "image/jpeg", lambda answer: None, headers)
-
-
 def _swapped(base_url: str, name: str, expected: dict[str, str]) -> None:
     """A readiness probe: raises KeyError ("not yet") until the repository index shows `expected`
     (version -> state) for `name`."""
@@ -77,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         loads: list[LoadResult] = []
         with server:
             options = {"concurrency": args.concurrency, "seconds": 86_400.0, "stop": stop.is_set}
+            # A bundled JPEG with the key; any 200 counts (a swapped-in model may answer otherwise).
+            auth = (("Authorization", f"Bearer {KEY}"),)
+            request = PreparedRequest(
+                "/classify", IMAGE.read_bytes(), "image/jpeg", lambda answer: None, auth
+            )
             load = threading.Thread(
-                target=lambda: loads.append(run_closed_loop(server.base_url, [_classify()], **options))
+                target=lambda: loads.append(run_closed_loop(server.base_url, [request], **options))
             )
             load.start()
             time.sleep(args.steady_s)

@@ -25,14 +25,6 @@ def _timing(stats: dict[str, Any]) -> str:
     return " | ".join(cells + [_fmt(stats.get(f"p{q}_ms")) for q in (50, 95, 99)])
 
 
-def _batch_text(batch_all: dict[str, Any] | None) -> str:
-    if batch_all is None:
-        return "n/a (no /metrics)"
-    if not batch_all["batches"]:
-        return "n/a (no batches)"
-    return _fmt(batch_all["mean"], 2)
-
-
 def _models_table(models: list[dict[str, Any]]) -> list[str]:
     if not models:
         return ["(GET /models was not available)"]
@@ -57,7 +49,10 @@ def summary_table(steps: list[dict[str, Any]]) -> list[str]:
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in steps:
-        batch = _batch_text(s["batch_size_all"])
+        b = s["batch_size_all"]
+        batch = (
+            "n/a (no /metrics)" if b is None else _fmt(b["mean"], 2) if b["batches"] else "n/a (no batches)"
+        )
         lines.append(f"| {s['users']} | {_timing(s['total'] or {})} | {s['failures']} | {batch} |")
     return lines
 
