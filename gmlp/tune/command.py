@@ -195,8 +195,6 @@ def run_tune(args: argparse.Namespace) -> int:
         f"Python {platform.python_version()}",
     }
     document = write_all(args.out, results, meta)
-    for note in document["notes"]:
-        print(f"gmlp tune: {note}", file=sys.stderr)
     print("wrote " + ", ".join(document["files"]))
     if document["chosen"] is None:
         print(f"gmlp tune: no candidate met p99 <= {args.slo_p99_ms:g} ms (see the report)", file=sys.stderr)
@@ -300,15 +298,19 @@ def write_markdown(path: Path, document: dict[str, Any]) -> Path:
     return path
 
 
-def write_plot(path: Path, document: dict[str, Any]) -> str | None:
-    """Throughput against p99, one point per candidate and level; None when written, else why not."""
+def write_plot(path: Path, document: dict[str, Any]) -> bool:
+    """Throughput against p99, one point per candidate and level; whether matplotlib could draw it."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'gmlp-serve[loadtest]'): no plot"
+        print(
+            "gmlp tune: matplotlib is not installed (pip install 'gmlp-serve[loadtest]'): no plot",
+            file=sys.stderr,
+        )
+        return False
     slo = document["slo_p99_ms"]
     fig, ax = plt.subplots(figsize=(8, 5))
     many = len(document["candidates"]) > 12  # beyond that a legend of candidates hides the plot
@@ -331,12 +333,12 @@ def write_plot(path: Path, document: dict[str, Any]) -> str | None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return None
+    return True
 
 
 def write_all(out: Path, results: Sequence[Measured], meta: dict[str, Any]) -> dict[str, Any]:
     """results.json, report.md, report.png (if it can) and tuned.env (if a candidate met the SLO);
-    returns the results document, with `files` (what was written) and `notes` added."""
+    returns the results document, with `files` (what was written) added."""
     out.mkdir(parents=True, exist_ok=True)
     slo = float(meta["slo_p99_ms"])
     chosen = best_of(results, slo)
@@ -347,16 +349,12 @@ def write_all(out: Path, results: Sequence[Measured], meta: dict[str, Any]) -> d
         "candidates": [_entry(m, slo) for m in results],
     }
     files = [str(write_markdown(out / "report.md", document))]
-    notes = []
-    why_not = write_plot(out / "report.png", document)
-    if why_not is None:
+    if write_plot(out / "report.png", document):
         files.append(str(out / "report.png"))
-    else:
-        notes.append(why_not)
     if chosen is not None:
         files.append(str(write_env(out / ENV_FILE, chosen, slo)))
     else:
         (out / ENV_FILE).unlink(missing_ok=True)  # an old run's choice must not look like this one's
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     files.append(str(out / "results.json"))
-    return {**document, "files": files, "notes": notes}
+    return {**document, "files": files}
