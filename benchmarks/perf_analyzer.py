@@ -101,8 +101,9 @@ def window_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
     ]
 
 
-def _entry(name: str, array: np.ndarray) -> dict[str, Any]:
-    return {name: {"content": array.ravel().tolist(), "shape": list(array.shape)}}
+def _row(**arrays: np.ndarray) -> dict[str, Any]:
+    """One row of an --input-data document: each input's values and shape."""
+    return {name: {"content": a.ravel().tolist(), "shape": list(a.shape)} for name, a in arrays.items()}
 
 
 def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -118,7 +119,7 @@ def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, 
         else:
             transform = ImageTransform.for_model(spec.config, 10**8)
             pixels = [transform(p.read_bytes()) for p in sorted(BUNDLED_DIR.glob("*.jpg"))]
-        return {"data": [_entry("pixel_values", p) for p in pixels]}
+        return {"data": [_row(pixel_values=p) for p in pixels]}
     if required == ["input_ids", "mask_positions"]:
         codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
         if kind == "random":
@@ -130,13 +131,7 @@ def input_data(model_dir: Path, config: dict[str, Any], kind: str) -> dict[str, 
         else:
             encoded = [codec.encode(s.text) for s in read_sentences_tsv(BUNDLED_SENTENCES)]
             texts = [(np.asarray(e.ids), np.asarray(e.mask_positions)) for e in encoded]
-        rows = [
-            {
-                **_entry("input_ids", ids.astype(np.int64)),
-                **_entry("mask_positions", positions.astype(np.int64)),
-            }
-            for ids, positions in texts
-        ]
+        rows = [_row(input_ids=ids.astype(np.int64), mask_positions=at.astype(np.int64)) for ids, at in texts]
         return {"data": rows}
     raise SystemExit(f"model {config['name']}: no data for the required inputs {required}")
 

@@ -4,13 +4,11 @@
     .venv/bin/python -m benchmarks.soak --url http://127.0.0.1:8000 --pid PID   # a running server
 
 An open-loop ramp (25, 50, 100... requests/s, `--ramp-seconds` each) finds the sustainable rate:
-the last step answered entirely with 200s that left no backlog. (Closed-loop clients measure the
-client as much as the server: a few do not fill the batches, many compete for the CPU.) Then
-`--factor` x that rate for `--minutes`, open loop, alternating a JPEG to /classify and a masked
-sentence to /fill-mask; arrivals past `--max-outstanding` or too late to send are counted, not
-sent. Per minute: rates, 503s, other errors, p50/p99 of the 200s, the server's RSS and open fds.
-Goals: RSS growth after the first minute < 5 %, per-minute p99 within 20 % of its median, no
-error but 503 (docs/reliability.md, "Soak"). Without `--url` it starts `gmlp serve` itself.
+the last step answered entirely with 200s that left no backlog (closed-loop clients would measure
+the client as much as the server). Then `--factor` x that rate for `--minutes`, open loop,
+alternating a JPEG to /classify and a masked sentence to /fill-mask. Per minute: rates, 503s,
+other errors, p50/p99 of the 200s, the server's RSS and open fds, against the goals of
+docs/reliability.md, "Soak". Without `--url` it starts `gmlp serve` itself.
 """
 
 from __future__ import annotations

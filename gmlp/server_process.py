@@ -1,15 +1,13 @@
 """A server as a child process on 127.0.0.1: started in its own session, probed until ready,
 stopped with its whole process tree; and the CPU time of process trees and threads (psutil).
 
-`ServerProcess` runs any server command (SIGTERM, then SIGKILL, to every process of the tree,
-since some frameworks leave helpers behind a plain kill of the root); `gmlp_serve` builds the one
-for `gmlp serve`. `gmlp tune` starts its candidates with it and the benchmark programs their
-servers. Servers differ in how many processes they start (LitServe's inference worker, Ray's
-raylet, GCS, controller, proxy and replica, BentoML's arbiter and worker), so CPU is taken over
-the whole tree rooted at the process started, read before and after the load: the difference over
-the requests served is the server's CPU cost per request, whichever process spent it (processes
-that exit between the two reads take their time with them). Standard library only, plus psutil
-and the load tests' HTTP GET: it runs wherever the serving install does.
+`ServerProcess` runs any server command; `gmlp_serve` builds the one for `gmlp serve` (`gmlp
+tune` starts its candidates with it, the benchmark programs their servers). Servers differ in how
+many processes they start (Ray's raylet, GCS, controller, proxy and replica; BentoML's arbiter and
+worker), so both the stop signals and the CPU time go to the whole tree rooted at the process
+started: CPU read before and after a load, over the requests served, is the server's cost per
+request, whichever process spent it. Standard library, psutil and the load tests' HTTP GET only:
+it runs wherever the serving install does.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
     locust -f loadtests/locustfile.py --headless -u 16 -r 16 -t 30s --host http://127.0.0.1:8000
 
-Configured by environment variables (see docs/loadtesting.md and `LoadConfig`), the main ones:
-GMLP_LOADTEST_CLASSIFY_WEIGHT / GMLP_LOADTEST_FILL_MASK_WEIGHT (task weights, default 1 and 1),
-GMLP_LOADTEST_CIFAR (npz), GMLP_LOADTEST_TEXT (text or .gz), GMLP_LOADTEST_UPLOAD
-(multipart|raw|mixed). Users are closed-loop (no think time by default): N users keep N requests
-in flight, which is what a concurrency sweep measures.
+Configured by `GMLP_LOADTEST_*` environment variables (docs/loadtesting.md, `LoadConfig`). Users
+are closed-loop (no think time by default): N users keep N requests in flight, which is what a
+concurrency sweep measures.
 
 Every answer is checked (status 200, keys, types, top_k entries, sorted probabilities, one list
 per [MASK]); a wrong answer is a locust failure, never a success that merely looks fast.
@@ -63,18 +61,16 @@ def _fit_to_server(environment: Environment, **_: Any) -> None:
         if func not in GmlpUser.tasks:
             continue
         served = named or (listing or {}).get("defaults", {}).get(task)
-        if listing is not None and served not in models:
-            if not named:
-                log.warning("the server has no %s model: not sending that task", task)
-                GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
-                continue
-            # Asked for by name: keep sending, so that the 404s show up as failures.
-            log.error("the server has no model %r (serves %s)", named, sorted(models))
-        window = CONFIG.max_tokens or models.get(served, {}).get("n")
         try:
+            if listing is not None and served not in models:
+                if not named:
+                    raise UserError(f"the server has no {task} model")
+                # Asked for by name: keep sending, so that the 404s show up as failures.
+                log.error("the server has no model %r (serves %s)", named, sorted(models))
+            window = CONFIG.max_tokens or models.get(served, {}).get("n")
             REQUESTS[task] = task_requests(task, named, window, CONFIG)
         except UserError as exc:
-            log.error("%s: not sending %s", exc, task)
+            log.warning("%s: not sending %s", exc, task)
             GmlpUser.tasks = [t for t in GmlpUser.tasks if t is not func]
     if not GmlpUser.tasks:
         log.error("nothing to send: the server serves none of the weighted tasks; stopping")
