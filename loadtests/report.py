@@ -152,17 +152,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
         (ax_rps, "Throughput vs users", "requests/s"),
         (ax_p95, "p95 latency vs users", "p95 latency (ms)"),
     ):
-        ax.set_title(title)
-        ax.set_xlabel("concurrent users")
-        ax.set_ylabel(ylabel)
+        ax.set(title=title, xlabel="concurrent users", ylabel=ylabel)
         if len(users) > 1 and max(users) / min(users) >= 8:
             ax.set_xscale("log", base=2)
         ax.set_xticks(users, [str(u) for u in users])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    ax_curve.set_title("p95 latency vs throughput (all endpoints)")
-    ax_curve.set_xlabel("requests/s")
-    ax_curve.set_ylabel("p95 latency (ms)")
+    ax_curve.set(
+        title="p95 latency vs throughput (all endpoints)", xlabel="requests/s", ylabel="p95 latency (ms)"
+    )
     ax_curve.grid(True, alpha=0.3)
     fig.suptitle(f"gmlp load test: {results['url']}", fontsize=10)
     fig.tight_layout()

@@ -62,10 +62,11 @@ def spread(values: Iterable[float], digits: int = 0) -> str:
     """The median of a figure over rounds, with its range when there was more than one round ("-"
     where nothing was measured)."""
     vals = [v for v in values if v == v]  # drop NaN
-    if not vals:
+    if (mid := median(vals)) is None:
         return "-"
-    text = f"{statistics.median(vals):.{digits}f}"
-    return text + (f" ({min(vals):.{digits}f}-{max(vals):.{digits}f})" if len(vals) > 1 else "")
+    return f"{mid:.{digits}f}" + (
+        f" ({min(vals):.{digits}f}-{max(vals):.{digits}f})" if len(vals) > 1 else ""
+    )
 
 
 def figures(rows: Sequence[dict[str, Any]], peer: str, c: int, key: str) -> list[float]:
@@ -87,13 +88,13 @@ def floors(results: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
 def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     """The markdown comparison table: c=1 p50, req/s at 8/32/64, CPU/request at 32, one row each."""
     rows = results["rows"]
-    head = (
-        "| server | c=1 p50 ms | "
-        + " | ".join(f"c={c} req/s" for c in TABLE_LEVELS)
-        + f" | server CPU ms/request (c={CPU_LEVEL}) | background CPU % (c={CPU_LEVEL}) |\n|---|---:|"
-        + "---:|" * len(TABLE_LEVELS)
-        + "---:|---:|\n"
-    )
+    columns = [
+        "c=1 p50 ms",
+        *(f"c={c} req/s" for c in TABLE_LEVELS),
+        f"server CPU ms/request (c={CPU_LEVEL})",
+    ]
+    columns.append(f"background CPU % (c={CPU_LEVEL})")
+    head = "| server | " + " | ".join(columns) + " |\n|---|" + "---:|" * len(columns) + "\n"
     lines = []
     for key, label in labels.items():
         if not any(r["peer"] == key for r in rows):
@@ -111,10 +112,8 @@ def table(results: dict[str, Any], labels: dict[str, str]) -> str:
     for key, runs in floors(results).items():
         if runs:
             label, empty = labels[key], " |" * (len(TABLE_LEVELS) - 2)
-            rps, ms = (
-                spread(r["requests_per_s"] for r in runs),
-                spread((r["cpu_ms_per_request"] for r in runs), 2),
-            )
+            rps = spread(r["requests_per_s"] for r in runs)
+            ms = spread((r["cpu_ms_per_request"] for r in runs), 2)
             lines.append(f"| {label} | |{empty} {rps} images/s | | {ms} per image | |")
     return head + "\n".join(lines) + "\n"
 

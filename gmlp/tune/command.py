@@ -326,8 +326,7 @@ def write_plot(path: Path, document: dict[str, Any]) -> bool:
         ax.annotate("chosen", (best["p99_ms"], best["rps"]), textcoords="offset points", xytext=(8, 8))
     ax.axvline(slo, color="red", linestyle="--", label=f"SLO p99 {slo:g} ms")
     ax.set_xscale("log")  # latencies of a good and a queueing candidate differ by orders of magnitude
-    ax.set_xlabel("p99 latency (ms, log scale)")
-    ax.set_ylabel("requests per second")
+    ax.set(xlabel="p99 latency (ms, log scale)", ylabel="requests per second")
     ax.set_title(f"gmlp tune: {document['model']}, one line per candidate (points: concurrency levels)")
     ax.legend(fontsize="small")
     fig.tight_layout()
