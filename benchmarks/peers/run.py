@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,16 +153,6 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
     return out
 
 
-@dataclass
-class Results:
-    rows: list[dict[str, Any]] = field(default_factory=list)  # one per wrk run (`measure_row`)
-    # The bare /classify pipeline (benchmarks.bare_pipeline) and raw `session.run` beside it
-    # (its "raw"), one run per round.
-    bare: list[dict[str, Any]] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    reference: dict[str, str] = field(default_factory=dict)  # raw ORT's top labels, not saved
-
-
 def bundled_images() -> dict[str, bytes]:
     """The bundled CIFAR-10 test JPEGs by name, in order: the first is the one every request sends."""
     return {p.name: p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))}
@@ -246,13 +235,13 @@ def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: Results) -> None:
+def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: dict[str, Any]) -> None:
     with started(peer, work) as (server, script):
-        check_answers(server.url, peer, bundled_images(), results.reference)
+        check_answers(server.url, peer, bundled_images(), results["reference"])
         wrk.run(server.url, script, 8, WARMUP_S)  # warm-up, not recorded
         for c in args.levels:
             row = measure_row(server, peer.key, script, rnd, c, args.duration)
-            results.rows.append(row)
+            results["rows"].append(row)
             print(
                 f"  {peer.key:22s} c={c:<3d} {row['rps']:8.1f} req/s  p50 {row['p50_ms']:7.2f} ms"
                 f"  CPU {row['cpu_ms_per_request']:6.2f} ms/req  errors {row['errors']}"
@@ -261,24 +250,28 @@ def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results
             )
 
 
-def run_rounds(args: argparse.Namespace, peers: list[Peer], work: Path) -> Results:
-    """Every round: the bare pipeline and raw ORT, then each peer (rotated order) at every level."""
-    results = Results(reference=reference_labels(MODEL, bundled_images()))
+def run_rounds(args: argparse.Namespace, peers: list[Peer], work: Path) -> dict[str, Any]:
+    """Every round: the bare pipeline and raw ORT, then each peer (rotated order) at every level.
+    The results: a row per wrk run (`measure_row`), the bare /classify pipeline's run per round
+    (with raw `session.run` beside it as its "raw"), the peers that failed, and raw ORT's top
+    labels (the `reference` answers, not saved)."""
+    results: dict[str, Any] = {"rows": [], "bare": [], "failed": {}}
+    results["reference"] = reference_labels(MODEL, bundled_images())
     for rnd in range(args.rounds):
         print(f"round {rnd + 1}/{args.rounds}", flush=True)
         bare = bare_pipeline(MODEL, args.duration)
-        results.bare.append({"round": rnd, **bare["bare"], "raw": bare["raw"]})
+        results["bare"].append({"round": rnd, **bare["bare"], "raw": bare["raw"]})
         for kind in ("bare", "raw"):
             rate, cpu = bare[kind]["requests_per_s"], bare[kind]["cpu_ms_per_request"]
             print(f"  {kind} b16: {rate:.1f} images/s, {cpu:.2f} CPU ms/image", flush=True)
         for peer in peers[rnd % len(peers) :] + peers[: rnd % len(peers)]:
-            if peer.key in results.failed:
+            if peer.key in results["failed"]:
                 continue
             try:
                 run_peer(peer, rnd, args, work, results)
             except Exception as exc:  # one broken peer must not lose the others' rows
-                results.failed[peer.key] = f"{type(exc).__name__}: {exc}"
-                print(f"  {peer.key} FAILED: {results.failed[peer.key]}", flush=True)
+                results["failed"][peer.key] = f"{type(exc).__name__}: {exc}"
+                print(f"  {peer.key} FAILED: {results['failed'][peer.key]}", flush=True)
     return results
 
 
@@ -373,7 +366,7 @@ def measure(args: argparse.Namespace) -> None:
         "minutes": minutes,
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    document = {"meta": meta, "rows": results.rows, "bare": results.bare, "failed": results.failed}
+    document = {"meta": meta, "rows": results["rows"], "bare": results["bare"], "failed": results["failed"]}
     args.results.write_text(json.dumps(document, indent=1))
     print(f"wrote {args.results}")
 
