@@ -61,7 +61,6 @@ def run_loadtest(args: argparse.Namespace) -> int:
     """Handler of `gmlp loadtest`: sweep, report, exit status 1 on any failed request."""
     from loadtests.report import SCHEMA, summary_table, write_report
     from loadtests.runner import (
-        SweepConfig,
         describe_server,
         parse_duration,
         parse_users,
@@ -83,7 +82,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         return 1
     models = describe_server(args.url)
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    steps = run_sweep(SweepConfig(args.url, users, args.duration, args.out, args.spawn_rate, env))
+    steps = run_sweep(args, users, env)
     results = {  # results.json: report.md and report.png are drawn from it alone
         "schema": SCHEMA,
         "url": args.url,

@@ -13,6 +13,7 @@ and one just after it. Other traffic during the step is counted too: run against
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import logging
@@ -247,45 +248,41 @@ class StepResult:
         return asdict(self) | {"failures": self.failures}
 
 
-@dataclass(frozen=True)
-class SweepConfig:
-    url: str
-    users: list[int]
-    duration: str = "30s"
-    out_dir: Path = Path("loadtest-report")
-    spawn_rate: float | None = None  # None: all users within one second
-    env: Mapping[str, str] = field(default_factory=dict)  # GMLP_LOADTEST_* for the locustfile
-
-
-def run_step(config: SweepConfig, users: int) -> StepResult:
-    """One locust run at `users` concurrent users, with /metrics scraped before and after."""
-    duration_s = parse_duration(config.duration)
+def run_step(args: argparse.Namespace, users: int, env: Mapping[str, str]) -> StepResult:
+    """One locust run at `users` concurrent users, with /metrics scraped before and after: `gmlp
+    loadtest`'s --url, --duration, --out and --spawn-rate, the `GMLP_LOADTEST_*` variables `env`
+    for the locustfile."""
+    duration_s = parse_duration(args.duration)
     # Absolute: locust runs with the step folder as its working directory, so a relative --csv
     # prefix would land in a nested copy of the path.
-    out_dir = config.out_dir.resolve()
+    out_dir = args.out.resolve()
     step_dir = out_dir / f"users-{users:03d}"
     step_dir.mkdir(parents=True, exist_ok=True)
     prefix, html, log_file = step_dir / "locust", step_dir / "locust.html", step_dir / "locust.log"
     # locust runs in this interpreter, which imports the installed package: no PYTHONPATH needed.
-    env = {**os.environ, **config.env}
     result = StepResult(users=users, duration_s=duration_s, total=None)
-    before = scrape(config.url)
+    before = scrape(args.url)
     cmd = [
         *(sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users)),
-        *("-r", f"{config.spawn_rate or users:g}", "-t", f"{math.ceil(duration_s)}s", "--host", config.url),
+        *("-r", f"{args.spawn_rate or users:g}", "-t", f"{math.ceil(duration_s)}s", "--host", args.url),
         *("--csv", str(prefix), "--html", str(html), "--only-summary"),
     ]
-    log.info("step: %d users for %s", users, config.duration)
+    log.info("step: %d users for %s", users, args.duration)
     with log_file.open("w", encoding="utf-8") as out:
         try:
             timeout = duration_s + STARTUP_SLACK_S
             proc = subprocess.run(
-                cmd, cwd=step_dir, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+                cmd,
+                cwd=step_dir,
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
             )
             result.locust_exit_code = proc.returncode
         except subprocess.TimeoutExpired:
             result.error = f"locust did not finish within {duration_s + STARTUP_SLACK_S:.0f} s (killed)"
-    after = scrape(config.url)
+    after = scrape(args.url)
     stats_csv = Path(f"{prefix}_stats.csv")
     if stats_csv.is_file():
         rows = read_stats_csv(stats_csv)
@@ -337,12 +334,12 @@ def describe_server(url: str) -> list[dict[str, Any]]:
         return []
 
 
-def run_sweep(config: SweepConfig) -> list[StepResult]:
+def run_sweep(args: argparse.Namespace, users: list[int], env: Mapping[str, str]) -> list[StepResult]:
     """Every step in order; a failing step does not stop the sweep (the report shows it)."""
-    config.out_dir.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    for i, users in enumerate(config.users):
+    for i, count in enumerate(users):
         if i:
             time.sleep(1.0)  # let the previous step's queue drain
-        results.append(run_step(config, users))
+        results.append(run_step(args, count, env))
     return results
