@@ -122,13 +122,12 @@ def perf_analyzer_command(cache: Path = CACHE) -> list[str]:
     return command
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--cache", type=Path, default=CACHE, help="install folder")
     args = parser.parse_args(argv)
     print(" ".join(perf_analyzer_command(args.cache)))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

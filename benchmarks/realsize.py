@@ -159,7 +159,7 @@ def summary(rounds: list[dict], macs: int, clients: list[int]) -> dict[str, Any]
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--arch", default="gmlp_s16_224", help="named config to build (without --model-dir)")
     parser.add_argument("--model-dir", type=Path, default=None, help="an exported served directory instead")
@@ -188,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 rounds.append(one_round(directory, config, servers, args))
                 print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
         print(json.dumps({"medians": summary(rounds, macs, args.clients)}), flush=True)
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -171,7 +170,7 @@ async def main_async(args: argparse.Namespace, pid: int | None) -> dict[str, Any
     return {"url": args.url, "factor": args.factor, "soak_rate_per_s": round(rate, 1)} | summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--url", help="a running server (default: start gmlp serve on --repository)")
     parser.add_argument("--pid", type=int, help="that server's process id, for RSS and open fds")
@@ -224,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         f"from median: {result['p99_max_deviation_from_median']}; non-503 errors: {result['non_503_errors']}"
     )
     print("goals:", json.dumps(result["goals"]))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -44,7 +44,7 @@ def _row(label: str, group: list[Outcome]) -> str:
     return f"| {label} | {len(group)} | {load.failed} | {p50:.1f} | {p99:.1f} |"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--model", type=Path, required=True, help="an exported model directory (version 1)")
     parser.add_argument("--model-v2", type=Path, help="the directory to deploy as each new version")
@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|")
     print(_row("steady state", [o for o, flag in zip(outcomes, in_swap, strict=True) if not flag]))
     print(_row("during swaps", [o for o, flag in zip(outcomes, in_swap, strict=True) if flag]))
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

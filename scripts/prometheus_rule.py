@@ -7,7 +7,6 @@ fails while the two differ.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
@@ -41,10 +40,9 @@ def prometheus_rule() -> str:
     return HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=100)
 
 
-def main() -> int:
+def main() -> None:
     (OBSERVABILITY / "prometheusrule.yaml").write_text(prometheus_rule())
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -16,14 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "service.md"
 
 
-def main() -> int:
+def main() -> None:
     text = DOCS.read_text()
     head, rest = text.split(SETTINGS_BEGIN, 1)
     _, tail = rest.split(SETTINGS_END, 1)
     DOCS.write_text(f"{head}{SETTINGS_BEGIN}\n\n{settings_tables()}\n{SETTINGS_END}{tail}")
     print(f"wrote the settings tables of {DOCS.relative_to(ROOT)}")
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
