@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract.cpu import PRECISIONS
 from contract.errors import UserError
 from contract.formats import SERVED_FORMAT, VARIANTS, VISION_TASK
 
@@ -26,8 +27,6 @@ from .paths import (
     SHARED_DATA_ENV,
     shared_data,
 )
-
-PRECISIONS = ("auto", "bf16", "fp32")
 
 
 def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
@@ -59,7 +58,7 @@ def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--precision",
-        choices=PRECISIONS,  # model.precision.PRECISIONS; importing it here would import torch
+        choices=PRECISIONS,
         default="auto",
         help="bf16 autocast or fp32; auto (default) takes bf16 only where the CPU has native bf16 "
         "(AVX512-BF16/AMX): elsewhere it is emulated, many times slower than fp32 (docs/benchmarks.md)",

@@ -10,23 +10,15 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
-from contract.cpu import BF16_FLAGS, cpu_flags
+from contract.cpu import BF16_FLAGS, PRECISIONS, cpu_flags
 from contract.errors import UserError
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "bf16", "fp32")
-
 
 def native_bf16() -> bool:
-    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16)."""
-    # torch.cpu's probes are private (they may move between releases), so /proc/cpuinfo backs them.
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        check = getattr(torch.cpu, probe, None)
-        if check is not None and check():
-            return True
+    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16), by the flags the
+    service's backends read too."""
     return bool(cpu_flags() & BF16_FLAGS)
 
 
