@@ -63,16 +63,6 @@ def check_pixels(width: int, height: int, limit: int) -> None:
         raise image_too_large(width * height, limit)
 
 
-def decode_image(data: bytes, max_pixels: int, min_side: int | None = None) -> Image.Image:
-    """Decode `data` to a fully loaded, upright, 8-bit RGB image (first frame of animations).
-
-    With `min_side`, a JPEG is decoded at the smallest of libjpeg's DCT scales (1/2, 1/4, 1/8)
-    that keeps both sides >= `min_side` (Pillow's `draft`): a 12-megapixel photo headed for a
-    224-pixel crop then costs a fraction of its full decode, and none of the pixels the resize
-    would keep is lost as long as `min_side` is at least twice the resize target."""
-    return load_image(open_image(data, max_pixels), max_pixels, min_side)
-
-
 def open_image(data: bytes, max_pixels: int) -> Image.Image:
     """Read only the header of `data`: its format (one we accept) and size (within `max_pixels`).
 
@@ -93,7 +83,13 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
 
 
 def load_image(img: Image.Image, max_pixels: int, min_side: int | None = None) -> Image.Image:
-    """Decode an image opened by `open_image` (see `decode_image`)."""
+    """Decode an image opened by `open_image` to a fully loaded, upright, 8-bit RGB image (first
+    frame of animations).
+
+    With `min_side`, a JPEG is decoded at the smallest of libjpeg's DCT scales (1/2, 1/4, 1/8)
+    that keeps both sides >= `min_side` (Pillow's `draft`): a 12-megapixel photo headed for a
+    224-pixel crop then costs a fraction of its full decode, and none of the pixels the resize
+    would keep is lost as long as `min_side` is at least twice the resize target."""
     if min_side is not None and img.format in ("JPEG", "MPO"):
         img.draft(img.mode, (min_side, min_side))
     try:
