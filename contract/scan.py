@@ -89,13 +89,6 @@ def fingerprint(directory: Path) -> Fingerprint:
     return tuple(entries)
 
 
-def _named_files(spec: ModelSpec) -> list[str]:
-    """Files a served config refers to besides the variants (read_spec checks those)."""
-    config = spec.config
-    names = [config.get("labels"), config.get("tokenizer"), (config.get("check") or {}).get("file")]
-    return [str(n) for n in names if n]
-
-
 def _unreadable(exc: BaseException) -> str:
     return f"unreadable: {type(exc).__name__}: {echo(str(exc), 300)}"
 
@@ -121,7 +114,10 @@ def _read_spec(directory: Path) -> tuple[ModelSpec | None, str | None]:
         return None, f"incomplete or malformed: {exc}"
     if spec is None:
         return None, f"{directory / CONFIG_FILE} is not a served-model config"
-    missing = [n for n in _named_files(spec) if not (directory / n).is_file()]
+    # The files the config names besides the variants (read_spec checks those).
+    config = spec.config
+    named = [config.get("labels"), config.get("tokenizer"), (config.get("check") or {}).get("file")]
+    missing = [str(n) for n in named if n and not (directory / str(n)).is_file()]
     if missing:
         return None, f"incomplete: {directory} lacks {missing}, which its {CONFIG_FILE} names"
     return spec, None
