@@ -129,12 +129,9 @@ class LoopConfig:
     warmup_steps: int
     max_steps: int | None = None
     time_budget_s: float | None = None
-    min_lr_ratio: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float | None = 1.0
     bf16: bool = True
     compile: bool = False
-    fused_optimizer: bool = True
     state_path: Path | None = None
     resume: bool = False
     save_every_s: float = 300.0
@@ -172,17 +169,14 @@ def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **
 def build_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
     """AdamW with no weight decay on biases and LayerNorm gains (the usual transformer/MLP recipe).
 
-    The fused implementation (`cfg.fused_optimizer`) updates all tensors of a group in one kernel,
+    The fused implementation updates all tensors of a group in one kernel,
     where torch's CPU default loops over them; the arithmetic is the same and the step cheaper
     (docs/benchmarks.md, "Training options").
     """
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for _, param in model.named_parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=cfg.fused_optimizer)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
 
 
 def _save_state(
@@ -249,9 +243,8 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     interactive = sys.stderr.isatty()
     bar = tqdm(total=planner.total, initial=step, desc=cfg.desc, mininterval=1.0 if interactive else 30.0)
     last_save = time.monotonic()
-    lr = cfg.lr
     while not planner.done(step):
-        lr = lr_at(step, planner.total, cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio)
+        lr = lr_at(step, planner.total, cfg.lr, cfg.warmup_steps)
         for group in opt.param_groups:
             group["lr"] = lr
         batch = task.make_batch(step)
@@ -259,17 +252,14 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
             loss, metrics = task.loss(forward_model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         loss_value = float(loss.detach())
         if loss_value != loss_value:  # NaN: stop early with a clear message rather than train garbage
             raise RuntimeError(f"loss is NaN at step {step} (lr {lr:.2e}); lower --lr")
         meter.add(loss_value, metrics)
-        total = planner.update(step)
-        if bar.total != total:
-            bar.total = total
+        total = bar.total = planner.update(step)
         bar.update(1)
         bar.set_postfix(meter.summary() | {"lr": f"{lr:.1e}"}, refresh=False)
         if step % cfg.log_every == 0:
