@@ -29,7 +29,7 @@ from contract.formats import CONFIG_FILE, DEFAULT_GRAPH_TOP_K, GRAPH_TOP_K_KEY, 
 from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
-from .onnx_export import OPSET, export_onnx, graph_top_k, io_spec, metadata_for
+from .onnx_export import OPSET, export_onnx, graph_top_k, io_spec
 from .other_runtimes import check_openvino
 from .verify import (
     ExportCheckError,
@@ -75,7 +75,11 @@ def export_served_model(
     info = model.checkpoint_info
     config = model.config
     sha = file_sha256(checkpoint_dir / WEIGHTS_FILE)
-    metadata = metadata_for(config, sha)
+    metadata = {
+        "gmlp.config": json.dumps(config.to_dict()),
+        "gmlp.task": config.task,
+        "gmlp.source_sha256": sha,
+    }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     reports: dict[str, ParityReport] = {}
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:

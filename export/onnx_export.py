@@ -28,8 +28,6 @@ classifier's patch grid is fixed and its W used whole.
 from __future__ import annotations
 
 import copy
-import json
-import logging
 import warnings
 from pathlib import Path
 from typing import Any, cast
@@ -43,8 +41,6 @@ from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig
 from model.layers import GMLPBlock, SpatialGatingUnit
-
-log = logging.getLogger(__name__)
 
 OPSET = 20  # opset 20 emits ONNX Gelu, which ORT fuses with the bias into BiasGelu
 DOMAIN = "gmlp"
@@ -79,41 +75,36 @@ class _SymbolicSGU(nn.Module):
         )
 
 
-class _Float16Compute(nn.Module):
-    """fp16 weights and compute behind float32 inputs and outputs (the fp16 variant, for CUDA).
+class _ServedGraph(nn.Module):
+    """What the graph computes around the model: fp16 weights and compute behind float32 inputs
+    and outputs (`float16`, the fp16 variant, for CUDA), and with `k` > 0 the top-k outputs beside
+    the logits: per row (the last axis), the ids of the `k` largest logits, best first, and their
+    probabilities, softmax over the whole row.
 
     Exporting a half-precision copy gives a consistently typed graph; converting an fp32 graph
     afterwards (onnxconverter-common) leaves Cast nodes that still produce float32.
-    """
 
-    def __init__(self, graph: nn.Module) -> None:
+    The top k are selected on the logits, not on probabilities: float32 probabilities can tie where
+    the logits do not, and the service's full-row ranking orders by the logits (ONNX TopK breaks
+    exact ties by the lower index, as the service does). Computed from float32 logits, also behind
+    fp16 compute, with the normaliser accumulated in float64 as the service's full-row path does."""
+
+    def __init__(self, graph: nn.Module, float16: bool, k: int) -> None:
         super().__init__()
-        self.inner = graph.half()
-
-    def forward(self, first: torch.Tensor, second: torch.Tensor | None = None) -> torch.Tensor:
-        # (pixel_values,) for vision, (input_ids, mask_positions) for the MLM; only pixels are float.
-        inputs = [x for x in (first, second) if x is not None]
-        return self.inner(*(x.half() if x.is_floating_point() else x for x in inputs)).float()
-
-
-class _TopKHead(nn.Module):
-    """The graph's outputs beside its logits: per row (the last axis), the ids of the `k` largest
-    logits, best first, and their probabilities, softmax over the whole row.
-
-    Selected on the logits, not on probabilities: float32 probabilities can tie where the logits
-    do not, and the service's full-row ranking orders by the logits (ONNX TopK breaks exact ties
-    by the lower index, as the service does). Computed from float32 logits, also behind fp16
-    compute, with the normaliser accumulated in float64 as the service's full-row path does."""
-
-    def __init__(self, graph: nn.Module, k: int) -> None:
-        super().__init__()
-        self.inner = graph
+        self.inner = graph.half() if float16 else graph
+        self.float16 = float16
         self.k = k
 
     def forward(
         self, first: torch.Tensor, second: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        logits = self.inner(*(x for x in (first, second) if x is not None)).float()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # (pixel_values,) for vision, (input_ids, mask_positions) for the MLM; only pixels are float.
+        inputs = [x for x in (first, second) if x is not None]
+        if self.float16:
+            inputs = [x.half() if x.is_floating_point() else x for x in inputs]
+        logits = self.inner(*inputs).float()
+        if not self.k:
+            return logits
         top, ids = torch.topk(logits, self.k, dim=-1)
         # The normaliser in float64: float32 sums over a 30,522-entry row lose ~1e-4 of a score.
         log_z = torch.logsumexp(logits.double(), dim=-1, keepdim=True)
@@ -137,11 +128,8 @@ def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, to
     if fused:
         for block in cast("list[GMLPBlock]", copied.blocks):
             block.register_module("sgu", _SymbolicSGU(block.sgu))
-    graph: nn.Module = copied
-    if float16:
-        graph = _Float16Compute(graph)
     k = graph_top_k(copied.config, top_k)
-    return _TopKHead(graph, k) if k else graph
+    return _ServedGraph(copied, float16, k) if float16 or k else copied
 
 
 def example_inputs(
@@ -227,7 +215,7 @@ def export_onnx(
     With `fused`, every block's SGU is one `gmlp::SpatialGatingUnit` node; otherwise it is
     exported as ordinary ops (the "plain export" the benchmark compares against). With
     `float16`, weights and compute are fp16 and the inputs/outputs stay float32. With `top_k`,
-    the graph also outputs `topk_ids` and `topk_scores` (`_TopKHead`, K = `graph_top_k`).
+    the graph also outputs `topk_ids` and `topk_scores` (`_ServedGraph`, K = `graph_top_k`).
     """
     config = model.config
     graph = graph_module(model, fused=fused, float16=float16, top_k=top_k)
@@ -343,11 +331,3 @@ def _activation(op: onnxscript.OpBuilder, gate: ir.Value, name: str) -> ir.Value
         return op.Mul(gate, op.Sigmoid(gate))
     ops = {"tanh": op.Tanh, "sigmoid": op.Sigmoid, "relu": op.Relu, "gelu": op.Gelu}
     return ops[name](gate)
-
-
-def metadata_for(config: GMLPConfig, source_sha256: str) -> dict[str, str]:
-    return {
-        "gmlp.config": json.dumps(config.to_dict()),
-        "gmlp.task": config.task,
-        "gmlp.source_sha256": source_sha256,
-    }
