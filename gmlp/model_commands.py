@@ -47,7 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--labels",
         type=Path,
-        default=None,
         help="class names: JSON list or ImageNet class index (default: ImageNet-1k's for 1000 classes)",
     )
     p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
@@ -65,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="JSON object of the constructor's arguments (image_size: gMLPVision, else gMLP)",
     )
     p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
-    p.add_argument("--labels", type=Path, default=None, help="classifier: class names (JSON list or index)")
-    p.add_argument("--tokenizer", type=Path, default=None, help="language model: its tokenizers JSON file")
+    p.add_argument("--labels", type=Path, help="classifier: class names (JSON list or index)")
+    p.add_argument("--tokenizer", type=Path, help="language model: its tokenizers JSON file")
     p.set_defaults(handler=convert_lucidrains)
 
     p = sub.add_parser("info", help="print a checkpoint's or served model's config, n, parameters and task")
@@ -82,11 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=list(DEFAULT_EXPORT_VARIANTS),
         help=f"comma list of {','.join(VARIANTS)} (default {','.join(DEFAULT_EXPORT_VARIANTS)})",
     )
-    p.add_argument("--name", default=None, help="model name in the service (default: the --out folder name)")
+    p.add_argument("--name", help="model name in the service (default: the --out folder name)")
     p.add_argument(
         "--calibration",
         type=Path,
-        default=None,
         help="representative inputs for static int8 (batchable): a folder or CIFAR-style .npz of images, "
         "or a .txt/.txt.gz of prose for a masked LM; without it int8 is dynamically quantised",
     )
