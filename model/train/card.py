@@ -45,7 +45,7 @@ def finish_run(
     out: Path, args: Any, result: Any, results: dict[str, Any], data: str, epochs: float
 ) -> dict[str, Any]:
     """Write training.json and README.md next to the checkpoint; return the summary."""
-    argv = getattr(args, "argv", None) or sys.argv[1:]
+    argv = sys.argv[1:]
     summary = {
         "command": "gmlp " + shlex.join(argv)
         if argv and argv[0].startswith("train")
