@@ -35,12 +35,8 @@ SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 ACCEPTED_DESCRIPTION = "JPEG, PNG, WebP, GIF or BMP"
 
 _RESAMPLING = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX,
-    "hamming": Image.Resampling.HAMMING,
+    name: Image.Resampling[name.upper()]
+    for name in ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 }
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
