@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -121,16 +122,9 @@ def split_sentences(paragraph: str) -> list[str]:
 def iter_paragraphs(path: Path) -> Iterator[str]:
     """Blank-line separated paragraphs of a gzip text file, each joined onto one line."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        lines: list[str] = []
-        for line in f:
-            line = line.strip()
-            if line:
-                lines.append(line)
-            elif lines:
+        for text, lines in itertools.groupby((line.strip() for line in f), key=bool):
+            if text:
                 yield " ".join(lines)
-                lines = []
-        if lines:
-            yield " ".join(lines)
 
 
 @dataclass
@@ -172,15 +166,8 @@ def load_corpus(
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     tokenizer.no_padding()  # the BERT tokenizer.json pads/truncates to 128; we want raw sentences
     tokenizer.no_truncation()
-    sentences: list[str] = []
-    for path in files:
-        for paragraph in iter_paragraphs(path):
-            sentences.extend(split_sentences(paragraph))
-            if max_sentences is not None and len(sentences) >= max_sentences:
-                break
-        if max_sentences is not None and len(sentences) >= max_sentences:
-            sentences = sentences[:max_sentences]
-            break
+    paragraphs = (paragraph for path in files for paragraph in iter_paragraphs(path))
+    sentences = list(itertools.islice((s for p in paragraphs for s in split_sentences(p)), max_sentences))
     chunks, lengths = [], []
     for start in range(0, len(sentences), 20_000):
         for enc in tokenizer.encode_batch(sentences[start : start + 20_000], add_special_tokens=False):
