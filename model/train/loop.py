@@ -195,13 +195,6 @@ def _save_state(
     tmp.replace(path)
 
 
-def _load_state(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float, int]:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    return int(state["step"]), float(state["elapsed_s"]), int(state["planned_total"])
-
-
 class _Meter:
     """Running sums of the task's metrics over the last `log_every` steps, plus a loss EMA."""
 
@@ -231,7 +224,11 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     opt = build_optimizer(model, cfg)
     step, elapsed, provisional = 0, 0.0, 10_000
     if cfg.resume and cfg.state_path is not None and cfg.state_path.is_file():
-        step, elapsed, provisional = _load_state(cfg.state_path, model, opt)
+        state = torch.load(cfg.state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed = int(state["step"]), float(state["elapsed_s"])
+        provisional = int(state["planned_total"])
         log.info("resumed from %s at step %d (%.0f s trained)", cfg.state_path, step, elapsed)
     # Until the speed is re-measured, a resumed run keeps the plan it had (no LR jump).
     planner = StepPlanner(cfg.max_steps, cfg.time_budget_s, elapsed_s=elapsed, provisional_steps=provisional)
