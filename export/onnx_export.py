@@ -5,24 +5,13 @@ emits a single `torch.onnx.ops.symbolic` node; after the dynamo exporter has run
 body (`build_sgu_function`, written with onnxscript) is attached to the model.
 The model code itself knows nothing about ONNX.
 
-The function's body (paper section 2, with the exported layout of `model.layers.SpatialGatingUnit`):
-
-    z1, z2 = Split(z, axis=-1, num_outputs=2)
-    z2     = LayerNormalization(z2, gamma, beta, epsilon)
-    z2     = Mul(z2, token_mask)                      # masked LM only: padding takes no part
-    L      = Shape(z, start=1, end=2)                 # masked LM only: this run's length
-    W, b   = Slice(W, [0, 0], [L, L], axes=[-2, -1]), Slice(b, [0], L, axes=[-1])
-    gate   = Add(MatMul(W, z2), Unsqueeze(b, [-1]))   # W [L, L] broadcast over the batch
-    gate   = Add(gate, attn)                          # aMLP only: the tiny attention's output
-    gate   = act(gate)                                # a gate activation other than the identity
-    out    = Mul(z1, gate)
-
-With h > 1 heads W is [h, n, n] and b [h, n]: each head's `W_h @ z2_h + b_h` on its slice of z2's
-channels, the h gates concatenated over channels. The head count, the activation and the optional
-inputs (`token_mask` [batch, L, 1], `attn` [batch, L, d_ffn/2], computed by ordinary nodes before
-the SGU node) are fixed per model, so one function per model suffices. A masked LM's function
-slices W and b to its input's length itself, so one file serves every length 1 <= L <= n; a
-classifier's patch grid is fixed and its W used whole.
+In the function (paper section 2; its chain of nodes is in docs/export.md), with h > 1 heads W is
+[h, n, n] and b [h, n]: each head's `W_h @ z2_h + b_h` on its slice of z2's channels, the h gates
+concatenated over channels. The head count, the activation and the optional inputs (`token_mask`
+[batch, L, 1], `attn` [batch, L, d_ffn/2], computed by ordinary nodes before the SGU node) are
+fixed per model, so one function per model suffices. A masked LM's function slices W and b to its
+input's length itself, so one file serves every length 1 <= L <= n; a classifier's patch grid is
+fixed and its W used whole.
 """
 
 from __future__ import annotations
