@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import load_file
+
 from contract.formats import MLM_TASK
 
-from ..precision import precision_label
+from .loop import precision_label
 
 TRAINING_FILE = "training.json"
 # A training.json without `precision` records a run trained under bf16 autocast.
@@ -97,13 +99,6 @@ def record_served_eval(
     write_card(checkpoint)
 
 
-def _params(root: Path) -> tuple[int, float]:
-    from safetensors.torch import load_file
-
-    weights = root / "model.safetensors"
-    return sum(t.numel() for t in load_file(weights).values()), weights.stat().st_size / 1e6
-
-
 def _served_section(served: dict[str, Any]) -> list[str]:
     """The exported ONNX variants' figures, each with the `gmlp eval` command that reproduces it."""
     if not served:
@@ -120,7 +115,8 @@ def write_card(root: str | Path) -> Path:
     info = json.loads((root / "config.json").read_text())
     train = json.loads((root / TRAINING_FILE).read_text()) if (root / TRAINING_FILE).is_file() else {}
     cfg = info["model"]
-    n_params, size_mb = _params(root)
+    weights = root / "model.safetensors"
+    n_params = sum(t.numel() for t in load_file(weights).values())
     is_mlm = info["task"] == MLM_TASK
     lines = [
         f"# {info.get('name', root.name)}",
@@ -133,7 +129,7 @@ def write_card(root: str | Path) -> Path:
         + (" (32x32 image, 4x4 patches)" if not is_mlm else " (WordPiece, BERT uncased vocabulary)"),
         f"- depth {cfg['depth']}, d_model {cfg['d_model']}, d_ffn {cfg['d_ffn']}, "
         + (f"aMLP tiny attention of size {cfg['attn_dim']}" if cfg.get("attn_dim") else "no tiny attention"),
-        f"- parameters: {n_params:,}; model.safetensors {size_mb:.1f} MB (fp32)",
+        f"- parameters: {n_params:,}; model.safetensors {weights.stat().st_size / 1e6:.1f} MB (fp32)",
         f"- preprocessing: `{json.dumps(info.get('preprocessing'))}`",
         "",
         "## Training",

@@ -1,5 +1,10 @@
 """The training loop both demo models share: AdamW, warm-up + cosine, bf16 autocast where the CPU
-has native bf16 (model/precision.py), time budget, progress bar, periodic resumable state.
+has native bf16, time budget, progress bar, periodic resumable state.
+
+bf16 autocast pays only on CPUs with native bf16 arithmetic (AVX512-BF16 or AMX). Elsewhere oneDNN
+emulates it, many times slower than fp32 (docs/benchmarks.md, "Precision on CPUs without bf16").
+So `auto`, the training commands' default, picks bf16 only where it is native, and a forced
+`bf16` on other CPUs is logged as the slow path it is.
 
 Runs are bounded by wall time (about an hour on a shared 2-core CPU), not by a known number of
 steps, so the cosine must be planned from the measured speed: after a short calibration the
@@ -23,11 +28,36 @@ from typing import Any, Protocol, cast
 import torch
 from torch import nn
 
+from contract.cpu import BF16_FLAGS, PRECISIONS, cpu_flags
 from contract.errors import UserError
 
-from ..precision import precision_label, resolve_precision
-
 log = logging.getLogger(__name__)
+
+
+def native_bf16() -> bool:
+    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16), by the flags the
+    service's backends read too."""
+    return bool(cpu_flags() & BF16_FLAGS)
+
+
+def precision_label(bf16: bool) -> str:
+    """How a run's precision is recorded (training.json, model cards, benchmark tables)."""
+    return "bf16 autocast" if bf16 else "fp32"
+
+
+def resolve_precision(choice: str) -> str:
+    """'auto' -> 'bf16' or 'fp32' for this CPU; 'bf16' and 'fp32' are returned as asked."""
+    if choice not in PRECISIONS:
+        raise UserError(f"precision {choice!r}; choose from {', '.join(PRECISIONS)}")
+    native = native_bf16()
+    if choice == "auto":
+        return "bf16" if native else "fp32"
+    if choice == "bf16" and not native:
+        log.warning(
+            "bf16 autocast asked for, but this CPU has no native bf16 (AVX512-BF16/AMX): "
+            "it is emulated and can be an order of magnitude slower than fp32"
+        )
+    return choice
 
 
 def lr_at(

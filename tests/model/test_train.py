@@ -92,7 +92,7 @@ def test_train_vision_writes_loadable_checkpoint(vision_ckpt: Path) -> None:
     import torch
 
     from model import load_checkpoint
-    from model.precision import native_bf16
+    from model.train.loop import native_bf16
 
     model = load_checkpoint(vision_ckpt)
     info = model.checkpoint_info
