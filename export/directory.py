@@ -30,11 +30,11 @@ from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
 from .onnx_export import OPSET, export_onnx, graph_top_k, io_spec
-from .other_runtimes import check_openvino
 from .verify import (
     ExportCheckError,
     ParityReport,
     check_fused_graph,
+    check_openvino,
     check_optimized_graph,
     check_parity,
     record_check,

@@ -235,7 +235,7 @@ def export(args: argparse.Namespace) -> int:
 
 
 def inline(args: argparse.Namespace) -> int:
-    from export.other_runtimes import write_inlined
+    from export.verify import write_inlined
 
     print(f"wrote {write_inlined(args.served, args.variant, args.out)}")
     return 0
