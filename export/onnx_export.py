@@ -222,8 +222,7 @@ def export_onnx(
             optimize=True,
             verbose=False,
         )
-    if program is None:  # only the TorchScript exporter returns nothing; dynamo=True always returns one
-        raise RuntimeError("torch.onnx.export returned no program")
+    assert program is not None  # only the TorchScript exporter returns nothing
     onnx_model: ir.Model = program.model
     if fused:
         _attach_sgu_function(onnx_model, config)
@@ -242,11 +241,10 @@ def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig) -> None:
             f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
         )
     is_mlm = isinstance(config, GMLPMaskedLMConfig)
-    has_attn = config.attn_dim is not None
     function = build_sgu_function(
         epsilon=config.sgu_norm_eps,
         has_mask=is_mlm,
-        has_attn=has_attn,
+        has_attn=config.attn_dim is not None,
         opset=OPSET,
         variable_length=is_mlm,  # a classifier's patch grid is fixed
         heads=config.heads,
@@ -306,17 +304,12 @@ def build_sgu_function(
             )
         if has_attn:
             gate = op.Add(gate, args["attn"])
-        return op.Mul(z1, _activation(op, gate, gate_act))
+        # `model.layers.GATE_FUNCTIONS[gate_act]` in ONNX ops.
+        if gate_act == "silu":
+            gate = op.Mul(gate, op.Sigmoid(gate))
+        elif gate_act != "identity":
+            gate = {"tanh": op.Tanh, "sigmoid": op.Sigmoid, "relu": op.Relu, "gelu": op.Gelu}[gate_act](gate)
+        return op.Mul(z1, gate)
 
     inputs = [ir.Value(name=name) for name in names]
     return onnxscript.build_function(body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset})
-
-
-def _activation(op: onnxscript.OpBuilder, gate: ir.Value, name: str) -> ir.Value:
-    """`model.layers.GATE_FUNCTIONS[name]` in ONNX ops."""
-    if name == "identity":
-        return gate
-    if name == "silu":
-        return op.Mul(gate, op.Sigmoid(gate))
-    ops = {"tanh": op.Tanh, "sigmoid": op.Sigmoid, "relu": op.Relu, "gelu": op.Gelu}
-    return ops[name](gate)
