@@ -21,6 +21,7 @@ from contract.formats import DEFAULT_EXPORT_VARIANTS
 from contract.spec import SpecError, export_command, is_checkpoint
 from service.access.keys import key_line, new_key, parse_keys
 from service.cli import add_serve_arguments, run_serve
+from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,12 @@ def export_missing(
     return [out_dir for _, out_dir in todo]
 
 
+def _prepare(settings: ServiceSettings) -> None:
+    export_missing(settings.checkpoint_dir, settings.model_repository)
+
+
 def run(args: argparse.Namespace) -> int:
-    return run_serve(
-        args, prepare=lambda settings: export_missing(settings.checkpoint_dir, settings.model_repository)
-    )
+    return run_serve(args, prepare=_prepare)
 
 
 def _new_key(args: argparse.Namespace) -> int:
