@@ -164,13 +164,11 @@ def _versioned(name: str, directory: Path) -> ModelSource:
 def _model_dir(directory: Path) -> ModelSource | None:
     """The model a directory of the repository holds (None: it holds none, such as an empty one)."""
     name_problem = model_name_problem(directory.name)
+    flat_problem: str | None = None
     try:
         spec = read_spec(directory)
     except SpecError as exc:
-        flat_problem: str | None = str(exc)
-        spec = None
-    else:
-        flat_problem = None
+        spec, flat_problem = None, str(exc)
     if spec is not None:
         return ModelSource(spec.name, {FLAT_VERSION: read_version(spec.name, FLAT_VERSION, directory)})
     if name_problem is not None:
