@@ -228,7 +228,7 @@ def evaluate(args: argparse.Namespace) -> int:
         line["variant"] = args.variant
     line |= results | {"seconds": round(time.monotonic() - start, 1)}
     if args.record is not None:
-        from model.train.card import record_served_eval
+        from model.train.evaluate import record_served_eval
 
         command = f"gmlp eval {args.path} --variant {args.variant}" + (
             f" --limit {args.limit}" if args.limit else ""
@@ -239,7 +239,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def model_card(args: argparse.Namespace) -> int:
-    from model.train.card import write_card
+    from model.train.evaluate import write_card
 
     print(write_card(args.path))
     return 0

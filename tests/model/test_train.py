@@ -340,8 +340,7 @@ def test_eval_record_puts_served_figures_in_the_card(
     import shutil
 
     export = pytest.importorskip("export.directory")
-    from model.train.card import fill_mask_examples
-    from model.train.evaluate import open_predictor
+    from model.train.evaluate import fill_mask_examples, open_predictor
 
     ckpt = workdir / "mlm-recorded"
     shutil.copytree(mlm_ckpt, ckpt)
