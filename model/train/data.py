@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
+from tokenizers import Tokenizer
 
 from contract.errors import UserError
 
@@ -55,8 +57,6 @@ def load_cifar(
         cache = Path(cache_dir) / f"cifar10-{split}-{count}-{_cache_key(_source_id(npz_path))}.npy"
         if cache.is_file():
             return np.load(cache), labels, classes
-    from PIL import Image
-
     blob, offsets = data[f"{split}_jpeg"], data[f"{split}_offsets"]
     images = np.empty((count, 32, 32, 3), dtype=np.uint8)
     for out_i, i in enumerate(index):
@@ -161,8 +161,6 @@ def load_corpus(
         if cache.is_file():
             with np.load(cache) as z:
                 return TokenCorpus(z["ids"], z["offsets"], z["words"])
-    from tokenizers import Tokenizer
-
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     tokenizer.no_padding()  # the BERT tokenizer.json pads/truncates to 128; we want raw sentences
     tokenizer.no_truncation()
@@ -198,8 +196,6 @@ class SpecialIds:
 
     @classmethod
     def from_tokenizer(cls, tokenizer_path: str | Path) -> SpecialIds:
-        from tokenizers import Tokenizer
-
         tok = Tokenizer.from_file(str(tokenizer_path))
         ids = {name: tok.token_to_id(f"[{name.upper()}]") for name in ("pad", "cls", "sep", "mask")}
         missing = [f"[{name.upper()}]" for name, token_id in ids.items() if token_id is None]

@@ -27,6 +27,7 @@ from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from contract.cpu import BF16_FLAGS, PRECISIONS, cpu_flags
 from contract.errors import UserError
@@ -249,8 +250,6 @@ class _Meter:
 
 def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     """Run optimiser steps until the step or time limit; returns what a model card reports."""
-    from tqdm import tqdm
-
     opt = build_optimizer(model, cfg)
     step, elapsed, provisional = 0, 0.0, 10_000
     if cfg.resume and cfg.state_path is not None and cfg.state_path.is_file():
