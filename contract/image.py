@@ -53,12 +53,6 @@ def image_too_large(pixels: int, limit: int) -> InputTooLarge:
 DEFAULT_MAX_RESIZED_PIXELS = 2048 * 2048
 
 
-def check_pixels(width: int, height: int, limit: int) -> None:
-    """Refuse an image whose header says it has more than `limit` pixels, before any decoding."""
-    if width * height > limit:
-        raise image_too_large(width * height, limit)
-
-
 def open_image(data: bytes, max_pixels: int) -> Image.Image:
     """Read only the header of `data`: its format (one we accept) and size (within `max_pixels`).
 
@@ -74,7 +68,8 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
             ErrorCode.INVALID_IMAGE,
             f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}",
         ) from exc
-    check_pixels(img.width, img.height, max_pixels)
+    if img.width * img.height > max_pixels:  # refused before any decoding
+        raise image_too_large(img.width * img.height, max_pixels)
     return img
 
 
@@ -258,11 +253,9 @@ class ImageTransform:
         """The image's header only (format and size checked): `finish` does the decoding.
 
         A plain JPEG (`contract.jpeg`) is kept for libjpeg-turbo; anything else opens in Pillow."""
-        header: PlainJpeg | Image.Image | None = PlainJpeg.read(data)
-        if header is None:
-            header = open_image(data, self.max_pixels)
-        else:
-            check_pixels(header.width, header.height, self.max_pixels)
+        header = PlainJpeg.read(data) or open_image(data, self.max_pixels)
+        if header.width * header.height > self.max_pixels:  # before any decoding
+            raise image_too_large(header.width * header.height, self.max_pixels)
         self.check_resized(header.width, header.height)
         return header
 
