@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -97,9 +98,10 @@ def export_served_model(
             served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
             if source is not None and feeds:
                 served["int8_calibration"] = {"source": source.name, "samples": len(feeds)}
-            _add_metadata(
-                staging / VARIANT_FILES["int8"], {**metadata, "gmlp.int8": served["int8_quantization"]}
-            )
+            int8 = onnx.load(str(staging / VARIANT_FILES["int8"]))
+            props = {p.key: p.value for p in int8.metadata_props} | metadata
+            onnx.helper.set_model_props(int8, props | {"gmlp.int8": served["int8_quantization"]})
+            onnx.save(int8, str(staging / VARIANT_FILES["int8"]))
         if "fp16" in variants:
             export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, metadata=metadata, top_k=k)
         for variant in (v for v in variants if v != "fp32"):
@@ -174,14 +176,6 @@ def quantize_int8(
         return STATIC
     quantize_dynamic(str(fp32_path), str(out_path), **INT8_WEIGHT_OPTIONS)
     return DYNAMIC
-
-
-def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
-    import onnx
-
-    proto = onnx.load(str(path))
-    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **metadata})
-    onnx.save(proto, str(path))
 
 
 def _served_config(
