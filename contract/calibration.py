@@ -102,19 +102,17 @@ def calibration_feeds(
     return source, image_feeds(source, served, count)
 
 
-def image_feeds(source: Path, served_config: dict[str, Any], count: int, seed: int = 0) -> list[Feeds]:
+def image_feeds(source: Path, served_config: dict[str, Any], count: int) -> list[Feeds]:
     (spec,) = served_config["inputs"]
     transform = ImageTransform.for_model(served_config, max_pixels=50_000_000)
-    images = image_bytes(Path(source), count, seed)
+    images = image_bytes(Path(source), count, seed=0)
     if not images:
         raise UserError(f"no calibration images found in {source}")
     return [{spec["name"]: transform(data)[None]} for data in images]
 
 
-def text_feeds(
-    source: Path, model_config: dict[str, Any], tokenizer: Path, count: int, seed: int = 0
-) -> list[Feeds]:
-    rng = random.Random(seed)
+def text_feeds(source: Path, model_config: dict[str, Any], tokenizer: Path, count: int) -> list[Feeds]:
+    rng = random.Random(0)
     found = sentences(Path(source))
     rng.shuffle(found)
     codec = FillMaskCodec(tokenizer, model_config)
