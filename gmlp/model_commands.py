@@ -167,11 +167,8 @@ def convert_lucidrains(args: argparse.Namespace) -> int:
     state = read_state_dict(args.checkpoint)
     model = gmlp_from_lucidrains(constructor, state, str(args.checkpoint), **ids)
     config = model.config
-    if vision:
-        labels = _labels(args.labels, config.num_classes)  # type: ignore[union-attr]
-        save_checkpoint(model, args.out, labels=labels, name=args.out.name)
-    else:
-        save_checkpoint(model, args.out, tokenizer=args.tokenizer, name=args.out.name)
+    labels = _labels(args.labels, config.num_classes) if vision else None  # type: ignore[union-attr]
+    save_checkpoint(model, args.out, labels=labels, tokenizer=args.tokenizer, name=args.out.name)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out} ({config.task}, n = {config.seq_len}, {n_params:,} parameters)")
     return 0
