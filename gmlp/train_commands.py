@@ -204,7 +204,7 @@ def train_mlm(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     import time
 
-    from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor
+    from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor, record_served_eval
 
     _set_threads(args.threads)
     start = time.monotonic()
@@ -228,8 +228,6 @@ def evaluate(args: argparse.Namespace) -> int:
         line["variant"] = args.variant
     line |= results | {"seconds": round(time.monotonic() - start, 1)}
     if args.record is not None:
-        from model.train.evaluate import record_served_eval
-
         command = f"gmlp eval {args.path} --variant {args.variant}" + (
             f" --limit {args.limit}" if args.limit else ""
         )
