@@ -161,15 +161,10 @@ class FeedsReader(CalibrationDataReader):
 def quantize_int8(
     fp32_path: str | Path, out_path: str | Path, calibration: Sequence[dict[str, np.ndarray]] | None = None
 ) -> str:
-    """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode.
-
-    Weights are int8 with per-channel scales (accuracy on the wide d_ffn projections), in 7 bits
-    (`reduce_range`): on x86 CPUs without VNNI ONNX Runtime adds pairs of u8 x s8 products in
-    int16, which 8-bit weights saturate, and 2 x 255 x 64 < 2**15 (docs/export.md, "Variants").
-    Activations: with `calibration` (inputs prepared like requests, contract/calibration.py)
-    *static* QDQ, scales fixed at export, so the service can batch int8 requests; without, *dynamic*
-    (one scale per run over the whole batch), which the service runs one row at a time. Neither
-    touches the spatial projection inside the SGU function: W stays fp32.
+    """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode:
+    *static* with `calibration` (inputs prepared like requests, contract/calibration.py), else
+    *dynamic*. Why 7-bit per-channel weights, what each mode means for batching, and why W stays
+    fp32: docs/export.md, "Variants".
     """
     if calibration:
         quantize_static(str(fp32_path), str(out_path), FeedsReader(calibration), **STATIC_INT8_OPTIONS)
