@@ -179,16 +179,15 @@ def evaluate_mlm(pred: Predictor, corpus: TokenCorpus, windows: int, short: int)
     model_cfg = pred.info["model"]
     n = int(model_cfg["n"])
     special = SpecialIds.from_tokenizer(pred.root / "tokenizer.json")
-    max_pred = int(model_cfg.get("max_predictions", 16))
-    full_budget = max(max_pred, int(round(0.15 * (n - 2))))
-    out: dict[str, Any] = {}
-    mlm = pred.mlm
+    budget = max(int(model_cfg.get("max_predictions", 16)), int(round(0.15 * (n - 2))))
     full = eval_windows(corpus, n, special, windows, short=False)
-    out["full"] = mlm_accuracy(mlm, full, special, full_budget)
-    out["full_bert_masking"] = mlm_accuracy(mlm, full, special, full_budget, bert_mix=True)
+    out: dict[str, Any] = {
+        "full": mlm_accuracy(pred.mlm, full, special, budget),
+        "full_bert_masking": mlm_accuracy(pred.mlm, full, special, budget, bert_mix=True),
+    }
     if short:
         out["short"] = mlm_accuracy(
-            mlm, eval_windows(corpus, n, special, short, short=True), special, full_budget
+            pred.mlm, eval_windows(corpus, n, special, short, short=True), special, budget
         )
     return out
 

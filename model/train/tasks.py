@@ -203,16 +203,8 @@ def train_mlm(args: Any) -> dict[str, Any]:
         max_predictions=max_pred,
     )
     model = build_model(config)
-    task = MLMTask(
-        corpus,
-        corpus.short_sentences(max_tokens=n - 2),
-        special,
-        n,
-        args.batch_size,
-        max_pred,
-        args.seed,
-        args.short_frac,
-    )
+    short_pool = corpus.short_sentences(max_tokens=n - 2)
+    task = MLMTask(corpus, short_pool, special, n, args.batch_size, max_pred, args.seed, args.short_frac)
     log.info("corpus: %s tokens, %s sentences", f"{len(corpus.ids):,}", f"{corpus.num_sentences:,}")
     log.info("model: %s, %s parameters", config, f"{sum(p.numel() for p in model.parameters()):,}")
     result = train_loop(model, task, loop_config_from_args(args, "mlm", betas=(0.9, 0.98)))
