@@ -220,10 +220,9 @@ def finish_run(
 ) -> dict[str, Any]:
     """Write training.json and README.md next to the checkpoint; return the summary."""
     argv = sys.argv[1:]
+    command = "gmlp " + shlex.join(argv) if argv and argv[0].startswith("train") else shlex.join(sys.argv)
     summary = {
-        "command": "gmlp " + shlex.join(argv)
-        if argv and argv[0].startswith("train")
-        else shlex.join(sys.argv),
+        "command": command,
         "data": data,
         "steps": result.steps,
         "epochs": round(epochs, 2),
