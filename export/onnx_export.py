@@ -109,18 +109,6 @@ def graph_top_k(config: GMLPConfig, top_k: int) -> int:
     return max(0, min(top_k, cast(GMLPVisionConfig, config).num_classes))
 
 
-def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, top_k: int = 0) -> nn.Module:
-    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), with the top-k
-    outputs when `top_k` > 0 (K = `graph_top_k`). The model's own forward is the graph contract:
-    (pixel_values) or (input_ids [B, L], mask_positions [B, P]), 1 <= L <= n, 1 <= P <= max_predictions."""
-    copied = copy.deepcopy(model).float().eval()
-    if fused:
-        for block in cast("list[GMLPBlock]", copied.blocks):
-            block.register_module("sgu", _SymbolicSGU(block.sgu))
-    k = graph_top_k(copied.config, top_k)
-    return _ServedGraph(copied, float16, k) if float16 or k else copied
-
-
 def example_inputs(
     config: GMLPConfig, batch: int, seed: int = 0, length: int | None = None, predictions: int | None = None
 ) -> dict[str, torch.Tensor]:
@@ -204,10 +192,17 @@ def export_onnx(
     With `fused`, every block's SGU is one `gmlp::SpatialGatingUnit` node; otherwise it is
     exported as ordinary ops (the "plain export" the benchmark compares against). With
     `float16`, weights and compute are fp16 and the inputs/outputs stay float32. With `top_k`,
-    the graph also outputs `topk_ids` and `topk_scores` (`_ServedGraph`, K = `graph_top_k`).
+    the graph also outputs `topk_ids` and `topk_scores` (`_ServedGraph`, K = `graph_top_k`). The
+    exported module is a copy of `model`, whose own forward is the graph contract: (pixel_values)
+    or (input_ids [B, L], mask_positions [B, P]), 1 <= L <= n, 1 <= P <= max_predictions.
     """
     config = model.config
-    graph = graph_module(model, fused=fused, float16=float16, top_k=top_k)
+    copied = copy.deepcopy(model).float().eval()
+    if fused:
+        for block in cast("list[GMLPBlock]", copied.blocks):
+            block.register_module("sgu", _SymbolicSGU(block.sgu))
+    k = graph_top_k(config, top_k)
+    graph = _ServedGraph(copied, float16, k) if float16 or k else copied
     inputs = example_inputs(config, batch=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
