@@ -123,16 +123,6 @@ def _read_spec(directory: Path) -> tuple[ModelSpec | None, str | None]:
     return spec, None
 
 
-def _policy_file(directory: Path) -> VersionPolicy | None:
-    path = directory / POLICY_FILE
-    if not path.is_file():
-        return None
-    try:
-        return VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES)["version_policy"])
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise SpecError(f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})') from None
-
-
 def _versioned(name: str, directory: Path) -> ModelSource:
     """A versioned model directory: its versions, and notes on what is not a version."""
     versions: dict[int, VersionSource] = {}
@@ -152,12 +142,20 @@ def _versioned(name: str, directory: Path) -> ModelSource:
             notes.append(f"{echo(child.name)} ignored: a version is a directory, this is not one")
             continue
         versions[number] = read_version(name, number, child)
-    try:
-        policy = _policy_file(directory)
-    except SpecError as exc:
-        return ModelSource(
-            name, versions, None, f"{exc}; nothing of the model changes until it is fixed", tuple(notes)
-        )
+    path = directory / POLICY_FILE
+    policy: VersionPolicy | None = None
+    if path.is_file():
+        try:
+            policy = VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES)["version_policy"])
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            problem = f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})'
+            return ModelSource(
+                name,
+                versions,
+                None,
+                f"{problem}; nothing of the model changes until it is fixed",
+                tuple(notes),
+            )
     return ModelSource(name, versions, policy, None, tuple(notes))
 
 
