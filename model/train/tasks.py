@@ -1,24 +1,19 @@
 """The demo models' training tasks (batches, losses) and the runs that train, evaluate and write
 each checkpoint; the loop both share is `loop.train_loop`.
 
-CIFAR-10 gMLP classifier from scratch: crop + flip + random erasing, label smoothing, stochastic
-depth, AdamW, cosine.
-
-gMLPs have no convolutional prior, so on 50,000 images they live on augmentation and many epochs.
-The default model is narrow (d=128, d_ffn=512, 10 blocks, 1.05M parameters) rather than wide,
-because at a budget of an hour on two CPU cores passes over the data are worth more than width;
-random erasing and stochastic depth narrow the gap between training and test accuracy. The
-recipes compared at that budget, and their scores, are in the model card
+CIFAR-10 classifier: gMLPs have no convolutional prior, so on 50,000 images they live on
+augmentation and many epochs. The default model is narrow (d=128, d_ffn=512, 10 blocks, 1.05M
+parameters) rather than wide, because at a budget of an hour on two CPU cores passes over the data
+are worth more than width; random erasing and stochastic depth narrow the gap between training and
+test accuracy. The recipes compared at that budget, and their scores, are in the model card
 (checkpoints/cifar10-gmlp/README.md).
 
-gMLP masked LM on the Gutenberg corpus: BERT masking, full windows mixed with short padded
-sentences.
-
-The service sends one short sentence, `[CLS] ... [SEP]` padded to n; the padding is removed from
-the spatial mixing, but W's rows for late positions and the model's sense of "sentence ends here"
-are only learnt if such inputs are seen in training, hence `short_frac` of every batch. A short
-row costs as much as a full window but carries a sixth of its masked tokens, so the share is kept
-small (the recipes compared are in the model card).
+Gutenberg masked LM, BERT masking over full windows and short padded sentences: the service sends
+one short sentence, `[CLS] ... [SEP]` padded to n; the padding is removed from the spatial mixing,
+but W's rows for late positions and the model's sense of "sentence ends here" are only learnt if
+such inputs are seen in training, hence `short_frac` of every batch. A short row costs as much as a
+full window but carries a sixth of its masked tokens, so the share is kept small (the recipes
+compared are in the model card).
 """
 
 from __future__ import annotations
