@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -202,8 +203,6 @@ def train_mlm(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    import time
-
     from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor, record_served_eval
 
     _set_threads(args.threads)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import torch
 from safetensors.torch import load_file
 
@@ -68,8 +69,6 @@ def _torch_runs(root: Path) -> tuple[Vision, MaskedLM]:
 
 
 def _onnx_runs(root: Path, info: dict[str, Any], variant: str, threads: int) -> tuple[Vision, MaskedLM]:
-    import onnxruntime as ort
-
     variants = info.get("variants") or {"fp32": VARIANT_FILES["fp32"]}
     if variant not in variants:
         raise UserError(f"{root} has no {variant!r} variant; it has {sorted(variants)}")
