@@ -267,16 +267,6 @@ def record_served_eval(
     write_card(checkpoint)
 
 
-def _served_section(served: dict[str, Any]) -> list[str]:
-    """The exported ONNX variants' figures, each with the `gmlp eval` command that reproduces it."""
-    if not served:
-        return []
-    lines = ["", "## Served model (exported ONNX)", ""]
-    for entry in served.values():
-        lines += [f"`{entry['command']}`:", "```json", json.dumps(entry["results"]), "```", ""]
-    return lines[:-1]
-
-
 def write_card(root: str | Path) -> Path:
     """(Re)write README.md from config.json, training.json and, for the MLM, live predictions."""
     root = Path(root)
@@ -286,6 +276,7 @@ def write_card(root: str | Path) -> Path:
     weights = root / "model.safetensors"
     n_params = sum(t.numel() for t in load_file(weights).values())
     is_mlm = info["task"] == MLM_TASK
+    served = train.get("served", {})
     lines = [
         f"# {info.get('name', root.name)}",
         "",
@@ -325,7 +316,6 @@ def write_card(root: str | Path) -> Path:
             "logs usually report; it is easier, because the unchanged tokens are mostly copied.",
             "",
         ]
-        served = train.get("served", {})
         source = next((v for v in ("int8", "fp32") if "fill_mask_examples" in served.get(v, {})), None)
         if source:
             examples = served[source]["fill_mask_examples"]
@@ -350,7 +340,10 @@ def write_card(root: str | Path) -> Path:
             "Trained on JPEG (quality ~75) copies of CIFAR-10; accuracy is well below convolutional "
             "networks of the same size.",
         ]
-    lines += _served_section(train.get("served", {}))
+    if served:  # the exported variants' figures, each with the `gmlp eval` command behind it
+        lines += ["", "## Served model (exported ONNX)"]
+        for entry in served.values():
+            lines += ["", f"`{entry['command']}`:", "```json", json.dumps(entry["results"]), "```"]
     lines += ["", "## Limitations", *[f"- {item}" for item in limitations], ""]
     path = root / "README.md"
     path.write_text("\n".join(lines))
