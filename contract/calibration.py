@@ -1,16 +1,11 @@
-"""Calibration sets for static int8 quantisation: where they come from, and the feeds made of them.
+"""Calibration sets for static int8 quantisation: where they come from, and the feeds made of them
+(docs/export.md, "Variants", says why static).
 
-Static quantisation fixes every activation scale at export time from representative inputs, so a
-request's result never depends on what else is in its batch (dynamic quantisation computes the
-scale over the whole batch). Training stores a small set of *training* inputs in the checkpoint
-(`calibration.npz` of JPEGs or `calibration.txt.gz` of sentences, docs/formats.md), so that
-`gmlp export`, and the Docker build that sees only the repository, still produce static int8.
-The feeds go through the service's own preprocessing (`ImageTransform`, `FillMaskCodec`), so the
-scales are measured on what the model will really see.
-
-Sources: for a classifier, a directory of images or a CIFAR-style `.npz` (`<split>_jpeg` +
-`<split>_offsets`); for a masked LM, a `.txt` or `.txt.gz` file of prose, cut into sentences of
-the size /fill-mask receives.
+Training stores a small set of *training* inputs in the checkpoint (`calibration.npz` of JPEGs or
+`calibration.txt.gz` of sentences, docs/formats.md), so that `gmlp export`, and the Docker build
+that sees only the repository, still produce static int8. The feeds go through the service's own
+preprocessing (`ImageTransform`, `FillMaskCodec`), so the scales are measured on what the model
+will really see.
 """
 
 from __future__ import annotations
@@ -102,19 +97,17 @@ def calibration_feeds(
     return source, image_feeds(source, served, count)
 
 
-def image_feeds(source: Path, served_config: dict[str, Any], count: int, seed: int = 0) -> list[Feeds]:
+def image_feeds(source: Path, served_config: dict[str, Any], count: int) -> list[Feeds]:
     (spec,) = served_config["inputs"]
     transform = ImageTransform.for_model(served_config, max_pixels=50_000_000)
-    images = image_bytes(Path(source), count, seed)
+    images = image_bytes(Path(source), count, seed=0)
     if not images:
         raise UserError(f"no calibration images found in {source}")
     return [{spec["name"]: transform(data)[None]} for data in images]
 
 
-def text_feeds(
-    source: Path, model_config: dict[str, Any], tokenizer: Path, count: int, seed: int = 0
-) -> list[Feeds]:
-    rng = random.Random(seed)
+def text_feeds(source: Path, model_config: dict[str, Any], tokenizer: Path, count: int) -> list[Feeds]:
+    rng = random.Random(0)
     found = sentences(Path(source))
     rng.shuffle(found)
     codec = FillMaskCodec(tokenizer, model_config)

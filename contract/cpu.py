@@ -12,6 +12,8 @@ from pathlib import Path
 
 # CPU flags (Linux /proc/cpuinfo names) of the native bf16 instructions.
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# The training commands' `--precision` choices (model/train/loop.py resolves `auto`).
+PRECISIONS = ("auto", "bf16", "fp32")
 # OpenVINO's element types -> the names precisions are reported by.
 OPENVINO_PRECISIONS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 

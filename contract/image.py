@@ -35,12 +35,8 @@ SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 ACCEPTED_DESCRIPTION = "JPEG, PNG, WebP, GIF or BMP"
 
 _RESAMPLING = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX,
-    "hamming": Image.Resampling.HAMMING,
+    name: Image.Resampling[name.upper()]
+    for name in ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 }
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 
@@ -55,22 +51,6 @@ def image_too_large(pixels: int, limit: int) -> InputTooLarge:
 # Default of `max_resized_pixels`: 2048 x 2048 (12 MiB of RGB), an aspect ratio of up to 64:1 at the
 # usual resize of 256 and far beyond any photo or panorama at smaller ones.
 DEFAULT_MAX_RESIZED_PIXELS = 2048 * 2048
-
-
-def check_pixels(width: int, height: int, limit: int) -> None:
-    """Refuse an image whose header says it has more than `limit` pixels, before any decoding."""
-    if width * height > limit:
-        raise image_too_large(width * height, limit)
-
-
-def decode_image(data: bytes, max_pixels: int, min_side: int | None = None) -> Image.Image:
-    """Decode `data` to a fully loaded, upright, 8-bit RGB image (first frame of animations).
-
-    With `min_side`, a JPEG is decoded at the smallest of libjpeg's DCT scales (1/2, 1/4, 1/8)
-    that keeps both sides >= `min_side` (Pillow's `draft`): a 12-megapixel photo headed for a
-    224-pixel crop then costs a fraction of its full decode, and none of the pixels the resize
-    would keep is lost as long as `min_side` is at least twice the resize target."""
-    return load_image(open_image(data, max_pixels), max_pixels, min_side)
 
 
 def open_image(data: bytes, max_pixels: int) -> Image.Image:
@@ -88,12 +68,19 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
             ErrorCode.INVALID_IMAGE,
             f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}",
         ) from exc
-    check_pixels(img.width, img.height, max_pixels)
+    if img.width * img.height > max_pixels:  # refused before any decoding
+        raise image_too_large(img.width * img.height, max_pixels)
     return img
 
 
 def load_image(img: Image.Image, max_pixels: int, min_side: int | None = None) -> Image.Image:
-    """Decode an image opened by `open_image` (see `decode_image`)."""
+    """Decode an image opened by `open_image` to a fully loaded, upright, 8-bit RGB image (first
+    frame of animations).
+
+    With `min_side`, a JPEG is decoded at the smallest of libjpeg's DCT scales (1/2, 1/4, 1/8)
+    that keeps both sides >= `min_side` (Pillow's `draft`): a 12-megapixel photo headed for a
+    224-pixel crop then costs a fraction of its full decode, and none of the pixels the resize
+    would keep is lost as long as `min_side` is at least twice the resize target."""
     if min_side is not None and img.format in ("JPEG", "MPO"):
         img.draft(img.mode, (min_side, min_side))
     try:
@@ -266,11 +253,9 @@ class ImageTransform:
         """The image's header only (format and size checked): `finish` does the decoding.
 
         A plain JPEG (`contract.jpeg`) is kept for libjpeg-turbo; anything else opens in Pillow."""
-        header: PlainJpeg | Image.Image | None = PlainJpeg.read(data)
-        if header is None:
-            header = open_image(data, self.max_pixels)
-        else:
-            check_pixels(header.width, header.height, self.max_pixels)
+        header = PlainJpeg.read(data) or open_image(data, self.max_pixels)
+        if header.width * header.height > self.max_pixels:  # before any decoding
+            raise image_too_large(header.width * header.height, self.max_pixels)
         self.check_resized(header.width, header.height)
         return header
 

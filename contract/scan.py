@@ -89,13 +89,6 @@ def fingerprint(directory: Path) -> Fingerprint:
     return tuple(entries)
 
 
-def _named_files(spec: ModelSpec) -> list[str]:
-    """Files a served config refers to besides the variants (read_spec checks those)."""
-    config = spec.config
-    names = [config.get("labels"), config.get("tokenizer"), (config.get("check") or {}).get("file")]
-    return [str(n) for n in names if n]
-
-
 def _unreadable(exc: BaseException) -> str:
     return f"unreadable: {type(exc).__name__}: {echo(str(exc), 300)}"
 
@@ -121,20 +114,13 @@ def _read_spec(directory: Path) -> tuple[ModelSpec | None, str | None]:
         return None, f"incomplete or malformed: {exc}"
     if spec is None:
         return None, f"{directory / CONFIG_FILE} is not a served-model config"
-    missing = [n for n in _named_files(spec) if not (directory / n).is_file()]
+    # The files the config names besides the variants (read_spec checks those).
+    config = spec.config
+    named = [config.get("labels"), config.get("tokenizer"), (config.get("check") or {}).get("file")]
+    missing = [str(n) for n in named if n and not (directory / str(n)).is_file()]
     if missing:
         return None, f"incomplete: {directory} lacks {missing}, which its {CONFIG_FILE} names"
     return spec, None
-
-
-def _policy_file(directory: Path) -> VersionPolicy | None:
-    path = directory / POLICY_FILE
-    if not path.is_file():
-        return None
-    try:
-        return VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES)["version_policy"])
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise SpecError(f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})') from None
 
 
 def _versioned(name: str, directory: Path) -> ModelSource:
@@ -156,25 +142,31 @@ def _versioned(name: str, directory: Path) -> ModelSource:
             notes.append(f"{echo(child.name)} ignored: a version is a directory, this is not one")
             continue
         versions[number] = read_version(name, number, child)
-    try:
-        policy = _policy_file(directory)
-    except SpecError as exc:
-        return ModelSource(
-            name, versions, None, f"{exc}; nothing of the model changes until it is fixed", tuple(notes)
-        )
+    path = directory / POLICY_FILE
+    policy: VersionPolicy | None = None
+    if path.is_file():
+        try:
+            policy = VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES)["version_policy"])
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            problem = f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})'
+            return ModelSource(
+                name,
+                versions,
+                None,
+                f"{problem}; nothing of the model changes until it is fixed",
+                tuple(notes),
+            )
     return ModelSource(name, versions, policy, None, tuple(notes))
 
 
 def _model_dir(directory: Path) -> ModelSource | None:
     """The model a directory of the repository holds (None: it holds none, such as an empty one)."""
     name_problem = model_name_problem(directory.name)
+    flat_problem: str | None = None
     try:
         spec = read_spec(directory)
     except SpecError as exc:
-        flat_problem: str | None = str(exc)
-        spec = None
-    else:
-        flat_problem = None
+        spec, flat_problem = None, str(exc)
     if spec is not None:
         return ModelSource(spec.name, {FLAT_VERSION: read_version(spec.name, FLAT_VERSION, directory)})
     if name_problem is not None:

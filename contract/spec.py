@@ -1,9 +1,7 @@
-"""Reading a served-model directory: its spec (config.json), and a repository of such directories.
+"""Reading a served-model directory: its spec (config.json).
 
 A served-model directory is any directory whose `config.json` has `"format": "gmlp-served-model"`
-(docs/formats.md). A model repository is a directory of those (or one itself). Models are named by
-their config `name`; two directories claiming the same name is a configuration error, not something
-to resolve silently.
+(docs/formats.md); a model repository of them is read by `contract.scan`.
 
 A config is read from outside (whoever can write to the repository), so reading it is bounded and
 strict: at most `MAX_CONFIG_BYTES`, UTF-8 JSON, a printable `name`, and every file it names
@@ -138,16 +136,6 @@ def read_json(path: Path, limit: int) -> Any:
     return json.loads(raw.decode("utf-8"))
 
 
-def _read_config(config_file: Path) -> object:
-    """The parsed config.json: bounded, UTF-8, JSON (SpecError otherwise, never another error)."""
-    try:
-        return read_json(config_file, MAX_CONFIG_BYTES)
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
-        raise SpecError(
-            f"{config_file}: unreadable config ({type(exc).__name__}: {str(exc)[:200]})"
-        ) from None
-
-
 def _check_config(directory: Path, config: dict[str, Any]) -> None:
     """The shapes read_spec relies on, and every named file inside the directory (SpecError)."""
     for key, kind in (("variants", dict), ("model", dict), ("preprocessing", dict), ("check", dict)):
@@ -162,7 +150,11 @@ def read_spec(directory: Path) -> ModelSpec | None:
     config_file = directory / CONFIG_FILE
     if not config_file.is_file():
         return None
-    config = _read_config(confined(directory, CONFIG_FILE, "config"))
+    resolved = confined(directory, CONFIG_FILE, "config")
+    try:  # bounded, UTF-8, JSON: SpecError otherwise, never another error
+        config = read_json(resolved, MAX_CONFIG_BYTES)
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
+        raise SpecError(f"{resolved}: unreadable config ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(config, dict) or config.get("format") != SERVED_FORMAT:
         return None
     name, task = config.get("name") or directory.name, config.get("task")

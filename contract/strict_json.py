@@ -97,7 +97,8 @@ def _refusal(document: Any, fault: str) -> JSONError:
     loc = tuple(_short(part) for part in _locate(document, fault, (), 1) or ())
     if fault == "depth":  # the location is as long as the nesting: in `loc` only
         return JSONError(f"the JSON is nested more than {MAX_JSON_DEPTH} deep; send {ACCEPTED}", loc)
-    where = f" at {_dotted(loc)}" if loc else ""
+    dotted = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    where = f" at {dotted}" if loc else ""
     return JSONError(
         f"the number{where} is not a finite double (JSON numbers must be finite); send {ACCEPTED}", loc
     )
@@ -124,7 +125,3 @@ def _short(part: int | str) -> int | str:
         return part
     text = part if len(part) <= 32 else part[:32] + "..."
     return text if text.isprintable() else repr(text)
-
-
-def _dotted(loc: Loc) -> str:
-    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -29,12 +30,12 @@ from contract.formats import CONFIG_FILE, DEFAULT_GRAPH_TOP_K, GRAPH_TOP_K_KEY, 
 from model.checkpoint import WEIGHTS_FILE, file_sha256, load_checkpoint
 from model.configs import GMLPConfig, GMLPMaskedLMConfig
 
-from .onnx_export import OPSET, export_onnx, graph_top_k, io_spec, metadata_for
-from .other_runtimes import check_openvino
+from .onnx_export import OPSET, export_onnx, graph_top_k, io_spec
 from .verify import (
     ExportCheckError,
     ParityReport,
     check_fused_graph,
+    check_openvino,
     check_optimized_graph,
     check_parity,
     record_check,
@@ -75,7 +76,11 @@ def export_served_model(
     info = model.checkpoint_info
     config = model.config
     sha = file_sha256(checkpoint_dir / WEIGHTS_FILE)
-    metadata = metadata_for(config, sha)
+    metadata = {
+        "gmlp.config": json.dumps(config.to_dict()),
+        "gmlp.task": config.task,
+        "gmlp.source_sha256": sha,
+    }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     reports: dict[str, ParityReport] = {}
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}-") as tmp:
@@ -93,9 +98,10 @@ def export_served_model(
             served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
             if source is not None and feeds:
                 served["int8_calibration"] = {"source": source.name, "samples": len(feeds)}
-            _add_metadata(
-                staging / VARIANT_FILES["int8"], {**metadata, "gmlp.int8": served["int8_quantization"]}
-            )
+            int8 = onnx.load(str(staging / VARIANT_FILES["int8"]))
+            props = {p.key: p.value for p in int8.metadata_props} | metadata
+            onnx.helper.set_model_props(int8, props | {"gmlp.int8": served["int8_quantization"]})
+            onnx.save(int8, str(staging / VARIANT_FILES["int8"]))
         if "fp16" in variants:
             export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, metadata=metadata, top_k=k)
         for variant in (v for v in variants if v != "fp32"):
@@ -155,29 +161,16 @@ class FeedsReader(CalibrationDataReader):
 def quantize_int8(
     fp32_path: str | Path, out_path: str | Path, calibration: Sequence[dict[str, np.ndarray]] | None = None
 ) -> str:
-    """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode.
-
-    Weights are int8 with per-channel scales (accuracy on the wide d_ffn projections), in 7 bits
-    (`reduce_range`): on x86 CPUs without VNNI ONNX Runtime adds pairs of u8 x s8 products in
-    int16, which 8-bit weights saturate, and 2 x 255 x 64 < 2**15 (docs/export.md, "Variants").
-    Activations: with `calibration` (inputs prepared like requests, contract/calibration.py)
-    *static* QDQ, scales fixed at export, so the service can batch int8 requests; without, *dynamic*
-    (one scale per run over the whole batch), which the service runs one row at a time. Neither
-    touches the spatial projection inside the SGU function: W stays fp32.
+    """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode:
+    *static* with `calibration` (inputs prepared like requests, contract/calibration.py), else
+    *dynamic*. Why 7-bit per-channel weights, what each mode means for batching, and why W stays
+    fp32: docs/export.md, "Variants".
     """
     if calibration:
         quantize_static(str(fp32_path), str(out_path), FeedsReader(calibration), **STATIC_INT8_OPTIONS)
         return STATIC
     quantize_dynamic(str(fp32_path), str(out_path), **INT8_WEIGHT_OPTIONS)
     return DYNAMIC
-
-
-def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
-    import onnx
-
-    proto = onnx.load(str(path))
-    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **metadata})
-    onnx.save(proto, str(path))
 
 
 def _served_config(

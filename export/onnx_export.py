@@ -5,31 +5,18 @@ emits a single `torch.onnx.ops.symbolic` node; after the dynamo exporter has run
 body (`build_sgu_function`, written with onnxscript) is attached to the model.
 The model code itself knows nothing about ONNX.
 
-The function's body (paper section 2, with the exported layout of `model.layers.SpatialGatingUnit`):
-
-    z1, z2 = Split(z, axis=-1, num_outputs=2)
-    z2     = LayerNormalization(z2, gamma, beta, epsilon)
-    z2     = Mul(z2, token_mask)                      # masked LM only: padding takes no part
-    L      = Shape(z, start=1, end=2)                 # masked LM only: this run's length
-    W, b   = Slice(W, [0, 0], [L, L], axes=[-2, -1]), Slice(b, [0], L, axes=[-1])
-    gate   = Add(MatMul(W, z2), Unsqueeze(b, [-1]))   # W [L, L] broadcast over the batch
-    gate   = Add(gate, attn)                          # aMLP only: the tiny attention's output
-    gate   = act(gate)                                # a gate activation other than the identity
-    out    = Mul(z1, gate)
-
-With h > 1 heads W is [h, n, n] and b [h, n]: each head's `W_h @ z2_h + b_h` on its slice of z2's
-channels, the h gates concatenated over channels. The head count, the activation and the optional
-inputs (`token_mask` [batch, L, 1], `attn` [batch, L, d_ffn/2], computed by ordinary nodes before
-the SGU node) are fixed per model, so one function per model suffices. A masked LM's function
-slices W and b to its input's length itself, so one file serves every length 1 <= L <= n; a
-classifier's patch grid is fixed and its W used whole.
+In the function (paper section 2; its chain of nodes is in docs/export.md), with h > 1 heads W is
+[h, n, n] and b [h, n]: each head's `W_h @ z2_h + b_h` on its slice of z2's channels, the h gates
+concatenated over channels. The head count, the activation and the optional inputs (`token_mask`
+[batch, L, 1], `attn` [batch, L, d_ffn/2], computed by ordinary nodes before the SGU node) are
+fixed per model, so one function per model suffices. A masked LM's function slices W and b to its
+input's length itself, so one file serves every length 1 <= L <= n; a classifier's patch grid is
+fixed and its W used whole.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import logging
 import warnings
 from pathlib import Path
 from typing import Any, cast
@@ -43,8 +30,6 @@ from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from model.checkpoint import GMLPModel
 from model.configs import GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig
 from model.layers import GMLPBlock, SpatialGatingUnit
-
-log = logging.getLogger(__name__)
 
 OPSET = 20  # opset 20 emits ONNX Gelu, which ORT fuses with the bias into BiasGelu
 DOMAIN = "gmlp"
@@ -79,41 +64,36 @@ class _SymbolicSGU(nn.Module):
         )
 
 
-class _Float16Compute(nn.Module):
-    """fp16 weights and compute behind float32 inputs and outputs (the fp16 variant, for CUDA).
+class _ServedGraph(nn.Module):
+    """What the graph computes around the model: fp16 weights and compute behind float32 inputs
+    and outputs (`float16`, the fp16 variant, for CUDA), and with `k` > 0 the top-k outputs beside
+    the logits: per row (the last axis), the ids of the `k` largest logits, best first, and their
+    probabilities, softmax over the whole row.
 
     Exporting a half-precision copy gives a consistently typed graph; converting an fp32 graph
     afterwards (onnxconverter-common) leaves Cast nodes that still produce float32.
-    """
 
-    def __init__(self, graph: nn.Module) -> None:
+    The top k are selected on the logits, not on probabilities: float32 probabilities can tie where
+    the logits do not, and the service's full-row ranking orders by the logits (ONNX TopK breaks
+    exact ties by the lower index, as the service does). Computed from float32 logits, also behind
+    fp16 compute, with the normaliser accumulated in float64 as the service's full-row path does."""
+
+    def __init__(self, graph: nn.Module, float16: bool, k: int) -> None:
         super().__init__()
-        self.inner = graph.half()
-
-    def forward(self, first: torch.Tensor, second: torch.Tensor | None = None) -> torch.Tensor:
-        # (pixel_values,) for vision, (input_ids, mask_positions) for the MLM; only pixels are float.
-        inputs = [x for x in (first, second) if x is not None]
-        return self.inner(*(x.half() if x.is_floating_point() else x for x in inputs)).float()
-
-
-class _TopKHead(nn.Module):
-    """The graph's outputs beside its logits: per row (the last axis), the ids of the `k` largest
-    logits, best first, and their probabilities, softmax over the whole row.
-
-    Selected on the logits, not on probabilities: float32 probabilities can tie where the logits
-    do not, and the service's full-row ranking orders by the logits (ONNX TopK breaks exact ties
-    by the lower index, as the service does). Computed from float32 logits, also behind fp16
-    compute, with the normaliser accumulated in float64 as the service's full-row path does."""
-
-    def __init__(self, graph: nn.Module, k: int) -> None:
-        super().__init__()
-        self.inner = graph
+        self.inner = graph.half() if float16 else graph
+        self.float16 = float16
         self.k = k
 
     def forward(
         self, first: torch.Tensor, second: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        logits = self.inner(*(x for x in (first, second) if x is not None)).float()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # (pixel_values,) for vision, (input_ids, mask_positions) for the MLM; only pixels are float.
+        inputs = [x for x in (first, second) if x is not None]
+        if self.float16:
+            inputs = [x.half() if x.is_floating_point() else x for x in inputs]
+        logits = self.inner(*inputs).float()
+        if not self.k:
+            return logits
         top, ids = torch.topk(logits, self.k, dim=-1)
         # The normaliser in float64: float32 sums over a 30,522-entry row lose ~1e-4 of a score.
         log_z = torch.logsumexp(logits.double(), dim=-1, keepdim=True)
@@ -127,21 +107,6 @@ def graph_top_k(config: GMLPConfig, top_k: int) -> int:
     if isinstance(config, GMLPMaskedLMConfig):
         return max(0, min(top_k, config.vocab_size))
     return max(0, min(top_k, cast(GMLPVisionConfig, config).num_classes))
-
-
-def graph_module(model: GMLPModel, fused: bool = True, float16: bool = False, top_k: int = 0) -> nn.Module:
-    """The module that is exported: a copy with SGUs as symbolic nodes (if `fused`), with the top-k
-    outputs when `top_k` > 0 (K = `graph_top_k`). The model's own forward is the graph contract:
-    (pixel_values) or (input_ids [B, L], mask_positions [B, P]), 1 <= L <= n, 1 <= P <= max_predictions."""
-    copied = copy.deepcopy(model).float().eval()
-    if fused:
-        for block in cast("list[GMLPBlock]", copied.blocks):
-            block.register_module("sgu", _SymbolicSGU(block.sgu))
-    graph: nn.Module = copied
-    if float16:
-        graph = _Float16Compute(graph)
-    k = graph_top_k(copied.config, top_k)
-    return _TopKHead(graph, k) if k else graph
 
 
 def example_inputs(
@@ -227,10 +192,17 @@ def export_onnx(
     With `fused`, every block's SGU is one `gmlp::SpatialGatingUnit` node; otherwise it is
     exported as ordinary ops (the "plain export" the benchmark compares against). With
     `float16`, weights and compute are fp16 and the inputs/outputs stay float32. With `top_k`,
-    the graph also outputs `topk_ids` and `topk_scores` (`_TopKHead`, K = `graph_top_k`).
+    the graph also outputs `topk_ids` and `topk_scores` (`_ServedGraph`, K = `graph_top_k`). The
+    exported module is a copy of `model`, whose own forward is the graph contract: (pixel_values)
+    or (input_ids [B, L], mask_positions [B, P]), 1 <= L <= n, 1 <= P <= max_predictions.
     """
     config = model.config
-    graph = graph_module(model, fused=fused, float16=float16, top_k=top_k)
+    copied = copy.deepcopy(model).float().eval()
+    if fused:
+        for block in cast("list[GMLPBlock]", copied.blocks):
+            block.register_module("sgu", _SymbolicSGU(block.sgu))
+    k = graph_top_k(config, top_k)
+    graph = _ServedGraph(copied, float16, k) if float16 or k else copied
     inputs = example_inputs(config, batch=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -245,8 +217,7 @@ def export_onnx(
             optimize=True,
             verbose=False,
         )
-    if program is None:  # only the TorchScript exporter returns nothing; dynamo=True always returns one
-        raise RuntimeError("torch.onnx.export returned no program")
+    assert program is not None  # only the TorchScript exporter returns nothing
     onnx_model: ir.Model = program.model
     if fused:
         _attach_sgu_function(onnx_model, config)
@@ -265,11 +236,10 @@ def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig) -> None:
             f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
         )
     is_mlm = isinstance(config, GMLPMaskedLMConfig)
-    has_attn = config.attn_dim is not None
     function = build_sgu_function(
         epsilon=config.sgu_norm_eps,
         has_mask=is_mlm,
-        has_attn=has_attn,
+        has_attn=config.attn_dim is not None,
         opset=OPSET,
         variable_length=is_mlm,  # a classifier's patch grid is fixed
         heads=config.heads,
@@ -329,25 +299,12 @@ def build_sgu_function(
             )
         if has_attn:
             gate = op.Add(gate, args["attn"])
-        return op.Mul(z1, _activation(op, gate, gate_act))
+        # `model.layers.GATE_FUNCTIONS[gate_act]` in ONNX ops.
+        if gate_act == "silu":
+            gate = op.Mul(gate, op.Sigmoid(gate))
+        elif gate_act != "identity":
+            gate = {"tanh": op.Tanh, "sigmoid": op.Sigmoid, "relu": op.Relu, "gelu": op.Gelu}[gate_act](gate)
+        return op.Mul(z1, gate)
 
     inputs = [ir.Value(name=name) for name in names]
     return onnxscript.build_function(body, inputs, domain=DOMAIN, name=OP_TYPE, opset_imports={"": opset})
-
-
-def _activation(op: onnxscript.OpBuilder, gate: ir.Value, name: str) -> ir.Value:
-    """`model.layers.GATE_FUNCTIONS[name]` in ONNX ops."""
-    if name == "identity":
-        return gate
-    if name == "silu":
-        return op.Mul(gate, op.Sigmoid(gate))
-    ops = {"tanh": op.Tanh, "sigmoid": op.Sigmoid, "relu": op.Relu, "gelu": op.Gelu}
-    return ops[name](gate)
-
-
-def metadata_for(config: GMLPConfig, source_sha256: str) -> dict[str, str]:
-    return {
-        "gmlp.config": json.dumps(config.to_dict()),
-        "gmlp.task": config.task,
-        "gmlp.source_sha256": source_sha256,
-    }

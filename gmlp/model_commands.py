@@ -47,7 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--labels",
         type=Path,
-        default=None,
         help="class names: JSON list or ImageNet class index (default: ImageNet-1k's for 1000 classes)",
     )
     p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
@@ -65,8 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="JSON object of the constructor's arguments (image_size: gMLPVision, else gMLP)",
     )
     p.add_argument("--out", type=Path, required=True, help="output checkpoint directory")
-    p.add_argument("--labels", type=Path, default=None, help="classifier: class names (JSON list or index)")
-    p.add_argument("--tokenizer", type=Path, default=None, help="language model: its tokenizers JSON file")
+    p.add_argument("--labels", type=Path, help="classifier: class names (JSON list or index)")
+    p.add_argument("--tokenizer", type=Path, help="language model: its tokenizers JSON file")
     p.set_defaults(handler=convert_lucidrains)
 
     p = sub.add_parser("info", help="print a checkpoint's or served model's config, n, parameters and task")
@@ -82,11 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=list(DEFAULT_EXPORT_VARIANTS),
         help=f"comma list of {','.join(VARIANTS)} (default {','.join(DEFAULT_EXPORT_VARIANTS)})",
     )
-    p.add_argument("--name", default=None, help="model name in the service (default: the --out folder name)")
+    p.add_argument("--name", help="model name in the service (default: the --out folder name)")
     p.add_argument(
         "--calibration",
         type=Path,
-        default=None,
         help="representative inputs for static int8 (batchable): a folder or CIFAR-style .npz of images, "
         "or a .txt/.txt.gz of prose for a masked LM; without it int8 is dynamically quantised",
     )
@@ -169,11 +167,8 @@ def convert_lucidrains(args: argparse.Namespace) -> int:
     state = read_state_dict(args.checkpoint)
     model = gmlp_from_lucidrains(constructor, state, str(args.checkpoint), **ids)
     config = model.config
-    if vision:
-        labels = _labels(args.labels, config.num_classes)  # type: ignore[union-attr]
-        save_checkpoint(model, args.out, labels=labels, name=args.out.name)
-    else:
-        save_checkpoint(model, args.out, tokenizer=args.tokenizer, name=args.out.name)
+    labels = _labels(args.labels, config.num_classes) if vision else None  # type: ignore[union-attr]
+    save_checkpoint(model, args.out, labels=labels, tokenizer=args.tokenizer, name=args.out.name)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out} ({config.task}, n = {config.seq_len}, {n_params:,} parameters)")
     return 0
@@ -237,7 +232,7 @@ def export(args: argparse.Namespace) -> int:
 
 
 def inline(args: argparse.Namespace) -> int:
-    from export.other_runtimes import write_inlined
+    from export.verify import write_inlined
 
     print(f"wrote {write_inlined(args.served, args.variant, args.out)}")
     return 0

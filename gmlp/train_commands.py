@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract.cpu import PRECISIONS
 from contract.errors import UserError
 from contract.formats import SERVED_FORMAT, VARIANTS, VISION_TASK
 
@@ -27,8 +28,6 @@ from .paths import (
     shared_data,
 )
 
-PRECISIONS = ("auto", "bf16", "fp32")
-
 
 def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
     """The options both trainers take; `defaults` are the model's own (its `set_defaults`)."""
@@ -41,7 +40,7 @@ def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimiser steps")
+    p.add_argument("--max-steps", type=int, help="stop after this many optimiser steps")
     p.add_argument(
         "--time-budget-min",
         type=float,
@@ -54,12 +53,12 @@ def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
         type=float,
         help="seconds of the budget kept for the final evaluation and checkpoint",
     )
-    p.add_argument("--limit-train", type=int, default=None, help="use only the first N training examples")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--limit-train", type=int, help="use only the first N training examples")
+    p.add_argument("--threads", type=int, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--precision",
-        choices=PRECISIONS,  # model.precision.PRECISIONS; importing it here would import torch
+        choices=PRECISIONS,
         default="auto",
         help="bf16 autocast or fp32; auto (default) takes bf16 only where the CPU has native bf16 "
         "(AVX512-BF16/AMX): elsewhere it is emulated, many times slower than fp32 (docs/benchmarks.md)",
@@ -74,9 +73,7 @@ def _common(p: argparse.ArgumentParser, **defaults: Any) -> None:
         "compile); a faster step for the masked LM, none for the small classifier (docs/benchmarks.md)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the saved training state")
-    p.add_argument(
-        "--state-dir", type=Path, default=None, help="training state (default .cache/train/<out name>)"
-    )
+    p.add_argument("--state-dir", type=Path, help="training state (default .cache/train/<out name>)")
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data", help="decoded/tokenised data cache")
     p.set_defaults(**defaults)
 
@@ -112,10 +109,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         eval_reserve_s=120,
         drop_path=0.05,
     )
-    p.add_argument("--epochs", type=float, default=None, help="stop after this many epochs")
+    p.add_argument("--epochs", type=float, help="stop after this many epochs")
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--random-erase", type=float, default=0.25, help="probability of random erasing per image")
-    p.add_argument("--limit-eval", type=int, default=None, help="evaluate on the first N test images")
+    p.add_argument("--limit-eval", type=int, help="evaluate on the first N test images")
     p.set_defaults(handler=train_vision)
 
     p = sub.add_parser("train-mlm", help="train the Gutenberg gMLP masked LM (n = 128, BERT WordPiece)")
@@ -145,7 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--eval-short", type=int, default=2000, help="held-out short sentences for the final evaluation"
     )
-    p.add_argument("--limit-valid-sentences", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--limit-valid-sentences", type=int, help=argparse.SUPPRESS)
     p.set_defaults(handler=train_mlm)
 
     p = sub.add_parser(
@@ -153,15 +150,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", type=Path, help="checkpoint directory or served-model directory")
     p.add_argument("--variant", default="fp32", choices=VARIANTS, help="served-model ONNX variant")
-    p.add_argument("--limit", type=int, default=None, help="test images, or full windows and short sentences")
+    p.add_argument("--limit", type=int, help="test images, or full windows and short sentences")
     _data_argument(p, "--data", CIFAR10, "cifar10-jpeg.npz (classifier)")
     _data_argument(p, "--corpus", GUTENBERG, "Gutenberg folder (MLM; uses valid-000)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int)
     p.add_argument("--cache-dir", type=Path, default=CACHE_DIR / "data")
     p.add_argument(
         "--record",
         type=Path,
-        default=None,
         metavar="CHECKPOINT",
         help="store the served model's figures in this checkpoint's training.json and model card",
     )
@@ -181,11 +177,10 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
-    """Either trainer, with the threads, training-state folder and command line settled first."""
+    """Either trainer, with the threads and training-state folder settled first."""
     _set_threads(args.threads)
     if args.state_dir is None:
         args.state_dir = CACHE_DIR / "train" / Path(args.out).name
-    args.argv = sys.argv[1:] if sys.argv and sys.argv[0].endswith(("gmlp", "__main__.py")) else None
     summary = run(args)
     line = {"out": str(args.out), **summary["results"], "train_wall_time_s": summary["train_wall_time_s"]}
     print(json.dumps(line))
@@ -208,9 +203,7 @@ def train_mlm(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    import time
-
-    from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor
+    from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor, record_served_eval
 
     _set_threads(args.threads)
     start = time.monotonic()
@@ -234,8 +227,6 @@ def evaluate(args: argparse.Namespace) -> int:
         line["variant"] = args.variant
     line |= results | {"seconds": round(time.monotonic() - start, 1)}
     if args.record is not None:
-        from model.train.card import record_served_eval
-
         command = f"gmlp eval {args.path} --variant {args.variant}" + (
             f" --limit {args.limit}" if args.limit else ""
         )
@@ -245,7 +236,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def model_card(args: argparse.Namespace) -> int:
-    from model.train.card import write_card
+    from model.train.evaluate import write_card
 
     print(write_card(args.path))
     return 0

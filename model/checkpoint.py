@@ -67,11 +67,8 @@ def default_preprocessing(config: GMLPConfig) -> dict[str, Any]:
 
 
 def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def save_checkpoint(
@@ -117,28 +114,6 @@ def save_checkpoint(
     save_file(state, out / WEIGHTS_FILE, metadata={"format": "pt", "task": config.task})
     (out / CONFIG_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return out
-
-
-def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
-    """The parsed `config.json` of a checkpoint directory, checked for the fields we rely on."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"{root} is not a directory (expected a checkpoint directory)")
-    cfg_path = root / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{root} has no {CONFIG_FILE}; is it a checkpoint directory?")
-    try:
-        info = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
-    if info.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{cfg_path}: format is {info.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
-    for key in ("task", "model"):
-        if key not in info:
-            raise CheckpointError(f"{cfg_path} lacks {key!r}")
-    if info["task"] not in (VISION_TASK, MLM_TASK):
-        raise CheckpointError(f"{cfg_path}: unknown task {info['task']!r}")
-    return info
 
 
 def check_state_shapes(
@@ -195,14 +170,30 @@ def load_checkpoint(path: str | Path) -> GMLPModel:
     """The model stored in checkpoint directory `path`, in eval mode.
 
     Its `forward` takes `pixel_values` [batch, 3, H, W] (vision) or `input_ids` [batch, L] with
-    L <= n (MLM) and returns logits. `model.checkpoint_info` holds the parsed config.json.
+    L <= n (MLM) and returns logits. `model.checkpoint_info` holds the parsed config.json, checked
+    for the fields we rely on.
     """
     root = Path(path)
-    info = read_checkpoint_info(root)
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory (expected a checkpoint directory)")
+    cfg_path = root / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{root} has no {CONFIG_FILE}; is it a checkpoint directory?")
+    try:
+        info = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
+    if info.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{cfg_path}: format is {info.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+    for key in ("task", "model"):
+        if key not in info:
+            raise CheckpointError(f"{cfg_path} lacks {key!r}")
+    if info["task"] not in (VISION_TASK, MLM_TASK):
+        raise CheckpointError(f"{cfg_path}: unknown task {info['task']!r}")
     try:
         config = config_from_dict(info["model"])
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{root / CONFIG_FILE}: bad model config: {exc}") from exc
+        raise CheckpointError(f"{cfg_path}: bad model config: {exc}") from exc
     weights = root / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{root} has no {WEIGHTS_FILE}")

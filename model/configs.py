@@ -119,17 +119,15 @@ class GMLPMaskedLMConfig(GMLPConfig):
         return self.n
 
 
-def _vision(depth: int, d_model: int, d_ffn: int, **kw: Any) -> GMLPVisionConfig:
-    return GMLPVisionConfig(depth=depth, d_model=d_model, d_ffn=d_ffn, **kw)
-
-
 # Paper table 1 / timm: Ti 5.87M, S 19.42M, B 73.08M parameters at 224x224, patch 16.
 NAMED_CONFIGS: dict[str, GMLPConfig] = {
-    "gmlp_ti16_224": _vision(30, 128, 768),
-    "gmlp_s16_224": _vision(30, 256, 1536),
-    "gmlp_b16_224": _vision(30, 512, 3072),
+    "gmlp_ti16_224": GMLPVisionConfig(depth=30, d_model=128, d_ffn=768),
+    "gmlp_s16_224": GMLPVisionConfig(depth=30, d_model=256, d_ffn=1536),
+    "gmlp_b16_224": GMLPVisionConfig(depth=30, d_model=512, d_ffn=3072),
     # small CIFAR-sized classifier used for the demo model (32x32, patch 4 -> n = 64)
-    "gmlp_cifar_p4": _vision(12, 192, 768, img_size=32, patch_size=4, num_classes=10),
+    "gmlp_cifar_p4": GMLPVisionConfig(
+        depth=12, d_model=192, d_ffn=768, img_size=32, patch_size=4, num_classes=10
+    ),
     # masked-LM configs (paper section 4; base sizes) and the small demo one
     "gmlp_mlm_base": GMLPMaskedLMConfig(depth=48, d_model=512, d_ffn=3072),
     "amlp_mlm_base": GMLPMaskedLMConfig(depth=36, d_model=512, d_ffn=3072, attn_dim=64),

@@ -11,12 +11,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
+from tokenizers import Tokenizer
 
 from contract.errors import UserError
 
@@ -54,8 +57,6 @@ def load_cifar(
         cache = Path(cache_dir) / f"cifar10-{split}-{count}-{_cache_key(_source_id(npz_path))}.npy"
         if cache.is_file():
             return np.load(cache), labels, classes
-    from PIL import Image
-
     blob, offsets = data[f"{split}_jpeg"], data[f"{split}_offsets"]
     images = np.empty((count, 32, 32, 3), dtype=np.uint8)
     for out_i, i in enumerate(index):
@@ -121,16 +122,9 @@ def split_sentences(paragraph: str) -> list[str]:
 def iter_paragraphs(path: Path) -> Iterator[str]:
     """Blank-line separated paragraphs of a gzip text file, each joined onto one line."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        lines: list[str] = []
-        for line in f:
-            line = line.strip()
-            if line:
-                lines.append(line)
-            elif lines:
+        for text, lines in itertools.groupby((line.strip() for line in f), key=bool):
+            if text:
                 yield " ".join(lines)
-                lines = []
-        if lines:
-            yield " ".join(lines)
 
 
 @dataclass
@@ -167,20 +161,11 @@ def load_corpus(
         if cache.is_file():
             with np.load(cache) as z:
                 return TokenCorpus(z["ids"], z["offsets"], z["words"])
-    from tokenizers import Tokenizer
-
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     tokenizer.no_padding()  # the BERT tokenizer.json pads/truncates to 128; we want raw sentences
     tokenizer.no_truncation()
-    sentences: list[str] = []
-    for path in files:
-        for paragraph in iter_paragraphs(path):
-            sentences.extend(split_sentences(paragraph))
-            if max_sentences is not None and len(sentences) >= max_sentences:
-                break
-        if max_sentences is not None and len(sentences) >= max_sentences:
-            sentences = sentences[:max_sentences]
-            break
+    paragraphs = (paragraph for path in files for paragraph in iter_paragraphs(path))
+    sentences = list(itertools.islice((s for p in paragraphs for s in split_sentences(p)), max_sentences))
     chunks, lengths = [], []
     for start in range(0, len(sentences), 20_000):
         for enc in tokenizer.encode_batch(sentences[start : start + 20_000], add_special_tokens=False):
@@ -211,8 +196,6 @@ class SpecialIds:
 
     @classmethod
     def from_tokenizer(cls, tokenizer_path: str | Path) -> SpecialIds:
-        from tokenizers import Tokenizer
-
         tok = Tokenizer.from_file(str(tokenizer_path))
         ids = {name: tok.token_to_id(f"[{name.upper()}]") for name in ("pad", "cls", "sep", "mask")}
         missing = [f"[{name.upper()}]" for name, token_id in ids.items() if token_id is None]

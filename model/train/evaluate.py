@@ -1,26 +1,41 @@
-"""Evaluation of a checkpoint (PyTorch) or a served-model directory (ONNX Runtime, any variant).
+"""Evaluation of a checkpoint (PyTorch) or a served-model directory (ONNX Runtime, any variant),
+and the model cards that report it.
 
 Both paths go through the same `Predictor` interface and the same metric code, so the figures
 for `model.onnx` / `model.int8.onnx` are directly comparable with the PyTorch checkpoint's.
 MLM accuracy is measured the way the service is used: every selected position is replaced by
 [MASK]. The 80/10/10 corruption of training, which lets the model see 10% of the answers, is
 scored separately as `full_bert_masking` (the figure BERT-style training logs report).
+
+Model cards are regenerable from `training.json` + the weights: `finish_run` records the run
+(command, wall time, results) in `training.json` beside the checkpoint; `write_card` turns that
+into README.md, so a card can be rebuilt after re-evaluating (`gmlp model-card DIR`) without
+retraining. For the MLM it shows live fill-mask predictions.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
+import torch
+from safetensors.torch import load_file
 
 from contract.errors import UserError
-from contract.formats import SERVED_FORMAT, VARIANT_FILES
+from contract.formats import MLM_TASK, SERVED_FORMAT, VARIANT_FILES
+from contract.text import FillMaskCodec
+from model.checkpoint import load_checkpoint
 
 from .data import SpecialIds, TokenCorpus, full_window, load_cifar, mask_tokens, short_window, to_pixel_values
+from .loop import precision_label
 
 EVAL_SEED = 1234
 
@@ -41,10 +56,6 @@ class Predictor:
 
 
 def _torch_runs(root: Path) -> tuple[Vision, MaskedLM]:
-    import torch
-
-    from model.checkpoint import load_checkpoint
-
     model = load_checkpoint(root)
 
     def run(fn: Callable[[], torch.Tensor]) -> np.ndarray:
@@ -58,8 +69,6 @@ def _torch_runs(root: Path) -> tuple[Vision, MaskedLM]:
 
 
 def _onnx_runs(root: Path, info: dict[str, Any], variant: str, threads: int) -> tuple[Vision, MaskedLM]:
-    import onnxruntime as ort
-
     variants = info.get("variants") or {"fp32": VARIANT_FILES["fp32"]}
     if variant not in variants:
         raise UserError(f"{root} has no {variant!r} variant; it has {sorted(variants)}")
@@ -169,15 +178,173 @@ def evaluate_mlm(pred: Predictor, corpus: TokenCorpus, windows: int, short: int)
     model_cfg = pred.info["model"]
     n = int(model_cfg["n"])
     special = SpecialIds.from_tokenizer(pred.root / "tokenizer.json")
-    max_pred = int(model_cfg.get("max_predictions", 16))
-    full_budget = max(max_pred, int(round(0.15 * (n - 2))))
-    out: dict[str, Any] = {}
-    mlm = pred.mlm
+    budget = max(int(model_cfg.get("max_predictions", 16)), int(round(0.15 * (n - 2))))
     full = eval_windows(corpus, n, special, windows, short=False)
-    out["full"] = mlm_accuracy(mlm, full, special, full_budget)
-    out["full_bert_masking"] = mlm_accuracy(mlm, full, special, full_budget, bert_mix=True)
+    out: dict[str, Any] = {
+        "full": mlm_accuracy(pred.mlm, full, special, budget),
+        "full_bert_masking": mlm_accuracy(pred.mlm, full, special, budget, bert_mix=True),
+    }
     if short:
         out["short"] = mlm_accuracy(
-            mlm, eval_windows(corpus, n, special, short, short=True), special, full_budget
+            pred.mlm, eval_windows(corpus, n, special, short, short=True), special, budget
         )
     return out
+
+
+TRAINING_FILE = "training.json"
+# A training.json without `precision` records a run trained under bf16 autocast.
+LEGACY_PRECISION = precision_label(bf16=True)
+
+# The flags of either trainer that the card records (those a trainer lacks are left out).
+HYPERPARAMETERS = (
+    "batch_size lr weight_decay warmup_steps label_smoothing short_frac drop_path random_erase attn_dim"
+)
+
+FILL_MASK_EXAMPLES = [
+    "The cat sat on the [MASK].",
+    "She opened the [MASK] and walked into the room.",
+    "I drink a cup of [MASK] every morning.",
+    "He was born in a small [MASK] near the sea.",
+    "The sun rises in the [MASK].",
+    "We went to the [MASK] to buy some bread.",
+    "My brother is a [MASK] at the local school.",
+    "It was a cold and [MASK] night.",
+    "They [MASK] all day and were tired in the evening.",
+    "The children were playing in the [MASK] after dinner.",
+]
+
+
+def finish_run(
+    out: Path, args: Any, result: Any, results: dict[str, Any], data: str, epochs: float
+) -> dict[str, Any]:
+    """Write training.json and README.md next to the checkpoint; return the summary."""
+    argv = sys.argv[1:]
+    command = "gmlp " + shlex.join(argv) if argv and argv[0].startswith("train") else shlex.join(sys.argv)
+    summary = {
+        "command": command,
+        "data": data,
+        "steps": result.steps,
+        "epochs": round(epochs, 2),
+        "train_wall_time_s": round(result.train_seconds, 1),
+        "threads": getattr(args, "threads", None),
+        "precision": result.precision,
+        "hyperparameters": {k: getattr(args, k) for k in HYPERPARAMETERS.split() if hasattr(args, k)},
+        "final_train_metrics": result.metrics,
+        "results": results,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (Path(out) / TRAINING_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    write_card(out)
+    return summary
+
+
+def fill_mask_examples(pred: Predictor) -> list[dict[str, Any]]:
+    """The top-5 predictions for each [MASK] of `FILL_MASK_EXAMPLES`, encoded by the service's own
+    codec and run through `pred` (a checkpoint or an exported ONNX variant)."""
+    codec = FillMaskCodec(pred.root / "tokenizer.json", pred.info["model"])
+    rows = []
+    for sentence in FILL_MASK_EXAMPLES:
+        enc = codec.encode(sentence)
+        logits = pred.mlm(enc.feeds["input_ids"][None], enc.feeds["mask_positions"][None])[0]
+        slots = codec.decode(enc, logits, top_k=5)  # the service's own softmax and ranking
+        preds = [[(p["token_str"], round(p["score"], 3)) for p in slot] for slot in slots]
+        rows.append({"sentence": sentence, "predictions": preds})
+    return rows
+
+
+def record_served_eval(
+    checkpoint: Path, variant: str, command: str, results: dict[str, Any], pred: Predictor
+) -> None:
+    """Store `gmlp eval`'s figures for an exported variant in the checkpoint's training.json (with,
+    for a masked LM, the fill-mask examples as that variant answers them) and rewrite the card."""
+    path = Path(checkpoint) / TRAINING_FILE
+    train = json.loads(path.read_text()) if path.is_file() else {}
+    entry: dict[str, Any] = {"command": command, "results": results}
+    if pred.task == MLM_TASK:
+        entry["fill_mask_examples"] = fill_mask_examples(pred)
+    train.setdefault("served", {})[variant] = entry
+    path.write_text(json.dumps(train, indent=2) + "\n")
+    write_card(checkpoint)
+
+
+def write_card(root: str | Path) -> Path:
+    """(Re)write README.md from config.json, training.json and, for the MLM, live predictions."""
+    root = Path(root)
+    info = json.loads((root / "config.json").read_text())
+    train = json.loads((root / TRAINING_FILE).read_text()) if (root / TRAINING_FILE).is_file() else {}
+    cfg = info["model"]
+    weights = root / "model.safetensors"
+    n_params = sum(t.numel() for t in load_file(weights).values())
+    is_mlm = info["task"] == MLM_TASK
+    served = train.get("served", {})
+    lines = [
+        f"# {info.get('name', root.name)}",
+        "",
+        f"gMLP ({'masked language model' if is_mlm else 'image classifier'}, Liu et al. 2021, "
+        '"Pay Attention to MLPs") trained from scratch on a 2-core CPU as a demo model for gmlp-serve.',
+        "",
+        "## Model",
+        f"- task: `{info['task']}`, n = {info['seq_len']} tokens"
+        + (" (32x32 image, 4x4 patches)" if not is_mlm else " (WordPiece, BERT uncased vocabulary)"),
+        f"- depth {cfg['depth']}, d_model {cfg['d_model']}, d_ffn {cfg['d_ffn']}, "
+        + (f"aMLP tiny attention of size {cfg['attn_dim']}" if cfg.get("attn_dim") else "no tiny attention"),
+        f"- parameters: {n_params:,}; model.safetensors {weights.stat().st_size / 1e6:.1f} MB (fp32)",
+        f"- preprocessing: `{json.dumps(info.get('preprocessing'))}`",
+        "",
+        "## Training",
+        f"- data: {train.get('data', 'n/a')}",
+        f"- command: `{train.get('command', 'n/a')}`",
+        f"- steps: {train.get('steps', 'n/a')} ({train.get('epochs', 'n/a')} epochs), "
+        f"wall time {train.get('train_wall_time_s', 0) / 60:.1f} min on "
+        f"{train.get('threads', '?')} CPU thread(s), {train.get('precision', LEGACY_PRECISION)}",
+        f"- hyperparameters: `{json.dumps(train.get('hyperparameters', {}))}`",
+        *[f"- note: {note}" for note in train.get("notes", [])],
+        "",
+        "## Results",
+        "```json",
+        json.dumps(train.get("results", {}), indent=2),
+        "```",
+    ]
+    if is_mlm:
+        lines += [
+            "",
+            "Masked-token accuracy on `valid-000.txt.gz` (never trained on): 15% of the tokens of each "
+            "window (at least one) are replaced by [MASK] with a fixed seed; `full` = full 128-token "
+            "windows, `short` = single sentences of 5-40 words padded to n (what the service is sent). "
+            "`full_bert_masking` scores the same full windows corrupted as in training (of the chosen "
+            "15%: 80% [MASK], 10% a random token, 10% unchanged), the figure BERT-style pre-training "
+            "logs usually report; it is easier, because the unchanged tokens are mostly copied.",
+            "",
+        ]
+        source = next((v for v in ("int8", "fp32") if "fill_mask_examples" in served.get(v, {})), None)
+        if source:
+            examples = served[source]["fill_mask_examples"]
+            lines += ["", f"## Fill-mask examples (top-5, as the served {source} ONNX model answers)", ""]
+        else:
+            examples = fill_mask_examples(open_predictor(root))
+            lines += ["", "## Fill-mask examples (top-5, PyTorch checkpoint)", ""]
+        for ex in examples:
+            preds = "; ".join(", ".join(f"{t} ({p:.2f})" for t, p in slot) for slot in ex["predictions"])
+            lines.append(f"- `{ex['sentence']}` -> {preds}")
+        limitations = [
+            "Trained for about an hour on ~12M tokens of 19th-century public-domain books: modern "
+            "vocabulary and facts are poorly covered, and predictions are often generic (the, a, was).",
+            f"Fixed window of n = {info['seq_len']} tokens; longer inputs must be truncated.",
+            "No fine-tuning, no safety filtering; a demo of the serving stack, not a general-purpose LM.",
+        ]
+    else:
+        lines += ["", "Top-1 on the 10,000 CIFAR-10 test images (JPEG-decoded, no test-time augmentation)."]
+        limitations = [
+            "Only 32x32 RGB inputs of the 10 CIFAR-10 classes; other images are squeezed to 32x32 and "
+            "forced into one of the 10 classes.",
+            "Trained on JPEG (quality ~75) copies of CIFAR-10; accuracy is well below convolutional "
+            "networks of the same size.",
+        ]
+    if served:  # the exported variants' figures, each with the `gmlp eval` command behind it
+        lines += ["", "## Served model (exported ONNX)"]
+        for entry in served.values():
+            lines += ["", f"`{entry['command']}`:", "```json", json.dumps(entry["results"]), "```"]
+    lines += ["", "## Limitations", *[f"- {item}" for item in limitations], ""]
+    path = root / "README.md"
+    path.write_text("\n".join(lines))
+    return path

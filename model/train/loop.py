@@ -1,5 +1,10 @@
 """The training loop both demo models share: AdamW, warm-up + cosine, bf16 autocast where the CPU
-has native bf16 (model/precision.py), time budget, progress bar, periodic resumable state.
+has native bf16, time budget, progress bar, periodic resumable state.
+
+bf16 autocast pays only on CPUs with native bf16 arithmetic (AVX512-BF16 or AMX). Elsewhere oneDNN
+emulates it, many times slower than fp32 (docs/benchmarks.md, "Precision on CPUs without bf16").
+So `auto`, the training commands' default, picks bf16 only where it is native, and a forced
+`bf16` on other CPUs is logged as the slow path it is.
 
 Runs are bounded by wall time (about an hour on a shared 2-core CPU), not by a known number of
 steps, so the cosine must be planned from the measured speed: after a short calibration the
@@ -22,12 +27,38 @@ from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
+from contract.cpu import BF16_FLAGS, PRECISIONS, cpu_flags
 from contract.errors import UserError
 
-from ..precision import precision_label, resolve_precision
-
 log = logging.getLogger(__name__)
+
+
+def native_bf16() -> bool:
+    """True when this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16), by the flags the
+    service's backends read too."""
+    return bool(cpu_flags() & BF16_FLAGS)
+
+
+def precision_label(bf16: bool) -> str:
+    """How a run's precision is recorded (training.json, model cards, benchmark tables)."""
+    return "bf16 autocast" if bf16 else "fp32"
+
+
+def resolve_precision(choice: str) -> str:
+    """'auto' -> 'bf16' or 'fp32' for this CPU; 'bf16' and 'fp32' are returned as asked."""
+    if choice not in PRECISIONS:
+        raise UserError(f"precision {choice!r}; choose from {', '.join(PRECISIONS)}")
+    native = native_bf16()
+    if choice == "auto":
+        return "bf16" if native else "fp32"
+    if choice == "bf16" and not native:
+        log.warning(
+            "bf16 autocast asked for, but this CPU has no native bf16 (AVX512-BF16/AMX): "
+            "it is emulated and can be an order of magnitude slower than fp32"
+        )
+    return choice
 
 
 def lr_at(
@@ -129,12 +160,9 @@ class LoopConfig:
     warmup_steps: int
     max_steps: int | None = None
     time_budget_s: float | None = None
-    min_lr_ratio: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float | None = 1.0
     bf16: bool = True
     compile: bool = False
-    fused_optimizer: bool = True
     state_path: Path | None = None
     resume: bool = False
     save_every_s: float = 300.0
@@ -172,17 +200,14 @@ def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **
 def build_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
     """AdamW with no weight decay on biases and LayerNorm gains (the usual transformer/MLP recipe).
 
-    The fused implementation (`cfg.fused_optimizer`) updates all tensors of a group in one kernel,
+    The fused implementation updates all tensors of a group in one kernel,
     where torch's CPU default loops over them; the arithmetic is the same and the step cheaper
     (docs/benchmarks.md, "Training options").
     """
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for _, param in model.named_parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=cfg.fused_optimizer)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
 
 
 def _save_state(
@@ -199,13 +224,6 @@ def _save_state(
     }
     torch.save(state, tmp)
     tmp.replace(path)
-
-
-def _load_state(path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float, int]:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    return int(state["step"]), float(state["elapsed_s"]), int(state["planned_total"])
 
 
 class _Meter:
@@ -232,12 +250,14 @@ class _Meter:
 
 def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     """Run optimiser steps until the step or time limit; returns what a model card reports."""
-    from tqdm import tqdm
-
     opt = build_optimizer(model, cfg)
     step, elapsed, provisional = 0, 0.0, 10_000
     if cfg.resume and cfg.state_path is not None and cfg.state_path.is_file():
-        step, elapsed, provisional = _load_state(cfg.state_path, model, opt)
+        state = torch.load(cfg.state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed = int(state["step"]), float(state["elapsed_s"])
+        provisional = int(state["planned_total"])
         log.info("resumed from %s at step %d (%.0f s trained)", cfg.state_path, step, elapsed)
     # Until the speed is re-measured, a resumed run keeps the plan it had (no LR jump).
     planner = StepPlanner(cfg.max_steps, cfg.time_budget_s, elapsed_s=elapsed, provisional_steps=provisional)
@@ -249,9 +269,8 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     interactive = sys.stderr.isatty()
     bar = tqdm(total=planner.total, initial=step, desc=cfg.desc, mininterval=1.0 if interactive else 30.0)
     last_save = time.monotonic()
-    lr = cfg.lr
     while not planner.done(step):
-        lr = lr_at(step, planner.total, cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio)
+        lr = lr_at(step, planner.total, cfg.lr, cfg.warmup_steps)
         for group in opt.param_groups:
             group["lr"] = lr
         batch = task.make_batch(step)
@@ -259,17 +278,14 @@ def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
             loss, metrics = task.loss(forward_model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.grad_clip:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         loss_value = float(loss.detach())
         if loss_value != loss_value:  # NaN: stop early with a clear message rather than train garbage
             raise RuntimeError(f"loss is NaN at step {step} (lr {lr:.2e}); lower --lr")
         meter.add(loss_value, metrics)
-        total = planner.update(step)
-        if bar.total != total:
-            bar.total = total
+        total = bar.total = planner.update(step)
         bar.update(1)
         bar.set_postfix(meter.summary() | {"lr": f"{lr:.1e}"}, refresh=False)
         if step % cfg.log_every == 0:

@@ -1,24 +1,19 @@
 """The demo models' training tasks (batches, losses) and the runs that train, evaluate and write
 each checkpoint; the loop both share is `loop.train_loop`.
 
-CIFAR-10 gMLP classifier from scratch: crop + flip + random erasing, label smoothing, stochastic
-depth, AdamW, cosine.
-
-gMLPs have no convolutional prior, so on 50,000 images they live on augmentation and many epochs.
-The default model is narrow (d=128, d_ffn=512, 10 blocks, 1.05M parameters) rather than wide,
-because at a budget of an hour on two CPU cores passes over the data are worth more than width;
-random erasing and stochastic depth narrow the gap between training and test accuracy. The
-recipes compared at that budget, and their scores, are in the model card
+CIFAR-10 classifier: gMLPs have no convolutional prior, so on 50,000 images they live on
+augmentation and many epochs. The default model is narrow (d=128, d_ffn=512, 10 blocks, 1.05M
+parameters) rather than wide, because at a budget of an hour on two CPU cores passes over the data
+are worth more than width; random erasing and stochastic depth narrow the gap between training and
+test accuracy. The recipes compared at that budget, and their scores, are in the model card
 (checkpoints/cifar10-gmlp/README.md).
 
-gMLP masked LM on the Gutenberg corpus: BERT masking, full windows mixed with short padded
-sentences.
-
-The service sends one short sentence, `[CLS] ... [SEP]` padded to n; the padding is removed from
-the spatial mixing, but W's rows for late positions and the model's sense of "sentence ends here"
-are only learnt if such inputs are seen in training, hence `short_frac` of every batch. A short
-row costs as much as a full window but carries a sixth of its masked tokens, so the share is kept
-small (the recipes compared are in the model card).
+Gutenberg masked LM, BERT masking over full windows and short padded sentences: the service sends
+one short sentence, `[CLS] ... [SEP]` padded to n; the padding is removed from the spatial mixing,
+but W's rows for late positions and the model's sense of "sentence ends here" are only learnt if
+such inputs are seen in training, hence `short_frac` of every batch. A short row costs as much as a
+full window but carries a sixth of its masked tokens, so the share is kept small (the recipes
+compared are in the model card).
 """
 
 from __future__ import annotations
@@ -33,7 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract.calibration import write_calibration_set
 from contract.formats import MLM_TASK, VISION_TASK
+from model import GMLPMaskedLMConfig, build_model, get_config, save_checkpoint
 
 from .data import (
     CIFAR_MEAN,
@@ -49,6 +46,7 @@ from .data import (
     short_window,
     to_pixel_values,
 )
+from .evaluate import evaluate_classifier, evaluate_mlm, finish_run, open_predictor
 from .loop import loop_config_from_args, train_loop
 
 log = logging.getLogger(__name__)
@@ -99,12 +97,6 @@ class CifarTask:
 
 def train_vision(args: Any) -> dict[str, Any]:
     """Train, evaluate on the 10,000 test images and write the checkpoint; returns the run summary."""
-    from contract.calibration import write_calibration_set
-    from model import build_model, get_config, save_checkpoint
-
-    from .card import finish_run
-    from .evaluate import evaluate_classifier, open_predictor
-
     torch.manual_seed(args.seed)
     cache = Path(args.cache_dir)
     images, labels, classes = load_cifar(args.data, "train", limit=args.limit_train, cache_dir=cache)
@@ -122,9 +114,8 @@ def train_vision(args: Any) -> dict[str, Any]:
     if args.epochs is not None:
         epoch_steps = int(args.epochs * task.steps_per_epoch)
         max_steps = epoch_steps if max_steps is None else min(max_steps, epoch_steps)
-    loop_cfg = loop_config_from_args(args, "cifar10", max_steps=max_steps)
     log.info("model: %s, %s parameters", config, f"{sum(p.numel() for p in model.parameters()):,}")
-    result = train_loop(model, task, loop_cfg)
+    result = train_loop(model, task, loop_config_from_args(args, "cifar10", max_steps=max_steps))
     out = save_checkpoint(
         model, args.out, labels=classes, preprocessing=dict(PREPROCESSING), name=Path(args.out).name
     )
@@ -187,12 +178,6 @@ def corpus_files(corpus_dir: Path) -> tuple[list[Path], Path]:
 
 def train_mlm(args: Any) -> dict[str, Any]:
     """Train, evaluate on held-out text and write the checkpoint; returns the run summary."""
-    from contract.calibration import write_calibration_set
-    from model import GMLPMaskedLMConfig, build_model, save_checkpoint
-
-    from .card import finish_run
-    from .evaluate import evaluate_mlm, open_predictor
-
     torch.manual_seed(args.seed)
     cache = Path(args.cache_dir)
     special = SpecialIds.from_tokenizer(args.tokenizer)
@@ -213,20 +198,11 @@ def train_mlm(args: Any) -> dict[str, Any]:
         max_predictions=max_pred,
     )
     model = build_model(config)
-    task = MLMTask(
-        corpus,
-        corpus.short_sentences(max_tokens=n - 2),
-        special,
-        n,
-        args.batch_size,
-        max_pred,
-        args.seed,
-        args.short_frac,
-    )
-    loop_cfg = loop_config_from_args(args, "mlm", betas=(0.9, 0.98))
+    short_pool = corpus.short_sentences(max_tokens=n - 2)
+    task = MLMTask(corpus, short_pool, special, n, args.batch_size, max_pred, args.seed, args.short_frac)
     log.info("corpus: %s tokens, %s sentences", f"{len(corpus.ids):,}", f"{corpus.num_sentences:,}")
     log.info("model: %s, %s parameters", config, f"{sum(p.numel() for p in model.parameters()):,}")
-    result = train_loop(model, task, loop_cfg)
+    result = train_loop(model, task, loop_config_from_args(args, "mlm", betas=(0.9, 0.98)))
     out = save_checkpoint(model, args.out, tokenizer=args.tokenizer, name=Path(args.out).name)
     write_calibration_set(out, MLM_TASK, train_files[0])  # training prose, for static int8
     valid = load_corpus([valid_file], args.tokenizer, cache, max_sentences=args.limit_valid_sentences)

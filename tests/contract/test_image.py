@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from contract.errors import InputTooLarge, InvalidInput, RequestError
-from contract.image import ImageTransform, decode_image, to_rgb
+from contract.image import ImageTransform, load_image, open_image, to_rgb
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,18 +76,18 @@ def test_large_jpegs_decode_at_a_reduced_dct_scale(cifar_images: list[bytes]) ->
     for i, size in enumerate([(2000, 1500), (1200, 1600), (900, 700)]):
         photo = Image.open(io.BytesIO(cifar_images[i])).convert("RGB").resize(size, Image.Resampling.BICUBIC)
         data = encode(photo, "JPEG", quality=90)
-        reduced = decode_image(data, limit, min_side=64)
+        reduced = load_image(open_image(data, limit), limit, min_side=64)
         # The smallest of 1/2, 1/4, 1/8 that keeps both sides >= 64.
         scale = max(f for f in (1, 2, 4, 8) if min(size) / f >= 64)
         assert reduced.size == tuple(-(-side // scale) for side in size) and reduced.mode == "RGB"
-        full = t.transform(decode_image(data, limit))
+        full = t.transform(load_image(open_image(data, limit), limit))
         drafted = t(data)  # what the service runs: decoded at >= twice the resize target
         # The same picture, up to the resampling of two different decode sizes (normalised units).
         assert float(np.abs(drafted - full).mean()) < 0.05
-    small = decode_image(cifar_images[0], limit, min_side=64)  # never upscaled
+    small = load_image(open_image(cifar_images[0], limit), limit, min_side=64)  # never upscaled
     assert small.size == (32, 32)
     png = encode(photo, "PNG")  # other formats are decoded whole
-    assert decode_image(png, limit, min_side=64).size == photo.size
+    assert load_image(open_image(png, limit), limit, min_side=64).size == photo.size
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])  # a JPEG with EXIF is decoded by Pillow, not libjpeg-turbo
@@ -160,37 +160,55 @@ def test_conversions_in_bands_give_the_pixels_of_the_whole(monkeypatch: pytest.M
 
 
 def test_modes_are_brought_to_rgb() -> None:
-    grey = decode_image(encode(Image.new("L", (8, 8), 128), "PNG"), MAX_PIXELS)
+    grey = load_image(open_image(encode(Image.new("L", (8, 8), 128), "PNG"), MAX_PIXELS), MAX_PIXELS)
     assert grey.mode == "RGB" and grey.getpixel((0, 0)) == (128, 128, 128)
     # 16-bit greyscale is scaled (65535 -> 255), not clipped.
     deep = Image.fromarray(np.full((8, 8), 32896, np.uint16))
-    assert decode_image(encode(deep, "PNG"), MAX_PIXELS).getpixel((0, 0)) == (128, 128, 128)
+    assert load_image(open_image(encode(deep, "PNG"), MAX_PIXELS), MAX_PIXELS).getpixel((0, 0)) == (
+        128,
+        128,
+        128,
+    )
     # Transparent pixels are shown over white.
     rgba = Image.new("RGBA", (8, 8), (0, 0, 0, 0))
-    assert decode_image(encode(rgba, "PNG"), MAX_PIXELS).getpixel((0, 0)) == (255, 255, 255)
+    assert load_image(open_image(encode(rgba, "PNG"), MAX_PIXELS), MAX_PIXELS).getpixel((0, 0)) == (
+        255,
+        255,
+        255,
+    )
     half = Image.new("RGBA", (8, 8), (0, 0, 255, 128))
-    r, g, b = decode_image(encode(half, "PNG"), MAX_PIXELS).getpixel((0, 0))
+    r, g, b = load_image(open_image(encode(half, "PNG"), MAX_PIXELS), MAX_PIXELS).getpixel((0, 0))
     assert b == 255 and 120 <= r == g <= 130
     palette = Image.new("P", (8, 8), 3)
     palette.putpalette([0, 0, 0] * 3 + [10, 20, 30] + [0, 0, 0] * 252)
-    assert decode_image(encode(palette, "PNG"), MAX_PIXELS).getpixel((0, 0)) == (10, 20, 30)
+    assert load_image(open_image(encode(palette, "PNG"), MAX_PIXELS), MAX_PIXELS).getpixel((0, 0)) == (
+        10,
+        20,
+        30,
+    )
     cmyk = Image.new("CMYK", (8, 8), (0, 255, 255, 0))  # pure red in CMYK
-    r, g, b = decode_image(encode(cmyk, "JPEG", quality=100), MAX_PIXELS).getpixel((0, 0))
+    r, g, b = load_image(open_image(encode(cmyk, "JPEG", quality=100), MAX_PIXELS), MAX_PIXELS).getpixel(
+        (0, 0)
+    )
     assert r > 240 and g < 15 and b < 15
     bilevel = Image.new("1", (8, 8), 1)
-    assert decode_image(encode(bilevel, "BMP"), MAX_PIXELS).getpixel((0, 0)) == (255, 255, 255)
+    assert load_image(open_image(encode(bilevel, "BMP"), MAX_PIXELS), MAX_PIXELS).getpixel((0, 0)) == (
+        255,
+        255,
+        255,
+    )
 
 
 def test_animated_gif_uses_the_first_frame() -> None:
     frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 0, 255))]
     data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
-    r, g, b = decode_image(data, MAX_PIXELS).getpixel((0, 0))
+    r, g, b = load_image(open_image(data, MAX_PIXELS), MAX_PIXELS).getpixel((0, 0))
     assert r > 240 and b < 15
 
 
 def _error(data: bytes, max_pixels: int = MAX_PIXELS) -> RequestError:
     with pytest.raises(RequestError) as info:
-        decode_image(data, max_pixels)
+        load_image(open_image(data, max_pixels), max_pixels)
     return info.value
 
 

@@ -1,6 +1,6 @@
 """Plain JPEGs decoded by libjpeg-turbo directly give Pillow's pixels; the rest still go to Pillow.
 
-The reference for every comparison is Pillow's own decode (`contract.image.decode_image`, with its
+The reference for every comparison is Pillow's own decode (`contract.image.load_image`, with its
 `draft` DCT scaling), which the fast path must reproduce byte for byte.
 """
 
@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from contract.errors import InputTooLarge, InvalidInput
-from contract.image import ImageTransform, decode_image
+from contract.image import ImageTransform, load_image, open_image
 from contract.jpeg import PlainJpeg
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,7 +56,7 @@ def test_plain_jpeg_matches_pillow_exactly(name: str, pre: dict[str, object]) ->
     t = ImageTransform.from_config(pre, MAX_PIXELS)
     opened = t.open(data)
     assert isinstance(opened, PlainJpeg)
-    reference = t.transform(decode_image(data, MAX_PIXELS, min_side=t.decode_side))
+    reference = t.transform(load_image(open_image(data, MAX_PIXELS), MAX_PIXELS, min_side=t.decode_side))
     np.testing.assert_array_equal(t.finish(opened), reference)
 
 
@@ -70,7 +70,7 @@ def test_scaled_decode_is_pillows_draft(min_side: int | None, height: int) -> No
     plain = PlainJpeg.read(data)
     assert plain is not None and (plain.width, plain.height) == (1700, 1200)
     pixels = plain.decode(min_side)
-    reference = np.asarray(decode_image(data, MAX_PIXELS, min_side=min_side))
+    reference = np.asarray(load_image(open_image(data, MAX_PIXELS), MAX_PIXELS, min_side=min_side))
     assert pixels.shape == reference.shape == (height, -(-1700 * height // 1200), 3)
     np.testing.assert_array_equal(pixels, reference)
 

@@ -14,7 +14,7 @@ import pytest
 from contract.spec import SpecError
 from export import ExportCheckError
 from export.onnx_export import example_inputs
-from export.other_runtimes import check_openvino, write_inlined
+from export.verify import check_openvino, write_inlined
 from gmlp.cli import main as gmlp
 from model import build_model, load_checkpoint
 from support.helpers import perturbed

@@ -8,7 +8,7 @@ import pytest
 
 from gmlp.cli import build_parser
 from gmlp.train_commands import PRECISIONS as CLI_PRECISIONS
-from model.precision import PRECISIONS, native_bf16, resolve_precision
+from model.train.loop import PRECISIONS, native_bf16, resolve_precision
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="needs Linux /proc/cpuinfo")

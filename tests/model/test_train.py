@@ -92,7 +92,7 @@ def test_train_vision_writes_loadable_checkpoint(vision_ckpt: Path) -> None:
     import torch
 
     from model import load_checkpoint
-    from model.precision import native_bf16
+    from model.train.loop import native_bf16
 
     model = load_checkpoint(vision_ckpt)
     info = model.checkpoint_info
@@ -340,8 +340,7 @@ def test_eval_record_puts_served_figures_in_the_card(
     import shutil
 
     export = pytest.importorskip("export.directory")
-    from model.train.card import fill_mask_examples
-    from model.train.evaluate import open_predictor
+    from model.train.evaluate import fill_mask_examples, open_predictor
 
     ckpt = workdir / "mlm-recorded"
     shutil.copytree(mlm_ckpt, ckpt)

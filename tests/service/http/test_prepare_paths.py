@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from contract.image import decode_image
+from contract.image import load_image, open_image
 from contract.spec import read_spec
 from service.engine.request_context import Deadline
 from service.settings import ServiceSettings
@@ -130,8 +130,10 @@ def test_jpeg_draft_setting_chooses_the_decode(
     pipeline = _load(tiny_vision_served, make_settings(variant="fp32", jpeg_draft=draft))
     assert isinstance(pipeline, VisionPipeline)
     data, transform = _jpeg(512, 2), pipeline.transform
-    reduced = transform.transform(decode_image(data, 10**8, min_side=2 * transform.resize_size))
-    full = transform.transform(decode_image(data, 10**8))
+    reduced = transform.transform(
+        load_image(open_image(data, 10**8), 10**8, min_side=2 * transform.resize_size)
+    )
+    full = transform.transform(load_image(open_image(data, 10**8), 10**8))
     assert not np.array_equal(reduced, full)
     got = _run(pipeline, lambda: _logits(pipeline, data))
     expected, other = (
