@@ -65,24 +65,20 @@ def _idle_since(protocol: Any) -> int | None:
     return stamp
 
 
-def evict_idle(server_state: ServerState, app_state: dict[str, Any]) -> bool:
-    """Close the oldest idle keep-alive connection (as its keep-alive timeout would); False when none."""
+def admit(cap: int | None, server_state: ServerState, app_state: dict[str, Any]) -> bool:
+    """Whether a newly accepted connection may take a slot: below the cap, or at it once the oldest
+    idle keep-alive connection is closed (as its keep-alive timeout would)."""
     connections: set[Any] = server_state.connections
+    if cap is None or len(connections) < cap:
+        return True
     idle = [(since, id(p), p) for p in connections if (since := _idle_since(p)) is not None]
     if not idle:
         return False
-    _, _, oldest = min(idle)
+    oldest = min(idle)[2]
     oldest.timeout_keep_alive_handler()
-    server_state.connections.discard(oldest)  # its slot is free now; connection_lost follows
+    connections.discard(oldest)  # its slot is free now; connection_lost follows
     observe(app_state, CLOSE_OBSERVER, "http", "idle_evicted")
     return True
-
-
-def admit(cap: int | None, server_state: ServerState, app_state: dict[str, Any]) -> bool:
-    """Whether a newly accepted connection may take a slot (evicting an idle one when at the cap)."""
-    if cap is None or len(server_state.connections) < cap:
-        return True
-    return evict_idle(server_state, app_state)
 
 
 class Refusal(asyncio.Protocol):
