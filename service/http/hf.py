@@ -42,6 +42,7 @@ from service.http.schemas import (
     MaskPrediction,
     MessageError,
     error_responses,
+    examples,
     inline_schema,
 )
 from service.tasks.pipeline import HFOptions, Pipeline
@@ -70,11 +71,8 @@ class HFParameters(BaseModel):
 
 
 class HFRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [{"inputs": "paris is the [MASK] of france.", "parameters": {"top_k": 3}}]
-        },
+    model_config = examples(
+        {"inputs": "paris is the [MASK] of france.", "parameters": {"top_k": 3}}, extra="forbid"
     )
     inputs: str = Field(
         min_length=1,

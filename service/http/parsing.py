@@ -16,7 +16,7 @@ import re
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, Strict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from contract import strict_json
@@ -25,6 +25,7 @@ from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION, decode_base64
 from contract.messages import echo
 from service.http.errors import validation_error
+from service.http.schemas import examples
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -82,7 +83,7 @@ class ClassifyQuery(BaseModel):
 class ClassifyJSONRequest(BaseModel):
     """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"image": TINY_PNG_BASE64}]})
+    model_config = examples({"image": TINY_PNG_BASE64}, extra="forbid")
     image: str = Field(
         min_length=1,
         pattern=BASE64_PATTERN,
@@ -91,10 +92,7 @@ class ClassifyJSONRequest(BaseModel):
 
 
 class FillMaskRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"text": "paris is the [MASK] of france.", "top_k": 5}]},
-    )
+    model_config = examples({"text": "paris is the [MASK] of france.", "top_k": 5}, extra="forbid")
     text: str = Field(
         min_length=1,
         max_length=MAX_TEXT_LENGTH,
