@@ -54,16 +54,12 @@ KEY_HEADERS = (b"authorization", b"x-api-key")  # where a request presents its k
 _LINE_OVERHEAD = 16
 
 
-def head_bytes(scope: Scope) -> int:
-    """The size of the request line (path, `?` and query string) and the headers, as sent."""
-    query = scope.get("query_string") or b""
-    target = len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0)
-    return _LINE_OVERHEAD + target + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
-
-
 def head_error(scope: Scope, max_header_bytes: int) -> RequestError | None:
     """Why the request head is refused, or None when it is fine."""
-    size = head_bytes(scope)
+    # The size of the request line (path, `?` and query string) and the headers, as sent.
+    query = scope.get("query_string") or b""
+    target = len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0)
+    size = _LINE_OVERHEAD + target + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
     if size > max_header_bytes:
         return HeadersTooLarge(
             ErrorCode.HEADERS_TOO_LARGE,
