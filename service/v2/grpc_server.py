@@ -1,24 +1,16 @@
 """Open Inference Protocol v2 over gRPC (`inference.GRPCInferenceService`), in the HTTP server's process.
 
 The gRPC server runs on the same event loop as uvicorn and serves the same `ServiceState`, so its
-requests join the same dynamic batchers as REST traffic and see the same lifecycle (ready only
-after warm-up, draining on shutdown). The limits are the HTTP ones: the largest message is
-`max_upload_bytes`, the deadline is the client's gRPC deadline capped by `request_timeout_s`, a full
-queue answers UNAVAILABLE. Core errors map to status codes in one table, `GRPC_STATUS`; the
-messages are the ones REST clients read.
+requests join the same dynamic batchers as REST traffic and see the same lifecycle. The limits are
+the HTTP ones: the largest message is `max_upload_bytes`, the deadline is the client's gRPC
+deadline capped by `request_timeout_s`. Core errors map to status codes in one table,
+`GRPC_STATUS`; the messages are the ones REST clients read.
 
-Around each servicer method (`CallHandling`): the request id, the call's span, its metrics, access
-control and the one exception path. This is one wrapper per method, applied once when the servicer
-is registered, rather than `grpc.aio` server interceptors: an interceptor is awaited on every call
-and hands back a new method handler each time, and each layer adds a coroutine to the call; at a
-batched model server's call rates that cost about as much CPU as the rest of the call. A wrapper
-costs one coroutine per call.
-
-The request id (`x-request-id` metadata: the client's when acceptable, else generated) comes back
-in the trailing metadata, sent with the status at no extra cost. The key comes as `authorization`
-metadata (`Bearer KEY`, what tritonclient sends from its `headers`) or `x-api-key`; a refused call
-never reaches the servicer. TLS comes from the same files as HTTPS (`service.access.tls`), re-read
-when they change: gRPC asks for the current certificate at each new connection's handshake.
+Around each servicer method (`CallHandling`): the request id (back in the trailing metadata), the
+call's span, its metrics, access control and the one exception path. This is one wrapper per
+method, applied once when the servicer is registered, rather than `grpc.aio` server interceptors:
+an interceptor is awaited on every call and hands back a new method handler each time; at a
+batched model server's call rates that costs about as much CPU as the rest of the call.
 """
 
 from __future__ import annotations
@@ -96,11 +88,6 @@ _CONTENTS = {
     "FP64": "fp64_contents",
     BYTES: "bytes_contents",
 }
-
-
-def grpc_status(kind: type[RequestError]) -> grpc.StatusCode:
-    """The status code of an error of type `kind`."""
-    return most_specific(GRPC_STATUS, kind, grpc.StatusCode.INTERNAL)
 
 
 def _parameters(
@@ -347,7 +334,8 @@ class CallHandling:
         if isinstance(exc, RequestError):
             self.metrics.refused("grpc", exc.code)
             request_context.note_error(exc.code, exc.message)
-            status, message = grpc_status(type(exc)), exc.message
+            status = most_specific(GRPC_STATUS, type(exc), grpc.StatusCode.INTERNAL)
+            message = exc.message
             if isinstance(exc, RateLimited):
                 trailer = (*trailer, ("retry-after", str(exc.retry_after_s)))
         else:
