@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from fastapi import Request
@@ -79,27 +80,19 @@ def head_error(scope: Scope, max_header_bytes: int) -> RequestError | None:
     return None
 
 
+@dataclass
 class RequestGate:
     """The innermost of the service's middlewares, and the end of every HTTP request (see the
     module doc): FastAPI's router, the app it wraps, sees the lifespan, and only the requests for
     routes that need FastAPI's injection."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        table: RouteTable,
-        errors: ErrorResponder,
-        keys: KeyStore,
-        max_header_bytes: int,
-        max_body_bytes: int,
-    ) -> None:
-        self.app = app
-        self.table = table
-        self.errors = errors
-        self.keys = keys
-        self.max_header_bytes = max_header_bytes
-        self.max_body_bytes = max_body_bytes
+    app: ASGIApp
+    _: KW_ONLY
+    table: RouteTable
+    errors: ErrorResponder
+    keys: KeyStore
+    max_header_bytes: int
+    max_body_bytes: int
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,19 +42,18 @@ def server_timing(request: RequestContext) -> bytes:
     ).encode()
 
 
+@dataclass
 class RequestObservationMiddleware:
     """See the module docstring; `tracing` is None when tracing is off."""
 
-    def __init__(
-        self, app: ASGIApp, *, metrics: ServiceMetrics, tracing: Tracing | None, timing: bool, access: bool
-    ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.tracing = tracing
-        self.timing = timing
-        self.access = access
-        # (route, method, status) -> its counter and histogram: looked up once, not per request.
-        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+    app: ASGIApp
+    _: KW_ONLY
+    metrics: ServiceMetrics
+    tracing: Tracing | None
+    timing: bool
+    access: bool
+    # (route, method, status) -> its counter and histogram: looked up once, not per request.
+    _series: dict[tuple[str, str, str], tuple[Any, Any]] = field(default_factory=dict, init=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

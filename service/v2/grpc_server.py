@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -258,13 +259,13 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
     ]
 
 
+@dataclass(frozen=True)
 class CallHandling:
     """Wraps the servicer's methods (`servicer(...)`); `keys` None: no access control."""
 
-    def __init__(self, metrics: ServiceMetrics, keys: KeyStore | None, tracing: Tracing | None) -> None:
-        self.metrics = metrics
-        self.keys = keys
-        self.tracing = tracing
+    metrics: ServiceMetrics
+    keys: KeyStore | None
+    tracing: Tracing | None
 
     def servicer(self, servicer: Any) -> Any:
         """An object whose attributes are `servicer`'s methods, each wrapped (what the generated
