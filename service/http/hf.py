@@ -26,10 +26,9 @@ from service.access.scope import Scope
 from service.engine.request_context import Deadline, before
 from service.http.errors import REST_ERRORS, ErrorTable, message_body
 from service.http.parsing import (
-    MAX_TARGETS,
     MAX_TEXT_LENGTH,
     RAW_TYPES,
-    Target,
+    Targets,
     TopK,
     json_body,
     media_type,
@@ -59,12 +58,7 @@ router = APIRouter(
 class HFParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
     top_k: TopK | None = Field(None, description="results (per [MASK]); classifiers cap it at their labels")
-    targets: list[Target] | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_TARGETS,
-        description="fill-mask: restrict the candidates to these words",
-    )
+    targets: Targets | None = Field(None, description="fill-mask: restrict the candidates to these words")
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
         None, description="image classification: how logits become scores (default softmax)"
     )

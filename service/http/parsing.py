@@ -34,6 +34,7 @@ MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token w
 MAX_TARGETS = 1000
 MAX_TARGET_LENGTH = 100  # characters of one target word
 Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
+Targets = Annotated[list[Target], Field(min_length=1, max_length=MAX_TARGETS)]
 # What `base64.b64decode(validate=True)` accepts, optionally behind a data: URL header.
 BASE64_PATTERN = r"^(data:[^,]*;base64,)?([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 # A text is refused without one (the codec checks the tokens; this states it in the schema).
@@ -100,10 +101,8 @@ class FillMaskRequest(BaseModel):
         description="text with one or more [MASK] tokens (at most the model's window of tokens)",
     )
     top_k: TopK = Field(5, description="predictions per [MASK]")
-    targets: list[Target] | None = Field(
+    targets: Targets | None = Field(
         None,
-        min_length=1,
-        max_length=MAX_TARGETS,
         description="restrict the candidates to these words; a word that is not one vocabulary token is "
         "replaced by its first wordpiece (as Hugging Face's fill-mask pipeline does)",
     )
