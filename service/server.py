@@ -119,12 +119,11 @@ def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
     HTTP and gRPC connection caps and of each model's queue; no metrics port (the supervisor serves
     it). A lone request still runs on every CPU (`lone_threads`): the other workers are idle then."""
     n = settings.workers
-    lone = settings.usable_cpus() if settings.lone_threads is None else settings.lone_threads
     return settings.model_copy(
         update={
             "port": port,
             "cpus": max(1, settings.usable_cpus() // n),
-            "lone_threads": lone,
+            "lone_threads": settings.resolved_lone_threads("cpu"),
             "max_connections": _share(settings.max_connections, n),
             "grpc_max_connections": _share(settings.grpc_max_connections, n),
             "max_queue_size": _share(settings.max_queue_size, n),

@@ -99,9 +99,6 @@ class Refusal(asyncio.Protocol):
             transport.write_eof()
         self.timer = asyncio.get_running_loop().call_later(self.linger_s, transport.close)
 
-    def data_received(self, data: bytes) -> None:
-        """Discarded: the answer is already on its way."""
-
     def eof_received(self) -> bool:
         self.transport.close()
         return False
@@ -201,9 +198,6 @@ class TlsHandshake(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.early_eof = True
         return True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """The connection ended between the handshake and the hand-over: nothing to hand over."""
 
     def shutdown(self) -> None:
         """uvicorn's shutdown of every connection it counts: a handshake in progress is dropped."""

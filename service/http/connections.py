@@ -237,8 +237,6 @@ def http_protocol(
     """The capped protocol uvicorn's "auto" would pick (httptools when installed, else h11), or the
     one `name`d, with its header and send deadlines (None: none)."""
     base = PROTOCOLS[name] if name is not None else PROTOCOLS.get("httptools", CappedH11Protocol)
-    if header_timeout_s is None and send_timeout_s is None:
-        return base
     deadlines = {"header_timeout_s": header_timeout_s, "send_timeout_s": send_timeout_s}
     return type(base.__name__, (base,), deadlines)
 

@@ -3,16 +3,9 @@
 Below the transports nothing chooses a status code: preprocessing, the text codec, the batcher and
 the pipelines raise transport-free errors with a machine code and a message that says what is
 accepted. An `ErrorTable` is the whole mapping of one API (its status per error type and the shape
-of its body); `REST_ERRORS` here serves the task routes, `service.http.hf` and `service.v2.rest`
-have their own. Each route carries its API's table (`service.http.routing.DirectRoute`), and the
-`ErrorResponder` renders a refusal with the table of the route the request is for, so a client
-sees one shape per API:
-
-    REST: {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
-    v2:   {"error": "..."}
-
-`ErrorResponder.exception` is the one exception path of every HTTP request (`service.http.gate`):
-core errors, FastAPI's validation errors, Starlette's 404/405 and unexpected exceptions.
+of its body: REST's `{"error": {"code", "message", "details"?}}`, or `{"error": "<message>"}`);
+each route carries its API's table (`service.http.routing.DirectRoute`), so a client sees one shape
+per API. `ErrorResponder.exception` is the one exception path of every HTTP request.
 """
 
 from __future__ import annotations

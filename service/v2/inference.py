@@ -266,11 +266,6 @@ def _data_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
 
 
-def _dims(tensor: dict[str, Any]) -> list[int]:
-    """The tensor's shape less the batch axis (Triton's `dims` of a model with max_batch_size > 0)."""
-    return list(tensor["shape"][1:])
-
-
 def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
     """The served model's configuration in Triton's schema."""
     served = state.loaded(model.name, model.version)
@@ -288,13 +283,13 @@ def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
                 "name": t["name"],
                 "data_type": _data_type(t["datatype"]),
                 "format": "FORMAT_NONE",
-                "dims": _dims(t),
+                "dims": t["shape"][1:],  # Triton's dims: without the batch axis
                 "optional": False,
             }
             for t in served.v2.inputs(model.encoded)
         ],
         "output": [
-            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": _dims(t)}
+            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": t["shape"][1:]}
             for t in served.v2.outputs()
         ],
         "dynamic_batching": {
