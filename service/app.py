@@ -80,8 +80,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         watcher.cancel()
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
             loop.remove_signal_handler(signal.SIGHUP)
-        if not loader.done():
-            loader.cancel()
+        loader.cancel()  # a no-op once it is done
         await asyncio.gather(loader, sampler, watcher, return_exceptions=True)
         if grpc_server is not None:
             await grpc_server.stop(settings.drain_timeout_s)

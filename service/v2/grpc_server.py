@@ -127,10 +127,7 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
         )
     inputs = [_input(t, raws[i] if raws else None) for i, t in enumerate(request.inputs)]
     return InferRequest(
-        inputs=inputs,
-        outputs=[o.name for o in request.outputs],
-        id=request.id,
-        parameters=_parameters(request.parameters),
+        inputs, [o.name for o in request.outputs], request.id, _parameters(request.parameters)
     )
 
 
@@ -166,15 +163,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(**inference.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
-        document = inference.model_metadata(
-            self.state, inference.resolve(self.state, request.name, request.version)
-        )
+        model = inference.resolve(self.state, request.name, request.version)
+        document = inference.model_metadata(self.state, model)
         return json_format.ParseDict(document, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
-        document = inference.model_config(
-            self.state, inference.resolve(self.state, request.name, request.version)
-        )
+        model = inference.resolve(self.state, request.name, request.version)
+        document = inference.model_config(self.state, model)
         return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
@@ -182,11 +177,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(document, pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:
-        settings = self.state.settings
-        remaining = context.time_remaining()
-        timeout = (
-            settings.request_timeout_s if remaining is None else min(settings.request_timeout_s, remaining)
-        )
+        limit, remaining = self.state.settings.request_timeout_s, context.time_remaining()
+        timeout = limit if remaining is None else min(limit, remaining)
         deadline = Deadline.after(max(0.0, timeout))
         model = inference.resolve(self.state, request.model_name, request.model_version)
         with self.state.lease(model.name, model.version, kind=Pipeline) as served:  # held until answered

@@ -225,12 +225,9 @@ async def read_infer_request(request: Request) -> tuple[InferRequest, Callable[[
         )
     parameters = body.parameters.model_dump(exclude_none=True) if body.parameters else {}
     default_binary = bool(parameters.get("binary_data_output", False))
-    binary: set[str] = set()
-    for out in body.outputs or []:
-        flag = out.parameters.binary_data if out.parameters else None
-        if default_binary if flag is None else flag:
-            binary.add(out.name)
-    outputs = [o.name for o in body.outputs or []]
+    flags = [(o.name, o.parameters.binary_data if o.parameters else None) for o in body.outputs or []]
+    binary = {name for name, flag in flags if (default_binary if flag is None else flag)}
+    outputs = [name for name, _ in flags]
     request_ = InferRequest(inputs, outputs, body.id or "", parameters)
     # Without a list of outputs, binary_data_output applies to every output produced.
     return request_, inference.all_raw if default_binary and not outputs else binary.__contains__
