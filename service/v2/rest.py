@@ -253,28 +253,17 @@ def answer_json(
 
     `json.dumps` of one list holds the GIL from its first number to its last: on millions of
     numbers that is seconds in which no other thread runs, the event loop included, even when the
-    encoding runs in a worker thread. So a big answer's `data` is written slice by slice
+    encoding runs in a worker thread. So each output's `data` is written slice by slice
     (`json_data`), the GIL free between slices; the text is exactly what `_dumps` writes for the
-    whole answer, which an answer of at most `SLICE_ELEMENTS` numbers, the usual case, is."""
-    entries: list[dict[str, Any]] = []
-    sliced: dict[int, Tensor] = {}  # entries whose data is written slice by slice
-    small = sum(int(tensor.array.size) for tensor in outputs) <= SLICE_ELEMENTS
+    whole answer."""
+    texts = []
     for tensor in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         parameters = raw(tensor)
         if parameters is not None:
-            entry["parameters"] = parameters
-        elif small:
-            entry["data"] = tensor.json_data()
+            texts.append(_dumps({**entry, "parameters": parameters}))
         else:
-            sliced[len(entries)] = tensor
-        entries.append(entry)
-    if not sliced:
-        return _dumps({**head, "outputs": entries}).encode()
-    texts = [
-        _dumps(entry)[:-1] + ',"data":' + json_data(sliced[i]) + "}" if i in sliced else _dumps(entry)
-        for i, entry in enumerate(entries)
-    ]
+            texts.append(_dumps(entry)[:-1] + ',"data":' + json_data(tensor) + "}")
     return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(texts) + "]}").encode()
 
 
