@@ -55,31 +55,6 @@ KEY_HEADERS = (b"authorization", b"x-api-key")  # where a request presents its k
 _LINE_OVERHEAD = 16
 
 
-def head_error(scope: Scope, max_header_bytes: int) -> RequestError | None:
-    """Why the request head is refused, or None when it is fine."""
-    # The size of the request line (path, `?` and query string) and the headers, as sent.
-    query = scope.get("query_string") or b""
-    target = len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0)
-    size = _LINE_OVERHEAD + target + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
-    if size > max_header_bytes:
-        return HeadersTooLarge(
-            ErrorCode.HEADERS_TOO_LARGE,
-            f"the request line and headers are {size} bytes; at most {max_header_bytes} are accepted",
-        )
-    if scope.get("http_version") == "1.1":
-        hosts = sum(1 for name, _ in scope["headers"] if name == b"host")
-        if hosts != 1:
-            return MalformedRequest(
-                ErrorCode.BAD_REQUEST,
-                f"an HTTP/1.1 request needs exactly one Host header; this one has {hosts}",
-            )
-    if CONTROL_CHARACTERS.search(scope["path"]):
-        return RouteNotFound(
-            ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
-        )
-    return None
-
-
 @dataclass
 class RequestGate:
     """The innermost of the service's middlewares, and the end of every HTTP request (see the
@@ -127,9 +102,26 @@ class RequestGate:
 
     def admit(self, scope: Scope, needed: KeyScope | None) -> None:
         """Raises the refusal of the request's head or of its key, if any."""
-        error = head_error(scope, self.max_header_bytes)
-        if error is not None:
-            raise error
+        # The size of the request line (path, `?` and query string) and the headers, as sent.
+        query = scope.get("query_string") or b""
+        target = len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0)
+        size = _LINE_OVERHEAD + target + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+        limit = self.max_header_bytes
+        if size > limit:
+            raise HeadersTooLarge(
+                ErrorCode.HEADERS_TOO_LARGE,
+                f"the request line and headers are {size} bytes; at most {limit} are accepted",
+            )
+        hosts = sum(1 for name, _ in scope["headers"] if name == b"host")
+        if scope.get("http_version") == "1.1" and hosts != 1:
+            raise MalformedRequest(
+                ErrorCode.BAD_REQUEST,
+                f"an HTTP/1.1 request needs exactly one Host header; this one has {hosts}",
+            )
+        if CONTROL_CHARACTERS.search(scope["path"]):
+            raise RouteNotFound(
+                ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
+            )
         if needed is not None and needed not in self.keys.open_scopes:
             presented = [
                 (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in KEY_HEADERS

@@ -199,14 +199,13 @@ def secure_openapi(app: FastAPI, keys: KeyStore, table: RouteTable) -> None:
                 if not isinstance(operation, dict):
                     continue
                 needed = declared.get((path, method), UNMATCHED_SCOPE)
-                if needed in keys.open_scopes:
-                    needed = None
-                operation["security"] = [] if needed is None else [{"bearer": []}, {"apiKey": []}]
-                if needed is not None:
-                    operation["x-required-scope"] = str(needed)
-                    responses = operation.setdefault("responses", {})
-                    for status, response in REFUSALS.items():
-                        responses.setdefault(status, response)
+                if needed is None or needed in keys.open_scopes:
+                    operation["security"] = []
+                    continue
+                operation["security"] = [{"bearer": []}, {"apiKey": []}]
+                operation["x-required-scope"] = str(needed)
+                responses = operation.setdefault("responses", {})
+                responses.update({status: r for status, r in REFUSALS.items() if status not in responses})
         app.openapi_schema = schema
         return schema
 
