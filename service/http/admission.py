@@ -140,7 +140,6 @@ class TlsHandshake(asyncio.Protocol):
     ) -> None:
         self.config, self.server_state, self.app_state = config, server_state, app_state
         self.loop = _loop or asyncio.get_event_loop()
-        self.inner: Any = None
         self.started = 0.0
         self.raw: asyncio.Transport | None = None
         self.early: list[bytes] = []  # application data decrypted before the hand-over
@@ -182,14 +181,14 @@ class TlsHandshake(asyncio.Protocol):
         """The HTTP protocol takes the TLS transport, with what arrived with the handshake."""
         if tls is None or tls.is_closing():
             return
-        self.inner = self.http(config=self.config, server_state=self.server_state, app_state=self.app_state)  # type: ignore[call-arg]
-        self.inner.admitted = True
-        tls.set_protocol(self.inner)
-        self.inner.connection_made(tls)
+        inner: Any = self.http(config=self.config, server_state=self.server_state, app_state=self.app_state)  # type: ignore[call-arg]
+        inner.admitted = True
+        tls.set_protocol(inner)
+        inner.connection_made(tls)
         for data in self.early:
-            self.inner.data_received(data)
+            inner.data_received(data)
         if self.early_eof:
-            self.inner.eof_received()
+            inner.eof_received()
 
     # Until the hand-over the TLS transport's protocol is this one.
     def data_received(self, data: bytes) -> None:

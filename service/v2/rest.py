@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -129,15 +130,10 @@ def _model_routes(
         async def newest(request: Request, name: str) -> Response:
             return await handler(request, name, "")
 
-        @requires(scope)
-        async def named(request: Request, name: str, version: str) -> Response:
-            return await handler(request, name, version)
-
-        for path, endpoint, endpoint_name, title in (
-            (f"/models/{{name}}{suffix}", newest, names[0], summary),
-            (f"/models/{{name}}/versions/{{version}}{suffix}", named, names[1], f"{summary} (a version)"),
-        ):
-            router.add_api_route(path, endpoint, methods=[method], name=endpoint_name, summary=title, **route)
+        add = partial(router.add_api_route, methods=[method], **route)
+        add(f"/models/{{name}}{suffix}", newest, name=names[0], summary=summary)
+        versioned = f"/models/{{name}}/versions/{{version}}{suffix}"
+        add(versioned, requires(scope)(handler), name=names[1], summary=f"{summary} (a version)")
         return handler
 
     return register
