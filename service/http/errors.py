@@ -127,9 +127,8 @@ class ErrorResponder:
 
     The route is the one the request gate matched (`route`, or `scope["route"]` once recorded); a
     route without a table of its own, and a path no route takes, get the table of the router prefix
-    it falls under (`namespaces`), else `default`."""
+    it falls under (`namespaces`), else `REST_ERRORS`."""
 
-    default: ErrorTable = REST_ERRORS
     namespaces: Mapping[str, ErrorTable] = field(default_factory=dict)
     # Called with (transport, machine code) for every error answered: what an operator sees shed.
     observe: Callable[[str, str], None] | None = None
@@ -142,7 +141,7 @@ class ErrorResponder:
         for prefix, owned in self.namespaces.items():
             if path == prefix or path.startswith(prefix + "/"):
                 return owned
-        return self.default
+        return REST_ERRORS
 
     def response(
         self,

@@ -339,11 +339,7 @@ class CallHandling:
 
 
 async def start_grpc(
-    state: ServiceState,
-    *,
-    keys: KeyStore | None = None,
-    tls: TlsFiles | None = None,
-    tracing: Tracing | None = None,
+    state: ServiceState, keys: KeyStore | None, tls: TlsFiles | None, tracing: Tracing | None
 ) -> aio.Server:
     """A `grpc.aio` server serving `state` on the running event loop, bound and started (raises
     when the address cannot be bound); with `keys`, calls need the key their method's scope asks
