@@ -131,9 +131,11 @@ def _model_routes(
             return await handler(request, name, "")
 
         add = partial(router.add_api_route, methods=[method], **route)
-        add(f"/models/{{name}}{suffix}", newest, name=names[0], summary=summary)
+        add(path=f"/models/{{name}}{suffix}", endpoint=newest, name=names[0], summary=summary)
         versioned = f"/models/{{name}}/versions/{{version}}{suffix}"
-        add(versioned, requires(scope)(handler), name=names[1], summary=f"{summary} (a version)")
+        add(
+            path=versioned, endpoint=requires(scope)(handler), name=names[1], summary=f"{summary} (a version)"
+        )
         return handler
 
     return register
