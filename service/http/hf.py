@@ -89,7 +89,6 @@ _BODY: dict[str, Any] = {
         },
     }
 }
-HFResponse = list[LabelScore] | list[MaskPrediction] | list[list[MaskPrediction]]
 
 
 async def _read(request: Request, served: Pipeline) -> tuple[str | bytes, HFParameters]:
@@ -115,7 +114,7 @@ async def _read(request: Request, served: Pipeline) -> tuple[str | bytes, HFPara
 
 @router.post(
     "/{name}",
-    response_model=HFResponse,
+    response_model=list[LabelScore] | list[MaskPrediction] | list[list[MaskPrediction]],
     responses=error_responses(MessageError),
     openapi_extra=_BODY,
     summary="Hugging Face inference API (fill-mask, image classification)",

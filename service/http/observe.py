@@ -96,8 +96,7 @@ class RequestObservationMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = list(message.get("headers", ()))
-                headers.append((_REQUEST_ID, request_id))
+                headers = [*message.get("headers", ()), (_REQUEST_ID, request_id)]
                 if timing:
                     headers.append((b"server-timing", server_timing(request)))
                 message = {**message, "headers": headers}
