@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
 import grpc
@@ -59,7 +60,7 @@ from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 GRPC_STATUS: Mapping[type[RequestError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
@@ -262,17 +263,13 @@ class CallHandling:
     def servicer(self, servicer: Any) -> Any:
         """An object whose attributes are `servicer`'s methods, each wrapped (what the generated
         registration function reads once per method)."""
-        handling = self
-
-        class Wrapped:
-            def __getattr__(self, name: str) -> UnaryCall:
-                return handling.wrap(getattr(servicer, name), name)
-
-        return Wrapped()
+        return SimpleNamespace(
+            **{name: self.wrap(getattr(servicer, name), name) for name in SERVICE.methods_by_name}
+        )
 
     def wrap(self, call: UnaryCall, method: str) -> UnaryCall:
         """`call` with the request id, span, metrics and access control of method `method`."""
-        full_name = f"/{SERVICE_NAME}/{method}"
+        full_name = f"/{SERVICE.full_name}/{method}"
         scope = grpc_scope(full_name)
         keyed = self.keys is not None and scope is not None and scope not in self.keys.open_scopes
         keys = self.keys if keyed else None

@@ -168,30 +168,22 @@ def server_live(state: ServiceState) -> bool:
     return state.phase is not Phase.FAILED
 
 
-def version_number(state: ServiceState, name: str, version: str) -> int | None:
-    """A request's version: None (empty: the newest READY one) or a number; anything else is a
-    version no model has."""
-    if version == "":
-        return None
-    try:
-        return parse_version(version)
-    except VersionError as exc:
-        known = state.table.models.get(name)
-        raise ModelNotFound(
-            ErrorCode.VERSION_NOT_FOUND,
-            f"model {echo(name)} has no version {echo(version)} ({exc}); versions: "
-            f"{[str(v) for v in sorted(known.versions)] if known else []}",
-        ) from None
-
-
 def resolve(state: ServiceState, name: str, version: str = "") -> ModelRef:
-    """The model a v2 name means at `version` (empty: the newest READY one): `NAME` lists the
-    graph's tensors, `NAME-ensemble` the encoded input (a model the repository holds under that
-    very name is that model)."""
+    """The model a v2 name means at `version` (empty: the newest READY one; not a number: a version
+    no model has): `NAME` lists the graph's tensors, `NAME-ensemble` the encoded input (a model the
+    repository holds under that very name is that model)."""
     base = name.removesuffix(ENSEMBLE_SUFFIX)
     encoded = base != name and not state.table.known(name) and state.table.known(base)
     model_name = base if encoded else name
-    return ModelRef(name, model_name, version_number(state, model_name, version), encoded)
+    try:
+        return ModelRef(name, model_name, parse_version(version) if version else None, encoded)
+    except VersionError as exc:
+        known = state.table.models.get(model_name)
+        raise ModelNotFound(
+            ErrorCode.VERSION_NOT_FOUND,
+            f"model {echo(model_name)} has no version {echo(version)} ({exc}); versions: "
+            f"{[str(v) for v in sorted(known.versions)] if known else []}",
+        ) from None
 
 
 def model_metadata(state: ServiceState, model: ModelRef) -> dict[str, Any]:
