@@ -177,27 +177,21 @@ async def _statistics(request: Request, name: str, version: str) -> JSONResponse
     return model_response(ModelStatisticsBody.model_validate(document))
 
 
-def _binary_length(request: Request, size: int) -> int | None:
-    value = request.headers.get(HEADER_LENGTH)
-    if value is None:
-        return None
-    # ASCII digits only ("²".isdigit() is true, and int() refuses it), at most those of any length.
-    if not (value.isascii() and value.isdigit() and len(value) <= 19) or int(value) > size:
-        raise InvalidInput(
-            ErrorCode.INVALID_HEADER,
-            f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {echo(value)}",
-        )
-    return int(value)
-
-
 async def read_infer_request(request: Request) -> tuple[InferRequest, Callable[[str], bool]]:
     """The request, and which outputs (by name) to return as binary data."""
     mime = media_type(request)
     if mime not in _JSON_TYPES and not mime.endswith("+json"):
         raise unsupported_media_type(mime, "send JSON, or JSON followed by binary tensors (octet-stream)")
     raw = await request.body()
-    length = _binary_length(request, len(raw))
-    head, tail = (raw, b"") if length is None else (raw[:length], raw[length:])
+    head, tail = raw, b""
+    if (length := request.headers.get(HEADER_LENGTH)) is not None:
+        # ASCII digits only ("²".isdigit() is true, and int() refuses it), at most those of any length.
+        if not (length.isascii() and length.isdigit() and len(length) <= 19) or int(length) > len(raw):
+            raise InvalidInput(
+                ErrorCode.INVALID_HEADER,
+                f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{len(raw)}), got {echo(length)}",
+            )
+        head, tail = raw[: int(length)], raw[int(length) :]
     if not head:
         raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send a JSON inference request")
     body = json_body(head, InferRequestBody, "the inference request")
