@@ -83,14 +83,8 @@ class DirectRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         dependant = self.dependant
-        injected = (
-            dependant.query_params,
-            dependant.header_params,
-            dependant.cookie_params,
-            dependant.body_params,
-            dependant.dependencies,
-        )
-        if any(injected) or dependant.request_param_name is None:
+        injected = ("query_params", "header_params", "cookie_params", "body_params", "dependencies")
+        if any(getattr(dependant, kind) for kind in injected) or dependant.request_param_name is None:
             raise TypeError(f"{self.path}: a direct endpoint takes the Request and path parameters only")
         return self.endpoint  # never run by FastAPI's router: the gate calls it with the path parameters
 
