@@ -86,18 +86,17 @@ class Refusal(asyncio.Protocol):
     discarded (closing with unread data would reset the connection and could lose the answer) until
     it closes or `linger_s` passes."""
 
-    def __init__(self, server_state: ServerState, answer: bytes, linger_s: float) -> None:
-        self.answer, self.linger_s = answer, linger_s
+    def __init__(
+        self, transport: asyncio.Transport, server_state: ServerState, answer: bytes, linger_s: float
+    ) -> None:
+        self.transport = transport
         self.lingering = _lingering.setdefault(server_state, set())
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.lingering.add(self)
-        transport.write(self.answer)
+        transport.set_protocol(self)
+        transport.write(answer)
         if transport.can_write_eof():
             transport.write_eof()
-        self.timer = asyncio.get_running_loop().call_later(self.linger_s, transport.close)
+        self.timer = asyncio.get_running_loop().call_later(linger_s, transport.close)
 
     def eof_received(self) -> bool:
         self.transport.close()
@@ -105,8 +104,7 @@ class Refusal(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lingering.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
+        self.timer.cancel()
 
 
 def refuse(
@@ -117,9 +115,7 @@ def refuse(
     if len(_lingering.get(server_state, ())) >= cap:
         transport.abort()
         return
-    refusal = Refusal(server_state, answer, linger_s)
-    transport.set_protocol(refusal)
-    refusal.connection_made(transport)
+    Refusal(transport, server_state, answer, linger_s)
 
 
 class TlsHandshake(asyncio.Protocol):
