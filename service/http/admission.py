@@ -136,8 +136,6 @@ class TlsHandshake(asyncio.Protocol):
     ) -> None:
         self.config, self.server_state, self.app_state = config, server_state, app_state
         self.loop = _loop or asyncio.get_event_loop()
-        self.started = 0.0
-        self.raw: asyncio.Transport | None = None
         self.early: list[bytes] = []  # application data decrypted before the hand-over
         self.early_eof = False
 
@@ -147,7 +145,7 @@ class TlsHandshake(asyncio.Protocol):
             transport.abort()  # no handshake work for a connection that has no room
             observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.TOO_MANY_CONNECTIONS)
             return
-        self.raw = transport
+        self.raw = transport  # counted from here on, so uvicorn's shutdown finds it
         self.server_state.connections.add(self)  # type: ignore[arg-type]
         self.started = self.loop.time()
         starting = self.loop.start_tls(
@@ -196,8 +194,7 @@ class TlsHandshake(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """uvicorn's shutdown of every connection it counts: a handshake in progress is dropped."""
-        if self.raw is not None:
-            self.raw.close()
+        self.raw.close()
 
 
 def tls_protocol(
