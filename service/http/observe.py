@@ -113,7 +113,13 @@ class RequestObservationMiddleware:
                 request.route = route
                 self._count(route, method, status, time.perf_counter() - start)
                 if tracing is not None:
-                    self._end_span(tracing, request, route, status, body_times)
+                    if len(body_times) == 2 and request.span.is_recording():
+                        to_ns = epoch_ns()
+                        body = to_ns(body_times[0]), to_ns(body_times[1])
+                        tracing.span_between("read body", request.span, *body)
+                    request.span.update_name(f"{method} {route}")
+                    attributes = {"http.route": route, "http.response.status_code": status}
+                    tracing.end_server_span(request, str(status), attributes, failed=status >= 500)
                     tracing.deactivate(token)
                 if self.access:
                     self._log(scope, request, status)
@@ -128,17 +134,6 @@ class RequestObservationMiddleware:
             )
         series[0].inc()
         series[1].observe(duration_s)
-
-    @staticmethod
-    def _end_span(
-        tracing: Tracing, request: RequestContext, route: str, status: int, body_times: list[float]
-    ) -> None:
-        if len(body_times) == 2 and request.span.is_recording():
-            to_ns = epoch_ns()
-            tracing.span_between("read body", request.span, to_ns(body_times[0]), to_ns(body_times[1]))
-        request.span.update_name(f"{request.method} {route}")
-        attributes: dict[str, Any] = {"http.route": route, "http.response.status_code": status}
-        tracing.end_server_span(request, str(status), attributes, failed=status >= 500)
 
     @staticmethod
     def _log(scope: Scope, request: RequestContext, status: int) -> None:
