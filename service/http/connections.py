@@ -200,15 +200,12 @@ class ConnectionCap:
         super().on_response_complete()  # type: ignore[misc]
         self.idle_stamp = next(idle_order)  # for eviction, oldest idle first
 
-    def over_cap(self) -> bool:
+    async def capped_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """uvicorn's test on requests in flight. The running request's own task is already among
         `tasks` here, whereas uvicorn tests before adding it."""
         cap = self.connection_cap
-        return cap is not None and len(self.tasks) - 1 >= cap
-
-    async def capped_app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.over_cap():
-            scope.setdefault("extensions", {})[OVER_CAP] = self.connection_cap
+        if scope["type"] == "http" and cap is not None and len(self.tasks) - 1 >= cap:
+            scope.setdefault("extensions", {})[OVER_CAP] = cap
         await self.inner_app(scope, receive, send)
 
 
