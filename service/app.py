@@ -34,7 +34,7 @@ from service.access.tls import TlsFiles
 from service.access.watch import Reloadable, reload_all, watch
 from service.http import hf, playground, routes
 from service.http.admission import CLOSE_OBSERVER, REFUSAL_OBSERVER
-from service.http.errors import REST_ERRORS, ErrorResponder
+from service.http.errors import ErrorResponder
 from service.http.gate import RequestGate
 from service.http.observe import RequestObservationMiddleware
 from service.http.routing import RouteTable, error_namespaces, secure_openapi
@@ -61,7 +61,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     state: ServiceState = app.state.service
     settings = state.settings
     keys, tls, tracing = app.state.keys, app.state.tls, app.state.tracing
-    grpc_server = await start_grpc(state, keys=keys, tls=tls, tracing=tracing) if settings.grpc_port else None
+    grpc_server = await start_grpc(state, keys, tls, tracing) if settings.grpc_port else None
     metrics_server = start_metrics_port(settings, state.metrics.exposed) if settings.metrics_port else None
     watched: list[Reloadable] = [r for r in (keys, tls) if r is not None and r.paths]
     watcher = asyncio.create_task(watch(watched, settings.reload_interval_s), name="watch-files")
@@ -80,8 +80,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         watcher.cancel()
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
             loop.remove_signal_handler(signal.SIGHUP)
-        if not loader.done():
-            loader.cancel()
+        loader.cancel()  # a no-op once it is done
         await asyncio.gather(loader, sampler, watcher, return_exceptions=True)
         if grpc_server is not None:
             await grpc_server.stop(settings.drain_timeout_s)
@@ -184,7 +183,7 @@ def create_app(settings: ServiceSettings | None = None, *, listen_when_loaded: b
     secure_openapi(app, app.state.keys, table)
     # Each route renders its refusals with its own API's table; so do the paths below a router's
     # prefix that no route takes (unknown v2 paths); anything else gets the REST shape.
-    errors = ErrorResponder(REST_ERRORS, error_namespaces(ROUTERS), observe=metrics.refused)
+    errors = ErrorResponder(error_namespaces(ROUTERS), observe=metrics.refused)
     # The layers around every HTTP request, outermost first: the observation sees every answer,
     # refusals and unexpected errors included; CORS (opt-in) answers preflights before access
     # control and adds its headers to every refusal; the gate, innermost, checks the request, limits

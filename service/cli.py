@@ -69,9 +69,7 @@ def _default(field: FieldInfo) -> str:
     """A default as an operator writes it: `true`, `models`, `(unset)` (the description says what then)."""
     if field.default is None:
         return "(unset)"
-    if isinstance(field.default, bool):
-        return str(field.default).lower()
-    return str(field.default)
+    return str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
 
 
 def _flags(name: str, field: FieldInfo) -> str:

@@ -119,12 +119,11 @@ def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
     HTTP and gRPC connection caps and of each model's queue; no metrics port (the supervisor serves
     it). A lone request still runs on every CPU (`lone_threads`): the other workers are idle then."""
     n = settings.workers
-    lone = settings.usable_cpus() if settings.lone_threads is None else settings.lone_threads
     return settings.model_copy(
         update={
             "port": port,
             "cpus": max(1, settings.usable_cpus() // n),
-            "lone_threads": lone,
+            "lone_threads": settings.resolved_lone_threads("cpu"),
             "max_connections": _share(settings.max_connections, n),
             "grpc_max_connections": _share(settings.grpc_max_connections, n),
             "max_queue_size": _share(settings.max_queue_size, n),
@@ -194,7 +193,11 @@ class Supervisor:
         handlers = {sig: signal.signal(sig, self._signal) for sig in signals}
         metrics_server = None
         try:
-            metrics_server = self._metrics_port()
+            if settings.metrics_port:
+                from service.app import start_metrics_port
+                from service.telemetry.metrics import server_registry
+
+                metrics_server = start_metrics_port(settings, server_registry())
             log.info("starting %d workers on port %d", settings.workers, port)
             for index in range(settings.workers):
                 if not self.stopping:  # a signal during the start reaches only those started
@@ -213,20 +216,14 @@ class Supervisor:
             shutil.rmtree(metrics_dir, ignore_errors=True)
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
-    def _metrics_port(self) -> Any:
-        if not self.settings.metrics_port:
-            return None
-        from service.app import start_metrics_port
-        from service.telemetry.metrics import server_registry
-
-        return start_metrics_port(self.settings, server_registry())
-
     def _start(self, index: int) -> None:
         process = self.context.Process(target=_worker, args=(self.child, index), name=f"gmlp-worker-{index}")
         process.start()
         self.workers[index], self.started[index] = process, time.monotonic()
 
     def _supervise(self) -> int:
+        from prometheus_client.multiprocess import mark_process_dead
+
         early = 0
         deadline: float | None = None
         while self.workers:
@@ -243,7 +240,8 @@ class Supervisor:
                     continue
                 process.join()
                 del self.workers[index]
-                self._forget(process)
+                if process.pid is not None:  # its live gauges go (its counters still count)
+                    mark_process_dead(process.pid)
                 if self.stopping:
                     continue
                 if process.exitcode == CONFIGURATION_ERROR:
@@ -256,13 +254,6 @@ class Supervisor:
                 log.warning("worker %d ended with status %s: restarting", index, process.exitcode)
                 self._start(index)
         return 0
-
-    def _forget(self, process: BaseProcess) -> None:
-        """Drop a dead worker's live gauges (its counters still count)."""
-        from prometheus_client.multiprocess import mark_process_dead
-
-        if process.pid is not None:
-            mark_process_dead(process.pid)
 
     def _signal(self, signum: int, frame: FrameType | None) -> None:
         if signum != signal.SIGHUP:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from enum import StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,49 +33,33 @@ DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BINARY_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
-class Group(StrEnum):
-    """What a setting is about: one table of docs/service.md and one `--help` section each."""
+class Group(Enum):
+    """What a setting is about: one table of docs/service.md and one `--help` section each (its
+    heading, and what the table is about)."""
 
-    SERVER = "server"
-    MODELS = "models"
-    BATCHING = "batching"
-    LIMITS = "limits"
-    ACCESS = "access"
-    LIFECYCLE = "lifecycle"
-    OBSERVABILITY = "observability"
-    UI = "ui"
+    SERVER = ("Server", "Where the service listens, and how long its HTTP and gRPC connections may live")
+    MODELS = ("Models", "Which models are served, on what hardware, with how many CPUs")
+    BATCHING = ("Batching", "How requests are gathered into batches and queued")
+    LIMITS = ("Limits", "The deadline of a request and the sizes of what it may send and receive")
+    ACCESS = ("Access", "API keys, TLS, CORS and the metrics port (docs/security.md)")
+    LIFECYCLE = ("Lifecycle", "What the model repository loads, when it is re-read, and shutdown")
+    OBSERVABILITY = ("Observability", "Logs and the timings an answer carries")
+    UI = ("UI", "The playground page and the /stats series behind it")
 
-    @property
-    def heading(self) -> str:
-        return "UI" if self is Group.UI else self.value.capitalize()
-
-    @property
-    def about(self) -> str:
-        return _ABOUT[self]
-
-
-_ABOUT = {
-    Group.SERVER: "Where the service listens, and how long its HTTP and gRPC connections may live",
-    Group.MODELS: "Which models are served, on what hardware, with how many CPUs",
-    Group.BATCHING: "How requests are gathered into batches and queued",
-    Group.LIMITS: "The deadline of a request and the sizes of what it may send and receive",
-    Group.ACCESS: "API keys, TLS, CORS and the metrics port (docs/security.md)",
-    Group.LIFECYCLE: "What the model repository loads, when it is re-read, and shutdown",
-    Group.OBSERVABILITY: "Logs and the timings an answer carries",
-    Group.UI: "The playground page and the /stats series behind it",
-}
+    def __init__(self, heading: str, about: str) -> None:
+        self.heading, self.about = heading, about
 
 
 def setting(group: Group, default: Any, **constraints: Any) -> Any:
     """A settings field with its group in the field's metadata. Its description is the docstring under
     it, the only text about it: `gmlp serve --help` and docs/service.md's tables are made from it."""
-    return Field(default, json_schema_extra={"group": group.value}, **constraints)
+    return Field(default, json_schema_extra={"group": group.name}, **constraints)
 
 
 def group_of(field: FieldInfo) -> Group:
     extra = field.json_schema_extra
     assert isinstance(extra, dict), "every setting is declared with setting(...)"
-    return Group(str(extra["group"]))
+    return Group[str(extra["group"])]
 
 
 class ServiceSettings(BaseSettings):

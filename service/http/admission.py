@@ -65,24 +65,20 @@ def _idle_since(protocol: Any) -> int | None:
     return stamp
 
 
-def evict_idle(server_state: ServerState, app_state: dict[str, Any]) -> bool:
-    """Close the oldest idle keep-alive connection (as its keep-alive timeout would); False when none."""
+def admit(cap: int | None, server_state: ServerState, app_state: dict[str, Any]) -> bool:
+    """Whether a newly accepted connection may take a slot: below the cap, or at it once the oldest
+    idle keep-alive connection is closed (as its keep-alive timeout would)."""
     connections: set[Any] = server_state.connections
+    if cap is None or len(connections) < cap:
+        return True
     idle = [(since, id(p), p) for p in connections if (since := _idle_since(p)) is not None]
     if not idle:
         return False
-    _, _, oldest = min(idle)
+    oldest = min(idle)[2]
     oldest.timeout_keep_alive_handler()
-    server_state.connections.discard(oldest)  # its slot is free now; connection_lost follows
+    connections.discard(oldest)  # its slot is free now; connection_lost follows
     observe(app_state, CLOSE_OBSERVER, "http", "idle_evicted")
     return True
-
-
-def admit(cap: int | None, server_state: ServerState, app_state: dict[str, Any]) -> bool:
-    """Whether a newly accepted connection may take a slot (evicting an idle one when at the cap)."""
-    if cap is None or len(server_state.connections) < cap:
-        return True
-    return evict_idle(server_state, app_state)
 
 
 class Refusal(asyncio.Protocol):
@@ -90,21 +86,17 @@ class Refusal(asyncio.Protocol):
     discarded (closing with unread data would reset the connection and could lose the answer) until
     it closes or `linger_s` passes."""
 
-    def __init__(self, server_state: ServerState, answer: bytes, linger_s: float) -> None:
-        self.answer, self.linger_s = answer, linger_s
+    def __init__(
+        self, transport: asyncio.Transport, server_state: ServerState, answer: bytes, linger_s: float
+    ) -> None:
+        self.transport = transport
         self.lingering = _lingering.setdefault(server_state, set())
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.lingering.add(self)
-        transport.write(self.answer)
+        transport.set_protocol(self)
+        transport.write(answer)
         if transport.can_write_eof():
             transport.write_eof()
-        self.timer = asyncio.get_running_loop().call_later(self.linger_s, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        """Discarded: the answer is already on its way."""
+        self.timer = asyncio.get_running_loop().call_later(linger_s, transport.close)
 
     def eof_received(self) -> bool:
         self.transport.close()
@@ -112,8 +104,7 @@ class Refusal(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lingering.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
+        self.timer.cancel()
 
 
 def refuse(
@@ -124,9 +115,7 @@ def refuse(
     if len(_lingering.get(server_state, ())) >= cap:
         transport.abort()
         return
-    refusal = Refusal(server_state, answer, linger_s)
-    transport.set_protocol(refusal)
-    refusal.connection_made(transport)
+    Refusal(transport, server_state, answer, linger_s)
 
 
 class TlsHandshake(asyncio.Protocol):
@@ -147,9 +136,6 @@ class TlsHandshake(asyncio.Protocol):
     ) -> None:
         self.config, self.server_state, self.app_state = config, server_state, app_state
         self.loop = _loop or asyncio.get_event_loop()
-        self.inner: Any = None
-        self.started = 0.0
-        self.raw: asyncio.Transport | None = None
         self.early: list[bytes] = []  # application data decrypted before the hand-over
         self.early_eof = False
 
@@ -159,7 +145,7 @@ class TlsHandshake(asyncio.Protocol):
             transport.abort()  # no handshake work for a connection that has no room
             observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.TOO_MANY_CONNECTIONS)
             return
-        self.raw = transport
+        self.raw = transport  # counted from here on, so uvicorn's shutdown finds it
         self.server_state.connections.add(self)  # type: ignore[arg-type]
         self.started = self.loop.time()
         starting = self.loop.start_tls(
@@ -189,14 +175,14 @@ class TlsHandshake(asyncio.Protocol):
         """The HTTP protocol takes the TLS transport, with what arrived with the handshake."""
         if tls is None or tls.is_closing():
             return
-        self.inner = self.http(config=self.config, server_state=self.server_state, app_state=self.app_state)  # type: ignore[call-arg]
-        self.inner.admitted = True
-        tls.set_protocol(self.inner)
-        self.inner.connection_made(tls)
+        inner: Any = self.http(config=self.config, server_state=self.server_state, app_state=self.app_state)  # type: ignore[call-arg]
+        inner.admitted = True
+        tls.set_protocol(inner)
+        inner.connection_made(tls)
         for data in self.early:
-            self.inner.data_received(data)
+            inner.data_received(data)
         if self.early_eof:
-            self.inner.eof_received()
+            inner.eof_received()
 
     # Until the hand-over the TLS transport's protocol is this one.
     def data_received(self, data: bytes) -> None:
@@ -206,13 +192,9 @@ class TlsHandshake(asyncio.Protocol):
         self.early_eof = True
         return True
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        """The connection ended between the handshake and the hand-over: nothing to hand over."""
-
     def shutdown(self) -> None:
         """uvicorn's shutdown of every connection it counts: a handshake in progress is dropped."""
-        if self.raw is not None:
-            self.raw.close()
+        self.raw.close()
 
 
 def tls_protocol(

@@ -9,14 +9,14 @@ answering; the request gate (`service.http.gate`) answers it from the error tabl
 `Connection: close`. The cap on connections themselves is applied at accept
 (`service.http.admission`).
 
-`HeaderDeadline`: a request line and headers must arrive within `header_timeout_s`, from the
+Header deadline: a request line and headers must arrive within `header_timeout_s`, from the
 connection's start or from the first byte of a further request on a kept-alive connection. A
 client that has sent part of a request by then is answered 408 (REST shape, `Connection: close`);
 one that sent nothing is closed without an answer (a pooled client could take an unsolicited 408
 for the answer to its next request). Both count as `request_timeout` refusals of the "http"
 transport. The body's limit is the request's deadline (`service.http.gate`).
 
-`SendDeadline`: uvicorn pauses the app's `send` while the transport's buffer is over its high-water
+Send deadline: uvicorn pauses the app's `send` while the transport's buffer is over its high-water
 mark (the client is not reading); a client that never reads would hold that buffer and the
 request's task for as long as the connection lives, and closing the transport would not help
 (asyncio flushes a closed transport's buffer first). So whenever writing pauses a timer is armed:
@@ -33,7 +33,6 @@ import logging
 from typing import Any, ClassVar, cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
@@ -60,18 +59,22 @@ def raw_answer(status: str, error: RequestError, headers: dict[str, str] | None 
     return head.encode() + body
 
 
-class HeaderDeadline:
+class Deadlines:
     """Mixin for uvicorn's HTTP protocols: a request line and headers must arrive within
-    `header_timeout_s` (see the module doc). Both protocols start a request's cycle (`cycle`) once
-    its headers are parsed, which is what ends the wait."""
+    `header_timeout_s`, a paused write must make progress within `send_timeout_s` (see the module
+    doc). Both protocols start a request's cycle (`cycle`) once its headers are parsed, which is
+    what ends the header wait."""
 
     header_timeout_s: ClassVar[float | None] = None
+    send_timeout_s: ClassVar[float | None] = None
     transport: asyncio.Transport
     cycle: Any
     app_state: dict[str, Any]
     loop: asyncio.AbstractEventLoop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.send_timer: asyncio.TimerHandle | None = None
+        self.send_mark = 0
         super().connection_made(transport)  # type: ignore[misc]
         self.header_timer: asyncio.TimerHandle | None = None
         self.timed_cycle: Any = None
@@ -100,6 +103,7 @@ class HeaderDeadline:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
+        self.stop_send_timer()
         super().connection_lost(exc)  # type: ignore[misc]
 
     def headers_late(self) -> None:
@@ -116,21 +120,6 @@ class HeaderDeadline:
         self.transport.close()
         observe(self.app_state, REFUSAL_OBSERVER, "http", ErrorCode.REQUEST_TIMEOUT)
 
-
-class SendDeadline:
-    """Mixin for uvicorn's HTTP protocols: a paused write must make progress within
-    `send_timeout_s` (see the module doc)."""
-
-    send_timeout_s: ClassVar[float | None] = None
-    transport: asyncio.Transport
-    app_state: dict[str, Any]
-    loop: asyncio.AbstractEventLoop
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.send_timer: asyncio.TimerHandle | None = None
-        self.send_mark = 0
-        super().connection_made(transport)  # type: ignore[misc]
-
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
         if self.send_timeout_s is not None and self.send_timer is None:
@@ -140,10 +129,6 @@ class SendDeadline:
     def resume_writing(self) -> None:
         self.stop_send_timer()
         super().resume_writing()  # type: ignore[misc]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.stop_send_timer()
-        super().connection_lost(exc)  # type: ignore[misc]
 
     def stop_send_timer(self) -> None:
         if self.send_timer is not None:
@@ -188,14 +173,8 @@ class ConnectionCap:
     header_timeout_s: ClassVar[float | None] = None
     admitted = False
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # (config, server_state, app_state, _loop)
+        super().__init__(*args, **kwargs)
         self.connection_cap = self.limit_concurrency
         self.limit_concurrency = None
         self.inner_app = self.app
@@ -221,19 +200,16 @@ class ConnectionCap:
         super().on_response_complete()  # type: ignore[misc]
         self.idle_stamp = next(idle_order)  # for eviction, oldest idle first
 
-    def over_cap(self) -> bool:
+    async def capped_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         """uvicorn's test on requests in flight. The running request's own task is already among
         `tasks` here, whereas uvicorn tests before adding it."""
         cap = self.connection_cap
-        return cap is not None and len(self.tasks) - 1 >= cap
-
-    async def capped_app(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.over_cap():
-            scope.setdefault("extensions", {})[OVER_CAP] = self.connection_cap
+        if scope["type"] == "http" and cap is not None and len(self.tasks) - 1 >= cap:
+            scope.setdefault("extensions", {})[OVER_CAP] = cap
         await self.inner_app(scope, receive, send)
 
 
-class CappedH11Protocol(ConnectionCap, HeaderDeadline, SendDeadline, H11Protocol):
+class CappedH11Protocol(ConnectionCap, Deadlines, H11Protocol):
     """uvicorn's h11 protocol with the cap answered by the app, the header and send deadlines."""
 
 
@@ -245,7 +221,7 @@ except ImportError:  # pragma: no cover - the serving image installs uvicorn[sta
     pass
 else:
 
-    class CappedHttpToolsProtocol(ConnectionCap, HeaderDeadline, SendDeadline, HttpToolsProtocol):
+    class CappedHttpToolsProtocol(ConnectionCap, Deadlines, HttpToolsProtocol):
         """uvicorn's httptools protocol with the cap answered by the app, the header and send
         deadlines."""
 
@@ -258,8 +234,6 @@ def http_protocol(
     """The capped protocol uvicorn's "auto" would pick (httptools when installed, else h11), or the
     one `name`d, with its header and send deadlines (None: none)."""
     base = PROTOCOLS[name] if name is not None else PROTOCOLS.get("httptools", CappedH11Protocol)
-    if header_timeout_s is None and send_timeout_s is None:
-        return base
     deadlines = {"header_timeout_s": header_timeout_s, "send_timeout_s": send_timeout_s}
     return type(base.__name__, (base,), deadlines)
 

@@ -3,16 +3,9 @@
 Below the transports nothing chooses a status code: preprocessing, the text codec, the batcher and
 the pipelines raise transport-free errors with a machine code and a message that says what is
 accepted. An `ErrorTable` is the whole mapping of one API (its status per error type and the shape
-of its body); `REST_ERRORS` here serves the task routes, `service.http.hf` and `service.v2.rest`
-have their own. Each route carries its API's table (`service.http.routing.DirectRoute`), and the
-`ErrorResponder` renders a refusal with the table of the route the request is for, so a client
-sees one shape per API:
-
-    REST: {"error": {"code": "invalid_image", "message": "...", "details": [...]}}
-    v2:   {"error": "..."}
-
-`ErrorResponder.exception` is the one exception path of every HTTP request (`service.http.gate`):
-core errors, FastAPI's validation errors, Starlette's 404/405 and unexpected exceptions.
+of its body: REST's `{"error": {"code", "message", "details"?}}`, or `{"error": "<message>"}`);
+each route carries its API's table (`service.http.routing.DirectRoute`), so a client sees one shape
+per API. `ErrorResponder.exception` is the one exception path of every HTTP request.
 """
 
 from __future__ import annotations
@@ -134,9 +127,8 @@ class ErrorResponder:
 
     The route is the one the request gate matched (`route`, or `scope["route"]` once recorded); a
     route without a table of its own, and a path no route takes, get the table of the router prefix
-    it falls under (`namespaces`), else `default`."""
+    it falls under (`namespaces`), else `REST_ERRORS`."""
 
-    default: ErrorTable = REST_ERRORS
     namespaces: Mapping[str, ErrorTable] = field(default_factory=dict)
     # Called with (transport, machine code) for every error answered: what an operator sees shed.
     observe: Callable[[str, str], None] | None = None
@@ -149,7 +141,7 @@ class ErrorResponder:
         for prefix, owned in self.namespaces.items():
             if path == prefix or path.startswith(prefix + "/"):
                 return owned
-        return self.default
+        return REST_ERRORS
 
     def response(
         self,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from fastapi import Request
@@ -54,56 +55,19 @@ KEY_HEADERS = (b"authorization", b"x-api-key")  # where a request presents its k
 _LINE_OVERHEAD = 16
 
 
-def head_bytes(scope: Scope) -> int:
-    """The size of the request line (path, `?` and query string) and the headers, as sent."""
-    query = scope.get("query_string") or b""
-    target = len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0)
-    return _LINE_OVERHEAD + target + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
-
-
-def head_error(scope: Scope, max_header_bytes: int) -> RequestError | None:
-    """Why the request head is refused, or None when it is fine."""
-    size = head_bytes(scope)
-    if size > max_header_bytes:
-        return HeadersTooLarge(
-            ErrorCode.HEADERS_TOO_LARGE,
-            f"the request line and headers are {size} bytes; at most {max_header_bytes} are accepted",
-        )
-    if scope.get("http_version") == "1.1":
-        hosts = sum(1 for name, _ in scope["headers"] if name == b"host")
-        if hosts != 1:
-            return MalformedRequest(
-                ErrorCode.BAD_REQUEST,
-                f"an HTTP/1.1 request needs exactly one Host header; this one has {hosts}",
-            )
-    if CONTROL_CHARACTERS.search(scope["path"]):
-        return RouteNotFound(
-            ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
-        )
-    return None
-
-
+@dataclass
 class RequestGate:
     """The innermost of the service's middlewares, and the end of every HTTP request (see the
     module doc): FastAPI's router, the app it wraps, sees the lifespan, and only the requests for
     routes that need FastAPI's injection."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        table: RouteTable,
-        errors: ErrorResponder,
-        keys: KeyStore,
-        max_header_bytes: int,
-        max_body_bytes: int,
-    ) -> None:
-        self.app = app
-        self.table = table
-        self.errors = errors
-        self.keys = keys
-        self.max_header_bytes = max_header_bytes
-        self.max_body_bytes = max_body_bytes
+    app: ASGIApp
+    _: KW_ONLY
+    table: RouteTable
+    errors: ErrorResponder
+    keys: KeyStore
+    max_header_bytes: int
+    max_body_bytes: int
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -138,9 +102,26 @@ class RequestGate:
 
     def admit(self, scope: Scope, needed: KeyScope | None) -> None:
         """Raises the refusal of the request's head or of its key, if any."""
-        error = head_error(scope, self.max_header_bytes)
-        if error is not None:
-            raise error
+        # The size of the request line (path, `?` and query string) and the headers, as sent.
+        query = scope.get("query_string") or b""
+        target = len(scope.get("raw_path") or scope["path"].encode()) + (len(query) + 1 if query else 0)
+        size = _LINE_OVERHEAD + target + sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+        limit = self.max_header_bytes
+        if size > limit:
+            raise HeadersTooLarge(
+                ErrorCode.HEADERS_TOO_LARGE,
+                f"the request line and headers are {size} bytes; at most {limit} are accepted",
+            )
+        hosts = sum(1 for name, _ in scope["headers"] if name == b"host")
+        if scope.get("http_version") == "1.1" and hosts != 1:
+            raise MalformedRequest(
+                ErrorCode.BAD_REQUEST,
+                f"an HTTP/1.1 request needs exactly one Host header; this one has {hosts}",
+            )
+        if CONTROL_CHARACTERS.search(scope["path"]):
+            raise RouteNotFound(
+                ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
+            )
         if needed is not None and needed not in self.keys.open_scopes:
             presented = [
                 (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in KEY_HEADERS

@@ -26,10 +26,9 @@ from service.access.scope import Scope
 from service.engine.request_context import Deadline, before
 from service.http.errors import REST_ERRORS, ErrorTable, message_body
 from service.http.parsing import (
-    MAX_TARGETS,
     MAX_TEXT_LENGTH,
     RAW_TYPES,
-    Target,
+    Targets,
     TopK,
     json_body,
     media_type,
@@ -42,6 +41,7 @@ from service.http.schemas import (
     MaskPrediction,
     MessageError,
     error_responses,
+    examples,
     inline_schema,
 )
 from service.tasks.pipeline import HFOptions, Pipeline
@@ -58,23 +58,15 @@ router = APIRouter(
 class HFParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
     top_k: TopK | None = Field(None, description="results (per [MASK]); classifiers cap it at their labels")
-    targets: list[Target] | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_TARGETS,
-        description="fill-mask: restrict the candidates to these words",
-    )
+    targets: Targets | None = Field(None, description="fill-mask: restrict the candidates to these words")
     function_to_apply: Literal["softmax", "sigmoid", "none"] | None = Field(
         None, description="image classification: how logits become scores (default softmax)"
     )
 
 
 class HFRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [{"inputs": "paris is the [MASK] of france.", "parameters": {"top_k": 3}}]
-        },
+    model_config = examples(
+        {"inputs": "paris is the [MASK] of france.", "parameters": {"top_k": 3}}, extra="forbid"
     )
     inputs: str = Field(
         min_length=1,
@@ -97,7 +89,6 @@ _BODY: dict[str, Any] = {
         },
     }
 }
-HFResponse = list[LabelScore] | list[MaskPrediction] | list[list[MaskPrediction]]
 
 
 async def _read(request: Request, served: Pipeline) -> tuple[str | bytes, HFParameters]:
@@ -123,7 +114,7 @@ async def _read(request: Request, served: Pipeline) -> tuple[str | bytes, HFPara
 
 @router.post(
     "/{name}",
-    response_model=HFResponse,
+    response_model=list[LabelScore] | list[MaskPrediction] | list[list[MaskPrediction]],
     responses=error_responses(MessageError),
     openapi_extra=_BODY,
     summary="Hugging Face inference API (fill-mask, image classification)",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -41,19 +42,18 @@ def server_timing(request: RequestContext) -> bytes:
     ).encode()
 
 
+@dataclass
 class RequestObservationMiddleware:
     """See the module docstring; `tracing` is None when tracing is off."""
 
-    def __init__(
-        self, app: ASGIApp, *, metrics: ServiceMetrics, tracing: Tracing | None, timing: bool, access: bool
-    ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.tracing = tracing
-        self.timing = timing
-        self.access = access
-        # (route, method, status) -> its counter and histogram: looked up once, not per request.
-        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+    app: ASGIApp
+    _: KW_ONLY
+    metrics: ServiceMetrics
+    tracing: Tracing | None
+    timing: bool
+    access: bool
+    # (route, method, status) -> its counter and histogram: looked up once, not per request.
+    _series: dict[tuple[str, str, str], tuple[Any, Any]] = field(default_factory=dict, init=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,8 +96,7 @@ class RequestObservationMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = list(message.get("headers", ()))
-                headers.append((_REQUEST_ID, request_id))
+                headers = [*message.get("headers", ()), (_REQUEST_ID, request_id)]
                 if timing:
                     headers.append((b"server-timing", server_timing(request)))
                 message = {**message, "headers": headers}
@@ -114,7 +113,13 @@ class RequestObservationMiddleware:
                 request.route = route
                 self._count(route, method, status, time.perf_counter() - start)
                 if tracing is not None:
-                    self._end_span(tracing, request, route, status, body_times)
+                    if len(body_times) == 2 and request.span.is_recording():
+                        to_ns = epoch_ns()
+                        body = to_ns(body_times[0]), to_ns(body_times[1])
+                        tracing.span_between("read body", request.span, *body)
+                    request.span.update_name(f"{method} {route}")
+                    attributes = {"http.route": route, "http.response.status_code": status}
+                    tracing.end_server_span(request, str(status), attributes, failed=status >= 500)
                     tracing.deactivate(token)
                 if self.access:
                     self._log(scope, request, status)
@@ -129,17 +134,6 @@ class RequestObservationMiddleware:
             )
         series[0].inc()
         series[1].observe(duration_s)
-
-    @staticmethod
-    def _end_span(
-        tracing: Tracing, request: RequestContext, route: str, status: int, body_times: list[float]
-    ) -> None:
-        if len(body_times) == 2 and request.span.is_recording():
-            to_ns = epoch_ns()
-            tracing.span_between("read body", request.span, to_ns(body_times[0]), to_ns(body_times[1]))
-        request.span.update_name(f"{request.method} {route}")
-        attributes: dict[str, Any] = {"http.route": route, "http.response.status_code": status}
-        tracing.end_server_span(request, str(status), attributes, failed=status >= 500)
 
     @staticmethod
     def _log(scope: Scope, request: RequestContext, status: int) -> None:

@@ -16,7 +16,7 @@ import re
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, Strict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from contract import strict_json
@@ -25,6 +25,7 @@ from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION, decode_base64
 from contract.messages import echo
 from service.http.errors import validation_error
+from service.http.schemas import examples
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -33,6 +34,7 @@ MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token w
 MAX_TARGETS = 1000
 MAX_TARGET_LENGTH = 100  # characters of one target word
 Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
+Targets = Annotated[list[Target], Field(min_length=1, max_length=MAX_TARGETS)]
 # What `base64.b64decode(validate=True)` accepts, optionally behind a data: URL header.
 BASE64_PATTERN = r"^(data:[^,]*;base64,)?([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 # A text is refused without one (the codec checks the tokens; this states it in the schema).
@@ -82,7 +84,7 @@ class ClassifyQuery(BaseModel):
 class ClassifyJSONRequest(BaseModel):
     """/classify with a JSON body: the image base64-encoded (plain or as a `data:` URL)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"image": TINY_PNG_BASE64}]})
+    model_config = examples({"image": TINY_PNG_BASE64}, extra="forbid")
     image: str = Field(
         min_length=1,
         pattern=BASE64_PATTERN,
@@ -91,10 +93,7 @@ class ClassifyJSONRequest(BaseModel):
 
 
 class FillMaskRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"text": "paris is the [MASK] of france.", "top_k": 5}]},
-    )
+    model_config = examples({"text": "paris is the [MASK] of france.", "top_k": 5}, extra="forbid")
     text: str = Field(
         min_length=1,
         max_length=MAX_TEXT_LENGTH,
@@ -102,10 +101,8 @@ class FillMaskRequest(BaseModel):
         description="text with one or more [MASK] tokens (at most the model's window of tokens)",
     )
     top_k: TopK = Field(5, description="predictions per [MASK]")
-    targets: list[Target] | None = Field(
+    targets: Targets | None = Field(
         None,
-        min_length=1,
-        max_length=MAX_TARGETS,
         description="restrict the candidates to these words; a word that is not one vocabulary token is "
         "replaced by its first wordpiece (as Hugging Face's fill-mask pipeline does)",
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.openapi.docs import (
@@ -47,30 +46,27 @@ def _prefix(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-def _index(request: Request) -> dict[str, Any]:
-    """What a client can call: the documented operations, the docs, and whether the page is on."""
-    paths = request.app.openapi()["paths"]
-    operations = [f"{method.upper()} {path}" for path, methods in paths.items() for method in methods]
-    return {
-        "name": request.app.title,
-        "version": package_version(),
-        "playground": get_state(request).settings.ui,
-        "docs": DOCS,
-        "redoc": REDOC,
-        "openapi": request.app.openapi_url,
-        "operations": operations,
-    }
-
-
 @router.get("/", include_in_schema=False)
 @public
 async def home(request: Request) -> Response:
+    """The page to a browser; else what a client can call: the documented operations, the docs, and
+    whether the page is on."""
     settings = get_state(request).settings
     headers = {"Vary": "Accept"}
     if settings.ui and "text/html" in request.headers.get("accept", ""):
         page = (STATIC / "index.html").read_bytes()
         return HTMLResponse(page, headers={**headers, "Content-Security-Policy": PAGE_POLICY})
-    return JSONResponse(_index(request), headers=headers)
+    paths = request.app.openapi()["paths"]
+    index = {
+        "name": request.app.title,
+        "version": package_version(),
+        "playground": settings.ui,
+        "docs": DOCS,
+        "redoc": REDOC,
+        "openapi": request.app.openapi_url,
+        "operations": [f"{method.upper()} {path}" for path, methods in paths.items() for method in methods],
+    }
+    return JSONResponse(index, headers=headers)
 
 
 @router.get(

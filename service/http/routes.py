@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from contract.image import ACCEPTED_DESCRIPTION
 from service.access.scope import Scope
@@ -78,15 +79,20 @@ _FILL_MASK_BODY: dict[str, Any] = {
 }
 
 
-@router.post(
-    "/classify",
-    response_model=ClassifyResponse,
-    responses=ERROR_RESPONSES,
-    openapi_extra=_CLASSIFY_BODY,
-    summary="Classify an image",
-    tags=["tasks"],
-)
-@requires(Scope.INFER)
+def _task(path: str, response_model: type[BaseModel], body: dict[str, Any], summary: str) -> Any:
+    """The route decorator of a task endpoint (the INFER scope, the REST refusals)."""
+    route = router.post(
+        path,
+        response_model=response_model,
+        responses=ERROR_RESPONSES,
+        openapi_extra=body,
+        summary=summary,
+        tags=["tasks"],
+    )
+    return lambda endpoint: route(requires(Scope.INFER)(endpoint))
+
+
+@_task("/classify", ClassifyResponse, _CLASSIFY_BODY, "Classify an image")
 async def classify(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)
@@ -97,15 +103,7 @@ async def classify(request: Request) -> JSONResponse:
     return await json_answer({"model": served.name, "predictions": predictions}, predictions)
 
 
-@router.post(
-    "/fill-mask",
-    response_model=FillMaskResponse,
-    responses=ERROR_RESPONSES,
-    openapi_extra=_FILL_MASK_BODY,
-    summary="Predict the [MASK] tokens of a text",
-    tags=["tasks"],
-)
-@requires(Scope.INFER)
+@_task("/fill-mask", FillMaskResponse, _FILL_MASK_BODY, "Predict the [MASK] tokens of a text")
 async def fill_mask(request: Request) -> JSONResponse:
     state = get_state(request)
     deadline = Deadline.after(state.settings.request_timeout_s)

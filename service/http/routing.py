@@ -4,17 +4,9 @@ and the one table (`RouteTable`) that finds the route a request is for.
 Every endpoint reads its own request (`service.http.parsing`) and returns its own Response
 (`DirectRoute`): FastAPI's per-request machinery (dependency solving, parameter validation,
 response serialisation) would only add event-loop work, while the OpenAPI document still describes
-it as any APIRoute. Every route declares the key it needs (`@requires(Scope.INFER)`, `@public`, or
-`declare` for routes that are not ours); a table built over an undeclared route stops the app. The
-request gate (`service.http.gate`) asks the table once per request, and the route found is the one
-whose scope is checked, whose error table renders a refusal, whose template labels the metrics and
-whose endpoint answers; it matches with the routes' own `matches`, in the router's order, so no
-form of a path reaches one route under another's scope. Paths no route takes need `INFER` (with
-keys, unknown paths are not probed without one).
-
-A route's work stops when the client goes away (`unless_disconnected`), and a big JSON answer is
-encoded off the event loop (`json_answer`): its size follows from what was asked (top_k labels per
-image; top_k predictions, or one per target, per [MASK]), all bounded by the request limits.
+it as any APIRoute. A table built over a route that declares no scope stops the app. The request
+gate (`service.http.gate`) asks the table once per request, in the router's order, so no form of a
+path reaches one route under another's scope.
 """
 
 from __future__ import annotations
@@ -22,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -39,7 +31,7 @@ from service.lifecycle.state import ServiceState
 
 # The attribute on an endpoint function (or a route object) that holds its declared scope.
 SCOPE_ATTRIBUTE = "gmlp_required_scope"
-UNMATCHED_SCOPE = Scope.INFER
+UNMATCHED_SCOPE = Scope.INFER  # paths no route takes: with keys, they are not probed without one
 # Distinct (method, path) lookups remembered (paths up to CACHED_PATH_LENGTH characters, so the
 # cache stays small whatever clients send); requests mostly repeat a few paths.
 CACHE_SIZE = 4096
@@ -47,10 +39,6 @@ CACHED_PATH_LENGTH = 256
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-
-
-class UndeclaredScope(TypeError):
-    """A route was added without a declared scope: the app refuses to start."""
 
 
 def requires(scope: Scope | None) -> Callable[[F], F]:
@@ -72,20 +60,18 @@ def declare(route: BaseRoute, scope: Scope | None) -> None:
 
 
 def declared_scope(route: BaseRoute) -> Scope | None:
-    """The scope declared on `route` or on its endpoint; `UndeclaredScope` when there is none."""
+    """The scope declared on `route` or on its endpoint; TypeError (the app stops) when there is none."""
     for holder in (route, getattr(route, "endpoint", None)):
         if holder is not None and hasattr(holder, SCOPE_ATTRIBUTE):
             return getattr(holder, SCOPE_ATTRIBUTE)
-    raise UndeclaredScope(f"route {getattr(route, 'path', route)!r} declares no scope (service.http.routing)")
+    raise TypeError(f"route {getattr(route, 'path', route)!r} declares no scope (service.http.routing)")
 
 
 class DirectRoute(APIRoute):
     """A route whose endpoint takes the Request (and the route's path parameters) and returns a
-    Response, with the error table of the API it belongs to (`errors`, a class attribute: a router
-    declares its API's table with `APIRouter(route_class=DirectRoute.answering(TABLE))`).
-
-    Anything FastAPI would have to inject is refused when the route is declared; the gate calls the
-    endpoint itself (`get_route_handler` serves it wherever FastAPI's router runs it instead).
+    Response, with the error table of its API (a router declares it with
+    `APIRouter(route_class=DirectRoute.answering(TABLE))`). Anything FastAPI would have to inject
+    is refused when the route is declared; the gate calls the endpoint itself.
     """
 
     errors: ClassVar[ErrorTable] = REST_ERRORS
@@ -97,23 +83,10 @@ class DirectRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         dependant = self.dependant
-        injected = (
-            dependant.query_params,
-            dependant.header_params,
-            dependant.cookie_params,
-            dependant.body_params,
-            dependant.dependencies,
-        )
-        if any(injected) or dependant.request_param_name is None:
+        injected = ("query_params", "header_params", "cookie_params", "body_params", "dependencies")
+        if any(getattr(dependant, kind) for kind in injected) or dependant.request_param_name is None:
             raise TypeError(f"{self.path}: a direct endpoint takes the Request and path parameters only")
-        endpoint = self.endpoint
-        if not dependant.path_params:
-            return endpoint
-
-        async def with_path(request: Request) -> Response:
-            return await endpoint(request, **request.path_params)
-
-        return with_path
+        return self.endpoint  # never run by FastAPI's router: the gate calls it with the path parameters
 
 
 def error_namespaces(routers: Iterable[APIRouter]) -> dict[str, ErrorTable]:
@@ -137,13 +110,9 @@ def flat(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
             yield from flat(included.routes)
 
 
-class Matched(NamedTuple):
-    """A request's route, the scope it needs, and the scope entries of its full match (the
-    endpoint and path parameters), None for a partial match or none."""
-
-    route: BaseRoute | None
-    needed: Scope | None
-    child: Mapping[str, Any] | None
+# A request's route, the scope it needs, and the scope entries of its full match (the endpoint and
+# path parameters), None for a partial match or none.
+Matched = tuple[BaseRoute | None, Scope | None, Mapping[str, Any] | None]
 
 
 class RouteTable:
@@ -173,10 +142,10 @@ class RouteTable:
         for route in flat(self.app_routes):
             match, child = route.matches(probe)
             if match == Match.FULL:
-                return Matched(route, declared_scope(route), child)
+                return route, declared_scope(route), child
             if match == Match.PARTIAL and partial is None:
                 partial = route
-        return Matched(partial, UNMATCHED_SCOPE if partial is None else declared_scope(partial), None)
+        return partial, UNMATCHED_SCOPE if partial is None else declared_scope(partial), None
 
     def operation_scopes(self) -> dict[tuple[str, str], Scope | None]:
         """The scope of each documented operation, by (path template, lower-case method)."""
@@ -224,14 +193,13 @@ def secure_openapi(app: FastAPI, keys: KeyStore, table: RouteTable) -> None:
                 if not isinstance(operation, dict):
                     continue
                 needed = declared.get((path, method), UNMATCHED_SCOPE)
-                if needed in keys.open_scopes:
-                    needed = None
-                operation["security"] = [] if needed is None else [{"bearer": []}, {"apiKey": []}]
-                if needed is not None:
-                    operation["x-required-scope"] = str(needed)
-                    responses = operation.setdefault("responses", {})
-                    for status, response in REFUSALS.items():
-                        responses.setdefault(status, response)
+                if needed is None or needed in keys.open_scopes:
+                    operation["security"] = []
+                    continue
+                operation["security"] = [{"bearer": []}, {"apiKey": []}]
+                operation["x-required-scope"] = str(needed)
+                responses = operation.setdefault("responses", {})
+                responses.update({status: r for status, r in REFUSALS.items() if status not in responses})
         app.openapi_schema = schema
         return schema
 
@@ -252,16 +220,11 @@ def model_response(body: BaseModel) -> JSONResponse:
 ENTRY_BYTES = 256
 
 
-def ranked_entries(predictions: Any) -> int:
-    """How many ranked entries an answer holds: a list of them, or a list of lists (per [MASK])."""
-    if not isinstance(predictions, list):
-        return 1
-    return sum(len(item) if isinstance(item, list) else 1 for item in predictions)
-
-
-async def json_answer(body: Any, predictions: Any) -> JSONResponse:
-    """`body` as a JSON response; encoded in a worker thread when `predictions` make it big."""
-    return await encode_off_loop(lambda: JSONResponse(body), ENTRY_BYTES * ranked_entries(predictions))
+async def json_answer(body: Any, predictions: list[Any]) -> JSONResponse:
+    """`body` as a JSON response; encoded in a worker thread when `predictions` (ranked entries, or
+    a list of them per [MASK]) make it big."""
+    entries = sum(len(item) if isinstance(item, list) else 1 for item in predictions)
+    return await encode_off_loop(lambda: JSONResponse(body), ENTRY_BYTES * entries)
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

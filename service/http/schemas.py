@@ -10,20 +10,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from contract.errors import ErrorCode
 
 
+def examples(*documents: Any, **config: Any) -> ConfigDict:
+    """A model's configuration with the examples the OpenAPI docs show."""
+    return ConfigDict(json_schema_extra={"examples": list(documents)}, **config)  # type: ignore[typeddict-item]
+
+
 class LabelScore(BaseModel):
     label: str
     score: float = Field(description="softmax probability")
 
 
 class ClassifyResponse(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "model": "cifar10-gmlp",
-                    "predictions": [{"label": "cat", "score": 0.91}, {"label": "dog", "score": 0.05}],
-                }
-            ]
+    model_config = examples(
+        {
+            "model": "cifar10-gmlp",
+            "predictions": [{"label": "cat", "score": 0.91}, {"label": "dog", "score": 0.05}],
         }
     )
     model: str = Field(description="the served model that answered")
@@ -37,26 +38,16 @@ class MaskPrediction(BaseModel):
     sequence: str = Field(description="the text with this [MASK] filled (other [MASK]s left in place)")
 
 
+_CAPITAL = {
+    "score": 0.42,
+    "token": 3007,
+    "token_str": "capital",
+    "sequence": "paris is the capital of france.",
+}
+
+
 class FillMaskResponse(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "model": "gmlp-mlm-small",
-                    "predictions": [
-                        [
-                            {
-                                "score": 0.42,
-                                "token": 3007,
-                                "token_str": "capital",
-                                "sequence": "paris is the capital of france.",
-                            }
-                        ]
-                    ],
-                }
-            ]
-        }
-    )
+    model_config = examples({"model": "gmlp-mlm-small", "predictions": [[_CAPITAL]]})
     model: str
     predictions: list[list[MaskPrediction]] = Field(description="one ranked list per [MASK], in text order")
 
@@ -68,17 +59,8 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "error": {
-                        "code": ErrorCode.INVALID_IMAGE.value,
-                        "message": "the data is not a readable image; ...",
-                    }
-                }
-            ]
-        }
+    model_config = examples(
+        {"error": {"code": ErrorCode.INVALID_IMAGE.value, "message": "the data is not a readable image; ..."}}
     )
     error: ErrorDetail
 

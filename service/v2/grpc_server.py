@@ -1,24 +1,16 @@
 """Open Inference Protocol v2 over gRPC (`inference.GRPCInferenceService`), in the HTTP server's process.
 
 The gRPC server runs on the same event loop as uvicorn and serves the same `ServiceState`, so its
-requests join the same dynamic batchers as REST traffic and see the same lifecycle (ready only
-after warm-up, draining on shutdown). The limits are the HTTP ones: the largest message is
-`max_upload_bytes`, the deadline is the client's gRPC deadline capped by `request_timeout_s`, a full
-queue answers UNAVAILABLE. Core errors map to status codes in one table, `GRPC_STATUS`; the
-messages are the ones REST clients read.
+requests join the same dynamic batchers as REST traffic and see the same lifecycle. The limits are
+the HTTP ones: the largest message is `max_upload_bytes`, the deadline is the client's gRPC
+deadline capped by `request_timeout_s`. Core errors map to status codes in one table,
+`GRPC_STATUS`; the messages are the ones REST clients read.
 
-Around each servicer method (`CallHandling`): the request id, the call's span, its metrics, access
-control and the one exception path. This is one wrapper per method, applied once when the servicer
-is registered, rather than `grpc.aio` server interceptors: an interceptor is awaited on every call
-and hands back a new method handler each time, and each layer adds a coroutine to the call; at a
-batched model server's call rates that cost about as much CPU as the rest of the call. A wrapper
-costs one coroutine per call.
-
-The request id (`x-request-id` metadata: the client's when acceptable, else generated) comes back
-in the trailing metadata, sent with the status at no extra cost. The key comes as `authorization`
-metadata (`Bearer KEY`, what tritonclient sends from its `headers`) or `x-api-key`; a refused call
-never reaches the servicer. TLS comes from the same files as HTTPS (`service.access.tls`), re-read
-when they change: gRPC asks for the current certificate at each new connection's handshake.
+Around each servicer method (`CallHandling`): the request id (back in the trailing metadata), the
+call's span, its metrics, access control and the one exception path. This is one wrapper per
+method, applied once when the servicer is registered, rather than `grpc.aio` server interceptors:
+an interceptor is awaited on every call and hands back a new method handler each time; at a
+batched model server's call rates that costs about as much CPU as the rest of the call.
 """
 
 from __future__ import annotations
@@ -26,6 +18,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
 import grpc
@@ -66,7 +60,7 @@ from service.v2.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 UnaryCall = Callable[[Any, aio.ServicerContext], Awaitable[Any]]
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
 GRPC_STATUS: Mapping[type[RequestError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
@@ -96,11 +90,6 @@ _CONTENTS = {
     "FP64": "fp64_contents",
     BYTES: "bytes_contents",
 }
-
-
-def grpc_status(kind: type[RequestError]) -> grpc.StatusCode:
-    """The status code of an error of type `kind`."""
-    return most_specific(GRPC_STATUS, kind, grpc.StatusCode.INTERNAL)
 
 
 def _parameters(
@@ -139,10 +128,7 @@ def decode_request(request: pb.ModelInferRequest) -> InferRequest:
         )
     inputs = [_input(t, raws[i] if raws else None) for i, t in enumerate(request.inputs)]
     return InferRequest(
-        inputs=inputs,
-        outputs=[o.name for o in request.outputs],
-        id=request.id,
-        parameters=_parameters(request.parameters),
+        inputs, [o.name for o in request.outputs], request.id, _parameters(request.parameters)
     )
 
 
@@ -178,15 +164,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerMetadataResponse(**inference.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: aio.ServicerContext) -> Any:
-        document = inference.model_metadata(
-            self.state, inference.resolve(self.state, request.name, request.version)
-        )
+        model = inference.resolve(self.state, request.name, request.version)
+        document = inference.model_metadata(self.state, model)
         return json_format.ParseDict(document, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: aio.ServicerContext) -> Any:
-        document = inference.model_config(
-            self.state, inference.resolve(self.state, request.name, request.version)
-        )
+        model = inference.resolve(self.state, request.name, request.version)
+        document = inference.model_config(self.state, model)
         return pb.ModelConfigResponse(config=json_format.ParseDict(document, pb.ModelConfig()))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: aio.ServicerContext) -> Any:
@@ -194,11 +178,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(document, pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> Any:
-        settings = self.state.settings
-        remaining = context.time_remaining()
-        timeout = (
-            settings.request_timeout_s if remaining is None else min(settings.request_timeout_s, remaining)
-        )
+        limit, remaining = self.state.settings.request_timeout_s, context.time_remaining()
+        timeout = limit if remaining is None else min(limit, remaining)
         deadline = Deadline.after(max(0.0, timeout))
         model = inference.resolve(self.state, request.model_name, request.model_version)
         with self.state.lease(model.name, model.version, kind=Pipeline) as served:  # held until answered
@@ -271,28 +252,24 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
     ]
 
 
+@dataclass(frozen=True)
 class CallHandling:
     """Wraps the servicer's methods (`servicer(...)`); `keys` None: no access control."""
 
-    def __init__(self, metrics: ServiceMetrics, keys: KeyStore | None, tracing: Tracing | None) -> None:
-        self.metrics = metrics
-        self.keys = keys
-        self.tracing = tracing
+    metrics: ServiceMetrics
+    keys: KeyStore | None
+    tracing: Tracing | None
 
     def servicer(self, servicer: Any) -> Any:
         """An object whose attributes are `servicer`'s methods, each wrapped (what the generated
         registration function reads once per method)."""
-        handling = self
-
-        class Wrapped:
-            def __getattr__(self, name: str) -> UnaryCall:
-                return handling.wrap(getattr(servicer, name), name)
-
-        return Wrapped()
+        return SimpleNamespace(
+            **{name: self.wrap(getattr(servicer, name), name) for name in SERVICE.methods_by_name}
+        )
 
     def wrap(self, call: UnaryCall, method: str) -> UnaryCall:
         """`call` with the request id, span, metrics and access control of method `method`."""
-        full_name = f"/{SERVICE_NAME}/{method}"
+        full_name = f"/{SERVICE.full_name}/{method}"
         scope = grpc_scope(full_name)
         keyed = self.keys is not None and scope is not None and scope not in self.keys.open_scopes
         keys = self.keys if keyed else None
@@ -347,7 +324,8 @@ class CallHandling:
         if isinstance(exc, RequestError):
             self.metrics.refused("grpc", exc.code)
             request_context.note_error(exc.code, exc.message)
-            status, message = grpc_status(type(exc)), exc.message
+            status = most_specific(GRPC_STATUS, type(exc), grpc.StatusCode.INTERNAL)
+            message = exc.message
             if isinstance(exc, RateLimited):
                 trailer = (*trailer, ("retry-after", str(exc.retry_after_s)))
         else:
@@ -358,11 +336,7 @@ class CallHandling:
 
 
 async def start_grpc(
-    state: ServiceState,
-    *,
-    keys: KeyStore | None = None,
-    tls: TlsFiles | None = None,
-    tracing: Tracing | None = None,
+    state: ServiceState, keys: KeyStore | None, tls: TlsFiles | None, tracing: Tracing | None
 ) -> aio.Server:
     """A `grpc.aio` server serving `state` on the running event loop, bound and started (raises
     when the address cannot be bound); with `keys`, calls need the key their method's scope asks

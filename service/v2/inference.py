@@ -1,31 +1,20 @@
 """Open Inference Protocol v2 semantics, shared by the REST and the gRPC transport.
 
 A transport decodes its envelope into an `InferRequest` of `contract.tensors.Tensor`s, calls
-`infer`, and encodes the `Tensor`s it gets back; metadata and readiness come from here too, so both
-transports describe and run the models identically. What a request of a task means is the task's
-v2 adapter (`Pipeline.v2`); this module resolves the name, and counts and bounds the answer. Every
-row is queued on its own in the model's dynamic batcher, sharing batches with the task routes.
+`infer`, and encodes the `Tensor`s it gets back; metadata, readiness, the model configuration and
+statistics documents (in Triton's schemas, as JSON-ready dicts that gRPC parses into its messages)
+come from here too, so both transports describe and run the models identically. What a request of
+a task means is the task's v2 adapter (`Pipeline.v2`).
 
 Every model has two forms of request, told apart by their input names: the graph's own tensors
-(`pixel_values`; `input_ids` + `mask_positions`) and the encoded input (`image` or `text`, one per
-row). So that a tool which fills every input the metadata lists (Triton's perf_analyzer) sends one
-form, `NAME` lists the graph's tensors and `NAME-ensemble` the encoded input, as a Triton ensemble
-of preprocessing and model would; both names answer everything alike (the statistics are the one
-model's), and either takes either form, so clients that send `image` or `text` to `NAME` still work.
+(`pixel_values`; `input_ids` + `mask_positions`) and the encoded input (`image` or `text`). So that
+a tool which fills every input the metadata lists (Triton's perf_analyzer) sends one form, `NAME`
+lists the graph's tensors and `NAME-ensemble` the encoded input, as a Triton ensemble would; both
+names answer everything alike, and either takes either form.
 
 The answer's size is bounded from its outputs' element counts before it is built (`check_answer`):
 a few bytes of request can ask for a great deal (sixteen texts of twenty [MASK]s with `outputs:
-[logits]` make 320 rows of a whole vocabulary's scores, about 20 bytes per number as JSON). JSON
-outputs are counted at their datatype's widest element (`JSON_ELEMENT_BYTES`; BYTES at six bytes per
-byte, `\\u00XX`), raw ones (binary extension, gRPC raw contents) exactly; over `max_response_bytes`
-as JSON the refusal names the binary extension (4 bytes per float32), and over
-`max_binary_response_bytes` as raw bytes it is refused too.
-
-The model configuration and statistics extensions answer in Triton's schemas, built from what is
-served: `model_config` as Triton's `ModelConfig` (what tritonclient's `get_model_config` returns and
-perf_analyzer reads before it sends anything), from the served directory and the settings only;
-`model_statistics` the counters of `service.telemetry.statistics` as `ModelStatistics`. Both are
-JSON-ready dicts (the REST form), which the gRPC server parses into its messages.
+[logits]` make 320 rows of a whole vocabulary's scores, about 20 bytes per number as JSON).
 """
 
 from __future__ import annotations
@@ -34,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from contract.errors import ErrorCode, InputTooLarge, InvalidInput, ModelNotFound
 from contract.formats import package_version
@@ -53,23 +44,18 @@ PLATFORM = "onnxruntime_onnx"
 # A model's encoded form is listed under its name with this suffix (a Triton ensemble's role).
 ENSEMBLE_SUFFIX = "-ensemble"
 
+
 # The widest JSON text of one element, with its separating comma, as `Tensor.json_data` and
-# `json.dumps` write it: a float (FP16/32/64 all become doubles) is at most 24 characters of repr
-# ("-2.2250738585072014e-308"), an integer its decimal digits and sign.
-JSON_ELEMENT_BYTES: dict[str, int] = {
-    "BOOL": 6,
-    "UINT8": 4,
-    "INT8": 5,
-    "UINT16": 6,
-    "INT16": 7,
-    "UINT32": 11,
-    "INT32": 12,
-    "UINT64": 21,
-    "INT64": 21,
-    "FP16": 25,
-    "FP32": 25,
-    "FP64": 25,
-}
+# `json.dumps` write it: "false," for a boolean; a float (FP16/32/64 all become doubles) at most 24
+# characters of repr ("-2.2250738585072014e-308"); an integer its type's longest decimal, sign included.
+def _widest_json(dtype: np.dtype) -> int:
+    if dtype.kind in "bf":
+        return 6 if dtype.kind == "b" else 25
+    info = np.iinfo(dtype)
+    return max(len(str(info.min)), len(str(info.max))) + 1
+
+
+JSON_ELEMENT_BYTES = {name: _widest_json(dtype) for name, dtype in NUMPY_TYPES.items()}
 # A BYTES element in JSON: each byte at most six characters (an escape), plus quotes and comma.
 _JSON_BYTES_PER_BYTE, _JSON_STRING_OVERHEAD = 6, 3
 # The envelope of one output (name, datatype, shape, keys) and of the answer, generously.
@@ -182,30 +168,22 @@ def server_live(state: ServiceState) -> bool:
     return state.phase is not Phase.FAILED
 
 
-def version_number(state: ServiceState, name: str, version: str) -> int | None:
-    """A request's version: None (empty: the newest READY one) or a number; anything else is a
-    version no model has."""
-    if version == "":
-        return None
-    try:
-        return parse_version(version)
-    except VersionError as exc:
-        known = state.table.models.get(name)
-        raise ModelNotFound(
-            ErrorCode.VERSION_NOT_FOUND,
-            f"model {echo(name)} has no version {echo(version)} ({exc}); versions: "
-            f"{[str(v) for v in sorted(known.versions)] if known else []}",
-        ) from None
-
-
 def resolve(state: ServiceState, name: str, version: str = "") -> ModelRef:
-    """The model a v2 name means at `version` (empty: the newest READY one): `NAME` lists the
-    graph's tensors, `NAME-ensemble` the encoded input (a model the repository holds under that
-    very name is that model)."""
+    """The model a v2 name means at `version` (empty: the newest READY one; not a number: a version
+    no model has): `NAME` lists the graph's tensors, `NAME-ensemble` the encoded input (a model the
+    repository holds under that very name is that model)."""
     base = name.removesuffix(ENSEMBLE_SUFFIX)
     encoded = base != name and not state.table.known(name) and state.table.known(base)
     model_name = base if encoded else name
-    return ModelRef(name, model_name, version_number(state, model_name, version), encoded)
+    try:
+        return ModelRef(name, model_name, parse_version(version) if version else None, encoded)
+    except VersionError as exc:
+        known = state.table.models.get(model_name)
+        raise ModelNotFound(
+            ErrorCode.VERSION_NOT_FOUND,
+            f"model {echo(model_name)} has no version {echo(version)} ({exc}); versions: "
+            f"{[str(v) for v in sorted(known.versions)] if known else []}",
+        ) from None
 
 
 def model_metadata(state: ServiceState, model: ModelRef) -> dict[str, Any]:
@@ -280,11 +258,6 @@ def _data_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
 
 
-def _dims(tensor: dict[str, Any]) -> list[int]:
-    """The tensor's shape less the batch axis (Triton's `dims` of a model with max_batch_size > 0)."""
-    return list(tensor["shape"][1:])
-
-
 def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
     """The served model's configuration in Triton's schema."""
     served = state.loaded(model.name, model.version)
@@ -302,13 +275,13 @@ def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
                 "name": t["name"],
                 "data_type": _data_type(t["datatype"]),
                 "format": "FORMAT_NONE",
-                "dims": _dims(t),
+                "dims": t["shape"][1:],  # Triton's dims: without the batch axis
                 "optional": False,
             }
             for t in served.v2.inputs(model.encoded)
         ],
         "output": [
-            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": _dims(t)}
+            {"name": t["name"], "data_type": _data_type(t["datatype"]), "dims": t["shape"][1:]}
             for t in served.v2.outputs()
         ],
         "dynamic_batching": {

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -129,15 +130,12 @@ def _model_routes(
         async def newest(request: Request, name: str) -> Response:
             return await handler(request, name, "")
 
-        @requires(scope)
-        async def named(request: Request, name: str, version: str) -> Response:
-            return await handler(request, name, version)
-
-        for path, endpoint, endpoint_name, title in (
-            (f"/models/{{name}}{suffix}", newest, names[0], summary),
-            (f"/models/{{name}}/versions/{{version}}{suffix}", named, names[1], f"{summary} (a version)"),
-        ):
-            router.add_api_route(path, endpoint, methods=[method], name=endpoint_name, summary=title, **route)
+        add = partial(router.add_api_route, methods=[method], **route)
+        add(path=f"/models/{{name}}{suffix}", endpoint=newest, name=names[0], summary=summary)
+        versioned = f"/models/{{name}}/versions/{{version}}{suffix}"
+        add(
+            path=versioned, endpoint=requires(scope)(handler), name=names[1], summary=f"{summary} (a version)"
+        )
         return handler
 
     return register
@@ -179,27 +177,21 @@ async def _statistics(request: Request, name: str, version: str) -> JSONResponse
     return model_response(ModelStatisticsBody.model_validate(document))
 
 
-def _binary_length(request: Request, size: int) -> int | None:
-    value = request.headers.get(HEADER_LENGTH)
-    if value is None:
-        return None
-    # ASCII digits only ("²".isdigit() is true, and int() refuses it), at most those of any length.
-    if not (value.isascii() and value.isdigit() and len(value) <= 19) or int(value) > size:
-        raise InvalidInput(
-            ErrorCode.INVALID_HEADER,
-            f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{size}), got {echo(value)}",
-        )
-    return int(value)
-
-
 async def read_infer_request(request: Request) -> tuple[InferRequest, Callable[[str], bool]]:
     """The request, and which outputs (by name) to return as binary data."""
     mime = media_type(request)
     if mime not in _JSON_TYPES and not mime.endswith("+json"):
         raise unsupported_media_type(mime, "send JSON, or JSON followed by binary tensors (octet-stream)")
     raw = await request.body()
-    length = _binary_length(request, len(raw))
-    head, tail = (raw, b"") if length is None else (raw[:length], raw[length:])
+    head, tail = raw, b""
+    if (length := request.headers.get(HEADER_LENGTH)) is not None:
+        # ASCII digits only ("²".isdigit() is true, and int() refuses it), at most those of any length.
+        if not (length.isascii() and length.isdigit() and len(length) <= 19) or int(length) > len(raw):
+            raise InvalidInput(
+                ErrorCode.INVALID_HEADER,
+                f"{HEADER_LENGTH} must be the JSON's length in bytes (0..{len(raw)}), got {echo(length)}",
+            )
+        head, tail = raw[: int(length)], raw[int(length) :]
     if not head:
         raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send a JSON inference request")
     body = json_body(head, InferRequestBody, "the inference request")
@@ -225,12 +217,9 @@ async def read_infer_request(request: Request) -> tuple[InferRequest, Callable[[
         )
     parameters = body.parameters.model_dump(exclude_none=True) if body.parameters else {}
     default_binary = bool(parameters.get("binary_data_output", False))
-    binary: set[str] = set()
-    for out in body.outputs or []:
-        flag = out.parameters.binary_data if out.parameters else None
-        if default_binary if flag is None else flag:
-            binary.add(out.name)
-    outputs = [o.name for o in body.outputs or []]
+    flags = [(o.name, o.parameters.binary_data if o.parameters else None) for o in body.outputs or []]
+    binary = {name for name, flag in flags if (default_binary if flag is None else flag)}
+    outputs = [name for name, _ in flags]
     request_ = InferRequest(inputs, outputs, body.id or "", parameters)
     # Without a list of outputs, binary_data_output applies to every output produced.
     return request_, inference.all_raw if default_binary and not outputs else binary.__contains__
@@ -256,28 +245,17 @@ def answer_json(
 
     `json.dumps` of one list holds the GIL from its first number to its last: on millions of
     numbers that is seconds in which no other thread runs, the event loop included, even when the
-    encoding runs in a worker thread. So a big answer's `data` is written slice by slice
+    encoding runs in a worker thread. So each output's `data` is written slice by slice
     (`json_data`), the GIL free between slices; the text is exactly what `_dumps` writes for the
-    whole answer, which an answer of at most `SLICE_ELEMENTS` numbers, the usual case, is."""
-    entries: list[dict[str, Any]] = []
-    sliced: dict[int, Tensor] = {}  # entries whose data is written slice by slice
-    small = sum(int(tensor.array.size) for tensor in outputs) <= SLICE_ELEMENTS
+    whole answer."""
+    texts = []
     for tensor in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
         parameters = raw(tensor)
         if parameters is not None:
-            entry["parameters"] = parameters
-        elif small:
-            entry["data"] = tensor.json_data()
+            texts.append(_dumps({**entry, "parameters": parameters}))
         else:
-            sliced[len(entries)] = tensor
-        entries.append(entry)
-    if not sliced:
-        return _dumps({**head, "outputs": entries}).encode()
-    texts = [
-        _dumps(entry)[:-1] + ',"data":' + json_data(sliced[i]) + "}" if i in sliced else _dumps(entry)
-        for i, entry in enumerate(entries)
-    ]
+            texts.append(_dumps(entry)[:-1] + ',"data":' + json_data(tensor) + "}")
     return (_dumps(head)[:-1] + ',"outputs":[' + ",".join(texts) + "]}").encode()
 
 

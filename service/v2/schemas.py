@@ -11,7 +11,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from contract.tensors import DATATYPES, MAX_DIMS, MAX_ELEMENTS, SHAPE_LIMITS
 from service.http.parsing import TopK, json_integer
-from service.http.schemas import MessageError, error_responses, inline_schema
+from service.http.schemas import MessageError, error_responses, examples, inline_schema
 
 Datatype = Literal[DATATYPES]  # type: ignore[valid-type]
 Scalar = str | int | float | bool
@@ -53,15 +53,11 @@ class RequestParameters(BaseModel):
 
 
 class InferRequestBody(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "r1",
-                    "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a [MASK] day"]}],
-                    "parameters": {"top_k": 3},
-                }
-            ]
+    model_config = examples(
+        {
+            "id": "r1",
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a [MASK] day"]}],
+            "parameters": {"top_k": 3},
         }
     )
     id: str | None = Field(None, description="echoed in the response")
