@@ -38,6 +38,7 @@ from contract.messages import echo
 from contract.repository import VersionPolicy
 from contract.scan import Fingerprint, ModelSource, VersionSource
 from service.engine.batcher import DynamicBatcher
+from service.telemetry.metrics import LifecycleMetrics
 
 log = logging.getLogger(__name__)
 
@@ -61,35 +62,6 @@ class Servable(Protocol):
 
 
 S = TypeVar("S", bound=Servable)
-
-
-class LifecycleObserver(Protocol):
-    """What the table reports, for metrics (`service.telemetry.metrics`); every report is a no-op
-    here (`NullObserver`)."""
-
-    def state_changed(
-        self, model: str, version: int, old: VersionState | None, new: VersionState | None
-    ) -> None:
-        return
-
-    def loaded(self, model: str) -> None:
-        return
-
-    def unloaded(self, model: str) -> None:
-        return
-
-    def closed(self, model: str, version: int) -> None:
-        return
-
-    def refused(self, model: str, reason: str) -> None:
-        return
-
-    def leased(self, model: str, version: int) -> None:
-        return
-
-
-class NullObserver(LifecycleObserver):
-    """The observer of a table nobody watches."""
 
 
 @dataclass(eq=False)
@@ -138,14 +110,14 @@ class VersionTable(Generic[S]):
         *,
         policy: VersionPolicy,
         drain_timeout_s: float,
+        observer: LifecycleMetrics,
         max_loaded: int | None = None,
-        observer: LifecycleObserver | None = None,
     ) -> None:
         self.loader = loader
         self.policy = policy
         self.drain_timeout_s = drain_timeout_s
         self.max_loaded = max_loaded
-        self.observer: LifecycleObserver = observer or NullObserver()
+        self.observer = observer
         self.models: dict[str, ModelRecord[S]] = {}
 
     def newest_ready(self, name: str) -> Version[S] | None:

@@ -295,8 +295,8 @@ class PredictionMetrics:
 
 
 class LifecycleMetrics:
-    """`LifecycleObserver` of the version table (`service.lifecycle.versions`); `changed()` runs after
-    every change of a version's state (the table reports each one, a version added or removed included)."""
+    """What the version table (`service.lifecycle.versions`) reports; `changed()` runs after every
+    change of a version's state (the table reports each one, a version added or removed included)."""
 
     def __init__(self, metrics: ServiceMetrics, changed: Callable[[], None]) -> None:
         self._metrics = metrics
