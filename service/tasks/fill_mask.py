@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 
 from contract.errors import ErrorCode, InvalidInput
-from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK
+from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.spec import ModelSpec
 from contract.tensors import BYTES, Tensor
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
-from service.engine import rows as batch_jobs
 from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Decoding, Done, Job, Reads
 from service.engine.runtime import Feeds
@@ -72,9 +71,29 @@ class FillMaskPipeline(Pipeline):
         return len(job.feeds["mask_positions"])
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
-        """The decoded predictions of the rows that ask for them: from the top-k outputs where `top`
-        says, else from the logits (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
-        return batch_jobs.decode_rows(jobs, outputs, self.codec, top)
+        """The decoded predictions of the rows that ask for them (None for the others): from the
+        top-k outputs where `top` says (`FillMaskCodec.decode_top`), else from the logits with the
+        normalisers of all their mask rows in one pass (`FillMaskCodec.decode_batch`)."""
+        answers: list[Any] = [None] * len(jobs)
+        asks = []
+        for i, job in enumerate(jobs):
+            if not isinstance(job.answer, Decoding):
+                continue
+            if top[i]:
+                ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
+                answers[i] = self.codec.decode_top(job.answer.encoded, ids, scores, job.answer.top_k)
+            else:
+                asks.append((i, job.answer))
+        if asks:
+            decoded = self.codec.decode_batch(
+                [a.encoded for _, a in asks],
+                [outputs[i]["logits"] for i, _ in asks],
+                [a.top_k for _, a in asks],
+                [a.target_ids for _, a in asks],
+            )
+            for (i, _), answer in zip(asks, decoded, strict=True):
+                answers[i] = answer
+        return answers
 
     def warmup_feeds(self) -> list[Feeds]:
         """[MASK]-only texts at every padded length a batch can have, one mask, then the largest."""

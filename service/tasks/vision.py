@@ -28,13 +28,12 @@ import numpy as np
 from PIL import Image
 
 from contract.errors import ErrorCode, InvalidInput
-from contract.formats import VISION_TASK
+from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT, VISION_TASK
 from contract.image import ImageTransform, decode_base64
 from contract.jpeg import PlainJpeg
-from contract.scores import ScoreFunction
+from contract.scores import ScoreFunction, labelled_rows, ranked_labels
 from contract.spec import ModelSpec
 from contract.tensors import Tensor
-from service.engine import rows as batch_jobs
 from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
 from service.engine.runtime import Feeds
@@ -126,10 +125,26 @@ class VisionPipeline(Pipeline):
         self.check_top_k((), outputs)
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
-        """The ranked labels of the rows that ask for them: from the top-k outputs where `top`
-        says, else one vectorised pass per score function (at the largest top_k among its rows;
-        each row keeps its own prefix of the ranking)."""
-        return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
+        """The ranked labels of the rows that ask for them (None for the others): from the top-k
+        outputs where `top` says, else one vectorised pass per score function at the largest top_k
+        among its rows, each row keeping its own prefix of that ranking."""
+        answers: list[Any] = [None] * len(jobs)
+        groups: dict[ScoreFunction, list[tuple[int, int]]] = {}
+        for i, job in enumerate(jobs):
+            if not isinstance(job.answer, Ranking):
+                continue
+            if top[i]:
+                ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
+                k = job.answer.top_k
+                answers[i] = labelled_rows(ids[None, :k], scores[None, :k], self.labels)[0]
+            else:
+                groups.setdefault(job.answer.function, []).append((i, job.answer.top_k))
+        for function, asks in groups.items():
+            logits = np.stack([outputs[i]["logits"] for i, _ in asks])
+            ranked = ranked_labels(logits, self.labels, max(k for _, k in asks), function)
+            for (i, k), answer in zip(asks, ranked, strict=True):
+                answers[i] = answer[:k]
+        return answers
 
     async def image_outputs(self, image: bytes, deadline: Deadline, names: frozenset[str]) -> Feeds:
         """The graph outputs `names` of one encoded image (the v2 protocol's image input)."""
