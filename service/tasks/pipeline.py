@@ -91,6 +91,9 @@ class Pipeline:
     default_setting = ""
     v2: V2Adapter
     hf: HFAdapter
+    # The labels the top-1 answers are counted by; None where there are too many to be the values
+    # of a metric's label (a masked LM's vocabulary).
+    labels: list[str] | None = None
 
     def __init__(
         self,
@@ -137,20 +140,15 @@ class Pipeline:
         self.ready = False
         self.version = version  # the repository version it was loaded from
         self.card = card_summary(spec.path, self.variant)
-        self.predictions = PredictionMetrics(metrics, spec.name, version, self.prediction_labels(spec))
+        self.prepare(spec, settings)
+        self.predictions = PredictionMetrics(metrics, spec.name, version, self.labels)
         metrics.queue_capacity.labels(spec.name, version).set(settings.max_queue_size)
         metrics.model_instances.labels(spec.name, version).set(instances)
-        self.prepare(spec, settings)
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         """The task's own state (its transform or codec) and its adapters (`v2`, `hf`), once the
         session is open."""
         raise NotImplementedError
-
-    def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
-        """The labels the top-1 answers are counted by; None where there are too many to be the
-        values of a metric's label (a masked LM's vocabulary)."""
-        return None
 
     def batch_attributes(self, items: list[Job]) -> dict[str, Any]:
         """What a batch's span says of the batch besides its size and instance."""

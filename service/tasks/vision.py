@@ -101,6 +101,7 @@ class VisionPipeline(Pipeline):
 
     task = VISION_TASK
     default_setting = "default_classifier"
+    labels: list[str]
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         self.labels = spec.labels()
@@ -109,9 +110,6 @@ class VisionPipeline(Pipeline):
         )
         self.v2 = VisionForms(self)
         self.hf = VisionHF(self)
-
-    def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
-        return spec.labels()
 
     def warmup_feeds(self) -> list[Feeds]:
         h, w = self.transform.crop_size
