@@ -149,7 +149,11 @@ class ServiceState:
                     failures = await self.table.apply(source)
                     if strict and (failures or self.table.newest_ready(name) is None):
                         raise SpecError(f"model {name}: {failures or _why_not(source)}")
-            self._check_defaults()
+            served = self.newest_ready()
+            for task, default in self._configured_defaults().items():
+                # Strict only: in the other modes models come and go, a default is resolved per request.
+                if strict and default is not None and (default not in served or served[default].task != task):
+                    raise ValueError(f"default {task} model {echo(default)} is not a served {task} model")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -169,14 +173,6 @@ class ServiceState:
         )
         if settings.model_control == "poll":
             self._poller.start()
-
-    def _check_defaults(self) -> None:
-        if self.settings.model_control != "none":
-            return  # models come and go: a configured default is resolved per request
-        served = self.newest_ready()
-        for task, name in self._configured_defaults().items():
-            if name is not None and (name not in served or served[name].task != task):
-                raise ValueError(f"default {task} model {echo(name)} is not a served {task} model")
 
     def _update_ready_gauges(self) -> None:
         for name in self.table.models:
@@ -245,7 +241,7 @@ class ServiceState:
             name = self.defaults.get(task)
             if name is None:
                 raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
-        if not self.table.known(name):
+        if name not in self.table.models:
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
                 f"model {echo(name)} is not served; {task or 'served'} models: {self._of_task(task)}",
