@@ -116,28 +116,23 @@ class RuntimeOptions:
     lone_threads: int = 0
 
 
-class _Runs:
-    """Session runs going on now in this process, over every model: whether a run starting now is
-    the only one decides its session (`OnnxModel.run`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._going = 0
-
-    @contextmanager
-    def running(self) -> Iterator[bool]:
-        """Count a run while the block lasts; yields whether no other run was going when it began."""
-        with self._lock:
-            alone = self._going == 0
-            self._going += 1
-        try:
-            yield alone
-        finally:
-            with self._lock:
-                self._going -= 1
+_runs_lock = threading.Lock()
+_runs_going = 0  # session runs going on now in this process, over every model
 
 
-RUNS = _Runs()
+@contextmanager
+def _running() -> Iterator[bool]:
+    """Count a session run while the block lasts; yields whether no other run was going when it
+    began, which decides its session (`OnnxModel.run`)."""
+    global _runs_going
+    with _runs_lock:
+        alone = _runs_going == 0
+        _runs_going += 1
+    try:
+        yield alone
+    finally:
+        with _runs_lock:
+            _runs_going -= 1
 
 
 class Runtime:
@@ -253,7 +248,7 @@ class OnnxModel(Runtime):
             if self._every_session and self.lone_session is not None:
                 self.lone_session.run(names, feeds)
                 return dict(zip(names, self.session.run(names, feeds), strict=True))
-            with RUNS.running() as alone:
+            with _running() as alone:
                 one_row = next(iter(feeds.values())).shape[0] == 1
                 session = self.lone_session if alone and one_row and self.lone_session else self.session
                 return dict(zip(names, session.run(names, feeds), strict=True))
