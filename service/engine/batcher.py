@@ -30,10 +30,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Generic, TypeVar
 
 from contract.errors import Closed, ErrorCode, Overloaded
@@ -71,36 +71,28 @@ class _Pending(Generic[I, O]):
     request: RequestContext | None = field(default_factory=request_context.current)
 
 
+@dataclass(eq=False)
 class DynamicBatcher(Generic[I, O]):
     """One model's queue: concurrently `submit`ted items in batches for `run_batch` (few large runs
     cost ONNX Runtime less per item than many small ones), each with its own deadline, result and
     times (`Batched`); the policy is the module docstring's. `start` runs the loops on the event
     loop, `drain`/`close` stop them on shutdown."""
 
-    def __init__(
-        self,
-        run_batch: Callable[[list[I]], list[O]],
-        *,
-        max_batch_size: int,
-        max_queue_delay_s: float,
-        max_queue_size: int,
-        name: str = "model",
-        observers: Iterable[BatchObserver] = (),
-        always_wait: bool = False,
-        instances: int = 1,
-    ) -> None:
-        if max_batch_size < 1 or max_queue_size < 1 or max_queue_delay_s < 0 or instances < 1:
+    run_batch: Callable[[list[I]], list[O]]
+    _: KW_ONLY
+    max_batch_size: int
+    max_queue_delay_s: float
+    max_queue_size: int
+    name: str = "model"
+    observers: Sequence[BatchObserver] = ()
+    always_wait: bool = False
+    instances: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.max_batch_size, self.max_queue_size, self.instances) < 1 or self.max_queue_delay_s < 0:
             raise ValueError(
                 "max_batch_size, max_queue_size and instances must be >= 1, max_queue_delay_s >= 0"
             )
-        self.run_batch = run_batch
-        self.max_batch_size = max_batch_size
-        self.max_queue_delay_s = max_queue_delay_s
-        self.max_queue_size = max_queue_size
-        self.always_wait = always_wait
-        self.instances = instances
-        self.name = name
-        self.observers = list(observers)
         self._queue: deque[_Pending[I, O]] = deque()
         self.running = 0  # requests in the batches being run now
         self.running_batches = 0
@@ -110,7 +102,7 @@ class DynamicBatcher(Generic[I, O]):
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         # One thread per instance: a batch never waits for a thread, only for a free instance.
-        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"batch-{name}")
+        self._executor = ThreadPoolExecutor(self.instances, thread_name_prefix=f"batch-{self.name}")
 
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
