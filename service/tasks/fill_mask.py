@@ -28,7 +28,6 @@ from service.tasks.forms import (
     PREDICTIONS_OUTPUT,
     TEXT_INPUT,
     Forms,
-    check_outputs,
     gather_or_cancel,
     predictions,
     stack_rows,
@@ -139,15 +138,6 @@ class FillMaskPipeline(Pipeline):
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
 
-    async def infer_decoded(
-        self, feeds: Feeds, top_k: int, deadline: Deadline, names: frozenset[str] | None = None
-    ) -> Done:
-        """A token-id request's outputs `names` (default: all) and its top_k per mask, decoded in
-        the batch thread (the v2 protocol's graph inputs with the predictions output asked for)."""
-        ids, positions = feeds["input_ids"].tolist(), feeds["mask_positions"].tolist()
-        answer = Decoding(EncodedText(ids, positions, feeds), top_k)
-        return await self.queued(Job(feeds, answer, reads=names), deadline)
-
     async def submit_text(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
     ) -> Done:
@@ -194,15 +184,16 @@ class FillMaskForms(Forms):
     async def run_tensors(
         self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
-        """Token ids; with `predictions` asked for, decoded as their text would be."""
+        """Token ids; with `predictions` asked for, decoded in the batch thread as their text would be."""
         if PREDICTIONS_OUTPUT not in outputs:
             return await super().run_tensors(inputs, outputs, parameters, deadline)
-        check_outputs(outputs, self.output_names())
         top_k = top_k_parameter(parameters)
         rows = self.tensor_rows(inputs)
         graph = self.graph_outputs(outputs, [])
         reads = frozenset(graph)
-        done = await gather_or_cancel([self.served.infer_decoded(r, top_k, deadline, reads) for r in rows])
+        encoded = [EncodedText(r["input_ids"].tolist(), r["mask_positions"].tolist(), r) for r in rows]
+        jobs = [Job(e.feeds, Decoding(e, top_k), reads=reads) for e in encoded]
+        done = await gather_or_cancel([self.served.queued(job, deadline) for job in jobs])
         produced = stack_rows(graph, [d.outputs for d in done])
         produced[PREDICTIONS_OUTPUT] = predictions([d.answer for d in done], [len(rows), 1])
         return produced
@@ -210,7 +201,6 @@ class FillMaskForms(Forms):
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
-        check_outputs(outputs, self.output_names())
         top_k = top_k_parameter(parameters)
         texts = [utf8(item) for item in self.encoded_items(tensor)]
         graph = self.graph_outputs(outputs, [])

@@ -38,7 +38,7 @@ from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
-from service.tasks.forms import IMAGE_INPUT, Forms, check_outputs, gather_or_cancel, stacked
+from service.tasks.forms import IMAGE_INPUT, Forms, gather_or_cancel, stacked
 from service.tasks.pipeline import HFOptions, Pipeline
 
 # Images this small are decoded on the event loop: handing them to a thread costs more (thread
@@ -187,7 +187,6 @@ class VisionForms(Forms):
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
-        check_outputs(outputs, self.served.runtime.output_names)
         images = self.encoded_items(tensor)
         graph = self.graph_outputs(outputs, ["logits"])
         reads = frozenset(graph)
