@@ -105,8 +105,9 @@ class ApiKey:
     burst: int = 1
 
 
-def _options(name: str, words: list[str], where: str) -> tuple[float | None, int | None]:
-    """`rate=R` (requests per second) and `burst=B` (requests at once) of a key's line."""
+def _options(name: str, words: list[str], where: str) -> tuple[float | None, int]:
+    """`rate=R` (requests per second) and `burst=B` (requests at once, default: the rate rounded
+    up) of a key's line."""
     found: dict[str, float] = {}
     for word in words:
         key, _, value = word.partition("=")
@@ -120,8 +121,8 @@ def _options(name: str, words: list[str], where: str) -> tuple[float | None, int
             raise ValueError(f"{where}: {key} of {name!r} must be a positive number, not {value!r}")
     if "burst" in found and "rate" not in found:
         raise ValueError(f"{where}: burst= of key {name!r} needs a rate=")
-    burst = found.get("burst")
-    return found.get("rate"), None if burst is None else int(burst)
+    rate = found.get("rate")
+    return rate, int(found.get("burst", max(1, math.ceil(rate or 1))))
 
 
 def parse_keys(text: str, source: str = "keys file") -> list[ApiKey]:
@@ -153,9 +154,7 @@ def parse_keys(text: str, source: str = "keys file") -> list[ApiKey]:
         raw = bytes.fromhex(found.group(1))
         if raw in digests:
             raise ValueError(f"{where}: the key of {name!r} is also another key's")
-        rate, burst = _options(name, rest, where)
-        burst = burst if burst is not None else max(1, math.ceil(rate or 1))
-        keys.append(ApiKey(name, raw, scopes, rate, burst))
+        keys.append(ApiKey(name, raw, scopes, *_options(name, rest, where)))
         names.add(name)
         digests.add(raw)
     return keys
