@@ -306,7 +306,13 @@ class VersionTable(Generic[S]):
         version.fingerprint = on_disk.fingerprint
         try:
             served = await asyncio.to_thread(self.loader, on_disk)
-            self._check_task(record, version.number, served)
+            for other in record.versions.values():
+                task = other.loaded.served.task if other.loaded is not None else served.task
+                if other.number != version.number and task != served.task:
+                    raise ValueError(
+                        f"it is a {served.task} model but version {other.number} of {record.name!r} is a "
+                        f"{task} model; a model keeps its task across versions"
+                    )
         except Exception as exc:  # a broken version must never take the service down
             reason = str(exc) or type(exc).__name__
             version.failed = True
@@ -325,16 +331,6 @@ class VersionTable(Generic[S]):
         if old is not None:
             await self._drain(version.model, old)
         return None
-
-    @staticmethod
-    def _check_task(record: ModelRecord[S], number: int, served: S) -> None:
-        for other in record.versions.values():
-            task = other.loaded.served.task if other.loaded is not None else served.task
-            if other.number != number and task != served.task:
-                raise ValueError(
-                    f"it is a {served.task} model but version {other.number} of {record.name!r} is a "
-                    f"{task} model; a model keeps its task across versions"
-                )
 
     async def _retire(self, version: Version[S]) -> None:
         loaded = version.loaded
