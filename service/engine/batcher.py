@@ -94,8 +94,7 @@ class DynamicBatcher(Generic[I, O]):
                 "max_batch_size, max_queue_size and instances must be >= 1, max_queue_delay_s >= 0"
             )
         self._queue: deque[_Pending[I, O]] = deque()
-        self.running = 0  # requests in the batches being run now
-        self.running_batches = 0
+        self.running_batches = 0  # batches being run now
         self.arriving_now = 0  # requests inside `arriving()`, to be submitted next
         self.accepting = False
         self._tasks: list[asyncio.Task[None]] = []  # one loop per instance
@@ -282,7 +281,6 @@ class DynamicBatcher(Generic[I, O]):
 
     async def _run(self, batch: list[_Pending[I, O]], instance: int = 0) -> None:
         start = time.monotonic()
-        self.running += len(batch)
         self.running_batches += 1
         timed, error = RunClock(), None
         try:
@@ -307,7 +305,6 @@ class DynamicBatcher(Generic[I, O]):
             for pending in batch:
                 if not pending.future.done():
                     _resolve(pending, exc=self._closed())
-            self.running -= len(batch)
             self.running_batches -= 1
             now = time.monotonic()
             rows = ([p.item for p in batch], [p.request for p in batch], [p.enqueued for p in batch])
