@@ -288,7 +288,7 @@ class DynamicBatcher(Generic[I, O]):
         except Exception as exc:
             error = exc
             if len(batch) == 1:
-                _resolve(batch[0], exc=exc)
+                _fail(batch[0], exc)
             else:
                 log.warning(
                     "batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc
@@ -298,13 +298,13 @@ class DynamicBatcher(Generic[I, O]):
                         try:
                             await self._answer([pending], start, RunClock())
                         except Exception as row_exc:
-                            _resolve(pending, exc=row_exc)
+                            _fail(pending, row_exc)
         finally:
             # Closed while the batch ran (close() past its timeout): its requests get the closing
             # error now rather than hanging until their deadlines; without one they never would.
             for pending in batch:
                 if not pending.future.done():
-                    _resolve(pending, exc=self._closed())
+                    _fail(pending, self._closed())
             self.running_batches -= 1
             now = time.monotonic()
             rows = ([p.item for p in batch], [p.request for p in batch], [p.enqueued for p in batch])
@@ -319,7 +319,8 @@ class DynamicBatcher(Generic[I, O]):
             self._executor, self._run_checked, items, timed
         )
         for pending, output in zip(batch, outputs, strict=True):
-            _resolve(pending, result=Batched(output, start - pending.enqueued, timed.run_s))
+            if not pending.future.done():  # else the requester gave up
+                pending.future.set_result(Batched(output, start - pending.enqueued, timed.run_s))
 
     def _run_checked(self, items: list[I], timed: RunClock) -> list[O]:
         timed.start = time.monotonic()
@@ -347,13 +348,7 @@ class DynamicBatcher(Generic[I, O]):
             self._idle.set()
 
 
-def _resolve(
-    pending: _Pending[I, O], *, result: Batched[O] | None = None, exc: BaseException | None = None
-) -> None:
-    """Deliver a result unless the requester already gave up."""
-    if pending.future.done():
-        return
-    if exc is not None:
+def _fail(pending: _Pending[I, O], exc: BaseException) -> None:
+    """Deliver an error unless the requester already gave up."""
+    if not pending.future.done():
         pending.future.set_exception(exc)
-    else:
-        pending.future.set_result(result)  # type: ignore[arg-type]
