@@ -98,8 +98,7 @@ class DynamicBatcher(Generic[I, O]):
         self.arriving_now = 0  # requests inside `arriving()`, to be submitted next
         self.accepting = False
         self._tasks: list[asyncio.Task[None]] = []  # one loop per instance
-        self._wakeup: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
+        self._wakeup, self._idle = asyncio.Event(), asyncio.Event()  # made again by `start`, on its loop
         # One thread per instance: a batch never waits for a thread, only for a free instance.
         self._executor = ThreadPoolExecutor(self.instances, thread_name_prefix=f"batch-{self.name}")
 
@@ -122,7 +121,7 @@ class DynamicBatcher(Generic[I, O]):
         the batching window, since no batch-mates can arrive any more.
         """
         self.accepting = False
-        if not self._tasks or self._idle is None or self._wakeup is None:
+        if not self._tasks:
             return True
         self._wakeup.set()
         try:
@@ -160,8 +159,7 @@ class DynamicBatcher(Generic[I, O]):
             yield
         finally:
             self.arriving_now -= 1
-            if self._wakeup is not None:
-                self._wakeup.set()  # a batch waiting for this request re-checks at once
+            self._wakeup.set()  # a batch waiting for this request re-checks at once
 
     async def submit(self, item: I, deadline: Deadline | None = None) -> Batched[O]:
         """Queue `item` and wait for its result (with its queue wait and model run) until `deadline`.
@@ -169,7 +167,7 @@ class DynamicBatcher(Generic[I, O]):
         Raises Overloaded (queue full), DeadlineExceeded or Closed (not accepting); if the caller
         is cancelled (client disconnected) the item is withdrawn and never run.
         """
-        if not self.accepting or self._wakeup is None or self._idle is None:
+        if not self.accepting:
             self._rejected("shutting_down")
             raise Closed(
                 ErrorCode.CLOSED, f"model {self.name} is not accepting requests (starting or shutting down)"
@@ -223,7 +221,6 @@ class DynamicBatcher(Generic[I, O]):
         Each instance is its own loop so that a finished batch is followed by the next one in
         the same task, without another trip through the event loop's queue of ready callbacks
         (under load, each trip waits behind the parsing and decoding of many requests)."""
-        assert self._wakeup is not None
         while True:
             if not self._queue:
                 self._wakeup.clear()
@@ -344,7 +341,7 @@ class DynamicBatcher(Generic[I, O]):
         return Closed(ErrorCode.CLOSED, f"model {self.name} is shutting down")
 
     def _set_idle_if_done(self) -> None:
-        if not self._queue and not self.running_batches and self._idle is not None:
+        if not self._queue and not self.running_batches:
             self._idle.set()
 
 
