@@ -178,8 +178,6 @@ class Runtime:
     ) -> list[Feeds]:
         """Collate per-request feeds (default: stack), run once, split the outputs `names`
         (default: all) per request."""
-        if not items:
-            return []
         if not self.row_independent and len(items) > 1:
             return [self.run_batch([item], collate, names)[0] for item in items]
         outputs = self.run((collate or self.stack)(items), names)
@@ -200,7 +198,6 @@ class OnnxModel(Runtime):
             log.warning(
                 "model %s: CUDA provider failed to load, falling back to %s", self.name, self.provider
             )
-        self.use_io_binding = self.provider == CUDA
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         # A request's result must not depend on its batch-mates: graphs where it would run row by row.
@@ -244,7 +241,7 @@ class OnnxModel(Runtime):
         """Outputs not asked for are not copied out of the session. One row runs on the lone
         session, all its threads, when no other run is going as it starts (module docstring)."""
         names = list(names or self.output_names)
-        if not self.use_io_binding:
+        if self.provider != CUDA:
             if self._every_session and self.lone_session is not None:
                 self.lone_session.run(names, feeds)
                 return dict(zip(names, self.session.run(names, feeds), strict=True))
