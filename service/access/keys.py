@@ -33,7 +33,7 @@ from pathlib import Path
 
 from contract.errors import ErrorCode, PermissionDenied, RateLimited, Unauthenticated, UserError
 from service.access.scope import Scope
-from service.access.watch import Signature, signature
+from service.access.watch import Reloadable, Signature, signature
 from service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -160,13 +160,15 @@ def parse_keys(text: str, source: str = "keys file") -> list[ApiKey]:
     return keys
 
 
-class KeyStore:
+class KeyStore(Reloadable):
     """The keys in force and the decision for each request that needs a scope.
 
     Without a keys file (`path` None) every scope but admin is open; with one, every scope needs a
     key that holds it, even when the file lists no keys (emptying the file locks the service
     rather than opening it). Admin needs an admin key in every case.
     """
+
+    kind = "api_keys"
 
     def __init__(self, path: Path | None, metrics: ServiceMetrics | None = None) -> None:
         self.path = path
@@ -176,7 +178,6 @@ class KeyStore:
         self.open_scopes = frozenset(Scope) - {Scope.ADMIN} if path is None else frozenset()
         self.keys: list[ApiKey] = []
         self.buckets: dict[str, TokenBucket] = {}
-        self.seen: Signature = ()
         self.pending: tuple[str, float] | None = None  # a change read in place, since when
         self.vetted: tuple[Signature, str] | None = None  # what `changed` found ready to apply
         if path is not None and not self.reload():
@@ -240,8 +241,7 @@ class KeyStore:
             keys = parse_keys(text, str(self.path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             log.error("API keys not re-read, the %d in force stay: %s", len(self.keys), exc)
-            self._observe(ok=False)
-            return False
+            return self._observe(ok=False)
         old = {k.name: k for k in self.keys}
         self.buckets = {
             k.name: self.buckets[k.name]
@@ -252,13 +252,12 @@ class KeyStore:
         }
         self.keys = keys
         log.info("API keys loaded from %s: %s", self.path, ", ".join(k.name for k in keys) or "none")
-        self._observe(ok=True)
-        return True
+        return self._observe(ok=True)
 
-    def _observe(self, ok: bool) -> None:
+    def _observe(self, ok: bool) -> bool:
         if self.metrics is not None:
-            self.metrics.file_reloads.labels("api_keys", "ok" if ok else "error").inc()
             self.metrics.api_keys.set(len(self.keys))
+        return self.counted(ok)
 
     def find(self, credential: str) -> ApiKey | None:
         """The key whose digest matches, comparing with every key (no early exit)."""
