@@ -30,7 +30,6 @@ from service.tasks.forms import (
     Forms,
     gather_or_cancel,
     predictions,
-    stack_rows,
     stacked,
     tensor_meta,
     top_k_parameter,
@@ -194,7 +193,7 @@ class FillMaskForms(Forms):
         encoded = [EncodedText(r["input_ids"].tolist(), r["mask_positions"].tolist(), r) for r in rows]
         jobs = [Job(e.feeds, Decoding(e, top_k), reads=reads) for e in encoded]
         done = await gather_or_cancel([self.served.queued(job, deadline) for job in jobs])
-        produced = stack_rows(graph, [d.outputs for d in done])
+        produced = {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}
         produced[PREDICTIONS_OUTPUT] = predictions([d.answer for d in done], [len(rows), 1])
         return produced
 

@@ -196,15 +196,9 @@ class Forms:
         rows = self.tensor_rows(inputs)
         graph = self.graph_outputs(outputs, self.served.runtime.output_names)
         results = await gather_or_cancel([self.served.infer(row, deadline, frozenset(graph)) for row in rows])
-        return stack_rows(graph, results)
+        return {name: stacked(name, [r[name] for r in results]) for name in graph}
 
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
         raise NotImplementedError
-
-
-def stack_rows(names: list[str], results: Sequence[Feeds]) -> dict[str, Tensor]:
-    """The graph outputs `names` of equally shaped rows, each as one tensor."""
-    stacks = {name: np.stack([r[name] for r in results]) for name in names}
-    return {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacks.items()}
