@@ -169,18 +169,15 @@ class Runtime:
         session: nothing to do."""
         yield
 
-    def stack(self, items: Sequence[Feeds]) -> Feeds:
-        """The default collation: per-request feeds of equal shapes, stacked on a new batch axis."""
-        return {name: np.stack([item[name] for item in items]) for name in self.input_names}
-
     def run_batch(
         self, items: Sequence[Feeds], collate: Collate | None = None, names: Sequence[str] | None = None
     ) -> list[Feeds]:
-        """Collate per-request feeds (default: stack), run once, split the outputs `names`
-        (default: all) per request."""
+        """Collate per-request feeds (default: equal shapes stacked on a new batch axis), run once,
+        split the outputs `names` (default: all) per request."""
         if not self.row_independent and len(items) > 1:
             return [self.run_batch([item], collate, names)[0] for item in items]
-        outputs = self.run((collate or self.stack)(items), names)
+        batch = collate(items) if collate else {n: np.stack([r[n] for r in items]) for n in self.input_names}
+        outputs = self.run(batch, names)
         return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 
