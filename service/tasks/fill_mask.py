@@ -10,7 +10,7 @@ token ids can ask for too; over the Hugging Face API a raw body is the UTF-8 tex
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ from contract.tensors import BYTES, Tensor
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Decoding, Done, Job, Reads
-from service.engine.runtime import Feeds
+from service.engine.runtime import Collate, Feeds
 from service.settings import ServiceSettings
 from service.tasks.forms import (
     PREDICTIONS_OUTPUT,
@@ -50,20 +50,16 @@ class FillMaskPipeline(Pipeline):
 
     task = MLM_TASK
     default_setting = "default_fill_mask"
+    collate: Collate
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         self.codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
         # A graph exported with static shapes (format_version 1) runs at n with every slot.
         static = any(d is not None for d in self.runtime.static_dims("input_ids")[1:])
         self.fixed_length = settings.fixed_length or static
+        self.collate = partial(self.codec.collate, fixed=self.fixed_length)
         self.v2 = FillMaskForms(self)
         self.hf = FillMaskHF(self)
-
-    def collate(self, items: Sequence[Feeds]) -> Feeds:
-        return self.codec.collate(items, fixed=self.fixed_length)
-
-    def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
-        return self.runtime.run_batch(items, self.collate, names)
 
     def predicted_rows(self, job: Job) -> int:
         return len(job.feeds["mask_positions"])

@@ -27,7 +27,7 @@ from service.engine.backends import open_runtime, resolve_backend
 from service.engine.batcher import BatchObserver, DynamicBatcher
 from service.engine.request_context import Deadline
 from service.engine.rows import Done, Job
-from service.engine.runtime import Feeds, RuntimeOptions, choose_variant
+from service.engine.runtime import Collate, Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.telemetry import tracing
@@ -94,6 +94,7 @@ class Pipeline:
     # The labels the top-1 answers are counted by; None where there are too many to be the values
     # of a metric's label (a masked LM's vocabulary).
     labels: list[str] | None = None
+    collate: Collate | None = None  # how a batch's rows are put together (None: stacked)
 
     def __init__(
         self,
@@ -170,7 +171,7 @@ class Pipeline:
 
     def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
         """The requests' feeds in one session run, the outputs `names` (default: all) per request."""
-        return self.runtime.run_batch(items, names=names)
+        return self.runtime.run_batch(items, self.collate, names)
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
         """Each job's answer (None where it asks for the outputs alone), vectorised over the rows;
