@@ -38,7 +38,7 @@ from typing import Generic, TypeVar
 
 from contract.errors import Closed, ErrorCode, Overloaded
 from service.engine import request_context
-from service.engine.request_context import Batched, BatchRun, Deadline, RequestContext, RunClock
+from service.engine.request_context import Batched, BatchRun, Deadline, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,8 @@ class DynamicBatcher(Generic[I, O]):
     async def _run(self, batch: list[_Pending[I, O]], instance: int = 0) -> None:
         start = time.monotonic()
         self.running_batches += 1
-        timed, error = RunClock(), None
+        # When the model run started and ended, as measured in its worker thread (0: it did not).
+        timed, error = [0.0, 0.0], None
         try:
             await self._answer(batch, start, timed)
         except Exception as exc:
@@ -293,7 +294,7 @@ class DynamicBatcher(Generic[I, O]):
                 for pending in batch:
                     if not pending.future.done():
                         try:
-                            await self._answer([pending], start, RunClock())
+                            await self._answer([pending], start, [0.0, 0.0])
                         except Exception as row_exc:
                             _fail(pending, row_exc)
         finally:
@@ -305,11 +306,11 @@ class DynamicBatcher(Generic[I, O]):
             self.running_batches -= 1
             now = time.monotonic()
             rows = ([p.item for p in batch], [p.request for p in batch], [p.enqueued for p in batch])
-            run = BatchRun(instance, *rows, start, timed.start or start, timed.end or now, now, error)
+            run = BatchRun(instance, *rows, start, timed[0] or start, timed[1] or now, now, error)
             for observer in self.observers:
                 observer.batch_done(run)
 
-    async def _answer(self, batch: list[_Pending[I, O]], start: float, timed: RunClock) -> None:
+    async def _answer(self, batch: list[_Pending[I, O]], start: float, timed: list[float]) -> None:
         """Run `batch` in a worker thread and answer each row with its times (raises what the run raised)."""
         items = [p.item for p in batch]
         outputs = await asyncio.get_running_loop().run_in_executor(
@@ -317,14 +318,14 @@ class DynamicBatcher(Generic[I, O]):
         )
         for pending, output in zip(batch, outputs, strict=True):
             if not pending.future.done():  # else the requester gave up
-                pending.future.set_result(Batched(output, start - pending.enqueued, timed.run_s))
+                pending.future.set_result(Batched(output, start - pending.enqueued, timed[1] - timed[0]))
 
-    def _run_checked(self, items: list[I], timed: RunClock) -> list[O]:
-        timed.start = time.monotonic()
+    def _run_checked(self, items: list[I], timed: list[float]) -> list[O]:
+        timed[0] = time.monotonic()
         try:
             outputs = self.run_batch(items)
         finally:
-            timed.end = time.monotonic()
+            timed[1] = time.monotonic()
         if len(outputs) != len(items):
             raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(items)} inputs")
         return outputs

@@ -88,18 +88,6 @@ class Batched(Generic[O]):
     run_s: float
 
 
-@dataclass
-class RunClock:
-    """When the model run of a batch started and ended, as measured in its worker thread."""
-
-    start: float = 0.0
-    end: float = 0.0
-
-    @property
-    def run_s(self) -> float:
-        return self.end - self.start
-
-
 @dataclass(frozen=True)
 class BatchRun:
     """One executed batch, the one event its observers get (metrics, tracing): the instance that
