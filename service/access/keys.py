@@ -259,15 +259,6 @@ class KeyStore(Reloadable):
             self.metrics.api_keys.set(len(self.keys))
         return self.counted(ok)
 
-    def find(self, credential: str) -> ApiKey | None:
-        """The key whose digest matches, comparing with every key (no early exit)."""
-        candidate = hashlib.sha256(credential.encode()).digest()
-        found = None
-        for key in self.keys:
-            if hmac.compare_digest(key.digest, candidate):
-                found = key
-        return found
-
     def authorize(self, credential: str | None, scope: Scope, transport: str) -> str:
         """The name of the key that may make this request (`anonymous` when none is needed);
         Unauthenticated, PermissionDenied or RateLimited otherwise. Counted by name and outcome."""
@@ -282,7 +273,11 @@ class KeyStore(Reloadable):
                     ErrorCode.UNAUTHENTICATED,
                     "this route needs an API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
                 )
-            key = self.find(credential)
+            candidate = hashlib.sha256(credential.encode()).digest()
+            key: ApiKey | None = None
+            for known in self.keys:  # compared with every key, no early exit
+                if hmac.compare_digest(known.digest, candidate):
+                    key = known
             if key is None:
                 name = INVALID
                 raise Unauthenticated(ErrorCode.UNAUTHENTICATED, "the API key is not valid")
