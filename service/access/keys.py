@@ -191,9 +191,8 @@ class KeyStore(Reloadable):
         return [self.path] if self.path is not None else []
 
     def changed(self) -> bool:
-        """The watcher's question: True when the file changed and the change may be applied now
-        (`reload` then applies what was read here); a change that would remove or alter a key of
-        a file rewritten in place waits until it has read the same for SETTLE_S."""
+        """True when the file changed and the change may be applied now (module docstring); `reload`
+        then applies what was read here."""
         now = signature(self.paths)
         if now == self.seen or self.path is None:
             return False

@@ -73,10 +73,8 @@ class _Pending(Generic[I, O]):
 
 @dataclass(eq=False)
 class DynamicBatcher(Generic[I, O]):
-    """One model's queue: concurrently `submit`ted items in batches for `run_batch` (few large runs
-    cost ONNX Runtime less per item than many small ones), each with its own deadline, result and
-    times (`Batched`); the policy is the module docstring's. `start` runs the loops on the event
-    loop, `drain`/`close` stop them on shutdown."""
+    """One model's queue: concurrently `submit`ted items in batches for `run_batch`, each with its
+    own deadline, result and times (`Batched`), by the module docstring's policy."""
 
     run_batch: Callable[[list[I]], list[O]]
     _: KW_ONLY

@@ -56,10 +56,8 @@ class ServiceState:
     default model per task, and the `Phase`.
 
     One instance per app, shared by the HTTP routes and the gRPC server, so that both resolve the
-    same models, feed the same batchers and turn ready and drain together. A request that runs a
-    model resolves it once, at the transport, with `lease` (a READY version held until its answer
-    is back) and hands the leased pipeline down; a metadata request reads `loaded`. Both say which
-    models or versions the request could have named when they refuse.
+    same models, feed the same batchers and turn ready and drain together; a request resolves its
+    model once, at the transport (`lease`, or `loaded` for metadata), and hands it down.
     """
 
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:

@@ -63,8 +63,7 @@ def read(merged: CollectorRegistry | None) -> Callable[[MetricWrapperBase], list
 
 
 class StatisticsSeries:
-    """The statistics' Prometheus series on one registry, read back from it, or with several workers
-    from `merged`, the merge of every worker's series."""
+    """The statistics' Prometheus series on one registry, read back from it (or from `merged`)."""
 
     def __init__(self, registry: CollectorRegistry, merged: CollectorRegistry | None) -> None:
         self._merged = merged
