@@ -152,8 +152,6 @@ class ServiceState:
                 # Strict only: in the other modes models come and go, a default is resolved per request.
                 if strict and default is not None and (default not in served or served[default].task != task):
                     raise ValueError(f"default {task} model {echo(default)} is not a served {task} model")
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             self.phase, self.error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
             log.exception("loading the model repository failed; the service will not become ready")
