@@ -112,8 +112,7 @@ class VisionPipeline(Pipeline):
         self.hf = VisionHF(self)
 
     def warmup_feeds(self) -> list[Feeds]:
-        h, w = self.transform.crop_size
-        return [{"pixel_values": np.zeros((3, h, w), dtype=np.float32)}]
+        return [{"pixel_values": np.zeros((3, *self.transform.crop_size), dtype=np.float32)}]
 
     def check_outputs(self, feeds: Feeds, outputs: Feeds) -> None:
         if outputs["logits"].shape != (len(self.labels),):
