@@ -33,7 +33,7 @@ from pathlib import Path
 
 from contract.errors import ErrorCode, PermissionDenied, RateLimited, Unauthenticated, UserError
 from service.access.scope import Scope
-from service.access.watch import Signature, signature
+from service.access.watch import Reloadable, Signature, signature
 from service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,9 @@ class ApiKey:
     burst: int = 1
 
 
-def _options(name: str, words: list[str], where: str) -> tuple[float | None, int | None]:
-    """`rate=R` (requests per second) and `burst=B` (requests at once) of a key's line."""
+def _options(name: str, words: list[str], where: str) -> tuple[float | None, int]:
+    """`rate=R` (requests per second) and `burst=B` (requests at once, default: the rate rounded
+    up) of a key's line."""
     found: dict[str, float] = {}
     for word in words:
         key, _, value = word.partition("=")
@@ -120,8 +121,8 @@ def _options(name: str, words: list[str], where: str) -> tuple[float | None, int
             raise ValueError(f"{where}: {key} of {name!r} must be a positive number, not {value!r}")
     if "burst" in found and "rate" not in found:
         raise ValueError(f"{where}: burst= of key {name!r} needs a rate=")
-    burst = found.get("burst")
-    return found.get("rate"), None if burst is None else int(burst)
+    rate = found.get("rate")
+    return rate, int(found.get("burst", max(1, math.ceil(rate or 1))))
 
 
 def parse_keys(text: str, source: str = "keys file") -> list[ApiKey]:
@@ -153,21 +154,21 @@ def parse_keys(text: str, source: str = "keys file") -> list[ApiKey]:
         raw = bytes.fromhex(found.group(1))
         if raw in digests:
             raise ValueError(f"{where}: the key of {name!r} is also another key's")
-        rate, burst = _options(name, rest, where)
-        burst = burst if burst is not None else max(1, math.ceil(rate or 1))
-        keys.append(ApiKey(name, raw, scopes, rate, burst))
+        keys.append(ApiKey(name, raw, scopes, *_options(name, rest, where)))
         names.add(name)
         digests.add(raw)
     return keys
 
 
-class KeyStore:
+class KeyStore(Reloadable):
     """The keys in force and the decision for each request that needs a scope.
 
     Without a keys file (`path` None) every scope but admin is open; with one, every scope needs a
     key that holds it, even when the file lists no keys (emptying the file locks the service
     rather than opening it). Admin needs an admin key in every case.
     """
+
+    kind = "api_keys"
 
     def __init__(self, path: Path | None, metrics: ServiceMetrics | None = None) -> None:
         self.path = path
@@ -177,7 +178,6 @@ class KeyStore:
         self.open_scopes = frozenset(Scope) - {Scope.ADMIN} if path is None else frozenset()
         self.keys: list[ApiKey] = []
         self.buckets: dict[str, TokenBucket] = {}
-        self.seen: Signature = ()
         self.pending: tuple[str, float] | None = None  # a change read in place, since when
         self.vetted: tuple[Signature, str] | None = None  # what `changed` found ready to apply
         if path is not None and not self.reload():
@@ -191,9 +191,8 @@ class KeyStore:
         return [self.path] if self.path is not None else []
 
     def changed(self) -> bool:
-        """The watcher's question: True when the file changed and the change may be applied now
-        (`reload` then applies what was read here); a change that would remove or alter a key of
-        a file rewritten in place waits until it has read the same for SETTLE_S."""
+        """True when the file changed and the change may be applied now (module docstring); `reload`
+        then applies what was read here."""
         now = signature(self.paths)
         if now == self.seen or self.path is None:
             return False
@@ -241,8 +240,7 @@ class KeyStore:
             keys = parse_keys(text, str(self.path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             log.error("API keys not re-read, the %d in force stay: %s", len(self.keys), exc)
-            self._observe(ok=False)
-            return False
+            return self._observe(ok=False)
         old = {k.name: k for k in self.keys}
         self.buckets = {
             k.name: self.buckets[k.name]
@@ -253,22 +251,12 @@ class KeyStore:
         }
         self.keys = keys
         log.info("API keys loaded from %s: %s", self.path, ", ".join(k.name for k in keys) or "none")
-        self._observe(ok=True)
-        return True
+        return self._observe(ok=True)
 
-    def _observe(self, ok: bool) -> None:
+    def _observe(self, ok: bool) -> bool:
         if self.metrics is not None:
-            self.metrics.file_reloads.labels("api_keys", "ok" if ok else "error").inc()
             self.metrics.api_keys.set(len(self.keys))
-
-    def find(self, credential: str) -> ApiKey | None:
-        """The key whose digest matches, comparing with every key (no early exit)."""
-        candidate = hashlib.sha256(credential.encode()).digest()
-        found = None
-        for key in self.keys:
-            if hmac.compare_digest(key.digest, candidate):
-                found = key
-        return found
+        return self.counted(ok)
 
     def authorize(self, credential: str | None, scope: Scope, transport: str) -> str:
         """The name of the key that may make this request (`anonymous` when none is needed);
@@ -284,7 +272,11 @@ class KeyStore:
                     ErrorCode.UNAUTHENTICATED,
                     "this route needs an API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
                 )
-            key = self.find(credential)
+            candidate = hashlib.sha256(credential.encode()).digest()
+            key: ApiKey | None = None
+            for known in self.keys:  # compared with every key, no early exit
+                if hmac.compare_digest(known.digest, candidate):
+                    key = known
             if key is None:
                 name = INVALID
                 raise Unauthenticated(ErrorCode.UNAUTHENTICATED, "the API key is not valid")

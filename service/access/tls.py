@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.errors import UserError
-from service.access.watch import Signature, signature
+from service.access.watch import Reloadable, signature
 from service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,10 @@ def _context(cert: Path, key: Path, client_ca: Path | None) -> ssl.SSLContext:
     return ctx
 
 
-class TlsFiles:
+class TlsFiles(Reloadable):
     """The certificate, key and client CA in force; `reload` re-reads them (see the module doc)."""
+
+    kind = "tls"
 
     def __init__(
         self, cert: Path, key: Path, client_ca: Path | None = None, metrics: ServiceMetrics | None = None
@@ -55,7 +57,7 @@ class TlsFiles:
         self.cert, self.key, self.client_ca = cert, key, client_ca
         self.metrics = metrics
         self.generation = 0
-        self.seen: Signature = signature(self.paths)
+        self.seen = signature(self.paths)
         try:
             self.context = _context(cert, key, client_ca)
             self.pem = self._read()
@@ -80,9 +82,6 @@ class TlsFiles:
             self.client_ca.read_bytes() if self.client_ca is not None else None,
         )
 
-    def changed(self) -> bool:
-        return signature(self.paths) != self.seen
-
     def reload(self) -> bool:
         """Load the files into a scratch context first: only a pair that loads replaces the live one."""
         self.seen = signature(self.paths)
@@ -94,15 +93,9 @@ class TlsFiles:
                 self.context.load_verify_locations(self.client_ca)
         except (OSError, ssl.SSLError, ValueError) as exc:
             log.error("TLS files not re-read, the certificate in force stays: %s", exc)
-            self._observe(ok=False)
-            return False
+            return self.counted(False)
         if pem != self.pem:
             self.pem = pem
             self.generation += 1
             log.info("TLS certificate re-read from %s", self.cert)
-        self._observe(ok=True)
-        return True
-
-    def _observe(self, ok: bool) -> None:
-        if self.metrics is not None:
-            self.metrics.file_reloads.labels("tls", "ok" if ok else "error").inc()
+        return self.counted(True)

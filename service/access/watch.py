@@ -13,7 +13,10 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -33,21 +36,30 @@ def signature(paths: Iterable[Path]) -> Signature:
     return tuple(out)
 
 
-class Reloadable(Protocol):
-    """Something read from files that can be re-read while the service runs."""
+class Reloadable:
+    """Something read from files that can be re-read while the service runs: `reload` re-reads them
+    now (False: the old contents kept, the reason logged), `changed` says whether they differ from
+    those last read (or last tried). Each re-read is counted under `kind` in `gmlp_file_reloads_total`."""
+
+    kind = ""
+    seen: Signature = ()
+    metrics: ServiceMetrics | None = None
 
     @property
     def paths(self) -> list[Path]:
-        """The files it reads."""
-        ...
+        raise NotImplementedError
 
     def reload(self) -> bool:
-        """Re-read now; False (the old contents kept, the reason logged) when the files are unusable."""
-        ...
+        raise NotImplementedError
 
     def changed(self) -> bool:
-        """True when the files differ from those last read (or last tried)."""
-        ...
+        return signature(self.paths) != self.seen
+
+    def counted(self, ok: bool) -> bool:
+        """`ok`, once the re-read is counted with that result."""
+        if self.metrics is not None:
+            self.metrics.file_reloads.labels(self.kind, "ok" if ok else "error").inc()
+        return ok
 
 
 def reload_all(items: Iterable[Reloadable]) -> None:

@@ -30,15 +30,15 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Generic, TypeVar
 
 from contract.errors import Closed, ErrorCode, Overloaded
 from service.engine import request_context
-from service.engine.request_context import Batched, BatchRun, Deadline, RequestContext, RunClock
+from service.engine.request_context import Batched, BatchRun, Deadline, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -71,46 +71,34 @@ class _Pending(Generic[I, O]):
     request: RequestContext | None = field(default_factory=request_context.current)
 
 
+@dataclass(eq=False)
 class DynamicBatcher(Generic[I, O]):
-    """One model's queue: concurrently `submit`ted items in batches for `run_batch` (few large runs
-    cost ONNX Runtime less per item than many small ones), each with its own deadline, result and
-    times (`Batched`); the policy is the module docstring's. `start` runs the loops on the event
-    loop, `drain`/`close` stop them on shutdown."""
+    """One model's queue: concurrently `submit`ted items in batches for `run_batch`, each with its
+    own deadline, result and times (`Batched`), by the module docstring's policy."""
 
-    def __init__(
-        self,
-        run_batch: Callable[[list[I]], list[O]],
-        *,
-        max_batch_size: int,
-        max_queue_delay_s: float,
-        max_queue_size: int,
-        name: str = "model",
-        observers: Iterable[BatchObserver] = (),
-        always_wait: bool = False,
-        instances: int = 1,
-    ) -> None:
-        if max_batch_size < 1 or max_queue_size < 1 or max_queue_delay_s < 0 or instances < 1:
+    run_batch: Callable[[list[I]], list[O]]
+    _: KW_ONLY
+    max_batch_size: int
+    max_queue_delay_s: float
+    max_queue_size: int
+    name: str = "model"
+    observers: Sequence[BatchObserver] = ()
+    always_wait: bool = False
+    instances: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.max_batch_size, self.max_queue_size, self.instances) < 1 or self.max_queue_delay_s < 0:
             raise ValueError(
                 "max_batch_size, max_queue_size and instances must be >= 1, max_queue_delay_s >= 0"
             )
-        self.run_batch = run_batch
-        self.max_batch_size = max_batch_size
-        self.max_queue_delay_s = max_queue_delay_s
-        self.max_queue_size = max_queue_size
-        self.always_wait = always_wait
-        self.instances = instances
-        self.name = name
-        self.observers = list(observers)
         self._queue: deque[_Pending[I, O]] = deque()
-        self.running = 0  # requests in the batches being run now
-        self.running_batches = 0
+        self.running_batches = 0  # batches being run now
         self.arriving_now = 0  # requests inside `arriving()`, to be submitted next
         self.accepting = False
         self._tasks: list[asyncio.Task[None]] = []  # one loop per instance
-        self._wakeup: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
+        self._wakeup, self._idle = asyncio.Event(), asyncio.Event()  # made again by `start`, on its loop
         # One thread per instance: a batch never waits for a thread, only for a free instance.
-        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"batch-{name}")
+        self._executor = ThreadPoolExecutor(self.instances, thread_name_prefix=f"batch-{self.name}")
 
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
@@ -131,7 +119,7 @@ class DynamicBatcher(Generic[I, O]):
         the batching window, since no batch-mates can arrive any more.
         """
         self.accepting = False
-        if not self._tasks or self._idle is None or self._wakeup is None:
+        if not self._tasks:
             return True
         self._wakeup.set()
         try:
@@ -169,8 +157,7 @@ class DynamicBatcher(Generic[I, O]):
             yield
         finally:
             self.arriving_now -= 1
-            if self._wakeup is not None:
-                self._wakeup.set()  # a batch waiting for this request re-checks at once
+            self._wakeup.set()  # a batch waiting for this request re-checks at once
 
     async def submit(self, item: I, deadline: Deadline | None = None) -> Batched[O]:
         """Queue `item` and wait for its result (with its queue wait and model run) until `deadline`.
@@ -178,7 +165,7 @@ class DynamicBatcher(Generic[I, O]):
         Raises Overloaded (queue full), DeadlineExceeded or Closed (not accepting); if the caller
         is cancelled (client disconnected) the item is withdrawn and never run.
         """
-        if not self.accepting or self._wakeup is None or self._idle is None:
+        if not self.accepting:
             self._rejected("shutting_down")
             raise Closed(
                 ErrorCode.CLOSED, f"model {self.name} is not accepting requests (starting or shutting down)"
@@ -232,7 +219,6 @@ class DynamicBatcher(Generic[I, O]):
         Each instance is its own loop so that a finished batch is followed by the next one in
         the same task, without another trip through the event loop's queue of ready callbacks
         (under load, each trip waits behind the parsing and decoding of many requests)."""
-        assert self._wakeup is not None
         while True:
             if not self._queue:
                 self._wakeup.clear()
@@ -290,15 +276,15 @@ class DynamicBatcher(Generic[I, O]):
 
     async def _run(self, batch: list[_Pending[I, O]], instance: int = 0) -> None:
         start = time.monotonic()
-        self.running += len(batch)
         self.running_batches += 1
-        timed, error = RunClock(), None
+        # When the model run started and ended, as measured in its worker thread (0: it did not).
+        timed, error = [0.0, 0.0], None
         try:
             await self._answer(batch, start, timed)
         except Exception as exc:
             error = exc
             if len(batch) == 1:
-                _resolve(batch[0], exc=exc)
+                _fail(batch[0], exc)
             else:
                 log.warning(
                     "batch of %d failed on model %s (%r); retrying one by one", len(batch), self.name, exc
@@ -306,38 +292,38 @@ class DynamicBatcher(Generic[I, O]):
                 for pending in batch:
                     if not pending.future.done():
                         try:
-                            await self._answer([pending], start, RunClock())
+                            await self._answer([pending], start, [0.0, 0.0])
                         except Exception as row_exc:
-                            _resolve(pending, exc=row_exc)
+                            _fail(pending, row_exc)
         finally:
             # Closed while the batch ran (close() past its timeout): its requests get the closing
             # error now rather than hanging until their deadlines; without one they never would.
             for pending in batch:
                 if not pending.future.done():
-                    _resolve(pending, exc=self._closed())
-            self.running -= len(batch)
+                    _fail(pending, self._closed())
             self.running_batches -= 1
             now = time.monotonic()
             rows = ([p.item for p in batch], [p.request for p in batch], [p.enqueued for p in batch])
-            run = BatchRun(instance, *rows, start, timed.start or start, timed.end or now, now, error)
+            run = BatchRun(instance, *rows, start, timed[0] or start, timed[1] or now, now, error)
             for observer in self.observers:
                 observer.batch_done(run)
 
-    async def _answer(self, batch: list[_Pending[I, O]], start: float, timed: RunClock) -> None:
+    async def _answer(self, batch: list[_Pending[I, O]], start: float, timed: list[float]) -> None:
         """Run `batch` in a worker thread and answer each row with its times (raises what the run raised)."""
         items = [p.item for p in batch]
         outputs = await asyncio.get_running_loop().run_in_executor(
             self._executor, self._run_checked, items, timed
         )
         for pending, output in zip(batch, outputs, strict=True):
-            _resolve(pending, result=Batched(output, start - pending.enqueued, timed.run_s))
+            if not pending.future.done():  # else the requester gave up
+                pending.future.set_result(Batched(output, start - pending.enqueued, timed[1] - timed[0]))
 
-    def _run_checked(self, items: list[I], timed: RunClock) -> list[O]:
-        timed.start = time.monotonic()
+    def _run_checked(self, items: list[I], timed: list[float]) -> list[O]:
+        timed[0] = time.monotonic()
         try:
             outputs = self.run_batch(items)
         finally:
-            timed.end = time.monotonic()
+            timed[1] = time.monotonic()
         if len(outputs) != len(items):
             raise RuntimeError(f"run_batch returned {len(outputs)} outputs for {len(items)} inputs")
         return outputs
@@ -354,17 +340,11 @@ class DynamicBatcher(Generic[I, O]):
         return Closed(ErrorCode.CLOSED, f"model {self.name} is shutting down")
 
     def _set_idle_if_done(self) -> None:
-        if not self._queue and not self.running_batches and self._idle is not None:
+        if not self._queue and not self.running_batches:
             self._idle.set()
 
 
-def _resolve(
-    pending: _Pending[I, O], *, result: Batched[O] | None = None, exc: BaseException | None = None
-) -> None:
-    """Deliver a result unless the requester already gave up."""
-    if pending.future.done():
-        return
-    if exc is not None:
+def _fail(pending: _Pending[I, O], exc: BaseException) -> None:
+    """Deliver an error unless the requester already gave up."""
+    if not pending.future.done():
         pending.future.set_exception(exc)
-    else:
-        pending.future.set_result(result)  # type: ignore[arg-type]

@@ -11,10 +11,7 @@ tasks that copy its context), so `current()` finds it without any layer passing 
 formatter reads the id, route, model and trace from it; the request notes the queue wait and the
 model run its batcher returned with each of its rows (`note_batch`, what `Server-Timing` reports);
 the tracing code keeps the request's server span and tracer here, `None` when tracing is off.
-
-What a batch tells: each of its rows comes back to its request as a `Batched` result, with its
-queue wait and the batch's model run, and the batch's observers (metrics, tracing) get one
-`BatchRun` per executed batch, with the `RequestContext` of each of its rows.
+What a batch tells its rows (`Batched`) and its observers (`BatchRun`) is defined here too.
 
 Request ids come from the client (`X-Request-ID`, REST; `x-request-id` metadata, gRPC) when they
 are short and plain (`REQUEST_ID_PATTERN`), so that they can be logged and echoed without
@@ -75,6 +72,7 @@ class RequestContext:
 
 
 _current: ContextVar[RequestContext | None] = ContextVar("gmlp_request", default=None)
+current = _current.get  # the request being served in this task or thread, if any
 
 
 O = TypeVar("O")  # noqa: E741
@@ -88,18 +86,6 @@ class Batched(Generic[O]):
     output: O
     queue_s: float
     run_s: float
-
-
-@dataclass
-class RunClock:
-    """When the model run of a batch started and ended, as measured in its worker thread."""
-
-    start: float = 0.0
-    end: float = 0.0
-
-    @property
-    def run_s(self) -> float:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -130,11 +116,6 @@ class BatchRun:
         return [self.started - enqueued for enqueued in self.enqueued]
 
 
-def current() -> RequestContext | None:
-    """The request being served in this task or thread, if any."""
-    return _current.get()
-
-
 @contextmanager
 def open_request(context: RequestContext) -> Iterator[RequestContext]:
     """Make `context` the current request for the duration of the block."""
@@ -148,7 +129,7 @@ def open_request(context: RequestContext) -> Iterator[RequestContext]:
 
 def note_model(name: str) -> None:
     """The model the current request was resolved to (for its log lines and spans)."""
-    context = _current.get()
+    context = current()
     if context is not None:
         context.model = name
 
@@ -156,14 +137,14 @@ def note_model(name: str) -> None:
 def note_batch(queue_s: float, run_s: float) -> None:
     """One row of the current request came back from its batch after these times (rows run side by
     side, so the longest wait and run are the request's)."""
-    context = _current.get()
+    context = current()
     if context is not None:
         context.queue_s, context.infer_s = max(context.queue_s, queue_s), max(context.infer_s, run_s)
 
 
 def note_error(code: str, message: str) -> None:
     """The machine code of the error the current request is answered with."""
-    context = _current.get()
+    context = current()
     if context is not None:
         context.error_code, context.error_message = code, message
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
-from contract.scores import ScoreFunction, labelled_rows, ranked_labels
-from contract.text import EncodedText, FillMaskCodec
+from contract.scores import ScoreFunction
+from contract.text import EncodedText
 from service.engine.runtime import Feeds
 
 
@@ -99,59 +99,6 @@ class Done:
     outputs: Feeds
     answer: Any = None
     finished: tuple[float, float] = (0.0, 0.0)
-
-
-def rank_rows(
-    jobs: Sequence[Job], outputs: Sequence[Feeds], labels: Sequence[str], top: Sequence[bool] = ()
-) -> list[Any]:
-    """A classifier batch's answers: the ranked labels of the rows that ask for them (None for the
-    others), one vectorised pass per score function at the largest top_k among its rows, each row
-    keeping its own prefix of that ranking; rows that `top` marks, from the top-k outputs."""
-    answers: list[Any] = [None] * len(jobs)
-    groups: dict[ScoreFunction, list[tuple[int, int]]] = {}
-    for i, job in enumerate(jobs):
-        if not isinstance(job.answer, Ranking):
-            continue
-        if top and top[i]:
-            ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
-            k = job.answer.top_k
-            answers[i] = labelled_rows(ids[None, :k], scores[None, :k], labels)[0]
-        else:
-            groups.setdefault(job.answer.function, []).append((i, job.answer.top_k))
-    for function, asks in groups.items():
-        logits = np.stack([outputs[i]["logits"] for i, _ in asks])
-        ranked = ranked_labels(logits, labels, max(k for _, k in asks), function)
-        for (i, k), answer in zip(asks, ranked, strict=True):
-            answers[i] = answer[:k]
-    return answers
-
-
-def decode_rows(
-    jobs: Sequence[Job], outputs: Sequence[Feeds], codec: FillMaskCodec, top: Sequence[bool] = ()
-) -> list[Any]:
-    """A masked LM batch's answers: the decoded predictions of the rows that ask for them (None for
-    the others); rows that `top` marks from the top-k outputs (`FillMaskCodec.decode_top`), the
-    rest with the normalisers of all their mask rows in one pass (`FillMaskCodec.decode_batch`)."""
-    answers: list[Any] = [None] * len(jobs)
-    asks = []
-    for i, job in enumerate(jobs):
-        if not isinstance(job.answer, Decoding):
-            continue
-        if top and top[i]:
-            ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
-            answers[i] = codec.decode_top(job.answer.encoded, ids, scores, job.answer.top_k)
-        else:
-            asks.append((i, job.answer))
-    if asks:
-        decoded = codec.decode_batch(
-            [a.encoded for _, a in asks],
-            [outputs[i]["logits"] for i, _ in asks],
-            [a.top_k for _, a in asks],
-            [a.target_ids for _, a in asks],
-        )
-        for (i, _), answer in zip(asks, decoded, strict=True):
-            answers[i] = answer
-    return answers
 
 
 def observed_rows(

@@ -116,28 +116,23 @@ class RuntimeOptions:
     lone_threads: int = 0
 
 
-class _Runs:
-    """Session runs going on now in this process, over every model: whether a run starting now is
-    the only one decides its session (`OnnxModel.run`)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._going = 0
-
-    @contextmanager
-    def running(self) -> Iterator[bool]:
-        """Count a run while the block lasts; yields whether no other run was going when it began."""
-        with self._lock:
-            alone = self._going == 0
-            self._going += 1
-        try:
-            yield alone
-        finally:
-            with self._lock:
-                self._going -= 1
+_runs_lock = threading.Lock()
+_runs_going = 0  # session runs going on now in this process, over every model
 
 
-RUNS = _Runs()
+@contextmanager
+def _running() -> Iterator[bool]:
+    """Count a session run while the block lasts; yields whether no other run was going when it
+    began, which decides its session (`OnnxModel.run`)."""
+    global _runs_going
+    with _runs_lock:
+        alone = _runs_going == 0
+        _runs_going += 1
+    try:
+        yield alone
+    finally:
+        with _runs_lock:
+            _runs_going -= 1
 
 
 class Runtime:
@@ -174,20 +169,15 @@ class Runtime:
         session: nothing to do."""
         yield
 
-    def stack(self, items: Sequence[Feeds]) -> Feeds:
-        """The default collation: per-request feeds of equal shapes, stacked on a new batch axis."""
-        return {name: np.stack([item[name] for item in items]) for name in self.input_names}
-
     def run_batch(
         self, items: Sequence[Feeds], collate: Collate | None = None, names: Sequence[str] | None = None
     ) -> list[Feeds]:
-        """Collate per-request feeds (default: stack), run once, split the outputs `names`
-        (default: all) per request."""
-        if not items:
-            return []
+        """Collate per-request feeds (default: equal shapes stacked on a new batch axis), run once,
+        split the outputs `names` (default: all) per request."""
         if not self.row_independent and len(items) > 1:
             return [self.run_batch([item], collate, names)[0] for item in items]
-        outputs = self.run((collate or self.stack)(items), names)
+        batch = collate(items) if collate else {n: np.stack([r[n] for r in items]) for n in self.input_names}
+        outputs = self.run(batch, names)
         return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 
@@ -205,7 +195,6 @@ class OnnxModel(Runtime):
             log.warning(
                 "model %s: CUDA provider failed to load, falling back to %s", self.name, self.provider
             )
-        self.use_io_binding = self.provider == CUDA
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         # A request's result must not depend on its batch-mates: graphs where it would run row by row.
@@ -249,11 +238,11 @@ class OnnxModel(Runtime):
         """Outputs not asked for are not copied out of the session. One row runs on the lone
         session, all its threads, when no other run is going as it starts (module docstring)."""
         names = list(names or self.output_names)
-        if not self.use_io_binding:
+        if self.provider != CUDA:
             if self._every_session and self.lone_session is not None:
                 self.lone_session.run(names, feeds)
                 return dict(zip(names, self.session.run(names, feeds), strict=True))
-            with RUNS.running() as alone:
+            with _running() as alone:
                 one_row = next(iter(feeds.values())).shape[0] == 1
                 session = self.lone_session if alone and one_row and self.lone_session else self.session
                 return dict(zip(names, session.run(names, feeds), strict=True))

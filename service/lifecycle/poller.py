@@ -79,8 +79,6 @@ class RepositoryPoller:
         while True:
             try:
                 await self._poll()
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 self.metrics.poller_restarts.inc()
                 log.exception("the repository poller failed; restarting it in %s s", self.interval_s)

@@ -56,10 +56,8 @@ class ServiceState:
     default model per task, and the `Phase`.
 
     One instance per app, shared by the HTTP routes and the gRPC server, so that both resolve the
-    same models, feed the same batchers and turn ready and drain together. A request that runs a
-    model resolves it once, at the transport, with `lease` (a READY version held until its answer
-    is back) and hands the leased pipeline down; a metadata request reads `loaded`. Both say which
-    models or versions the request could have named when they refuse.
+    same models, feed the same batchers and turn ready and drain together; a request resolves its
+    model once, at the transport (`lease`, or `loaded` for metadata), and hands it down.
     """
 
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics) -> None:
@@ -149,9 +147,11 @@ class ServiceState:
                     failures = await self.table.apply(source)
                     if strict and (failures or self.table.newest_ready(name) is None):
                         raise SpecError(f"model {name}: {failures or _why_not(source)}")
-            self._check_defaults()
-        except asyncio.CancelledError:
-            raise
+            served = self.newest_ready()
+            for task, default in self._configured_defaults().items():
+                # Strict only: in the other modes models come and go, a default is resolved per request.
+                if strict and default is not None and (default not in served or served[default].task != task):
+                    raise ValueError(f"default {task} model {echo(default)} is not a served {task} model")
         except Exception as exc:
             self.phase, self.error = Phase.FAILED, f"{type(exc).__name__}: {exc}"
             log.exception("loading the model repository failed; the service will not become ready")
@@ -169,14 +169,6 @@ class ServiceState:
         )
         if settings.model_control == "poll":
             self._poller.start()
-
-    def _check_defaults(self) -> None:
-        if self.settings.model_control != "none":
-            return  # models come and go: a configured default is resolved per request
-        served = self.newest_ready()
-        for task, name in self._configured_defaults().items():
-            if name is not None and (name not in served or served[name].task != task):
-                raise ValueError(f"default {task} model {echo(name)} is not a served {task} model")
 
     def _update_ready_gauges(self) -> None:
         for name in self.table.models:
@@ -245,7 +237,7 @@ class ServiceState:
             name = self.defaults.get(task)
             if name is None:
                 raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
-        if not self.table.known(name):
+        if name not in self.table.models:
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
                 f"model {echo(name)} is not served; {task or 'served'} models: {self._of_task(task)}",

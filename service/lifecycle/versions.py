@@ -38,6 +38,7 @@ from contract.messages import echo
 from contract.repository import VersionPolicy
 from contract.scan import Fingerprint, ModelSource, VersionSource
 from service.engine.batcher import DynamicBatcher
+from service.telemetry.metrics import LifecycleMetrics
 
 log = logging.getLogger(__name__)
 
@@ -61,35 +62,6 @@ class Servable(Protocol):
 
 
 S = TypeVar("S", bound=Servable)
-
-
-class LifecycleObserver(Protocol):
-    """What the table reports, for metrics (`service.telemetry.metrics`); every report is a no-op
-    here (`NullObserver`)."""
-
-    def state_changed(
-        self, model: str, version: int, old: VersionState | None, new: VersionState | None
-    ) -> None:
-        return
-
-    def loaded(self, model: str) -> None:
-        return
-
-    def unloaded(self, model: str) -> None:
-        return
-
-    def closed(self, model: str, version: int) -> None:
-        return
-
-    def refused(self, model: str, reason: str) -> None:
-        return
-
-    def leased(self, model: str, version: int) -> None:
-        return
-
-
-class NullObserver(LifecycleObserver):
-    """The observer of a table nobody watches."""
 
 
 @dataclass(eq=False)
@@ -138,14 +110,14 @@ class VersionTable(Generic[S]):
         *,
         policy: VersionPolicy,
         drain_timeout_s: float,
+        observer: LifecycleMetrics,
         max_loaded: int | None = None,
-        observer: LifecycleObserver | None = None,
     ) -> None:
         self.loader = loader
         self.policy = policy
         self.drain_timeout_s = drain_timeout_s
         self.max_loaded = max_loaded
-        self.observer: LifecycleObserver = observer or NullObserver()
+        self.observer = observer
         self.models: dict[str, ModelRecord[S]] = {}
 
     def newest_ready(self, name: str) -> Version[S] | None:
@@ -334,7 +306,13 @@ class VersionTable(Generic[S]):
         version.fingerprint = on_disk.fingerprint
         try:
             served = await asyncio.to_thread(self.loader, on_disk)
-            self._check_task(record, version.number, served)
+            for other in record.versions.values():
+                task = other.loaded.served.task if other.loaded is not None else served.task
+                if other.number != version.number and task != served.task:
+                    raise ValueError(
+                        f"it is a {served.task} model but version {other.number} of {record.name!r} is a "
+                        f"{task} model; a model keeps its task across versions"
+                    )
         except Exception as exc:  # a broken version must never take the service down
             reason = str(exc) or type(exc).__name__
             version.failed = True
@@ -353,16 +331,6 @@ class VersionTable(Generic[S]):
         if old is not None:
             await self._drain(version.model, old)
         return None
-
-    @staticmethod
-    def _check_task(record: ModelRecord[S], number: int, served: S) -> None:
-        for other in record.versions.values():
-            task = other.loaded.served.task if other.loaded is not None else served.task
-            if other.number != number and task != served.task:
-                raise ValueError(
-                    f"it is a {served.task} model but version {other.number} of {record.name!r} is a "
-                    f"{task} model; a model keeps its task across versions"
-                )
 
     async def _retire(self, version: Version[S]) -> None:
         loaded = version.loaded

@@ -22,11 +22,11 @@ _JSON_BLOCK = re.compile(r"```json\n(.*?)\n```", re.DOTALL)
 _ACCURACY_KEY = re.compile(r"^(top\d+|acc|accuracy)$")
 
 
-def _section(text: str, heading: str) -> str | None:
-    """The body of the `## heading` section, up to the next `## `."""
+def _section(text: str, heading: str) -> str:
+    """The body of the `## heading` section, up to the next `## ` ("" without one)."""
     start = text.find(f"\n## {heading}")
     if start < 0:
-        return None
+        return ""
     body = text[start + 1 :].split("\n", 1)[-1]
     end = body.find("\n## ")
     return body if end < 0 else body[:end]
@@ -72,10 +72,9 @@ def card_summary(directory: Path, variant: str) -> dict[str, Any] | None:
     accuracy, measured = {}, None
     served = _section(text, "Served model")
     marker = f"--variant {variant}`"
-    if served is not None and marker in served:
+    if marker in served:
         accuracy, measured = accuracy_leaves(_first_json(served.split(marker, 1)[1])), variant
     if not accuracy:
-        results = _section(text, "Results")
-        accuracy = accuracy_leaves(_first_json(results)) if results is not None else {}
+        accuracy = accuracy_leaves(_first_json(_section(text, "Results")))
         measured = "training" if accuracy else None
     return {"title": title, "description": description, "accuracy": accuracy, "measured": measured}

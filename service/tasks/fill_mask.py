@@ -10,29 +10,26 @@ token ids can ask for too; over the Hugging Face API a raw body is the UTF-8 tex
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from contract.errors import ErrorCode, InvalidInput
-from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK
+from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.spec import ModelSpec
 from contract.tensors import BYTES, Tensor
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
-from service.engine import rows as batch_jobs
 from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Decoding, Done, Job, Reads
-from service.engine.runtime import Feeds
+from service.engine.runtime import Collate, Feeds
 from service.settings import ServiceSettings
 from service.tasks.forms import (
     PREDICTIONS_OUTPUT,
     TEXT_INPUT,
     Forms,
-    check_outputs,
     gather_or_cancel,
     predictions,
-    stack_rows,
     stacked,
     tensor_meta,
     top_k_parameter,
@@ -53,28 +50,44 @@ class FillMaskPipeline(Pipeline):
 
     task = MLM_TASK
     default_setting = "default_fill_mask"
+    collate: Collate
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         self.codec = FillMaskCodec(spec.tokenizer_path(), spec.model_config, model_name=spec.name)
         # A graph exported with static shapes (format_version 1) runs at n with every slot.
         static = any(d is not None for d in self.runtime.static_dims("input_ids")[1:])
         self.fixed_length = settings.fixed_length or static
+        self.collate = partial(self.codec.collate, fixed=self.fixed_length)
         self.v2 = FillMaskForms(self)
         self.hf = FillMaskHF(self)
-
-    def collate(self, items: Sequence[Feeds]) -> Feeds:
-        return self.codec.collate(items, fixed=self.fixed_length)
-
-    def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
-        return self.runtime.run_batch(items, self.collate, names)
 
     def predicted_rows(self, job: Job) -> int:
         return len(job.feeds["mask_positions"])
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
-        """The decoded predictions of the rows that ask for them: from the top-k outputs where `top`
-        says, else from the logits (`FillMaskCodec.decode_batch`: the batch's normalisers in one pass)."""
-        return batch_jobs.decode_rows(jobs, outputs, self.codec, top)
+        """The decoded predictions of the rows that ask for them (None for the others): from the
+        top-k outputs where `top` says (`FillMaskCodec.decode_top`), else from the logits with the
+        normalisers of all their mask rows in one pass (`FillMaskCodec.decode_batch`)."""
+        answers: list[Any] = [None] * len(jobs)
+        asks = []
+        for i, job in enumerate(jobs):
+            if not isinstance(job.answer, Decoding):
+                continue
+            if top[i]:
+                ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
+                answers[i] = self.codec.decode_top(job.answer.encoded, ids, scores, job.answer.top_k)
+            else:
+                asks.append((i, job.answer))
+        if asks:
+            decoded = self.codec.decode_batch(
+                [a.encoded for _, a in asks],
+                [outputs[i]["logits"] for i, _ in asks],
+                [a.top_k for _, a in asks],
+                [a.target_ids for _, a in asks],
+            )
+            for (i, _), answer in zip(asks, decoded, strict=True):
+                answers[i] = answer
+        return answers
 
     def warmup_feeds(self) -> list[Feeds]:
         """[MASK]-only texts at every padded length a batch can have, one mask, then the largest."""
@@ -119,15 +132,6 @@ class FillMaskPipeline(Pipeline):
         self.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
-
-    async def infer_decoded(
-        self, feeds: Feeds, top_k: int, deadline: Deadline, names: frozenset[str] | None = None
-    ) -> Done:
-        """A token-id request's outputs `names` (default: all) and its top_k per mask, decoded in
-        the batch thread (the v2 protocol's graph inputs with the predictions output asked for)."""
-        ids, positions = feeds["input_ids"].tolist(), feeds["mask_positions"].tolist()
-        answer = Decoding(EncodedText(ids, positions, feeds), top_k)
-        return await self.queued(Job(feeds, answer, reads=names), deadline)
 
     async def submit_text(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
@@ -175,23 +179,23 @@ class FillMaskForms(Forms):
     async def run_tensors(
         self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
-        """Token ids; with `predictions` asked for, decoded as their text would be."""
+        """Token ids; with `predictions` asked for, decoded in the batch thread as their text would be."""
         if PREDICTIONS_OUTPUT not in outputs:
             return await super().run_tensors(inputs, outputs, parameters, deadline)
-        check_outputs(outputs, self.output_names())
         top_k = top_k_parameter(parameters)
         rows = self.tensor_rows(inputs)
         graph = self.graph_outputs(outputs, [])
         reads = frozenset(graph)
-        done = await gather_or_cancel([self.served.infer_decoded(r, top_k, deadline, reads) for r in rows])
-        produced = stack_rows(graph, [d.outputs for d in done])
+        encoded = [EncodedText(r["input_ids"].tolist(), r["mask_positions"].tolist(), r) for r in rows]
+        jobs = [Job(e.feeds, Decoding(e, top_k), reads=reads) for e in encoded]
+        done = await gather_or_cancel([self.served.queued(job, deadline) for job in jobs])
+        produced = {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}
         produced[PREDICTIONS_OUTPUT] = predictions([d.answer for d in done], [len(rows), 1])
         return produced
 
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
-        check_outputs(outputs, self.output_names())
         top_k = top_k_parameter(parameters)
         texts = [utf8(item) for item in self.encoded_items(tensor)]
         graph = self.graph_outputs(outputs, [])

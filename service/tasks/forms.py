@@ -51,16 +51,6 @@ async def gather_or_cancel(work: Sequence[Awaitable[T]]) -> list[T]:
             task.cancel()
 
 
-def check_outputs(requested: list[str], available: list[str]) -> None:
-    """Refuse unknown requested outputs before anything is queued."""
-    missing = [n for n in requested if n not in available]
-    if missing:
-        raise InvalidInput(
-            ErrorCode.INVALID_OUTPUTS,
-            f"outputs {missing} are not produced for these inputs; available: {available}",
-        )
-
-
 def top_k_parameter(parameters: dict[str, Any]) -> int:
     top_k = parameters.get("top_k", 5)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
@@ -183,33 +173,32 @@ class Forms:
         graph_inputs = sorted(self.served.runtime.input_names)
         if len(set(names)) != len(names):
             raise InvalidInput(ErrorCode.INVALID_INPUTS, f"an input is given twice: {names}")
+        if names not in (graph_inputs, [self.encoded_input]):
+            raise InvalidInput(
+                ErrorCode.INVALID_INPUTS,
+                f"model {self.served.name} takes the inputs {graph_inputs} or {[self.encoded_input]}, "
+                f"got {names}",
+            )
+        missing = [n for n in outputs if n not in self.output_names()]
+        if missing:  # refused before anything is queued
+            raise InvalidInput(
+                ErrorCode.INVALID_OUTPUTS,
+                f"outputs {missing} are not produced for these inputs; available: {self.output_names()}",
+            )
         if names == graph_inputs:
             return await self.run_tensors(inputs, outputs, parameters, deadline)
-        if names == [self.encoded_input]:
-            return await self.run_encoded(inputs[0], outputs, parameters, deadline)
-        raise InvalidInput(
-            ErrorCode.INVALID_INPUTS,
-            f"model {self.served.name} takes the inputs {graph_inputs} or {[self.encoded_input]}, "
-            f"got {names}",
-        )
+        return await self.run_encoded(inputs[0], outputs, parameters, deadline)
 
     async def run_tensors(
         self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
         """The graph's tensors in, the graph outputs asked for (default: all) out."""
-        check_outputs(outputs, self.output_names())
         rows = self.tensor_rows(inputs)
         graph = self.graph_outputs(outputs, self.served.runtime.output_names)
         results = await gather_or_cancel([self.served.infer(row, deadline, frozenset(graph)) for row in rows])
-        return stack_rows(graph, results)
+        return {name: stacked(name, [r[name] for r in results]) for name in graph}
 
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
         raise NotImplementedError
-
-
-def stack_rows(names: list[str], results: Sequence[Feeds]) -> dict[str, Tensor]:
-    """The graph outputs `names` of equally shaped rows, each as one tensor."""
-    stacks = {name: np.stack([r[name] for r in results]) for name in names}
-    return {name: Tensor(name, datatype_of(a.dtype), a) for name, a in stacks.items()}

@@ -27,7 +27,7 @@ from service.engine.backends import open_runtime, resolve_backend
 from service.engine.batcher import BatchObserver, DynamicBatcher
 from service.engine.request_context import Deadline
 from service.engine.rows import Done, Job
-from service.engine.runtime import Feeds, RuntimeOptions, choose_variant
+from service.engine.runtime import Collate, Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.telemetry import tracing
@@ -91,6 +91,10 @@ class Pipeline:
     default_setting = ""
     v2: V2Adapter
     hf: HFAdapter
+    # The labels the top-1 answers are counted by; None where there are too many to be the values
+    # of a metric's label (a masked LM's vocabulary).
+    labels: list[str] | None = None
+    collate: Collate | None = None  # how a batch's rows are put together (None: stacked)
 
     def __init__(
         self,
@@ -137,20 +141,15 @@ class Pipeline:
         self.ready = False
         self.version = version  # the repository version it was loaded from
         self.card = card_summary(spec.path, self.variant)
-        self.predictions = PredictionMetrics(metrics, spec.name, version, self.prediction_labels(spec))
+        self.prepare(spec, settings)
+        self.predictions = PredictionMetrics(metrics, spec.name, version, self.labels)
         metrics.queue_capacity.labels(spec.name, version).set(settings.max_queue_size)
         metrics.model_instances.labels(spec.name, version).set(instances)
-        self.prepare(spec, settings)
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         """The task's own state (its transform or codec) and its adapters (`v2`, `hf`), once the
         session is open."""
         raise NotImplementedError
-
-    def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
-        """The labels the top-1 answers are counted by; None where there are too many to be the
-        values of a metric's label (a masked LM's vocabulary)."""
-        return None
 
     def batch_attributes(self, items: list[Job]) -> dict[str, Any]:
         """What a batch's span says of the batch besides its size and instance."""
@@ -172,7 +171,7 @@ class Pipeline:
 
     def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
         """The requests' feeds in one session run, the outputs `names` (default: all) per request."""
-        return self.runtime.run_batch(items, names=names)
+        return self.runtime.run_batch(items, self.collate, names)
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
         """Each job's answer (None where it asks for the outputs alone), vectorised over the rows;

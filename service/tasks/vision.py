@@ -28,18 +28,17 @@ import numpy as np
 from PIL import Image
 
 from contract.errors import ErrorCode, InvalidInput
-from contract.formats import VISION_TASK
+from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT, VISION_TASK
 from contract.image import ImageTransform, decode_base64
 from contract.jpeg import PlainJpeg
-from contract.scores import ScoreFunction
+from contract.scores import ScoreFunction, labelled_rows, ranked_labels
 from contract.spec import ModelSpec
 from contract.tensors import Tensor
-from service.engine import rows as batch_jobs
 from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
-from service.tasks.forms import IMAGE_INPUT, Forms, check_outputs, gather_or_cancel, stacked
+from service.tasks.forms import IMAGE_INPUT, Forms, gather_or_cancel, stacked
 from service.tasks.pipeline import HFOptions, Pipeline
 
 # Images this small are decoded on the event loop: handing them to a thread costs more (thread
@@ -102,6 +101,7 @@ class VisionPipeline(Pipeline):
 
     task = VISION_TASK
     default_setting = "default_classifier"
+    labels: list[str]
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         self.labels = spec.labels()
@@ -111,12 +111,8 @@ class VisionPipeline(Pipeline):
         self.v2 = VisionForms(self)
         self.hf = VisionHF(self)
 
-    def prediction_labels(self, spec: ModelSpec) -> list[str] | None:
-        return spec.labels()
-
     def warmup_feeds(self) -> list[Feeds]:
-        h, w = self.transform.crop_size
-        return [{"pixel_values": np.zeros((3, h, w), dtype=np.float32)}]
+        return [{"pixel_values": np.zeros((3, *self.transform.crop_size), dtype=np.float32)}]
 
     def check_outputs(self, feeds: Feeds, outputs: Feeds) -> None:
         if outputs["logits"].shape != (len(self.labels),):
@@ -126,10 +122,26 @@ class VisionPipeline(Pipeline):
         self.check_top_k((), outputs)
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
-        """The ranked labels of the rows that ask for them: from the top-k outputs where `top`
-        says, else one vectorised pass per score function (at the largest top_k among its rows;
-        each row keeps its own prefix of the ranking)."""
-        return batch_jobs.rank_rows(jobs, outputs, self.labels, top)
+        """The ranked labels of the rows that ask for them (None for the others): from the top-k
+        outputs where `top` says, else one vectorised pass per score function at the largest top_k
+        among its rows, each row keeping its own prefix of that ranking."""
+        answers: list[Any] = [None] * len(jobs)
+        groups: dict[ScoreFunction, list[tuple[int, int]]] = {}
+        for i, job in enumerate(jobs):
+            if not isinstance(job.answer, Ranking):
+                continue
+            if top[i]:
+                ids, scores = outputs[i][TOP_K_IDS_OUTPUT], outputs[i][TOP_K_SCORES_OUTPUT]
+                k = job.answer.top_k
+                answers[i] = labelled_rows(ids[None, :k], scores[None, :k], self.labels)[0]
+            else:
+                groups.setdefault(job.answer.function, []).append((i, job.answer.top_k))
+        for function, asks in groups.items():
+            logits = np.stack([outputs[i]["logits"] for i, _ in asks])
+            ranked = ranked_labels(logits, self.labels, max(k for _, k in asks), function)
+            for (i, k), answer in zip(asks, ranked, strict=True):
+                answers[i] = answer[:k]
+        return answers
 
     async def image_outputs(self, image: bytes, deadline: Deadline, names: frozenset[str]) -> Feeds:
         """The graph outputs `names` of one encoded image (the v2 protocol's image input)."""
@@ -174,7 +186,6 @@ class VisionForms(Forms):
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
     ) -> dict[str, Tensor]:
-        check_outputs(outputs, self.served.runtime.output_names)
         images = self.encoded_items(tensor)
         graph = self.graph_outputs(outputs, ["logits"])
         reads = frozenset(graph)

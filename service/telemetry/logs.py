@@ -139,13 +139,11 @@ class NativeOutput:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for fd in (1, 2):
-            saved = os.dup(fd)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            saved = self._saved[fd] = os.dup(fd)
             read_end, write_end = os.pipe()
             os.dup2(write_end, fd)
             os.close(write_end)
-            self._saved[fd] = saved
-            name = "stdout" if fd == 1 else "stderr"
             thread = threading.Thread(
                 target=self._pump, args=(read_end, saved, name), name=f"log-{name}", daemon=True
             )

@@ -46,11 +46,6 @@ def server_registry(path: str | None = None) -> CollectorRegistry:
     return registry
 
 
-def power_of_two_buckets(max_batch_size: int) -> tuple[float, ...]:
-    """1, 2, 4, ... up to the first power of two >= max_batch_size."""
-    return tuple(float(2**i) for i in range((max_batch_size - 1).bit_length() + 1))
-
-
 class ServiceMetrics:
     """All metrics of one app instance."""
 
@@ -85,11 +80,10 @@ class ServiceMetrics:
         self.queue_depth = summed(
             "gmlp_queue_depth", "requests waiting in the batch queue of a model version", MV
         )
+        # 1, 2, 4, ... up to the first power of two >= max_batch_size.
+        sizes = [2**i for i in range((max_batch_size - 1).bit_length() + 1)]
         self.batch_size = histogram(
-            "gmlp_batch_size",
-            "requests per executed batch",
-            ["model"],
-            buckets=power_of_two_buckets(max_batch_size),
+            "gmlp_batch_size", "requests per executed batch", ["model"], buckets=sizes
         )
         self.queue_wait = timing("gmlp_queue_wait_seconds", "time from enqueue to batch start", ["model"])
         self.inference = timing("gmlp_inference_seconds", "run time of one batch", ["model"])
@@ -267,36 +261,32 @@ class PredictionMetrics:
             return
         shifted = np.exp(rows - rows.max(axis=-1, keepdims=True))
         probs = shifted / shifted.sum(axis=-1, keepdims=True)
-        top2 = np.sort(np.partition(probs, -2, axis=-1)[:, -2:], axis=-1)
-        for second, first in top2:
-            self._confidence.observe(float(first))
-            self._margin.observe(float(first - second))
-        if self._top1:
-            for index in np.argmax(rows, axis=-1):
-                self._top1[int(index)].inc()
+        self._record(
+            np.argmax(rows, axis=-1), np.sort(np.partition(probs, -2, axis=-1)[:, -2:], axis=-1)[:, ::-1]
+        )
 
     def observe_rows(self, logits: list[np.ndarray], ranked: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """A batch's predictions: `logits` rows, and (ids, probabilities) from top-k outputs."""
+        """A batch's predictions: `logits` rows, and (ids, probabilities) from top-k outputs ([rows,
+        K], best first, K >= 2)."""
         if logits:
             self.observe(np.concatenate(logits))
         if ranked:
-            ids, probabilities = zip(*ranked, strict=True)
-            self.observe_top(np.concatenate(ids), np.concatenate(probabilities))
+            ids, probabilities = (np.concatenate(part) for part in zip(*ranked, strict=True))
+            self._record(ids[:, 0], probabilities[:, :2])
 
-    def observe_top(self, ids: np.ndarray, probabilities: np.ndarray) -> None:
-        """The same from a graph's top-k outputs ([rows, K], best first, K >= 2): the top-1 id
-        and probability, and its margin over the second."""
-        for first, second in probabilities[:, :2].astype(np.float64).tolist():
+    def _record(self, top1: np.ndarray, top2: np.ndarray) -> None:
+        """Each prediction's top-1 index and its two best probabilities (best first)."""
+        for first, second in top2.astype(np.float64).tolist():
             self._confidence.observe(first)
             self._margin.observe(first - second)
         if self._top1:
-            for index in ids[:, 0].tolist():
+            for index in top1.tolist():
                 self._top1[int(index)].inc()
 
 
 class LifecycleMetrics:
-    """`LifecycleObserver` of the version table (`service.lifecycle.versions`); `changed()` runs after
-    every change of a version's state (the table reports each one, a version added or removed included)."""
+    """What the version table (`service.lifecycle.versions`) reports; `changed()` runs after every
+    change of a version's state (the table reports each one, a version added or removed included)."""
 
     def __init__(self, metrics: ServiceMetrics, changed: Callable[[], None]) -> None:
         self._metrics = metrics

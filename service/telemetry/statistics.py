@@ -40,7 +40,6 @@ class Duration:
 class ModelCounters:
     """One model version's statistics since the server started."""
 
-    model: str
     version: str
     last_inference_s: float = 0.0  # Unix time of the last executed batch; 0: none yet
     inferences: int = 0  # rows run
@@ -64,8 +63,7 @@ def read(merged: CollectorRegistry | None) -> Callable[[MetricWrapperBase], list
 
 
 class StatisticsSeries:
-    """The statistics' Prometheus series on one registry, read back from it, or with several workers
-    from `merged`, the merge of every worker's series."""
+    """The statistics' Prometheus series on one registry, read back from it (or from `merged`)."""
 
     def __init__(self, registry: CollectorRegistry, merged: CollectorRegistry | None) -> None:
         self._merged = merged
@@ -138,7 +136,6 @@ class StatisticsSeries:
             sizes.setdefault(int(labels["batch_size"]), Duration()).seconds = value
         last = [value for _, value in samples(self.last_inference, "")]
         return ModelCounters(
-            model=model,
             version=version,
             last_inference_s=max(last, default=0.0),
             inferences=inferences,

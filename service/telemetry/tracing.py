@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, TypeGuard
 
 from service.engine import request_context
 from service.engine.batcher import BatchObserver
@@ -164,7 +164,6 @@ def span(name: str) -> AbstractContextManager[Any]:
     request = request_context.current()
     if not sampled(request):  # off, or this request not sampled: its children would not be either
         return NO_SPAN
-    assert request is not None
     return request.tracer.tracer.start_as_current_span(name)
 
 
@@ -174,12 +173,11 @@ def span_after(name: str, start: float, end: float) -> None:
     request = request_context.current()
     if not sampled(request):
         return
-    assert request is not None
     to_ns = epoch_ns()
     request.tracer.span_between(name, request.span, to_ns(start), to_ns(end))
 
 
-def sampled(request: request_context.RequestContext | None) -> bool:
+def sampled(request: request_context.RequestContext | None) -> TypeGuard[request_context.RequestContext]:
     return request is not None and request.span is not None and request.span.is_recording()
 
 
@@ -202,12 +200,10 @@ class BatchTracing(BatchObserver):
         if not traced:
             return
         first = traced[0][0]
-        assert first is not None
         tracing: Tracing = first.tracer
         to_ns = epoch_ns()
         links = []
         for request, enqueued in traced:
-            assert request is not None
             tracing.span_between("queue wait", request.span, to_ns(enqueued), to_ns(run.started))
             links.append(tracing.link(request.span, {"gmlp.request_id": request.request_id}))
         attributes = {

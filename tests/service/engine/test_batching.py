@@ -93,7 +93,7 @@ async def held_batcher(model: GatedModel, **settings: Any) -> tuple[Any, Any, as
     batcher, recorder = make(model, max_batch_size=1, max_queue_delay_s=0.0, **settings)
     batcher.start()
     first = asyncio.ensure_future(answer(batcher, "a"))
-    await until(lambda: batcher.running == 1)  # "a" is in the worker, held by the gate
+    await until(lambda: batcher.running_batches == 1)  # "a" is in the worker, held by the gate
     return batcher, recorder, first
 
 
@@ -404,7 +404,7 @@ def test_close_answers_every_running_instance() -> None:
         for task in held:
             with pytest.raises(Closed):
                 await asyncio.wait_for(task, 5)
-        assert batcher.running == 0 and batcher.running_batches == 0
+        assert batcher.running_batches == 0
         model.gate.set()
 
     run(main())

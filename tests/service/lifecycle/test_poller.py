@@ -14,7 +14,7 @@ from contract.repository import VersionPolicy
 from contract.scan import ModelSource, VersionSource
 from service.lifecycle.poller import RepositoryPoller, ScanReport
 from service.lifecycle.versions import VersionTable
-from service.telemetry.metrics import ServiceMetrics
+from service.telemetry.metrics import LifecycleMetrics, ServiceMetrics
 
 
 def _unloadable(source: VersionSource) -> object:
@@ -32,7 +32,12 @@ def test_a_failing_poll_loop_is_restarted_and_counted(tmp_path: Path) -> None:
         return {}
 
     async def run() -> None:
-        table: VersionTable = VersionTable(_unloadable, policy=VersionPolicy(), drain_timeout_s=1)
+        table: VersionTable = VersionTable(
+            _unloadable,
+            policy=VersionPolicy(),
+            drain_timeout_s=1,
+            observer=LifecycleMetrics(metrics, lambda: None),
+        )
         polled = asyncio.Event()
         poller = RepositoryPoller(
             table, tmp_path, 0.01, metrics, report=ScanReport(metrics), after_scan=polled.set, scanner=scanner

@@ -33,6 +33,7 @@ from contract.scan import ModelSource, VersionSource
 from contract.spec import ModelSpec
 from service.engine.batcher import DynamicBatcher
 from service.lifecycle.versions import VersionState, VersionTable
+from service.telemetry.metrics import LifecycleMetrics, ServiceMetrics
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -103,7 +104,11 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
         return model
 
     table: VersionTable[Any] = VersionTable(
-        loader, policy=VersionPolicy.parse("latest:1"), drain_timeout_s=10.0, max_loaded=max_loaded
+        loader,
+        policy=VersionPolicy.parse("latest:1"),
+        drain_timeout_s=10.0,
+        observer=LifecycleMetrics(ServiceMetrics(8), lambda: None),
+        max_loaded=max_loaded,
     )
 
     held: dict[FakeModel, int] = {}  # the requests inside a lease, counted here, not by the table

@@ -13,7 +13,7 @@ import pytest
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.spec import read_spec
 from export import export_served_model
-from service.engine.rows import NOTHING, Decoding, Job, Ranking, decode_rows, rank_rows
+from service.engine.rows import NOTHING, Decoding, Job, Ranking
 from service.settings import ServiceSettings
 from service.tasks.fill_mask import FillMaskPipeline
 from service.tasks.pipeline import Pipeline
@@ -57,10 +57,7 @@ def _mlm_jobs(pipeline: FillMaskPipeline) -> list[Job]:
 def _full_row_answers(pipeline: Pipeline, jobs: list[Job]) -> list:
     """Today's path on the same batch: every output, every row answered from its logits."""
     outputs = pipeline.run_rows([job.feeds for job in jobs])
-    if isinstance(pipeline, FillMaskPipeline):
-        return decode_rows(jobs, outputs, pipeline.codec)
-    assert isinstance(pipeline, VisionPipeline)
-    return rank_rows(jobs, outputs, pipeline.labels)
+    return pipeline.finish(jobs, outputs, [False] * len(jobs))
 
 
 @pytest.mark.parametrize("variant", ["fp32", "int8"])
