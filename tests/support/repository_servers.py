@@ -151,6 +151,7 @@ class Load:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         kinds = ["classify", "v2"]
+        self._kinds = set(kinds[:threads])
         self._threads = [
             threading.Thread(target=self._run, args=(kinds[i % 2],), daemon=True) for i in range(threads)
         ]
@@ -173,9 +174,16 @@ class Load:
             return len(self.answers)
 
     def wait_for_answers(self, more: int, timeout: float = 60.0) -> None:
-        """Bounded wait until `more` further answers came back."""
-        target = self.count() + more
-        self.server.wait_for(lambda: self.count() >= target or bool(self.failures), timeout=timeout)
+        """Bounded wait until `more` further answers came back, of each kind at least one (on a busy
+        machine the threads of one kind can be starved for a while)."""
+        start = self.count()
+
+        def done() -> bool:
+            with self._lock:
+                answered = {kind for kind, _ in self.answers[start:]}
+            return (self.count() >= start + more and answered >= self._kinds) or bool(self.failures)
+
+        self.server.wait_for(done, timeout=timeout)
 
     def _run(self, kind: str) -> None:
         import time
