@@ -51,9 +51,7 @@ class TlsFiles(Reloadable):
 
     kind = "tls"
 
-    def __init__(
-        self, cert: Path, key: Path, client_ca: Path | None = None, metrics: ServiceMetrics | None = None
-    ) -> None:
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None, metrics: ServiceMetrics) -> None:
         self.cert, self.key, self.client_ca = cert, key, client_ca
         self.metrics = metrics
         self.generation = 0

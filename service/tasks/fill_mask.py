@@ -1,4 +1,4 @@
-"""Fill-mask: the pipeline, its v2 forms and its Hugging Face adapter.
+"""Fill-mask: the pipeline (with its Hugging Face API answer) and its v2 forms.
 
 A text with [MASK] tokens goes through the model's tokenizer (`contract.text`), the batcher, and
 the ranked predictions per mask, decoded in the batch thread. Over v2 the encoded form is `text`
@@ -50,6 +50,7 @@ class FillMaskPipeline(Pipeline):
 
     task = MLM_TASK
     default_setting = "default_fill_mask"
+    hf_text_input = True
     collate: Collate
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
@@ -59,7 +60,6 @@ class FillMaskPipeline(Pipeline):
         self.fixed_length = settings.fixed_length or static
         self.collate = partial(self.codec.collate, fixed=self.fixed_length)
         self.v2 = FillMaskForms(self)
-        self.hf = FillMaskHF(self)
 
     def predicted_rows(self, job: Job) -> int:
         return len(job.feeds["mask_positions"])
@@ -132,6 +132,17 @@ class FillMaskPipeline(Pipeline):
         self.span_after("postprocess", *done.finished)
         answer: list[list[dict[str, Any]]] = done.answer
         return answer
+
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+        """`[{"score", "token", "token_str", "sequence"}]` for one [MASK], a list of such lists
+        for several."""
+        if options.function_to_apply is not None:
+            raise InvalidInput(
+                ErrorCode.INVALID_PARAMETER, "function_to_apply applies to image classification only"
+            )
+        text = inputs if isinstance(inputs, str) else utf8(inputs)
+        answer = await self.fill_mask(text, options.top_k or 5, options.targets, deadline)
+        return answer[0] if len(answer) == 1 else answer
 
     async def submit_text(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
@@ -207,22 +218,3 @@ class FillMaskForms(Forms):
         for name in graph:
             produced[name] = stacked(name, [run.outputs[name][: len(run.answer)] for run in runs])
         return produced
-
-
-class FillMaskHF:
-    """The fill-mask task of the Hugging Face API: `[{"score", "token", "token_str", "sequence"}]`
-    for one [MASK], a list of such lists for several."""
-
-    text_input = True
-
-    def __init__(self, served: FillMaskPipeline) -> None:
-        self.served = served
-
-    async def answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
-        if options.function_to_apply is not None:
-            raise InvalidInput(
-                ErrorCode.INVALID_PARAMETER, "function_to_apply applies to image classification only"
-            )
-        text = inputs if isinstance(inputs, str) else utf8(inputs)
-        answer = await self.served.fill_mask(text, options.top_k or 5, options.targets, deadline)
-        return answer[0] if len(answer) == 1 else answer

@@ -21,6 +21,7 @@ from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MAX_FILL_MASK_TOP_K
 from contract.tensors import BYTES, Tensor, bytes_tensor, datatype_of
 from service.engine.request_context import Deadline
+from service.engine.rows import Job
 from service.engine.runtime import Feeds
 from service.tasks.pipeline import Pipeline
 
@@ -195,8 +196,9 @@ class Forms:
         """The graph's tensors in, the graph outputs asked for (default: all) out."""
         rows = self.tensor_rows(inputs)
         graph = self.graph_outputs(outputs, self.served.runtime.output_names)
-        results = await gather_or_cancel([self.served.infer(row, deadline, frozenset(graph)) for row in rows])
-        return {name: stacked(name, [r[name] for r in results]) for name in graph}
+        reads = frozenset(graph)
+        done = await gather_or_cancel([self.served.queued(Job(row, reads=reads), deadline) for row in rows])
+        return {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}
 
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline

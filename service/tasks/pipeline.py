@@ -1,11 +1,11 @@
 """A pipeline is a loaded model: spec + ORT session + batcher; a task is a pipeline with its
-pre/post-processing and the adapters the transports call.
+pre/post-processing and what the transports call.
 
 `Pipeline` is the engine side every task shares (session, batcher, warm-up, recorded check). A
-task subclass (`service.tasks.vision`, `service.tasks.fill_mask`) adds its processing and two
-adapters: `v2` (a `V2Adapter`: the Open Inference Protocol forms of its requests) and `hf` (an
-`HFAdapter`: the Hugging Face inference API's body and answer). The transports call those
-adapters, never switch on a task's type. Everything refused on the way is a `contract.errors`
+task subclass (`service.tasks.vision`, `service.tasks.fill_mask`) adds its processing, its `v2`
+adapter (a `V2Adapter`: the Open Inference Protocol forms of its requests) and its side of the
+Hugging Face inference API (`hf_text_input`, `hf_answer`). The transports call those, never
+switch on a task's type. Everything refused on the way is a `contract.errors`
 error; the transports choose the status codes.
 """
 
@@ -32,7 +32,6 @@ from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.telemetry import tracing
 from service.telemetry.metrics import ModelObserver, PredictionMetrics, ServiceMetrics
-from service.telemetry.statistics import DEFAULT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +64,6 @@ class V2Adapter(Protocol):
     ) -> dict[str, Tensor]: ...
 
 
-class HFAdapter(Protocol):
-    """A task's side of the Hugging Face inference API: what a raw body is (`text_input`: UTF-8
-    text, which the transport validates as the JSON `inputs` string; else the input file itself)
-    and the answer, as Hugging Face's pipeline of the task renders it, to `inputs` (the JSON
-    `inputs` string, or a raw file's bytes) under `options`."""
-
-    text_input: bool
-
-    async def answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any: ...
-
-
 class Pipeline:
     """One served model, ready to answer its task: the session of the chosen variant, the dynamic
     batcher in front of it, and the warm-up that runs every input shape once.
@@ -84,25 +72,22 @@ class Pipeline:
     decide its variant, execution instances, threads and batching. Every request of every API goes
     through the batcher, so they share its batches. `describe` is what GET /models shows of it. A
     task subclass names its task and the `ServiceSettings` field of its default model
-    (`default_setting`), and sets its adapters in `prepare`.
+    (`default_setting`), and sets its `v2` adapter in `prepare`.
     """
 
     task = ""
     default_setting = ""
     v2: V2Adapter
-    hf: HFAdapter
+    # What a raw Hugging Face API body is: UTF-8 text, which the transport validates as the JSON
+    # `inputs` string (True), else the input file itself.
+    hf_text_input = False
     # The labels the top-1 answers are counted by; None where there are too many to be the values
     # of a metric's label (a masked LM's vocabulary).
     labels: list[str] | None = None
     collate: Collate | None = None  # how a batch's rows are put together (None: stacked)
 
     def __init__(
-        self,
-        spec: ModelSpec,
-        settings: ServiceSettings,
-        device: str,
-        metrics: ServiceMetrics,
-        version: str = DEFAULT_VERSION,
+        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics, version: str
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -147,8 +132,12 @@ class Pipeline:
         metrics.model_instances.labels(spec.name, version).set(instances)
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
-        """The task's own state (its transform or codec) and its adapters (`v2`, `hf`), once the
-        session is open."""
+        """The task's own state (its transform or codec) and its `v2` adapter, once the session is open."""
+        raise NotImplementedError
+
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+        """The Hugging Face API's answer, as Hugging Face's pipeline of the task renders it, to
+        `inputs` (the JSON `inputs` string, or a raw file's bytes) under `options`."""
         raise NotImplementedError
 
     def batch_attributes(self, items: list[Job]) -> dict[str, Any]:
@@ -261,7 +250,3 @@ class Pipeline:
         batched = await self.batcher.submit(job, deadline)
         request_context.note_batch(batched.queue_s, batched.run_s)
         return batched.output
-
-    async def infer(self, feeds: Feeds, deadline: Deadline, names: frozenset[str] | None = None) -> Feeds:
-        """One request's model outputs (`names`; default: all), in whatever batch forms."""
-        return (await self.queued(Job(feeds, reads=names), deadline)).outputs

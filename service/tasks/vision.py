@@ -1,4 +1,4 @@
-"""Image classification: the pipeline, its v2 forms and its Hugging Face adapter.
+"""Image classification: the pipeline (with its Hugging Face API answer) and its v2 forms.
 
 An encoded image goes through the model's own transform (`contract.image`), the batcher, and
 scores over its labels (softmax, unless the API asks for another function). Over v2 the encoded
@@ -109,7 +109,6 @@ class VisionPipeline(Pipeline):
             spec.config, settings.max_image_pixels, settings.jpeg_draft, settings.max_resized_pixels
         )
         self.v2 = VisionForms(self)
-        self.hf = VisionHF(self)
 
     def warmup_feeds(self) -> list[Feeds]:
         return [{"pixel_values": np.zeros((3, *self.transform.crop_size), dtype=np.float32)}]
@@ -175,6 +174,14 @@ class VisionPipeline(Pipeline):
         answer: list[dict[str, Any]] = done.answer
         return answer
 
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+        """`[{"label", "score"}]`; a JSON `inputs` is the image file base64-encoded."""
+        if options.targets is not None:
+            raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
+        image = decode_base64(inputs, "inputs") if isinstance(inputs, str) else inputs
+        top_k = min(options.top_k or 5, len(self.labels))  # as HF's pipeline: at most every label
+        return await self.classify(image, top_k, deadline, options.function_to_apply or "softmax")
+
 
 class VisionForms(Forms):
     """`pixel_values`, or `image`: encoded images through the service's own decoding and
@@ -191,19 +198,3 @@ class VisionForms(Forms):
         reads = frozenset(graph)
         results = await gather_or_cancel([self.served.image_outputs(i, deadline, reads) for i in images])
         return {name: stacked(name, [r[name] for r in results]) for name in graph}
-
-
-class VisionHF:
-    """The image-classification task of the Hugging Face API: `[{"label", "score"}]`."""
-
-    text_input = False
-
-    def __init__(self, served: VisionPipeline) -> None:
-        self.served = served
-
-    async def answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
-        if options.targets is not None:
-            raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
-        image = decode_base64(inputs, "inputs") if isinstance(inputs, str) else inputs
-        top_k = min(options.top_k or 5, len(self.served.labels))  # as HF's pipeline: at most every label
-        return await self.served.classify(image, top_k, deadline, options.function_to_apply or "softmax")

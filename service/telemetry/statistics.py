@@ -24,9 +24,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.samples import Sample
 
-# The version of a pipeline loaded without one (a model directory served on its own).
-DEFAULT_VERSION = "1"
-
 
 @dataclass
 class Duration:

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(120)
 def _load(spec_dir: Path, settings: ServiceSettings) -> Any:
     spec = read_spec(spec_dir)
     assert spec is not None
-    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size), "1")
 
 
 def _jpeg(side: int, seed: int) -> bytes:
