@@ -80,9 +80,7 @@ class RequestObservationMiddleware:
                 "url.path": scope["path"],
                 "gmlp.request_id": request.request_id,
             }
-            request.span = tracing.start_server_span(method, carrier, attributes)
-            request.tracer = tracing
-            token = tracing.activate(request.span)
+            token = tracing.start_server_span(request, method, carrier, attributes)
 
         async def timed_receive() -> Message:
             if not body_times:
@@ -119,8 +117,7 @@ class RequestObservationMiddleware:
                         tracing.span_between("read body", request.span, *body)
                     request.span.update_name(f"{method} {route}")
                     attributes = {"http.route": route, "http.response.status_code": status}
-                    tracing.end_server_span(request, str(status), attributes, failed=status >= 500)
-                    tracing.deactivate(token)
+                    tracing.end_server_span(request, token, str(status), attributes, failed=status >= 500)
                 if self.access:
                     self._log(scope, request, status)
 

@@ -38,8 +38,8 @@ from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
-from service.tasks.forms import IMAGE_INPUT, Forms, gather_or_cancel, stacked
-from service.tasks.pipeline import HFOptions, Pipeline
+from service.tasks.forms import IMAGE_INPUT, gather_or_cancel, stacked
+from service.tasks.pipeline import Forms, HFOptions, Pipeline
 
 # Images this small are decoded on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than decoding them, which stays short enough not to hold up
@@ -142,14 +142,11 @@ class VisionPipeline(Pipeline):
                 answers[i] = answer[:k]
         return answers
 
-    async def image_outputs(self, image: bytes, deadline: Deadline, names: frozenset[str]) -> Feeds:
-        """The graph outputs `names` of one encoded image (the v2 protocol's image input)."""
-        return (await self._submit(image, deadline, None, names)).outputs
-
-    async def _submit(
+    async def submit_image(
         self, image: bytes, deadline: Deadline, answer: Ranking | None, reads: Reads = NOTHING
     ) -> Done:
-        """One encoded image through the model's own transform and the batcher."""
+        """One encoded image through the model's own transform and the batcher, its ranked labels
+        (`answer`) and its graph outputs `reads` (the v2 protocol's image input) in what it returns."""
         with self.batcher.arriving(), self.span("preprocess"):
             img = self.transform.open(image)  # the header only: cheap whatever the image
             if img.width * img.height <= INLINE_DECODE_PIXELS:
@@ -169,7 +166,7 @@ class VisionPipeline(Pipeline):
                 ErrorCode.INVALID_TOP_K,
                 f"top_k must be between 1 and {len(self.labels)} (the number of labels)",
             )
-        done = await self._submit(image, deadline, Ranking(top_k, function))
+        done = await self.submit_image(image, deadline, Ranking(top_k, function))
         self.span_after("postprocess", *done.finished)
         answer: list[dict[str, Any]] = done.answer
         return answer
@@ -196,5 +193,5 @@ class VisionForms(Forms):
         images = self.encoded_items(tensor)
         graph = self.graph_outputs(outputs, ["logits"])
         reads = frozenset(graph)
-        results = await gather_or_cancel([self.served.image_outputs(i, deadline, reads) for i in images])
-        return {name: stacked(name, [r[name] for r in results]) for name in graph}
+        done = await gather_or_cancel([self.served.submit_image(i, deadline, None, reads) for i in images])
+        return {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}

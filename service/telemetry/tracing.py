@@ -87,30 +87,34 @@ class Tracing:
             )
             return None
 
-    def start_server_span(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> Any:
-        """A SERVER span continuing the W3C trace context in `carrier` (lower-case header names)."""
+    def start_server_span(
+        self,
+        request: request_context.RequestContext,
+        name: str,
+        carrier: Mapping[str, str],
+        attributes: dict[str, Any],
+    ) -> object:
+        """Open the request's SERVER span, continuing the W3C trace context in `carrier` (lower-case
+        header names), as the current span of this task (what child spans take as parent); returns
+        the token `end_server_span` takes."""
         parent = self._propagate.extract(carrier)
-        return self.tracer.start_span(
-            name, context=parent, kind=self._trace.SpanKind.SERVER, attributes=attributes
-        )
-
-    def activate(self, span: Any) -> object:
-        """Make `span` the current span of this task (what child spans take as parent)."""
-        return self._context.attach(self._trace.set_span_in_context(span))
-
-    def deactivate(self, token: object) -> None:
-        self._context.detach(token)  # type: ignore[arg-type]
+        kind = self._trace.SpanKind.SERVER
+        request.span = self.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
+        request.tracer = self
+        return self._context.attach(self._trace.set_span_in_context(request.span))
 
     def end_server_span(
         self,
         request: request_context.RequestContext,
+        token: object,
         status: str,
         attributes: dict[str, Any],
         *,
         failed: bool,
     ) -> None:
-        """End the request's span; a refusal (or a `failed` status without one: a bug, an answer
-        of the framework's own) marks it as an error with the machine code (else the status)."""
+        """End the request's span and leave it; a refusal (or a `failed` status without one: a bug,
+        an answer of the framework's own) marks it as an error with the machine code (else the
+        status)."""
         trace = self._trace
         span = request.span
         span.set_attributes(attributes)
@@ -123,6 +127,7 @@ class Tracing:
                 trace.Status(trace.StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}")
             )
         span.end()
+        self._context.detach(token)  # type: ignore[arg-type]
 
     def span_between(
         self,

@@ -55,7 +55,7 @@ def _run(pipeline: Any, work: Callable[[], Any]) -> Any:
 
 async def _logits(pipeline: VisionPipeline, image: bytes) -> np.ndarray:
     """The logits of one encoded image, through the model's transform and the batcher."""
-    outputs = await pipeline.image_outputs(image, Deadline.after(30), frozenset({"logits"}))
+    outputs = (await pipeline.submit_image(image, Deadline.after(30), None, frozenset({"logits"}))).outputs
     return outputs["logits"]
 
 

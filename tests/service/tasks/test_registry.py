@@ -1,5 +1,6 @@
 """Every task of the contract is served by one registered pipeline with what the transports
-call (its v2 forms, its Hugging Face API answer) and a default-model setting, checked on the tiny models of each task."""
+call (its v2 forms, its Hugging Face API answer) and a default-model setting, checked on the
+tiny models of each task."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import pytest
 from contract.formats import TASKS
 from contract.spec import read_spec
 from service.settings import ServiceSettings
-from service.tasks.forms import Forms
-from service.tasks.pipeline import Pipeline
+from service.tasks.pipeline import Forms, Pipeline
 from service.tasks.registry import PIPELINES, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
 
