@@ -126,9 +126,6 @@ class VersionTable(Generic[S]):
         ready = [v for v in (record.versions.values() if record else ()) if v.state == READY]
         return max(ready, key=lambda v: v.number) if ready else None
 
-    def known(self, name: str) -> bool:
-        return name in self.models
-
     def ready_versions(self, name: str) -> list[int]:
         record = self.models.get(name)
         return sorted(v.number for v in record.versions.values() if v.state == READY) if record else []

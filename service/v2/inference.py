@@ -173,7 +173,8 @@ def resolve(state: ServiceState, name: str, version: str = "") -> ModelRef:
     no model has): `NAME` lists the graph's tensors, `NAME-ensemble` the encoded input (a model the
     repository holds under that very name is that model)."""
     base = name.removesuffix(ENSEMBLE_SUFFIX)
-    encoded = base != name and not state.table.known(name) and state.table.known(base)
+    models = state.table.models
+    encoded = base != name and name not in models and base in models
     model_name = base if encoded else name
     try:
         return ModelRef(name, model_name, parse_version(version) if version else None, encoded)

@@ -165,7 +165,7 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
             if not (ready_after & wanted) and lost:
                 violations.append(f"a load that served nothing it wanted unloaded {lost} ({failures})")
         elif kind == "unload":
-            if table.known(NAME):
+            if NAME in table.models:
                 await table.unload(NAME)
         else:
             pending += [
