@@ -110,11 +110,6 @@ class BatchRun:
     def size(self) -> int:
         return len(self.items)
 
-    @property
-    def queue_waits(self) -> list[float]:
-        """Each row's wait, from enqueue to the batch's start."""
-        return [self.started - enqueued for enqueued in self.enqueued]
-
 
 @contextmanager
 def open_request(context: RequestContext) -> Iterator[RequestContext]:

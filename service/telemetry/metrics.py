@@ -227,7 +227,8 @@ class ModelObserver(BatchObserver):
         self._rejections.labels(self._model, reason).inc()
 
     def batch_done(self, run: BatchRun) -> None:
-        waits, run_seconds = run.queue_waits, run.done - run.started
+        waits = [run.started - enqueued for enqueued in run.enqueued]  # each row's, to the batch's start
+        run_seconds = run.done - run.started
         self._batch.observe(run.size)
         self._inference.observe(run_seconds)
         for wait in waits:

@@ -43,7 +43,7 @@ class Recorder(BatchObserver):
         self.rejections[reason] += 1
 
     def batch_done(self, run: BatchRun) -> None:
-        assert len(run.queue_waits) == run.size and run.done >= run.run_end >= run.run_start
+        assert len(run.enqueued) == run.size and run.done >= run.run_end >= run.run_start
         self.batches.append(run.size)
         self.runs.append(run)
 
