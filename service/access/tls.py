@@ -69,10 +69,6 @@ class TlsFiles(Reloadable):
     def paths(self) -> list[Path]:
         return [p for p in (self.cert, self.key, self.client_ca) if p is not None]
 
-    @property
-    def mutual(self) -> bool:
-        return self.client_ca is not None
-
     def _read(self) -> Pem:
         return Pem(
             self.cert.read_bytes(),

@@ -224,7 +224,7 @@ def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
         return configuration()
 
     return grpc.dynamic_ssl_server_credentials(
-        configuration(), fetch, require_client_authentication=tls.mutual
+        configuration(), fetch, require_client_authentication=tls.client_ca is not None
     )
 
 
