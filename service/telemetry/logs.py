@@ -109,11 +109,9 @@ def native_line(raw: str, stream: str) -> str:
     (JSON objects pass as they are)."""
     text = raw.rstrip("\r\n")
     if text.startswith("{") and text.endswith("}"):
-        try:
+        with contextlib.suppress(ValueError):
             if isinstance(json.loads(text), dict):
                 return text
-        except ValueError:
-            pass
     level, logger, message = ("ERROR" if stream == "stderr" else "INFO"), stream, text
     for pattern, name in ((_ORT_LINE, "onnxruntime"), (_ABSL_LINE, "grpc")):
         found = pattern.search(text)

@@ -137,26 +137,24 @@ class Tracing:
         end_ns: int,
         *,
         attributes: dict[str, Any] | None = None,
-        links: Sequence[Any] = (),
+        links: Sequence[tuple[Any, dict[str, Any]]] = (),
         error: BaseException | None = None,
     ) -> Any:
-        """A span recorded after the fact (its times measured elsewhere), a child of `parent`; an
-        `error` is recorded on it and marks it failed."""
+        """A span recorded after the fact (its times measured elsewhere), a child of `parent`,
+        linked to each (span, link attributes) of `links`; an `error` is recorded on it and marks
+        it failed."""
         span = self.tracer.start_span(
             name,
             context=self._trace.set_span_in_context(parent),
             start_time=start_ns,
             attributes=attributes,
-            links=links,
+            links=[self._trace.Link(linked.get_span_context(), about) for linked, about in links],
         )
         if error is not None:
             span.record_exception(error)
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, repr(error)))
         span.end(end_time=end_ns)
         return span
-
-    def link(self, span: Any, attributes: dict[str, Any]) -> Any:
-        return self._trace.Link(span.get_span_context(), attributes)
 
     def shutdown(self) -> None:
         """Export what is buffered and stop the exporter thread."""
@@ -210,7 +208,7 @@ class BatchTracing(BatchObserver):
         links = []
         for request, enqueued in traced:
             tracing.span_between("queue wait", request.span, to_ns(enqueued), to_ns(run.started))
-            links.append(tracing.link(request.span, {"gmlp.request_id": request.request_id}))
+            links.append((request.span, {"gmlp.request_id": request.request_id}))
         attributes = {
             "gmlp.model": self.model,
             "gmlp.batch.size": run.size,
