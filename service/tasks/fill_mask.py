@@ -166,8 +166,7 @@ class FillMaskForms(Forms):
     encoded_input = TEXT_INPUT
     served: FillMaskPipeline
 
-    def extra_outputs(self) -> list[dict[str, Any]]:
-        return [tensor_meta(PREDICTIONS_OUTPUT, BYTES, [-1, 1])]
+    extra_outputs = (tensor_meta(PREDICTIONS_OUTPUT, BYTES, [-1, 1]),)
 
     def check_tensors(self, given: dict[str, Tensor]) -> None:
         """Lengths within the model's limits, ids in the vocabulary, positions inside the text: an

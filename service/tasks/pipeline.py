@@ -248,13 +248,10 @@ class Forms:
     of the graph tensors' values (`check_tensors`)."""
 
     encoded_input = ""
+    extra_outputs: Sequence[dict[str, Any]] = ()  # outputs the task adds to the graph's (both forms)
 
     def __init__(self, served: Pipeline) -> None:
         self.served = served
-
-    def extra_outputs(self) -> list[dict[str, Any]]:
-        """Outputs the task adds to the graph's (each form produces them too)."""
-        return []
 
     def inputs(self, encoded: bool) -> list[dict[str, Any]]:
         if encoded:
@@ -262,11 +259,11 @@ class Forms:
         return graph_tensors(self.served.spec.inputs)
 
     def outputs(self) -> list[dict[str, Any]]:
-        return [*graph_tensors(self.served.spec.outputs), *self.extra_outputs()]
+        return [*graph_tensors(self.served.spec.outputs), *self.extra_outputs]
 
     def output_names(self) -> list[str]:
         """Every output the model lists; each input form produces all of them."""
-        return [*self.served.runtime.output_names, *(t["name"] for t in self.extra_outputs())]
+        return [*self.served.runtime.output_names, *(t["name"] for t in self.extra_outputs)]
 
     def graph_outputs(self, requested: list[str], default: Sequence[str]) -> list[str]:
         """The graph outputs a request asks for, in the graph's order (`default` when it names none)."""

@@ -360,5 +360,4 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
         served = state.loaded(model.name, model.version)
         names = [(model.name, model.shown, str(served.version))]  # a model's two names share its counters
     counted = state.metrics.statistics.counters([(model, v) for model, _, v in names])
-    shown = [shown for _, shown, _ in names]
-    return {"model_stats": [_model_statistics(c, s) for c, s in zip(counted, shown, strict=True)]}
+    return {"model_stats": [_model_statistics(c, s) for c, (_, s, _) in zip(counted, names, strict=True)]}
