@@ -48,7 +48,7 @@ class CheckedBatcher(DynamicBatcher[int, tuple[int, int]]):
         self.model = model
 
     async def close(self, timeout: float | None = None) -> None:
-        if self.running_batches or self.queue_depth or self.model.holders():
+        if self.running_batches or self.queue or self.model.holders():
             self.model.violations.append(f"version {self.model.version} closed while busy")
         self.model.closed = True
         await super().close(timeout)
