@@ -61,8 +61,7 @@ def _idle_since(protocol: Any) -> int | None:
     transport = getattr(protocol, "transport", None)
     if transport is None or transport.is_closing():
         return None
-    stamp: int | None = getattr(protocol, "idle_stamp", None)
-    return stamp
+    return getattr(protocol, "idle_stamp", None)
 
 
 def admit(cap: int | None, server_state: ServerState, app_state: dict[str, Any]) -> bool:

@@ -129,8 +129,7 @@ class FillMaskPipeline(Pipeline):
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
         done = await self.submit_text(text, deadline, targets, top_k, NOTHING)
         self.span_after("postprocess", *done.finished)
-        answer: list[list[dict[str, Any]]] = done.answer
-        return answer
+        return done.answer
 
     async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
         """`[{"score", "token", "token_str", "sequence"}]` for one [MASK], a list of such lists

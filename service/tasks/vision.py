@@ -168,8 +168,7 @@ class VisionPipeline(Pipeline):
             )
         done = await self.submit_image(image, deadline, Ranking(top_k, function))
         self.span_after("postprocess", *done.finished)
-        answer: list[dict[str, Any]] = done.answer
-        return answer
+        return done.answer
 
     async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
         """`[{"label", "score"}]`; a JSON `inputs` is the image file base64-encoded."""
