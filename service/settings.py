@@ -325,8 +325,7 @@ def available_cpus() -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
         cpus = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    if quota is not None:
+    if (quota := _cgroup_cpu_quota()) is not None:
         cpus = min(cpus, max(1, math.ceil(quota)))
     return max(1, cpus)
 

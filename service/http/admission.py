@@ -42,8 +42,7 @@ _lingering: weakref.WeakKeyDictionary[ServerState, set[Refusal]] = weakref.WeakK
 
 def observe(app_state: dict[str, Any], key: str, *args: str) -> None:
     """Call the observer under `key` in the lifespan state, when the app put one there."""
-    observer = app_state.get(key)
-    if observer is not None:
+    if (observer := app_state.get(key)) is not None:
         observer(*args)
 
 

@@ -74,8 +74,7 @@ class JsonFormatter(logging.Formatter):
                 line["trace_id"] = format(span.trace_id, "032x")
                 line["span_id"] = format(span.span_id, "016x")
         for name in EXTRA_FIELDS:
-            value = record.__dict__.get(name)
-            if value is not None:
+            if (value := record.__dict__.get(name)) is not None:
                 line[name] = value
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)

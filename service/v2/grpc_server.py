@@ -97,8 +97,7 @@ def _parameters(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in params.items():
-        kind = value.WhichOneof("parameter_choice")
-        if kind is not None:
+        if (kind := value.WhichOneof("parameter_choice")) is not None:
             out[key] = getattr(value, kind)
     return out
 
