@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from contextlib import suppress
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -332,11 +333,9 @@ def available_cpus() -> int:
 
 def _cgroup_cpu_quota() -> float | None:
     """The cgroup CPU limit in CPUs (v2 `cpu.max`, else v1 cfs quota/period), or None if unlimited."""
-    try:
+    with suppress(OSError, ValueError):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
     try:
         quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
         period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
