@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from contextlib import suppress
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -325,19 +326,16 @@ def available_cpus() -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
         cpus = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    if quota is not None:
+    if (quota := _cgroup_cpu_quota()) is not None:
         cpus = min(cpus, max(1, math.ceil(quota)))
     return max(1, cpus)
 
 
 def _cgroup_cpu_quota() -> float | None:
     """The cgroup CPU limit in CPUs (v2 `cpu.max`, else v1 cfs quota/period), or None if unlimited."""
-    try:
+    with suppress(OSError, ValueError):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
     try:
         quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
         period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())

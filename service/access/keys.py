@@ -170,7 +170,7 @@ class KeyStore(Reloadable):
 
     kind = "api_keys"
 
-    def __init__(self, path: Path | None, metrics: ServiceMetrics | None = None) -> None:
+    def __init__(self, path: Path | None, metrics: ServiceMetrics) -> None:
         self.path = path
         self.metrics = metrics
         # The scopes a request uses without a key, which the transports need not ask about: every
@@ -254,8 +254,7 @@ class KeyStore(Reloadable):
         return self._observe(ok=True)
 
     def _observe(self, ok: bool) -> bool:
-        if self.metrics is not None:
-            self.metrics.api_keys.set(len(self.keys))
+        self.metrics.api_keys.set(len(self.keys))
         return self.counted(ok)
 
     def authorize(self, credential: str | None, scope: Scope, transport: str) -> str:
@@ -304,8 +303,7 @@ class KeyStore(Reloadable):
         return name
 
     def _count(self, name: str, transport: str, outcome: str) -> None:
-        if self.metrics is not None:
-            self.metrics.key_requests.labels(name, transport, outcome).inc()  # the name, never the key
+        self.metrics.key_requests.labels(name, transport, outcome).inc()  # the name, never the key
 
 
 def admin_closed() -> PermissionDenied:

@@ -51,9 +51,7 @@ class TlsFiles(Reloadable):
 
     kind = "tls"
 
-    def __init__(
-        self, cert: Path, key: Path, client_ca: Path | None = None, metrics: ServiceMetrics | None = None
-    ) -> None:
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None, metrics: ServiceMetrics) -> None:
         self.cert, self.key, self.client_ca = cert, key, client_ca
         self.metrics = metrics
         self.generation = 0
@@ -70,10 +68,6 @@ class TlsFiles(Reloadable):
     @property
     def paths(self) -> list[Path]:
         return [p for p in (self.cert, self.key, self.client_ca) if p is not None]
-
-    @property
-    def mutual(self) -> bool:
-        return self.client_ca is not None
 
     def _read(self) -> Pem:
         return Pem(

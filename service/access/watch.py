@@ -43,7 +43,7 @@ class Reloadable:
 
     kind = ""
     seen: Signature = ()
-    metrics: ServiceMetrics | None = None
+    metrics: ServiceMetrics
 
     @property
     def paths(self) -> list[Path]:
@@ -57,8 +57,7 @@ class Reloadable:
 
     def counted(self, ok: bool) -> bool:
         """`ok`, once the re-read is counted with that result."""
-        if self.metrics is not None:
-            self.metrics.file_reloads.labels(self.kind, "ok" if ok else "error").inc()
+        self.metrics.file_reloads.labels(self.kind, "ok" if ok else "error").inc()
         return ok
 
 

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Generic, TypeVar
 
@@ -91,7 +91,7 @@ class DynamicBatcher(Generic[I, O]):
             raise ValueError(
                 "max_batch_size, max_queue_size and instances must be >= 1, max_queue_delay_s >= 0"
             )
-        self._queue: deque[_Pending[I, O]] = deque()
+        self.queue: deque[_Pending[I, O]] = deque()  # waiting, oldest first
         self.running_batches = 0  # batches being run now
         self.arriving_now = 0  # requests inside `arriving()`, to be submitted next
         self.accepting = False
@@ -112,40 +112,26 @@ class DynamicBatcher(Generic[I, O]):
             loop.create_task(self._loop(i), name=f"batcher-{self.name}-{i}") for i in range(self.instances)
         ]
 
-    async def drain(self, timeout: float | None = None) -> bool:
-        """Stop accepting; wait (at most `timeout` s) until queued and running requests finished.
-
-        Returns whether everything finished. Queued requests are flushed without waiting for
-        the batching window, since no batch-mates can arrive any more.
-        """
-        self.accepting = False
-        if not self._tasks:
-            return True
-        self._wakeup.set()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
     async def close(self, timeout: float | None = None) -> None:
-        """Drain, then stop the loop; requests still waiting after `timeout` fail with Closed."""
-        await self.drain(timeout)
+        """Stop accepting; wait (at most `timeout` s) until queued and running requests finished, the
+        queued ones flushed without waiting for the batching window (no batch-mates can arrive any
+        more); then stop the loop: requests still waiting fail with Closed."""
+        self.accepting = False
+        if self._tasks:
+            self._wakeup.set()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
         # A loop cancelled while its batch still runs answers that batch with the closing error.
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        while self._queue:
-            pending = self._queue.popleft()
+        while self.queue:
+            pending = self.queue.popleft()
             if not pending.future.done():
                 pending.future.set_exception(self._closed())
         self._depth()
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-    @property
-    def queue_depth(self) -> int:
-        return len(self._queue)
 
     @contextmanager
     def arriving(self) -> Iterator[None]:
@@ -170,7 +156,7 @@ class DynamicBatcher(Generic[I, O]):
             raise Closed(
                 ErrorCode.CLOSED, f"model {self.name} is not accepting requests (starting or shutting down)"
             )
-        if len(self._queue) >= self.max_queue_size:
+        if len(self.queue) >= self.max_queue_size:
             self._rejected("queue_full")
             raise Overloaded(
                 ErrorCode.OVERLOADED,
@@ -183,7 +169,7 @@ class DynamicBatcher(Generic[I, O]):
         pending: _Pending[I, O] = _Pending(
             item, asyncio.get_running_loop().create_future(), deadline=deadline
         )
-        self._queue.append(pending)
+        self.queue.append(pending)
         self._idle.clear()
         self._depth()
         self._wakeup.set()
@@ -204,7 +190,7 @@ class DynamicBatcher(Generic[I, O]):
         """Remove a request that gave up; counted as rejected only if it had not run yet."""
         pending.future.cancel()
         try:
-            self._queue.remove(pending)
+            self.queue.remove(pending)
         except ValueError:  # already taken into a batch (its result is discarded) or finished
             if reason == "deadline":
                 self._rejected(reason)
@@ -220,18 +206,18 @@ class DynamicBatcher(Generic[I, O]):
         the same task, without another trip through the event loop's queue of ready callbacks
         (under load, each trip waits behind the parsing and decoding of many requests)."""
         while True:
-            if not self._queue:
+            if not self.queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             # Wait for batch-mates on their way, until the batch is full or the head's window ends.
             while (
-                self._queue
-                and len(self._queue) < self.max_batch_size
+                self.queue
+                and len(self.queue) < self.max_batch_size
                 and self.accepting
                 and (self.arriving_now > 0 or self.always_wait)
             ):
-                remaining = self._queue[0].enqueued + self.max_queue_delay_s - time.monotonic()
+                remaining = self.queue[0].enqueued + self.max_queue_delay_s - time.monotonic()
                 if remaining <= 0:
                     break
                 self._wakeup.clear()
@@ -254,7 +240,7 @@ class DynamicBatcher(Generic[I, O]):
         instead of one of 8 halve the time to the answers. Under steady load one instance
         frees at a time and takes up to `max_batch_size`."""
         free = max(1, self.instances - self.running_batches)
-        return min(self.max_batch_size, -(-len(self._queue) // free))
+        return min(self.max_batch_size, -(-len(self.queue) // free))
 
     def _take_batch(self) -> list[_Pending[I, O]]:
         """Pop this instance's share of live requests (`_batch_limit`); cancelled ones are
@@ -262,8 +248,8 @@ class DynamicBatcher(Generic[I, O]):
         batch: list[_Pending[I, O]] = []
         now = time.monotonic()
         limit = self._batch_limit()
-        while self._queue and len(batch) < limit:
-            pending = self._queue.popleft()
+        while self.queue and len(batch) < limit:
+            pending = self.queue.popleft()
             if pending.future.done():
                 continue
             if pending.deadline is not None and pending.deadline.passed(now):
@@ -330,7 +316,7 @@ class DynamicBatcher(Generic[I, O]):
 
     def _depth(self) -> None:
         for observer in self.observers:
-            observer.queue_depth(len(self._queue))
+            observer.queue_depth(len(self.queue))
 
     def _rejected(self, reason: str) -> None:
         for observer in self.observers:
@@ -340,7 +326,7 @@ class DynamicBatcher(Generic[I, O]):
         return Closed(ErrorCode.CLOSED, f"model {self.name} is shutting down")
 
     def _set_idle_if_done(self) -> None:
-        if not self._queue and not self.running_batches:
+        if not self.queue and not self.running_batches:
             self._idle.set()
 
 

@@ -110,11 +110,6 @@ class BatchRun:
     def size(self) -> int:
         return len(self.items)
 
-    @property
-    def queue_waits(self) -> list[float]:
-        """Each row's wait, from enqueue to the batch's start."""
-        return [self.started - enqueued for enqueued in self.enqueued]
-
 
 @contextmanager
 def open_request(context: RequestContext) -> Iterator[RequestContext]:
@@ -129,23 +124,20 @@ def open_request(context: RequestContext) -> Iterator[RequestContext]:
 
 def note_model(name: str) -> None:
     """The model the current request was resolved to (for its log lines and spans)."""
-    context = current()
-    if context is not None:
+    if (context := current()) is not None:
         context.model = name
 
 
 def note_batch(queue_s: float, run_s: float) -> None:
     """One row of the current request came back from its batch after these times (rows run side by
     side, so the longest wait and run are the request's)."""
-    context = current()
-    if context is not None:
+    if (context := current()) is not None:
         context.queue_s, context.infer_s = max(context.queue_s, queue_s), max(context.infer_s, run_s)
 
 
 def note_error(code: str, message: str) -> None:
     """The machine code of the error the current request is answered with."""
-    context = current()
-    if context is not None:
+    if (context := current()) is not None:
         context.error_code, context.error_message = code, message
 
 

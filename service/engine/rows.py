@@ -109,15 +109,12 @@ def observed_rows(
     how many leading rows of a job's outputs are its predictions."""
     logits, ranked = [], []
     for job, out, from_top in zip(jobs, outputs, top, strict=True):
-        if not job.observed:
-            continue
-        n = rows(job)
-
-        def lead(array: np.ndarray, n: int = n) -> np.ndarray:
-            return array[None] if array.ndim == 1 else array[:n]  # a classifier's row is 1-D
-
-        if from_top:
-            ranked.append((lead(out[TOP_K_IDS_OUTPUT]), lead(out[TOP_K_SCORES_OUTPUT])))
-        else:
-            logits.append(lead(out["logits"]))
+        if job.observed:
+            names = (TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT) if from_top else ("logits",)
+            # A classifier's row is 1-D: its one prediction.
+            lead = [out[k][None] if out[k].ndim == 1 else out[k][: rows(job)] for k in names]
+            if from_top:
+                ranked.append((lead[0], lead[1]))
+            else:
+                logits.append(lead[0])
     return logits, ranked

@@ -8,13 +8,10 @@ collates them (stacks them, or a task's own padding), runs the graph once and sp
 back per request; it is what the `DynamicBatcher` calls from its worker threads (one per execution
 instance; a session may be run from several threads at once).
 
-Adaptive threading: a run of one row that starts while no other run of any model is going (a lone
-request at low load) takes a second session over the same file whose intra-op pool has
-`lone_threads` threads, all the CPUs by default; other runs take the instance's own few threads,
-so that under load each batch keeps its core. Batches of several rows are left out: they form
-under load, when the next batch is about to start beside them, and a small model's wide run stalls
-on a partner thread preempted by that batch or the event loop. ORT fixes a session's pool when it
-opens the session (no per-run thread count), hence two sessions: a second copy of the weights.
+Adaptive threading (docs/service.md): a run of one row that starts while no other run of any model
+is going takes a second session over the same file, with `lone_threads` threads (ORT fixes a
+session's pool when it opens it). Batches of several rows are left out: they form under load, when
+the next batch is about to start beside them, and a wide run stalls on a preempted partner thread.
 """
 
 from __future__ import annotations

@@ -42,8 +42,7 @@ _lingering: weakref.WeakKeyDictionary[ServerState, set[Refusal]] = weakref.WeakK
 
 def observe(app_state: dict[str, Any], key: str, *args: str) -> None:
     """Call the observer under `key` in the lifespan state, when the app put one there."""
-    observer = app_state.get(key)
-    if observer is not None:
+    if (observer := app_state.get(key)) is not None:
         observer(*args)
 
 
@@ -61,8 +60,7 @@ def _idle_since(protocol: Any) -> int | None:
     transport = getattr(protocol, "transport", None)
     if transport is None or transport.is_closing():
         return None
-    stamp: int | None = getattr(protocol, "idle_stamp", None)
-    return stamp
+    return getattr(protocol, "idle_stamp", None)
 
 
 def admit(cap: int | None, server_state: ServerState, app_state: dict[str, Any]) -> bool:

@@ -73,8 +73,7 @@ class RequestGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cap = scope.get("extensions", {}).get(OVER_CAP)
-        if cap is not None:
+        if (cap := scope.get("extensions", {}).get(OVER_CAP)) is not None:
             response = self.errors.answer(CONNECTION_ERRORS, too_many_connections(cap))
             response.headers["connection"] = "close"
             await response(scope, receive, send)

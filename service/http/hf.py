@@ -6,7 +6,7 @@ classification the raw image bytes (often without a content type), or `{"inputs"
 "parameters": {"top_k", "function_to_apply"}}` once parameters are set. A raw body is the input
 itself: a classifier's image, a masked LM's UTF-8 text (so that one operation accepts what its
 schema documents for either kind of model). What the input and the parameters mean is the
-task's Hugging Face adapter (`Pipeline.hf`); the answers are the pipelines' own lists:
+task's pipeline (`Pipeline.hf_answer`); the answers are the pipelines' own lists:
 `[{"label", "score"}]`, and `[{"score", "token", "token_str", "sequence"}]` for one [MASK] (a
 list of such lists for several), which is what the client parses. Errors are `{"error":
 "<message>"}` (the client shows that message) with the task routes' statuses.
@@ -103,7 +103,7 @@ async def _read(request: Request, served: Pipeline) -> tuple[str | bytes, HFPara
     data = await request.body()
     if not data:
         raise InvalidInput(ErrorCode.EMPTY_BODY, "the body is empty; send the image or the text")
-    if served.hf.text_input:
+    if served.hf_text_input:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -126,5 +126,5 @@ async def hf_inference(request: Request, name: str) -> JSONResponse:
     with state.lease(name, None, kind=Pipeline) as served:  # either task; held until the answer is back
         inputs, parameters = await before(_read(request, served), deadline)
         options = HFOptions(**parameters.model_dump())
-        answer = await unless_disconnected(request, served.hf.answer(inputs, options, deadline))
+        answer = await unless_disconnected(request, served.hf_answer(inputs, options, deadline))
     return await json_answer(answer, answer)

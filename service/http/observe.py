@@ -34,14 +34,6 @@ _REQUEST_ID = REQUEST_ID_HEADER.encode()
 _TRACE_HEADERS = (b"traceparent", b"tracestate", b"baggage")
 
 
-def server_timing(request: RequestContext) -> bytes:
-    """The header's value: milliseconds with a tenth, as developer tools show them."""
-    return (
-        f"queue;dur={request.queue_s * 1000:.1f}, infer;dur={request.infer_s * 1000:.1f}, "
-        f"total;dur={request.elapsed_s() * 1000:.1f}"
-    ).encode()
-
-
 @dataclass
 class RequestObservationMiddleware:
     """See the module docstring; `tracing` is None when tracing is off."""
@@ -80,9 +72,7 @@ class RequestObservationMiddleware:
                 "url.path": scope["path"],
                 "gmlp.request_id": request.request_id,
             }
-            request.span = tracing.start_server_span(method, carrier, attributes)
-            request.tracer = tracing
-            token = tracing.activate(request.span)
+            token = tracing.start_server_span(request, method, carrier, attributes)
 
         async def timed_receive() -> Message:
             if not body_times:
@@ -98,7 +88,10 @@ class RequestObservationMiddleware:
                 status = message["status"]
                 headers = [*message.get("headers", ()), (_REQUEST_ID, request_id)]
                 if timing:
-                    headers.append((b"server-timing", server_timing(request)))
+                    # Milliseconds with a tenth, as developer tools show them.
+                    ms = (request.queue_s * 1000, request.infer_s * 1000, request.elapsed_s() * 1000)
+                    timings = "queue;dur={:.1f}, infer;dur={:.1f}, total;dur={:.1f}".format(*ms)
+                    headers.append((b"server-timing", timings.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -119,8 +112,7 @@ class RequestObservationMiddleware:
                         tracing.span_between("read body", request.span, *body)
                     request.span.update_name(f"{method} {route}")
                     attributes = {"http.route": route, "http.response.status_code": status}
-                    tracing.end_server_span(request, str(status), attributes, failed=status >= 500)
-                    tracing.deactivate(token)
+                    tracing.end_server_span(request, token, str(status), attributes, failed=status >= 500)
                 if self.access:
                     self._log(scope, request, status)
 

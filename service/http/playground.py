@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 
 from contract.formats import package_version
 from service.access.scope import Scope
-from service.http.routing import DirectRoute, declare, get_state, model_response, public, requires
+from service.http.routing import DirectRoute, get_state, model_response, public, requires
 from service.http.schemas import ModelStatus, StatsResponse
 from service.telemetry.recent import StatsHistory
 
@@ -143,4 +143,4 @@ def mount_assets(app: FastAPI) -> None:
             getattr(route, "name", None) in ("vendor", "ui")
             or getattr(route, "path", None) == app.openapi_url
         ):
-            declare(route, None)
+            public(route)

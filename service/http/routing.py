@@ -42,7 +42,8 @@ T = TypeVar("T")
 
 
 def requires(scope: Scope | None) -> Callable[[F], F]:
-    """Decorator (below the route decorator): the endpoint needs a key of `scope`; None: open."""
+    """Decorator (below the route decorator): the endpoint needs a key of `scope`; None: open. Also
+    declares the scope of a route whose endpoint is not ours (a mount, FastAPI's own routes)."""
 
     def mark(endpoint: F) -> F:
         setattr(endpoint, SCOPE_ATTRIBUTE, scope)
@@ -52,11 +53,6 @@ def requires(scope: Scope | None) -> Callable[[F], F]:
 
 
 public = requires(None)
-
-
-def declare(route: BaseRoute, scope: Scope | None) -> None:
-    """Declare the scope of a route whose endpoint is not ours (a mount, FastAPI's own routes)."""
-    setattr(route, SCOPE_ATTRIBUTE, scope)
 
 
 def declared_scope(route: BaseRoute) -> Scope | None:

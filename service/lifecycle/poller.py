@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +47,19 @@ class ScanReport:
         self._metrics.repository_problems.set(len(found))
 
 
+@dataclass(eq=False)
 class RepositoryPoller:
     """The poll loop of one service, with its supervisor (see the module docstring)."""
 
-    def __init__(
-        self,
-        table: VersionTable[Any],
-        repository: Path,
-        interval_s: float,
-        metrics: ServiceMetrics,
-        *,
-        report: Callable[[dict[str, ModelSource]], None],
-        after_scan: Callable[[], None],
-        scanner: Callable[[Path], dict[str, ModelSource]] = scan,
-    ) -> None:
-        self.table, self.repository, self.interval_s = table, repository, interval_s
-        self.metrics, self.report, self.after_scan, self.scanner = metrics, report, after_scan, scanner
-        self._task: asyncio.Task[None] | None = None
+    table: VersionTable[Any]
+    repository: Path
+    interval_s: float
+    metrics: ServiceMetrics
+    _: KW_ONLY
+    report: Callable[[dict[str, ModelSource]], None]
+    after_scan: Callable[[], None]
+    scanner: Callable[[Path], dict[str, ModelSource]] = scan
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name="poll-repository")

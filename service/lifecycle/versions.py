@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -101,33 +101,23 @@ class IndexEntry:
     reason: str
 
 
+@dataclass(eq=False)
 class VersionTable(Generic[S]):
     """All versions of all models, their states, leases and loads (see the module docstring)."""
 
-    def __init__(
-        self,
-        loader: Callable[[VersionSource], S],
-        *,
-        policy: VersionPolicy,
-        drain_timeout_s: float,
-        observer: LifecycleMetrics,
-        max_loaded: int | None = None,
-    ) -> None:
-        self.loader = loader
-        self.policy = policy
-        self.drain_timeout_s = drain_timeout_s
-        self.max_loaded = max_loaded
-        self.observer = observer
-        self.models: dict[str, ModelRecord[S]] = {}
+    loader: Callable[[VersionSource], S]
+    _: KW_ONLY
+    policy: VersionPolicy
+    drain_timeout_s: float
+    observer: LifecycleMetrics
+    max_loaded: int | None = None
+    models: dict[str, ModelRecord[S]] = field(default_factory=dict, init=False)
 
     def newest_ready(self, name: str) -> Version[S] | None:
         """The newest READY version of `name` (what a request that names no version gets), or None."""
         record = self.models.get(name)
         ready = [v for v in (record.versions.values() if record else ()) if v.state == READY]
         return max(ready, key=lambda v: v.number) if ready else None
-
-    def known(self, name: str) -> bool:
-        return name in self.models
 
     def ready_versions(self, name: str) -> list[int]:
         record = self.models.get(name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,9 @@ def _section(text: str, heading: str) -> str:
 
 def _first_json(text: str) -> Any:
     found = _JSON_BLOCK.search(text)
-    if found is None:
-        return None
-    try:
-        return json.loads(found.group(1))
-    except ValueError:
-        return None
+    with suppress(ValueError):
+        return json.loads(found.group(1)) if found is not None else None
+    return None
 
 
 def accuracy_leaves(results: Any, prefix: str = "") -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Fill-mask: the pipeline, its v2 forms and its Hugging Face adapter.
+"""Fill-mask: the pipeline (with its Hugging Face API answer) and its v2 forms.
 
 A text with [MASK] tokens goes through the model's tokenizer (`contract.text`), the batcher, and
 the ranked predictions per mask, decoded in the batch thread. Over v2 the encoded form is `text`
@@ -27,7 +27,6 @@ from service.settings import ServiceSettings
 from service.tasks.forms import (
     PREDICTIONS_OUTPUT,
     TEXT_INPUT,
-    Forms,
     gather_or_cancel,
     predictions,
     stacked,
@@ -35,7 +34,7 @@ from service.tasks.forms import (
     top_k_parameter,
     utf8,
 )
-from service.tasks.pipeline import HFOptions, Pipeline
+from service.tasks.pipeline import Forms, HFOptions, Pipeline
 
 # Texts this short are tokenised on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than tokenising them. Anything longer is tokenised in a
@@ -50,6 +49,7 @@ class FillMaskPipeline(Pipeline):
 
     task = MLM_TASK
     default_setting = "default_fill_mask"
+    hf_text_input = True
     collate: Collate
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
@@ -59,7 +59,6 @@ class FillMaskPipeline(Pipeline):
         self.fixed_length = settings.fixed_length or static
         self.collate = partial(self.codec.collate, fixed=self.fixed_length)
         self.v2 = FillMaskForms(self)
-        self.hf = FillMaskHF(self)
 
     def predicted_rows(self, job: Job) -> int:
         return len(job.feeds["mask_positions"])
@@ -130,8 +129,18 @@ class FillMaskPipeline(Pipeline):
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
         done = await self.submit_text(text, deadline, targets, top_k, NOTHING)
         self.span_after("postprocess", *done.finished)
-        answer: list[list[dict[str, Any]]] = done.answer
-        return answer
+        return done.answer
+
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+        """`[{"score", "token", "token_str", "sequence"}]` for one [MASK], a list of such lists
+        for several."""
+        if options.function_to_apply is not None:
+            raise InvalidInput(
+                ErrorCode.INVALID_PARAMETER, "function_to_apply applies to image classification only"
+            )
+        text = inputs if isinstance(inputs, str) else utf8(inputs)
+        answer = await self.fill_mask(text, options.top_k or 5, options.targets, deadline)
+        return answer[0] if len(answer) == 1 else answer
 
     async def submit_text(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
@@ -156,8 +165,7 @@ class FillMaskForms(Forms):
     encoded_input = TEXT_INPUT
     served: FillMaskPipeline
 
-    def extra_outputs(self) -> list[dict[str, Any]]:
-        return [tensor_meta(PREDICTIONS_OUTPUT, BYTES, [-1, 1])]
+    extra_outputs = (tensor_meta(PREDICTIONS_OUTPUT, BYTES, [-1, 1]),)
 
     def check_tensors(self, given: dict[str, Tensor]) -> None:
         """Lengths within the model's limits, ids in the vocabulary, positions inside the text: an
@@ -207,22 +215,3 @@ class FillMaskForms(Forms):
         for name in graph:
             produced[name] = stacked(name, [run.outputs[name][: len(run.answer)] for run in runs])
         return produced
-
-
-class FillMaskHF:
-    """The fill-mask task of the Hugging Face API: `[{"score", "token", "token_str", "sequence"}]`
-    for one [MASK], a list of such lists for several."""
-
-    text_input = True
-
-    def __init__(self, served: FillMaskPipeline) -> None:
-        self.served = served
-
-    async def answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
-        if options.function_to_apply is not None:
-            raise InvalidInput(
-                ErrorCode.INVALID_PARAMETER, "function_to_apply applies to image classification only"
-            )
-        text = inputs if isinstance(inputs, str) else utf8(inputs)
-        answer = await self.served.fill_mask(text, options.top_k or 5, options.targets, deadline)
-        return answer[0] if len(answer) == 1 else answer

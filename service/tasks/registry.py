@@ -15,17 +15,12 @@ from service.tasks.fill_mask import FillMaskPipeline
 from service.tasks.pipeline import Pipeline
 from service.tasks.vision import VisionPipeline
 from service.telemetry.metrics import ServiceMetrics
-from service.telemetry.statistics import DEFAULT_VERSION
 
 PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: FillMaskPipeline}
 
 
 def load_pipeline(
-    spec: ModelSpec,
-    settings: ServiceSettings,
-    device: str,
-    metrics: ServiceMetrics,
-    version: str = DEFAULT_VERSION,
+    spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics, version: str
 ) -> Pipeline:
     """Create the session, warm it up and check it against its recorded check (blocking; call from
     a thread)."""

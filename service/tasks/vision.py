@@ -1,4 +1,4 @@
-"""Image classification: the pipeline, its v2 forms and its Hugging Face adapter.
+"""Image classification: the pipeline (with its Hugging Face API answer) and its v2 forms.
 
 An encoded image goes through the model's own transform (`contract.image`), the batcher, and
 scores over its labels (softmax, unless the API asks for another function). Over v2 the encoded
@@ -38,8 +38,8 @@ from service.engine.request_context import Deadline, before
 from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
-from service.tasks.forms import IMAGE_INPUT, Forms, gather_or_cancel, stacked
-from service.tasks.pipeline import HFOptions, Pipeline
+from service.tasks.forms import IMAGE_INPUT, gather_or_cancel, stacked
+from service.tasks.pipeline import Forms, HFOptions, Pipeline
 
 # Images this small are decoded on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than decoding them, which stays short enough not to hold up
@@ -109,7 +109,6 @@ class VisionPipeline(Pipeline):
             spec.config, settings.max_image_pixels, settings.jpeg_draft, settings.max_resized_pixels
         )
         self.v2 = VisionForms(self)
-        self.hf = VisionHF(self)
 
     def warmup_feeds(self) -> list[Feeds]:
         return [{"pixel_values": np.zeros((3, *self.transform.crop_size), dtype=np.float32)}]
@@ -143,14 +142,11 @@ class VisionPipeline(Pipeline):
                 answers[i] = answer[:k]
         return answers
 
-    async def image_outputs(self, image: bytes, deadline: Deadline, names: frozenset[str]) -> Feeds:
-        """The graph outputs `names` of one encoded image (the v2 protocol's image input)."""
-        return (await self._submit(image, deadline, None, names)).outputs
-
-    async def _submit(
+    async def submit_image(
         self, image: bytes, deadline: Deadline, answer: Ranking | None, reads: Reads = NOTHING
     ) -> Done:
-        """One encoded image through the model's own transform and the batcher."""
+        """One encoded image through the model's own transform and the batcher, its ranked labels
+        (`answer`) and its graph outputs `reads` (the v2 protocol's image input) in what it returns."""
         with self.batcher.arriving(), self.span("preprocess"):
             img = self.transform.open(image)  # the header only: cheap whatever the image
             if img.width * img.height <= INLINE_DECODE_PIXELS:
@@ -170,10 +166,17 @@ class VisionPipeline(Pipeline):
                 ErrorCode.INVALID_TOP_K,
                 f"top_k must be between 1 and {len(self.labels)} (the number of labels)",
             )
-        done = await self._submit(image, deadline, Ranking(top_k, function))
+        done = await self.submit_image(image, deadline, Ranking(top_k, function))
         self.span_after("postprocess", *done.finished)
-        answer: list[dict[str, Any]] = done.answer
-        return answer
+        return done.answer
+
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+        """`[{"label", "score"}]`; a JSON `inputs` is the image file base64-encoded."""
+        if options.targets is not None:
+            raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
+        image = decode_base64(inputs, "inputs") if isinstance(inputs, str) else inputs
+        top_k = min(options.top_k or 5, len(self.labels))  # as HF's pipeline: at most every label
+        return await self.classify(image, top_k, deadline, options.function_to_apply or "softmax")
 
 
 class VisionForms(Forms):
@@ -189,21 +192,5 @@ class VisionForms(Forms):
         images = self.encoded_items(tensor)
         graph = self.graph_outputs(outputs, ["logits"])
         reads = frozenset(graph)
-        results = await gather_or_cancel([self.served.image_outputs(i, deadline, reads) for i in images])
-        return {name: stacked(name, [r[name] for r in results]) for name in graph}
-
-
-class VisionHF:
-    """The image-classification task of the Hugging Face API: `[{"label", "score"}]`."""
-
-    text_input = False
-
-    def __init__(self, served: VisionPipeline) -> None:
-        self.served = served
-
-    async def answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
-        if options.targets is not None:
-            raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
-        image = decode_base64(inputs, "inputs") if isinstance(inputs, str) else inputs
-        top_k = min(options.top_k or 5, len(self.served.labels))  # as HF's pipeline: at most every label
-        return await self.served.classify(image, top_k, deadline, options.function_to_apply or "softmax")
+        done = await gather_or_cancel([self.served.submit_image(i, deadline, None, reads) for i in images])
+        return {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}

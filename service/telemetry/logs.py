@@ -45,25 +45,6 @@ def _now_iso(created: float | None = None) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def request_fields() -> dict[str, Any]:
-    """What a log line says of the request being served (nothing outside a request)."""
-    request = request_context.current()
-    if request is None:
-        return {}
-    named = {"method": request.method, "route": request.route, "model": request.model}
-    fields: dict[str, Any] = {"request_id": request.request_id, **{k: v for k, v in named.items() if v}}
-    if request.tracer is not None:
-        from opentelemetry import trace  # imported only where tracing is on
-
-        span = trace.get_current_span().get_span_context()
-        if not span.is_valid and request.span is not None:
-            span = request.span.get_span_context()
-        if span.is_valid:
-            fields["trace_id"] = format(span.trace_id, "032x")
-            fields["span_id"] = format(span.span_id, "016x")
-    return fields
-
-
 # What JSON may leave raw (ensure_ascii off) but some readers take for a line break (NEL, U+2028,
 # U+2029, as str.splitlines does): written as JSON escapes, so a line stays one line for all.
 _JSON_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -79,10 +60,21 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        line.update(request_fields())
+        request = request_context.current()  # what the line says of the request being served, if any
+        if request is not None:
+            named = {"method": request.method, "route": request.route, "model": request.model}
+            line.update({"request_id": request.request_id, **{k: v for k, v in named.items() if v}})
+        if request is not None and request.tracer is not None:
+            from opentelemetry import trace  # imported only where tracing is on
+
+            span = trace.get_current_span().get_span_context()
+            if not span.is_valid and request.span is not None:
+                span = request.span.get_span_context()
+            if span.is_valid:
+                line["trace_id"] = format(span.trace_id, "032x")
+                line["span_id"] = format(span.span_id, "016x")
         for name in EXTRA_FIELDS:
-            value = record.__dict__.get(name)
-            if value is not None:
+            if (value := record.__dict__.get(name)) is not None:
                 line[name] = value
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
@@ -116,11 +108,9 @@ def native_line(raw: str, stream: str) -> str:
     (JSON objects pass as they are)."""
     text = raw.rstrip("\r\n")
     if text.startswith("{") and text.endswith("}"):
-        try:
+        with contextlib.suppress(ValueError):
             if isinstance(json.loads(text), dict):
                 return text
-        except ValueError:
-            pass
     level, logger, message = ("ERROR" if stream == "stderr" else "INFO"), stream, text
     for pattern, name in ((_ORT_LINE, "onnxruntime"), (_ABSL_LINE, "grpc")):
         found = pattern.search(text)

@@ -227,7 +227,8 @@ class ModelObserver(BatchObserver):
         self._rejections.labels(self._model, reason).inc()
 
     def batch_done(self, run: BatchRun) -> None:
-        waits, run_seconds = run.queue_waits, run.done - run.started
+        waits = [run.started - enqueued for enqueued in run.enqueued]  # each row's, to the batch's start
+        run_seconds = run.done - run.started
         self._batch.observe(run.size)
         self._inference.observe(run_seconds)
         for wait in waits:
@@ -254,22 +255,15 @@ class PredictionMetrics:
         # One child per label, made up front: the label set is the model's, never the input's.
         self._top1 = [metrics.prediction_top1.labels(model, version, label) for label in labels or ()]
 
-    def observe(self, logits: np.ndarray) -> None:
-        """One prediction per row of `logits` ([answers] or [rows, answers])."""
-        rows = np.atleast_2d(np.asarray(logits, dtype=np.float64))
-        if rows.shape[-1] < 2:
-            return
-        shifted = np.exp(rows - rows.max(axis=-1, keepdims=True))
-        probs = shifted / shifted.sum(axis=-1, keepdims=True)
-        self._record(
-            np.argmax(rows, axis=-1), np.sort(np.partition(probs, -2, axis=-1)[:, -2:], axis=-1)[:, ::-1]
-        )
-
     def observe_rows(self, logits: list[np.ndarray], ranked: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """A batch's predictions: `logits` rows, and (ids, probabilities) from top-k outputs ([rows,
-        K], best first, K >= 2)."""
-        if logits:
-            self.observe(np.concatenate(logits))
+        """A batch's predictions: `logits` rows ([rows, answers]; fewer than two answers have no
+        margin), and (ids, probabilities) from top-k outputs ([rows, K], best first, K >= 2)."""
+        if logits and logits[0].shape[-1] >= 2:
+            rows = np.concatenate(logits).astype(np.float64)
+            shifted = np.exp(rows - rows.max(axis=-1, keepdims=True))
+            probs = shifted / shifted.sum(axis=-1, keepdims=True)
+            top2 = np.sort(np.partition(probs, -2, axis=-1)[:, -2:], axis=-1)[:, ::-1]
+            self._record(np.argmax(rows, axis=-1), top2)
         if ranked:
             ids, probabilities = (np.concatenate(part) for part in zip(*ranked, strict=True))
             self._record(ids[:, 0], probabilities[:, :2])

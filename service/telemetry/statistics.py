@@ -24,9 +24,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.samples import Sample
 
-# The version of a pipeline loaded without one (a model directory served on its own).
-DEFAULT_VERSION = "1"
-
 
 @dataclass
 class Duration:
@@ -105,10 +102,10 @@ class StatisticsSeries:
         """Each (model, version)'s statistics, read from the series /metrics exposes: one read for
         all of them (with several workers, one merge of their files)."""
         now = read(self._merged)
-        return [self._counters(now, model, version) for model, version in keys]
+        return [self._counters(now, key) for key in keys]
 
     def _counters(
-        self, now: Callable[[MetricWrapperBase], list[Sample]], model: str, version: str
+        self, now: Callable[[MetricWrapperBase], list[Sample]], key: tuple[str, str]
     ) -> ModelCounters:
         def samples(metric: Counter | Gauge, suffix: str = "_total") -> list[tuple[dict[str, str], float]]:
             return [
@@ -127,7 +124,6 @@ class StatisticsSeries:
             )
             return Duration(int(count), seconds)
 
-        key = (model, version)
         inferences = int(total(self.inferences))
         sizes: dict[int, Duration] = {}
         for labels, value in samples(self.batch_executions):
@@ -136,7 +132,7 @@ class StatisticsSeries:
             sizes.setdefault(int(labels["batch_size"]), Duration()).seconds = value
         last = [value for _, value in samples(self.last_inference, "")]
         return ModelCounters(
-            version=version,
+            version=key[1],
             last_inference_s=max(last, default=0.0),
             inferences=inferences,
             executions=int(total(self.executions)),

@@ -87,30 +87,34 @@ class Tracing:
             )
             return None
 
-    def start_server_span(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> Any:
-        """A SERVER span continuing the W3C trace context in `carrier` (lower-case header names)."""
+    def start_server_span(
+        self,
+        request: request_context.RequestContext,
+        name: str,
+        carrier: Mapping[str, str],
+        attributes: dict[str, Any],
+    ) -> object:
+        """Open the request's SERVER span, continuing the W3C trace context in `carrier` (lower-case
+        header names), as the current span of this task (what child spans take as parent); returns
+        the token `end_server_span` takes."""
         parent = self._propagate.extract(carrier)
-        return self.tracer.start_span(
-            name, context=parent, kind=self._trace.SpanKind.SERVER, attributes=attributes
-        )
-
-    def activate(self, span: Any) -> object:
-        """Make `span` the current span of this task (what child spans take as parent)."""
-        return self._context.attach(self._trace.set_span_in_context(span))
-
-    def deactivate(self, token: object) -> None:
-        self._context.detach(token)  # type: ignore[arg-type]
+        kind = self._trace.SpanKind.SERVER
+        request.span = self.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
+        request.tracer = self
+        return self._context.attach(self._trace.set_span_in_context(request.span))
 
     def end_server_span(
         self,
         request: request_context.RequestContext,
+        token: object,
         status: str,
         attributes: dict[str, Any],
         *,
         failed: bool,
     ) -> None:
-        """End the request's span; a refusal (or a `failed` status without one: a bug, an answer
-        of the framework's own) marks it as an error with the machine code (else the status)."""
+        """End the request's span and leave it; a refusal (or a `failed` status without one: a bug,
+        an answer of the framework's own) marks it as an error with the machine code (else the
+        status)."""
         trace = self._trace
         span = request.span
         span.set_attributes(attributes)
@@ -123,6 +127,7 @@ class Tracing:
                 trace.Status(trace.StatusCode.ERROR, f"{status} {code}: {request.error_message or ''}")
             )
         span.end()
+        self._context.detach(token)  # type: ignore[arg-type]
 
     def span_between(
         self,
@@ -132,26 +137,24 @@ class Tracing:
         end_ns: int,
         *,
         attributes: dict[str, Any] | None = None,
-        links: Sequence[Any] = (),
+        links: Sequence[tuple[Any, dict[str, Any]]] = (),
         error: BaseException | None = None,
     ) -> Any:
-        """A span recorded after the fact (its times measured elsewhere), a child of `parent`; an
-        `error` is recorded on it and marks it failed."""
+        """A span recorded after the fact (its times measured elsewhere), a child of `parent`,
+        linked to each (span, link attributes) of `links`; an `error` is recorded on it and marks
+        it failed."""
         span = self.tracer.start_span(
             name,
             context=self._trace.set_span_in_context(parent),
             start_time=start_ns,
             attributes=attributes,
-            links=links,
+            links=[self._trace.Link(linked.get_span_context(), about) for linked, about in links],
         )
         if error is not None:
             span.record_exception(error)
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, repr(error)))
         span.end(end_time=end_ns)
         return span
-
-    def link(self, span: Any, attributes: dict[str, Any]) -> Any:
-        return self._trace.Link(span.get_span_context(), attributes)
 
     def shutdown(self) -> None:
         """Export what is buffered and stop the exporter thread."""
@@ -205,7 +208,7 @@ class BatchTracing(BatchObserver):
         links = []
         for request, enqueued in traced:
             tracing.span_between("queue wait", request.span, to_ns(enqueued), to_ns(run.started))
-            links.append(tracing.link(request.span, {"gmlp.request_id": request.request_id}))
+            links.append((request.span, {"gmlp.request_id": request.request_id}))
         attributes = {
             "gmlp.model": self.model,
             "gmlp.batch.size": run.size,

@@ -97,8 +97,7 @@ def _parameters(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in params.items():
-        kind = value.WhichOneof("parameter_choice")
-        if kind is not None:
+        if (kind := value.WhichOneof("parameter_choice")) is not None:
             out[key] = getattr(value, kind)
     return out
 
@@ -224,7 +223,7 @@ def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
         return configuration()
 
     return grpc.dynamic_ssl_server_credentials(
-        configuration(), fetch, require_client_authentication=tls.mutual
+        configuration(), fetch, require_client_authentication=tls.client_ca is not None
     )
 
 
@@ -287,9 +286,7 @@ class CallHandling:
             if tracing is not None:
                 carrier = {k: v for k, v in metadata if isinstance(v, str)}
                 attributes = {"rpc.system": "grpc", "rpc.method": method, "gmlp.request_id": request_id}
-                call_context.span = tracing.start_server_span(full_name.lstrip("/"), carrier, attributes)
-                call_context.tracer = tracing
-                token = tracing.activate(call_context.span)
+                token = tracing.start_server_span(call_context, full_name.lstrip("/"), carrier, attributes)
             code = grpc.StatusCode.OK
             try:
                 with request_context.open_request(call_context):
@@ -307,11 +304,9 @@ class CallHandling:
                 metrics.grpc_calls.labels(method, code.name).inc()
                 metrics.grpc_latency.labels(method, code.name).observe(time.perf_counter() - start)
                 if tracing is not None:
+                    attributes = {"rpc.grpc.status_code": code.value[0]}
                     failed = code != grpc.StatusCode.OK
-                    tracing.end_server_span(
-                        call_context, code.name, {"rpc.grpc.status_code": code.value[0]}, failed=failed
-                    )
-                    tracing.deactivate(token)
+                    tracing.end_server_span(call_context, token, code.name, attributes, failed=failed)
 
         return handled
 

@@ -173,7 +173,8 @@ def resolve(state: ServiceState, name: str, version: str = "") -> ModelRef:
     no model has): `NAME` lists the graph's tensors, `NAME-ensemble` the encoded input (a model the
     repository holds under that very name is that model)."""
     base = name.removesuffix(ENSEMBLE_SUFFIX)
-    encoded = base != name and not state.table.known(name) and state.table.known(base)
+    models = state.table.models
+    encoded = base != name and name not in models and base in models
     model_name = base if encoded else name
     try:
         return ModelRef(name, model_name, parse_version(version) if version else None, encoded)
@@ -359,5 +360,4 @@ def model_statistics(state: ServiceState, name: str = "", version: str = "") -> 
         served = state.loaded(model.name, model.version)
         names = [(model.name, model.shown, str(served.version))]  # a model's two names share its counters
     counted = state.metrics.statistics.counters([(model, v) for model, _, v in names])
-    shown = [shown for _, shown, _ in names]
-    return {"model_stats": [_model_statistics(c, s) for c, s in zip(counted, shown, strict=True)]}
+    return {"model_stats": [_model_statistics(c, s) for c, (_, s, _) in zip(counted, names, strict=True)]}

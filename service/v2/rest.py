@@ -251,8 +251,7 @@ def answer_json(
     texts = []
     for tensor in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        parameters = raw(tensor)
-        if parameters is not None:
+        if (parameters := raw(tensor)) is not None:
             texts.append(_dumps({**entry, "parameters": parameters}))
         else:
             texts.append(_dumps(entry)[:-1] + ',"data":' + json_data(tensor) + "}")

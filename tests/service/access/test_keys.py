@@ -76,7 +76,7 @@ def test_the_decision(tmp_path: Path) -> None:
     assert store.reload()
     with pytest.raises(Unauthenticated):
         store.authorize(keys["user"], Scope.INFER, "http")
-    open_store = KeyStore(None)
+    open_store = KeyStore(None, ServiceMetrics(1))
     assert open_store.authorize(None, Scope.METRICS, "http") == "anonymous"
     with pytest.raises(PermissionDenied, match="admin routes are closed"):
         open_store.authorize(None, Scope.ADMIN, "http")
@@ -91,7 +91,7 @@ def test_a_broken_file_keeps_the_keys_in_force_and_an_unusable_one_stops_the_sta
     assert store.changed() and not store.reload() and not store.changed()
     assert store.authorize(key, Scope.INFER, "http") == "user"
     with pytest.raises(UserError, match="cannot be used"):
-        KeyStore(tmp_path / "missing")
+        KeyStore(tmp_path / "missing", ServiceMetrics(1))
 
 
 def test_the_rate_limit_refills_with_time() -> None:
@@ -106,7 +106,7 @@ def test_rate_limited_keys_answer_with_the_wait(tmp_path: Path) -> None:
     key = new_key()
     path = tmp_path / "keys"
     path.write_text(f"slow infer {digest(key)} rate=0.001 burst=1\n")
-    store = KeyStore(path)
+    store = KeyStore(path, ServiceMetrics(1))
     store.authorize(key, Scope.INFER, "http")
     with pytest.raises(RateLimited) as caught:
         store.authorize(key, Scope.INFER, "http")

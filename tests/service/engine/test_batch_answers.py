@@ -24,7 +24,7 @@ from support.helpers import assert_same_answers
 def _pipeline(served: Path, settings: ServiceSettings) -> Pipeline:
     spec = read_spec(served)
     assert spec is not None
-    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size), "1")
 
 
 def test_classifier_batch_answers_equal_per_request_ranking(

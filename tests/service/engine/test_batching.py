@@ -43,7 +43,7 @@ class Recorder(BatchObserver):
         self.rejections[reason] += 1
 
     def batch_done(self, run: BatchRun) -> None:
-        assert len(run.queue_waits) == run.size and run.done >= run.run_end >= run.run_start
+        assert len(run.enqueued) == run.size and run.done >= run.run_end >= run.run_start
         self.batches.append(run.size)
         self.runs.append(run)
 
@@ -185,11 +185,11 @@ def test_a_batch_waits_for_requests_on_their_way() -> None:
         first = asyncio.ensure_future(answer(batcher, "a"))
         for _ in range(20):  # give the loop every chance to run "a" alone
             await asyncio.sleep(0)
-        assert model.batches == [] and batcher.queue_depth == 1 and batcher.arriving_now == 2
+        assert model.batches == [] and len(batcher.queue) == 1 and batcher.arriving_now == 2
         decoded["b"].set()
         for _ in range(20):
             await asyncio.sleep(0)
-        assert model.batches == [] and batcher.queue_depth == 2  # "c" is still on its way
+        assert model.batches == [] and len(batcher.queue) == 2  # "c" is still on its way
         decoded["c"].set()
         assert await asyncio.gather(first, second, third) == ["out-a", "out-b", "out-c"]
         await batcher.close(5)
@@ -219,7 +219,7 @@ def test_full_queue_is_refused_immediately() -> None:
     async def main() -> None:
         batcher, recorder, first = await held_batcher(model, max_queue_size=2)
         queued = [asyncio.ensure_future(answer(batcher, x)) for x in ("b", "c")]
-        await until(lambda: batcher.queue_depth == 2)
+        await until(lambda: len(batcher.queue) == 2)
         with pytest.raises(Overloaded):
             await answer(batcher, "d")
         assert recorder.rejections == {"queue_full": 1}
@@ -239,7 +239,7 @@ def test_request_past_its_deadline_fails_and_is_not_run() -> None:
         with pytest.raises(DeadlineExceeded, match="deadline of 0.05 s"):
             await answer(batcher, "late", deadline=Deadline.after(0.05))
         assert recorder.rejections["deadline"] == 1
-        assert batcher.queue_depth == 0
+        assert len(batcher.queue) == 0
         with pytest.raises(DeadlineExceeded):  # already expired on arrival
             await answer(batcher, "expired", deadline=Deadline(time.monotonic() - 1, 1.0))
         model.gate.set()
@@ -257,10 +257,10 @@ def test_cancelled_request_is_dropped_before_it_runs() -> None:
         batcher, recorder, first = await held_batcher(model)
         gone = asyncio.ensure_future(answer(batcher, "gone"))
         kept = asyncio.ensure_future(answer(batcher, "kept"))
-        await until(lambda: batcher.queue_depth == 2)
+        await until(lambda: len(batcher.queue) == 2)
         gone.cancel()  # what the route does when the client disconnects
         await asyncio.gather(gone, return_exceptions=True)
-        assert batcher.queue_depth == 1
+        assert len(batcher.queue) == 1
         assert recorder.rejections == {"cancelled": 1}
         model.gate.set()
         assert await asyncio.gather(first, kept) == ["out-a", "out-kept"]
@@ -301,7 +301,7 @@ def test_wrong_number_of_outputs_is_an_error() -> None:
     run(main())
 
 
-def test_drain_flushes_the_queue_without_waiting_for_the_window_then_refuses() -> None:
+def test_close_flushes_the_queue_without_waiting_for_the_window_then_refuses() -> None:
     model = GatedModel()
 
     async def main() -> None:
@@ -311,13 +311,12 @@ def test_drain_flushes_the_queue_without_waiting_for_the_window_then_refuses() -
         batcher.start()
         with batcher.arriving():
             pending = [asyncio.ensure_future(answer(batcher, i)) for i in range(3)]
-            await until(lambda: batcher.queue_depth == 3)
-            assert await batcher.drain(timeout=20) is True
+            await until(lambda: len(batcher.queue) == 3)
+            await asyncio.wait_for(batcher.close(timeout=20), 10)
         assert [p.result() for p in pending] == ["out-0", "out-1", "out-2"]
         with pytest.raises(Closed):
             await answer(batcher, 99)
         assert recorder.rejections == {"shutting_down": 1}
-        await batcher.close(1)
 
     run(main())
     assert model.batches == [[0, 1, 2]]
@@ -329,7 +328,7 @@ def test_close_fails_what_could_not_be_drained() -> None:
     async def main() -> None:
         batcher, _, first = await held_batcher(model)
         stuck = asyncio.ensure_future(answer(batcher, "b"))
-        await until(lambda: batcher.queue_depth == 1)
+        await until(lambda: len(batcher.queue) == 1)
         await batcher.close(timeout=0.05)  # "a" is still held: the drain times out
         with pytest.raises(Closed):
             await stuck
@@ -360,7 +359,7 @@ def test_instances_run_batches_concurrently_and_no_more() -> None:
         batcher, recorder, tasks = await two_held_instances(model, "abc")
         # "a" and "b" are both inside the model, held by the gate; "c" waits for an instance.
         await asyncio.sleep(0.05)
-        assert len(model.batches) == 2 and batcher.queue_depth == 1 and batcher.running_batches == 2
+        assert len(model.batches) == 2 and len(batcher.queue) == 1 and batcher.running_batches == 2
         model.gate.set()
         assert await asyncio.gather(*tasks) == ["out-a", "out-b", "out-c"]
         await batcher.close(5)

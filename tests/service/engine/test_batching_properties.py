@@ -185,7 +185,7 @@ def check(
     assert all(depth <= options["max_queue_size"] for depth in record.depths)
     assert all(len(batch) <= options["max_batch_size"] for batch in record.run)
     assert record.most_concurrent <= options["instances"]
-    assert batcher.queue_depth == 0 and batcher.running_batches == 0
+    assert len(batcher.queue) == 0 and batcher.running_batches == 0
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

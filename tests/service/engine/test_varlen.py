@@ -40,7 +40,7 @@ def _pipeline(served: Path, variant: str = "fp32", **settings: Any) -> FillMaskP
     spec = read_spec(served)
     assert spec is not None
     options = ServiceSettings(variant=variant, intra_op_threads=1, max_batch_size=8, **settings)
-    pipeline = load_pipeline(spec, options, "cpu", ServiceMetrics(8))
+    pipeline = load_pipeline(spec, options, "cpu", ServiceMetrics(8), "1")
     assert isinstance(pipeline, FillMaskPipeline)
     return pipeline
 

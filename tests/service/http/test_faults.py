@@ -41,6 +41,7 @@ from loadtests.runner import http_get
 from service import cli
 from service.app import create_app
 from service.engine.request_context import Deadline
+from service.engine.rows import Job
 from service.http.routing import public
 from service.settings import ServiceSettings
 from service.tasks.fill_mask import FillMaskPipeline
@@ -59,7 +60,7 @@ POISON_WORD = "zebra"
 def _fill_mask_pipeline(spec_dir: Path, settings: ServiceSettings) -> FillMaskPipeline:
     spec = read_spec(spec_dir)
     assert spec is not None
-    pipeline = load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+    pipeline = load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size), "1")
     assert isinstance(pipeline, FillMaskPipeline)
     return pipeline
 
@@ -83,13 +84,16 @@ def test_ort_failure_in_a_batch_fails_only_the_poisoned_request(
         "mask_positions": np.array([2], np.int64),
     }
 
+    async def infer(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return (await pipeline.queued(Job(feeds), Deadline.after(30))).outputs
+
     async def main() -> tuple[list[Any], list[Any]]:
         pipeline.batcher.start()
         try:
-            alone = [await pipeline.infer(feeds, Deadline.after(30)) for feeds in good]
+            alone = [await infer(feeds) for feeds in good]
             # Submitted in one go, before the batching loop runs: they form one batch.
             together = await asyncio.gather(
-                *(pipeline.infer(f, Deadline.after(30)) for f in [good[0], poisoned, *good[1:]]),
+                *(infer(f) for f in [good[0], poisoned, *good[1:]]),
                 return_exceptions=True,
             )
             return alone, together

@@ -20,7 +20,7 @@ from service.access.keys import KeyStore
 from service.app import create_app
 from service.http.errors import REST_ERRORS, ErrorResponder, ErrorTable
 from service.http.gate import RequestGate
-from service.http.routing import DirectRoute, RouteTable, declare, error_namespaces
+from service.http.routing import DirectRoute, RouteTable, error_namespaces, public
 from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
 
@@ -67,7 +67,7 @@ def _gate(routes: list[BaseRoute], responder: ErrorResponder | None = None) -> R
         await JSONResponse({"by": "router"})(scope, receive, send)
 
     for route in routes:
-        declare(route, None)
+        public(route)
     return RequestGate(
         fastapi_router,
         table=RouteTable(routes),

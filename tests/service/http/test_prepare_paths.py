@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(120)
 def _load(spec_dir: Path, settings: ServiceSettings) -> Any:
     spec = read_spec(spec_dir)
     assert spec is not None
-    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size), "1")
 
 
 def _jpeg(side: int, seed: int) -> bytes:
@@ -55,7 +55,7 @@ def _run(pipeline: Any, work: Callable[[], Any]) -> Any:
 
 async def _logits(pipeline: VisionPipeline, image: bytes) -> np.ndarray:
     """The logits of one encoded image, through the model's transform and the batcher."""
-    outputs = await pipeline.image_outputs(image, Deadline.after(30), frozenset({"logits"}))
+    outputs = (await pipeline.submit_image(image, Deadline.after(30), None, frozenset({"logits"}))).outputs
     return outputs["logits"]
 
 

@@ -48,7 +48,7 @@ class CheckedBatcher(DynamicBatcher[int, tuple[int, int]]):
         self.model = model
 
     async def close(self, timeout: float | None = None) -> None:
-        if self.running_batches or self.queue_depth or self.model.holders():
+        if self.running_batches or self.queue or self.model.holders():
             self.model.violations.append(f"version {self.model.version} closed while busy")
         self.model.closed = True
         await super().close(timeout)
@@ -165,7 +165,7 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
             if not (ready_after & wanted) and lost:
                 violations.append(f"a load that served nothing it wanted unloaded {lost} ({failures})")
         elif kind == "unload":
-            if table.known(NAME):
+            if NAME in table.models:
                 await table.unload(NAME)
         else:
             pending += [

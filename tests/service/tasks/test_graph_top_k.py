@@ -31,7 +31,7 @@ TEXTS = ["the [MASK] is here.", "a [MASK] and a [MASK] went out.", "[MASK]", "it
 def _pipeline(served: Path, settings: ServiceSettings) -> Pipeline:
     spec = read_spec(served)
     assert spec is not None
-    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+    return load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size), "1")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""Every task of the contract is served by one registered pipeline with both adapters the
-transports call and a default-model setting, checked on the tiny models of each task."""
+"""Every task of the contract is served by one registered pipeline with what the transports
+call (its v2 forms, its Hugging Face API answer) and a default-model setting, checked on the
+tiny models of each task."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import pytest
 from contract.formats import TASKS
 from contract.spec import read_spec
 from service.settings import ServiceSettings
-from service.tasks.forms import Forms
-from service.tasks.pipeline import Pipeline
+from service.tasks.pipeline import Forms, Pipeline
 from service.tasks.registry import PIPELINES, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
 
@@ -27,12 +27,12 @@ def test_every_task_has_a_pipeline_and_a_default_model_setting() -> None:
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_every_task_has_its_v2_forms_and_hf_adapter(request: pytest.FixtureRequest, task: str) -> None:
+def test_every_task_has_its_v2_forms_and_hf_answer(request: pytest.FixtureRequest, task: str) -> None:
     directory: Path = request.getfixturevalue(SERVED[task])
     spec = read_spec(directory)
     assert spec is not None and spec.task == task
     settings = ServiceSettings(variant="fp32", max_batch_size=2)
-    served = load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size))
+    served = load_pipeline(spec, settings, "cpu", ServiceMetrics(settings.max_batch_size), "1")
     assert type(served) is PIPELINES[task]
     forms = served.v2
     assert isinstance(forms, Forms) and type(forms).run_encoded is not Forms.run_encoded
@@ -44,4 +44,5 @@ def test_every_task_has_its_v2_forms_and_hf_adapter(request: pytest.FixtureReque
     assert [t["name"] for t in forms.outputs()][: len(served.runtime.output_names)] == list(
         served.runtime.output_names
     )
-    assert isinstance(served.hf.text_input, bool) and callable(served.hf.answer)
+    assert isinstance(served.hf_text_input, bool)
+    assert type(served).hf_answer is not Pipeline.hf_answer
