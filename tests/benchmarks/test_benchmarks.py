@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import harness
-from gmlp import proc, server_process
+from gmlp import server_process
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "benchmarks"
@@ -158,11 +158,11 @@ def test_server_process_is_ready_when_the_probe_answers_and_stops_its_whole_tree
         body = server.wait_ready(lambda: server_process.http_get(f"{server.url}/hello.txt"), timeout_s=60)
         assert body == b"hello"
         helper = int(server.log_tail().split()[1])
-        assert proc.tree_pids(server.pid) == {server.pid, helper}
+        assert server_process.tree_pids(server.pid) == {server.pid, helper}
     finally:
         server.stop(grace_s=10)
     assert server.proc is not None and server.proc.returncode is not None
-    assert not proc.alive(helper)
+    assert not server_process.alive(helper)
 
 
 def test_a_server_that_dies_is_reported_with_its_log(tmp_path: Path) -> None:
