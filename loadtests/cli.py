@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -60,13 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_loadtest(args: argparse.Namespace) -> int:
     """Handler of `gmlp loadtest`: sweep, report, exit status 1 on any failed request."""
     from loadtests.report import SCHEMA, summary_table, write_report
-    from loadtests.runner import (
-        describe_server,
-        parse_duration,
-        parse_users,
-        run_sweep,
-        wait_ready,
-    )
+    from loadtests.runner import describe_server, parse_duration, parse_users, run_step, wait_ready
     from loadtests.workload import LoadConfig
 
     users = parse_users(args.users)
@@ -82,7 +77,11 @@ def run_loadtest(args: argparse.Namespace) -> int:
         return 1
     models = describe_server(args.url)
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    steps = run_sweep(args, users, env)
+    steps = []
+    for i, count in enumerate(users):  # a failing step does not stop the sweep (the report shows it)
+        if i:
+            time.sleep(1.0)  # let the previous step's queue drain
+        steps.append(run_step(args, count, env))
     results = {  # results.json: report.md and report.png are drawn from it alone
         "schema": SCHEMA,
         "url": args.url,
