@@ -14,10 +14,8 @@ import argparse
 import os
 import platform
 import re
-import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -76,12 +74,6 @@ def median_seconds(fn: Callable[[], object], seconds: float, warmups: int = 1) -
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def stop_on_sigterm() -> None:
-    """Make SIGTERM unwind like an exception, so that `with` blocks stop the servers they started
-    instead of leaving them running."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def replace_section(doc: str, section: str, begin: str, end: str, heading: str) -> str:
