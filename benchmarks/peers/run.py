@@ -158,25 +158,6 @@ def bundled_images() -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))}
 
 
-def reference_labels(model_dir: Path, images: dict[str, bytes]) -> dict[str, str]:
-    """Top labels from raw ONNX Runtime with the product's preprocessing: the answers to match."""
-    model = PeerModel.load(model_dir)
-    return {
-        name: model.predict([model.transform(data)])[0]["predictions"][0]["label"]
-        for name, data in images.items()
-    }
-
-
-def check_answers(url: str, peer: Peer, images: dict[str, bytes], reference: dict[str, str]) -> None:
-    wrong = {
-        name: (got, reference[name])
-        for name, data in images.items()
-        if (got := classify(url, data, peer.body)) != reference[name]
-    }
-    if wrong:
-        raise AssertionError(f"{peer.key} answers differ from raw ORT (got, expected): {wrong}")
-
-
 def measure_row(
     server: ServerProcess, peer: str, script: Path, rnd: int, c: int, seconds: float
 ) -> dict[str, Any]:
@@ -237,7 +218,14 @@ def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
 
 def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: dict[str, Any]) -> None:
     with started(peer, work) as (server, script):
-        check_answers(server.url, peer, bundled_images(), results["reference"])
+        expected = results["reference"]
+        wrong = {
+            name: (got, expected[name])
+            for name, data in bundled_images().items()
+            if (got := classify(server.url, data, peer.body)) != expected[name]
+        }
+        if wrong:  # a fast wrong server is no result
+            raise AssertionError(f"{peer.key} answers differ from raw ORT (got, expected): {wrong}")
         wrk.run(server.url, script, 8, WARMUP_S)  # warm-up, not recorded
         for c in args.levels:
             row = measure_row(server, peer.key, script, rnd, c, args.duration)
@@ -256,7 +244,12 @@ def run_rounds(args: argparse.Namespace, peers: list[Peer], work: Path) -> dict[
     (with raw `session.run` beside it as its "raw"), the peers that failed, and raw ORT's top
     labels (the `reference` answers, not saved)."""
     results: dict[str, Any] = {"rows": [], "bare": [], "failed": {}}
-    results["reference"] = reference_labels(MODEL, bundled_images())
+    # Top labels from raw ONNX Runtime with the product's preprocessing: the answers to match.
+    model = PeerModel.load(MODEL)
+    results["reference"] = {
+        name: model.predict([model.transform(data)])[0]["predictions"][0]["label"]
+        for name, data in bundled_images().items()
+    }
     for rnd in range(args.rounds):
         print(f"round {rnd + 1}/{args.rounds}", flush=True)
         bare = bare_pipeline(MODEL, args.duration)
