@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_loadtest(args: argparse.Namespace) -> int:
     """Handler of `gmlp loadtest`: sweep, report, exit status 1 on any failed request."""
     from loadtests.report import SCHEMA, summary_table, write_report
-    from loadtests.runner import describe_server, parse_duration, parse_users, run_step, wait_ready
+    from loadtests.runner import get_json, parse_duration, parse_users, run_step, wait_ready
     from loadtests.workload import LoadConfig
 
     users = parse_users(args.users)
@@ -75,7 +75,10 @@ def run_loadtest(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"gmlp loadtest: {exc}", file=sys.stderr)
         return 1
-    models = describe_server(args.url)
+    try:  # the served models' variant, threads and batching settings, for the report's header
+        models = list(get_json(f"{args.url.rstrip('/')}/models").get("models", []))
+    except (OSError, ValueError, AttributeError):
+        models = []  # the report says GET /models was not available
     started = datetime.now(UTC).isoformat(timespec="seconds")
     steps = []
     for i, count in enumerate(users):  # a failing step does not stop the sweep (the report shows it)

@@ -318,11 +318,3 @@ def wait_ready(url: str, timeout_s: float) -> None:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{url} was not ready within {timeout_s:.0f} s ({last})")
         time.sleep(0.5)
-
-
-def describe_server(url: str) -> list[dict[str, Any]]:
-    """GET /models (variant, threads, batching settings) for the report header; [] if unavailable."""
-    try:
-        return list(get_json(f"{url.rstrip('/')}/models").get("models", []))
-    except (OSError, ValueError, AttributeError):
-        return []
