@@ -139,12 +139,10 @@ def batch_totals(base_url: str) -> list[float]:
 Target = tuple[ServerProcess, Path]
 
 
-@contextlib.contextmanager
-def classify_target(work: Path) -> Iterator[Target]:
+def classify_target(work: Path) -> contextlib.AbstractContextManager[Target]:
     """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
     link_repository(work, MODEL)
-    with started(next(p for p in PEERS if p.key == "gmlp-serve"), work) as target:
-        yield target
+    return started(next(p for p in PEERS if p.key == "gmlp-serve"), work)
 
 
 @contextlib.contextmanager
