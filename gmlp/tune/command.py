@@ -36,11 +36,6 @@ KNOB_FLAGS = {
     "queue_delay_policy": "queue delay policies to try (default: arriving,always)",
     "backend": "backends to try (default: onnxruntime, and what `--backend auto` picks on this CPU)",
 }
-DEFAULT_VALUES = {
-    "max_batch_size": "4,8,16,32",
-    "max_queue_delay_ms": "0,2,5",
-    "queue_delay_policy": "arriving,always",
-}
 
 # (flag, type, default, help) of the options that take a value.
 _OPTIONS = (
@@ -104,8 +99,10 @@ def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
     from service.engine.backends import resolve_backend
 
     steps = ",".join(map(str, power_of_two_steps(cpus)))
-    defaults = {
-        **DEFAULT_VALUES,
+    defaults = {  # as KNOB_FLAGS's help says
+        "max_batch_size": "4,8,16,32",
+        "max_queue_delay_ms": "0,2,5",
+        "queue_delay_policy": "arriving,always",
         "variant": ",".join(v for v in ("int8", "fp32") if v in variants) or ",".join(variants),
         "workers": steps,
         "instances": steps,
@@ -239,19 +236,6 @@ def _entry(m: Measured, slo: float) -> dict[str, Any]:
     }
 
 
-def write_env(path: Path, chosen: Measured, slo: float) -> Path:
-    best = chosen.best_level(slo)
-    assert best is not None, "only a candidate that met the SLO is written"
-    lines = [
-        f"# gmlp tune: the highest throughput measured with p99 <= {slo:g} ms and no failed request",
-        f"# {best['rps']:.1f} req/s, p50 {best['p50_ms']:.1f} ms, p99 {best['p99_ms']:.1f} ms "
-        f"at {best['concurrency']} concurrent clients ({chosen.candidate.label()})",
-        *chosen.candidate.env_lines(),
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def write_markdown(path: Path, document: dict[str, Any]) -> Path:
     slo = document["slo_p99_ms"]
     chosen = document["chosen"]
@@ -350,10 +334,19 @@ def write_all(out: Path, results: Sequence[Measured], meta: dict[str, Any]) -> d
     files = [str(write_markdown(out / "report.md", document))]
     if write_plot(out / "report.png", document):
         files.append(str(out / "report.png"))
-    if chosen is not None:
-        files.append(str(write_env(out / ENV_FILE, chosen, slo)))
+    env = out / ENV_FILE
+    if chosen is None:
+        env.unlink(missing_ok=True)  # an old run's choice must not look like this one's
     else:
-        (out / ENV_FILE).unlink(missing_ok=True)  # an old run's choice must not look like this one's
+        best = document["chosen"]["best_level"]
+        lines = [
+            f"# gmlp tune: the highest throughput measured with p99 <= {slo:g} ms and no failed request",
+            f"# {best['rps']:.1f} req/s, p50 {best['p50_ms']:.1f} ms, p99 {best['p99_ms']:.1f} ms "
+            f"at {best['concurrency']} concurrent clients ({chosen.candidate.label()})",
+            *chosen.candidate.env_lines(),
+        ]
+        env.write_text("\n".join(lines) + "\n")
+        files.append(str(env))
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     files.append(str(out / "results.json"))
     return {**document, "files": files}

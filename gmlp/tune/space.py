@@ -90,11 +90,7 @@ class Space:
 
 def power_of_two_steps(limit: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to `limit`, and `limit` itself."""
-    steps, value = [], 1
-    while value < limit:
-        steps.append(value)
-        value *= 2
-    return (*steps, limit)
+    return (*(2**i for i in range((limit - 1).bit_length())), limit)
 
 
 def parse_values(knob: str, text: str) -> tuple[Any, ...]:
