@@ -144,20 +144,14 @@ def run_tune(args: argparse.Namespace) -> int:
     start = Candidate(**{k: served[k] if served[k] in space.values[k] else space.values[k][0] for k in KNOBS})
     budget_min = args.budget_minutes if args.budget_minutes is not None else (None if args.grid else 10.0)
     concurrency = tuple(parse_users(args.concurrency, "--concurrency"))
-    serve_args = (*shlex.split(args.serve_args), *(("--cpus", str(args.cpus)) if args.cpus else ()))
+    extra = (*shlex.split(args.serve_args), *(("--cpus", str(args.cpus)) if args.cpus else ()))
+    logs = args.out / "logs"  # each candidate's server log, for a candidate that failed
+    plan = Plan(
+        args.model_repository, model, concurrency, args.seconds, args.warmup, args.slo_p99_ms, logs, extra
+    )
     results: list[Measured] = []
     stopped: list[str] = []
     began = time.monotonic()
-    plan = Plan(
-        repository=args.model_repository,
-        model=model,
-        concurrency=concurrency,
-        seconds=args.seconds,
-        warmup_s=args.warmup,
-        slo_p99_ms=args.slo_p99_ms,
-        work_dir=args.out / "logs",  # each candidate's server log, for a candidate that failed
-        serve_args=serve_args,
-    )
 
     def guarded(candidate: Candidate) -> Measured | None:
         """Measure unless a candidate of the average cost so far would overrun the budget."""
