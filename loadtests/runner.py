@@ -262,20 +262,15 @@ def run_step(args: argparse.Namespace, users: int, env: Mapping[str, str]) -> St
         *("--csv", str(prefix), "--html", str(html), "--only-summary"),
     ]
     log.info("step: %d users for %s", users, args.duration)
+    timeout = duration_s + STARTUP_SLACK_S
     with log_file.open("w", encoding="utf-8") as out:
         try:
-            timeout = duration_s + STARTUP_SLACK_S
-            proc = subprocess.run(
-                cmd,
-                cwd=step_dir,
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
+            done = subprocess.run(
+                cmd, cwd=step_dir, env={**os.environ, **env}, stdout=out, stderr=out, timeout=timeout
             )
-            result.locust_exit_code = proc.returncode
+            result.locust_exit_code = done.returncode
         except subprocess.TimeoutExpired:
-            result.error = f"locust did not finish within {duration_s + STARTUP_SLACK_S:.0f} s (killed)"
+            result.error = f"locust did not finish within {timeout:.0f} s (killed)"
     after = scrape(args.url)
     stats_csv = Path(f"{prefix}_stats.csv")
     if stats_csv.is_file():
