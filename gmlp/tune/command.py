@@ -230,7 +230,7 @@ def _entry(m: Measured, slo: float) -> dict[str, Any]:
     }
 
 
-def write_markdown(path: Path, document: dict[str, Any]) -> Path:
+def write_markdown(path: Path, document: dict[str, Any]) -> None:
     slo = document["slo_p99_ms"]
     chosen = document["chosen"]
     lines = [
@@ -273,7 +273,6 @@ def write_markdown(path: Path, document: dict[str, Any]) -> Path:
                 f"| {i} | {entry['label']} | {skipped} | - | - | - | - | - | not run: missed below |"
             )
     path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def write_plot(path: Path, document: dict[str, Any]) -> bool:
@@ -325,7 +324,8 @@ def write_all(out: Path, results: Sequence[Measured], meta: dict[str, Any]) -> d
         "chosen": None if chosen is None else _entry(chosen, slo),
         "candidates": [_entry(m, slo) for m in results],
     }
-    files = [str(write_markdown(out / "report.md", document))]
+    write_markdown(out / "report.md", document)
+    files = [str(out / "report.md")]
     if write_plot(out / "report.png", document):
         files.append(str(out / "report.png"))
     env = out / ENV_FILE
