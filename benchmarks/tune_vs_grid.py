@@ -53,7 +53,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds of the two picks")
     p.add_argument("--out", type=Path, default=Path("reports/tune-vs-grid"))
     for knob, text in KNOB_FLAGS.items():
-        p.add_argument("--" + knob.replace("_", "-"), dest=knob, default=None, help=text)
+        p.add_argument("--" + knob.replace("_", "-"), dest=knob, help=text)
     args = p.parse_args()
     search = _tune(args, args.out / "search", "--budget-minutes", str(args.budget_minutes))
     grid = _tune(args, args.out / "grid", "--grid")

@@ -40,14 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             default=os.environ.get(f"GMLP_LOADTEST_{name}") or default,
             help=f"{text} [env GMLP_LOADTEST_{name}; default %(default)s]",
         )
-    p.add_argument(
-        "--spawn-rate", type=float, default=None, help="users started per second (default: all in one second)"
-    )
+    p.add_argument("--spawn-rate", type=float, help="users started per second (default: all in one second)")
     for task in _WEIGHTS:
         p.add_argument(
             f"--{task.replace('_', '-')}-weight",
             type=int,
-            default=None,
             help=f"relative weight of /{task.replace('_', '-')} requests "
             f"[env GMLP_LOADTEST_{task.upper()}_WEIGHT; default 1]",
         )

@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--grid", action="store_true", help="measure every combination (to compare with the search)"
     )
     for knob, text in KNOB_FLAGS.items():
-        p.add_argument("--" + knob.replace("_", "-"), dest=f"knob_{knob}", default=None, help=text)
+        p.add_argument("--" + knob.replace("_", "-"), dest=f"knob_{knob}", help=text)
     p.set_defaults(handler=run_tune)
 
 
