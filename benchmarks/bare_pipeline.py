@@ -204,13 +204,6 @@ def measure(bare: Bare, seconds: float, rounds: int) -> dict[str, Any]:
     }
 
 
-def build(task: str, model_dir: Path, settings: ServiceSettings, all_images: bool = False) -> Bare:
-    if task == "classify":
-        images, _ = load_images()  # in the peer benchmark's order: its request is the first
-        return BareClassify(model_dir, settings, images if all_images else images[:1])
-    return BareFillMask(model_dir, settings, sentences())
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--task", choices=(*TASKS, "both"), default="both")
@@ -237,7 +230,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
     machine = cpu_line(cpu_facts())
     for task in TASKS if args.task == "both" else (args.task,):
-        bare = build(task, args.model_dir or DEFAULT_MODELS[task], settings, args.all_images)
+        model_dir = args.model_dir or DEFAULT_MODELS[task]
+        if task == "classify":
+            images, _ = load_images()  # in the peer benchmark's order: its request is the first
+            bare: Bare = BareClassify(model_dir, settings, images if args.all_images else images[:1])
+        else:
+            bare = BareFillMask(model_dir, settings, sentences())
         result = measure(bare, args.seconds, args.rounds)
         print(json.dumps({"machine": machine, **result}), flush=True)
 

@@ -14,10 +14,8 @@ import argparse
 import os
 import platform
 import re
-import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,26 +32,19 @@ def cpu_facts() -> dict[str, str]:
     try:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        text = _cpuinfo_as_lscpu()
-    fields = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)}
-    flags = fields.get("Flags", "").split()
+        cpuinfo = Path("/proc/cpuinfo")  # the same model name and flags, their keys in lower case
+        text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {key.strip().lower(): value.strip() for key, value in pairs}
+    flags = fields.get("flags", "").split()
     info.update(
-        cpu=fields.get("Model name", "?"),
-        cpus=fields.get("CPU(s)", str(os.cpu_count() or "?")),
-        hypervisor=fields.get("Hypervisor vendor", "none"),
+        cpu=fields.get("model name", "?"),
+        cpus=fields.get("cpu(s)", str(os.cpu_count() or "?")),
+        hypervisor=fields.get("hypervisor vendor", "none"),
         simd=" ".join(f for f in flags if f.startswith(SIMD_PREFIXES)),
         flags=" ".join(flags),
     )
     return info
-
-
-def _cpuinfo_as_lscpu() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    first = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)}
-    return f"Model name: {first.get('model name', '?')}\nFlags: {first.get('flags', '')}\n"
 
 
 def cpu_line(facts: Mapping[str, str] | None = None) -> str:
@@ -76,12 +67,6 @@ def median_seconds(fn: Callable[[], object], seconds: float, warmups: int = 1) -
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def stop_on_sigterm() -> None:
-    """Make SIGTERM unwind like an exception, so that `with` blocks stop the servers they started
-    instead of leaving them running."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def replace_section(doc: str, section: str, begin: str, end: str, heading: str) -> str:

@@ -27,6 +27,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import REPO, command_line, cpu_line, replace_section, stop_on_sigterm
+from benchmarks.harness import REPO, command_line, cpu_line, replace_section
 from benchmarks.peers.model import INSTANCES_ENV
 from benchmarks.peers.peers import Peer, ensure_venv, gmlp_layout, running
 from benchmarks.perf_analyzer_install import VERSION, perf_analyzer_command
@@ -313,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_args(argv)
     window = window_flags(cli, args)
-    stop_on_sigterm()
+    # SIGTERM unwinds like an exception, so that `with` blocks stop the servers they started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     args.out.mkdir(parents=True, exist_ok=True)
     for stale in args.out.glob("*.json"):
         stale.unlink()

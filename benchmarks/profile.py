@@ -59,7 +59,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("preprocessing and scores (contract, numpy)", ("contract/", "numpy/", "PIL/", "simplejpeg")),
     ("metrics (prometheus-client)", ("prometheus_client/",)),
 )
-JSON = {"Content-Type": "application/json"}
 OTHER = "other (json, contextlib, pydantic, threading...)"
 
 
@@ -139,28 +138,25 @@ def batch_totals(base_url: str) -> list[float]:
 Target = tuple[ServerProcess, Path]
 
 
-@contextlib.contextmanager
-def classify_target(work: Path) -> Iterator[Target]:
+def classify_target(work: Path) -> contextlib.AbstractContextManager[Target]:
     """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
     link_repository(work, MODEL)
-    with started(next(p for p in PEERS if p.key == "gmlp-serve"), work) as target:
-        yield target
+    return started(next(p for p in PEERS if p.key == "gmlp-serve"), work)
 
 
 @contextlib.contextmanager
 def fill_mask_target(work: Path) -> Iterator[Target]:
     """The demo masked LM alone with its default settings, sent the bundled masked sentences in turn."""
-    texts = sentences()
+    bodies = [json.dumps({"text": text, "top_k": 5}) for text in sentences()]
     repository = link_repository(work, REPO / "models" / "gutenberg-gmlp-mlm")
     log, serve_args = work / "server.log", ["--log-level", "warning"]
     server = gmlp_serve(
         repository, log_path=log, serve_args=serve_args, ready_timeout_s=180, path="/fill-mask"
     )
     with server:
-        answer = get_json(server.url, 30, JSON, json.dumps({"text": texts[0], "top_k": 5}).encode())
+        answer = get_json(server.url, 30, {"Content-Type": "application/json"}, bodies[0].encode())
         assert len(answer["predictions"][0]) == 5  # a real answer before any timing
         script = work / "fill_mask.lua"
-        bodies = [json.dumps({"text": t, "top_k": 5}) for t in texts]
         script.write_text(wrk.lua_rotating("/fill-mask", bodies))
         yield server, script
 

@@ -162,7 +162,7 @@ def summary(rounds: list[dict], macs: int, clients: list[int]) -> dict[str, Any]
 def main(argv: list[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--arch", default="gmlp_s16_224", help="named config to build (without --model-dir)")
-    parser.add_argument("--model-dir", type=Path, default=None, help="an exported served directory instead")
+    parser.add_argument("--model-dir", type=Path, help="an exported served directory instead")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="per row and round")
     parser.add_argument("--clients", type=parse_users, default=[8, 1], help="e.g. 1,8,32")

@@ -41,21 +41,6 @@ def _tune(args: Any, out: Path, *extra: str) -> dict[str, Any]:
     return json.loads((out / "results.json").read_text())
 
 
-def _rate(args: Any, settings: dict[str, Any], work: Path, index: int) -> float | None:
-    """Throughput at the SLO of one fresh measurement of `settings` (None: it missed the SLO)."""
-    plan = Plan(
-        repository=args.model_repository,
-        model=args.model,
-        concurrency=tuple(int(c) for c in args.concurrency.split(",")),
-        seconds=args.seconds,
-        warmup_s=args.warmup,
-        slo_p99_ms=args.slo_p99_ms,
-        work_dir=work,
-    )
-    best = measure(plan, Candidate(**settings), index).best_level(args.slo_p99_ms)
-    return None if best is None else float(best["rps"])
-
-
 def main() -> None:
     p = command_line(__doc__)
     p.add_argument("--model-repository", type=Path, default=Path("models"))
@@ -68,7 +53,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="side-by-side rounds of the two picks")
     p.add_argument("--out", type=Path, default=Path("reports/tune-vs-grid"))
     for knob, text in KNOB_FLAGS.items():
-        p.add_argument("--" + knob.replace("_", "-"), dest=knob, default=None, help=text)
+        p.add_argument("--" + knob.replace("_", "-"), dest=knob, help=text)
     args = p.parse_args()
     search = _tune(args, args.out / "search", "--budget-minutes", str(args.budget_minutes))
     grid = _tune(args, args.out / "grid", "--grid")
@@ -83,10 +68,13 @@ def main() -> None:
         return
     picks = {"search": search["chosen"]["settings"], "grid": grid["chosen"]["settings"]}
     rates: dict[str, list[float]] = {"search": [], "grid": []}
+    levels, work = tuple(int(c) for c in args.concurrency.split(",")), args.out / "rounds"
+    plan = Plan(args.model_repository, args.model, levels, args.seconds, args.warmup, args.slo_p99_ms, work)
     for r in range(args.rounds):
         for i, (name, settings) in enumerate(picks.items()):
-            rate = _rate(args, settings, args.out / "rounds", 2 * r + i + 1)
-            rates[name].append(rate if rate is not None else 0.0)  # a miss counts as nothing served
+            # Throughput at the SLO of a fresh measurement; a miss counts as nothing served.
+            best = measure(plan, Candidate(**settings), 2 * r + i + 1).best_level(args.slo_p99_ms)
+            rates[name].append(0.0 if best is None else float(best["rps"]))
     medians = {name: statistics.median(values) for name, values in rates.items()}
     for name, settings in picks.items():
         label = Candidate(**settings).label()

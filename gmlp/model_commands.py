@@ -124,7 +124,7 @@ def _labels(given: Path | None, count: int, imagenet: bool = False) -> list[str]
     return labels
 
 
-def convert_timm(args: argparse.Namespace) -> int:
+def convert_timm(args: argparse.Namespace) -> None:
     from model.checkpoint import read_state_dict, save_checkpoint
     from model.timm_import import TIMM_PREPROCESSING, gmlp_from_timm
 
@@ -137,10 +137,9 @@ def convert_timm(args: argparse.Namespace) -> int:
     )
     n_params = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out} ({args.arch}, {n_params:,} parameters, {count} classes)")
-    return 0
 
 
-def convert_lucidrains(args: argparse.Namespace) -> int:
+def convert_lucidrains(args: argparse.Namespace) -> None:
     from model.checkpoint import read_state_dict, save_checkpoint
     from model.lucidrains_import import gmlp_from_lucidrains
     from model.train.data import SpecialIds
@@ -171,14 +170,14 @@ def convert_lucidrains(args: argparse.Namespace) -> int:
     save_checkpoint(model, args.out, labels=labels, tokenizer=args.tokenizer, name=args.out.name)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"wrote {args.out} ({config.task}, n = {config.seq_len}, {n_params:,} parameters)")
-    return 0
 
 
-def info(args: argparse.Namespace) -> int:
+def info(args: argparse.Namespace) -> None:
     config_path = args.path / "config.json"
     meta = json.loads(config_path.read_text()) if config_path.is_file() else {}
     if meta.get("format") == SERVED_FORMAT:
-        return _served_info(args.path, meta)
+        _served_info(args.path, meta)
+        return
     from model.checkpoint import load_checkpoint
 
     model = load_checkpoint(args.path)
@@ -190,10 +189,9 @@ def info(args: argparse.Namespace) -> int:
     print(f"parameters: {n_params:,}")
     print("config:     " + json.dumps(meta["model"]))
     print("preprocessing: " + json.dumps(meta.get("preprocessing")))
-    return 0
 
 
-def _served_info(path: Path, meta: dict) -> int:
+def _served_info(path: Path, meta: dict) -> None:
     """A served-model directory: what the service will load (no torch needed)."""
     import onnx
 
@@ -210,10 +208,9 @@ def _served_info(path: Path, meta: dict) -> int:
     print("config:     " + json.dumps(meta["model"]))
     print("inputs:     " + json.dumps(meta["inputs"]))
     print("outputs:    " + json.dumps(meta["outputs"]))
-    return 0
 
 
-def export(args: argparse.Namespace) -> int:
+def export(args: argparse.Namespace) -> None:
     from export import export_served_model
 
     reports = export_served_model(
@@ -228,11 +225,9 @@ def export(args: argparse.Namespace) -> int:
     for report in reports.values():
         print(f"verified {report}")
     print(f"wrote {args.out}")
-    return 0
 
 
-def inline(args: argparse.Namespace) -> int:
+def inline(args: argparse.Namespace) -> None:
     from export.verify import write_inlined
 
     print(f"wrote {write_inlined(args.served, args.variant, args.out)}")
-    return 0

@@ -47,11 +47,8 @@ def _exporter_problem() -> str | None:
 def export_missing(
     checkpoint_dir: Path | None, repository: Path, variants: tuple[str, ...] = DEFAULT_EXPORT_VARIANTS
 ) -> list[Path]:
-    """Export every checkpoint in `checkpoint_dir` whose served directory `repository/<name>` is missing.
-
-    Returns the directories written. Without torch (the serving image) this raises SpecError with
-    the exact command to run on a machine that has it.
-    """
+    """Export every checkpoint in `checkpoint_dir` whose served directory `repository/<name>` is missing
+    and return the directories written; without torch, a SpecError names the commands to run."""
     if checkpoint_dir is None or not checkpoint_dir.is_dir():
         return []
     todo = [
@@ -82,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     return run_serve(args, prepare=_prepare)
 
 
-def _new_key(args: argparse.Namespace) -> int:
+def _new_key(args: argparse.Namespace) -> None:
     key = new_key()
     line = key_line(args.name, args.scopes, key, *args.options)
     try:
@@ -91,7 +88,6 @@ def _new_key(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     print(f"key (give it to the client; it is not stored): {key}")
     print(f"line for GMLP_API_KEYS_FILE:\n{line}")
-    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -176,7 +176,7 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> int:
+def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[str, Any]]) -> None:
     """Either trainer, with the threads and training-state folder settled first."""
     _set_threads(args.threads)
     if args.state_dir is None:
@@ -184,25 +184,24 @@ def _train(args: argparse.Namespace, run: Callable[[argparse.Namespace], dict[st
     summary = run(args)
     line = {"out": str(args.out), **summary["results"], "train_wall_time_s": summary["train_wall_time_s"]}
     print(json.dumps(line))
-    return 0
 
 
-def train_vision(args: argparse.Namespace) -> int:
+def train_vision(args: argparse.Namespace) -> None:
     from model.train.tasks import train_vision as run
 
     args.data = _given(args.data, "--data CIFAR10_NPZ")
-    return _train(args, run)
+    _train(args, run)
 
 
-def train_mlm(args: argparse.Namespace) -> int:
+def train_mlm(args: argparse.Namespace) -> None:
     from model.train.tasks import train_mlm as run
 
     args.corpus = _given(args.corpus, "--corpus GUTENBERG_DIR")
     args.tokenizer = _given(args.tokenizer, "--tokenizer TOKENIZER_JSON")
-    return _train(args, run)
+    _train(args, run)
 
 
-def evaluate(args: argparse.Namespace) -> int:
+def evaluate(args: argparse.Namespace) -> None:
     from model.train.evaluate import evaluate_classifier, evaluate_mlm, open_predictor, record_served_eval
 
     _set_threads(args.threads)
@@ -232,11 +231,9 @@ def evaluate(args: argparse.Namespace) -> int:
         )
         record_served_eval(args.record, args.variant, command, results, pred)
     print(json.dumps(line))
-    return 0
 
 
-def model_card(args: argparse.Namespace) -> int:
+def model_card(args: argparse.Namespace) -> None:
     from model.train.evaluate import write_card
 
     print(write_card(args.path))
-    return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,14 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             default=os.environ.get(f"GMLP_LOADTEST_{name}") or default,
             help=f"{text} [env GMLP_LOADTEST_{name}; default %(default)s]",
         )
-    p.add_argument(
-        "--spawn-rate", type=float, default=None, help="users started per second (default: all in one second)"
-    )
+    p.add_argument("--spawn-rate", type=float, help="users started per second (default: all in one second)")
     for task in _WEIGHTS:
         p.add_argument(
             f"--{task.replace('_', '-')}-weight",
             type=int,
-            default=None,
             help=f"relative weight of /{task.replace('_', '-')} requests "
             f"[env GMLP_LOADTEST_{task.upper()}_WEIGHT; default 1]",
         )
@@ -60,13 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_loadtest(args: argparse.Namespace) -> int:
     """Handler of `gmlp loadtest`: sweep, report, exit status 1 on any failed request."""
     from loadtests.report import SCHEMA, summary_table, write_report
-    from loadtests.runner import (
-        describe_server,
-        parse_duration,
-        parse_users,
-        run_sweep,
-        wait_ready,
-    )
+    from loadtests.runner import get_json, parse_duration, parse_users, run_step, wait_ready
     from loadtests.workload import LoadConfig
 
     users = parse_users(args.users)
@@ -80,9 +72,16 @@ def run_loadtest(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"gmlp loadtest: {exc}", file=sys.stderr)
         return 1
-    models = describe_server(args.url)
+    try:  # the served models' variant, threads and batching settings, for the report's header
+        models = list(get_json(f"{args.url.rstrip('/')}/models").get("models", []))
+    except (OSError, ValueError, AttributeError):
+        models = []  # the report says GET /models was not available
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    steps = run_sweep(args, users, env)
+    steps = []
+    for i, count in enumerate(users):  # a failing step does not stop the sweep (the report shows it)
+        if i:
+            time.sleep(1.0)  # let the previous step's queue drain
+        steps.append(run_step(args, count, env))
     results = {  # results.json: report.md and report.png are drawn from it alone
         "schema": SCHEMA,
         "url": args.url,

@@ -214,14 +214,10 @@ class _Connection:
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return status, headers
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    fields = (line.partition(":") for line in lines)
+    headers = {name.strip().lower(): value.strip() for name, sep, value in fields if sep}
+    return int(status_line.split(" ", 2)[1]), headers
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:

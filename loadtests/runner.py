@@ -131,32 +131,26 @@ def scrape(base_url: str) -> Snapshot | None:
         return None
 
 
-@dataclass(frozen=True)
-class BatchStats:
-    """Batches run and requests they carried during one step, for one model (or all)."""
-
-    batches: int
-    requests: int
-    mean: float | None = field(init=False, compare=False)  # requests per batch
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mean", self.requests / self.batches if self.batches else None)
+def batch_stats(batches: int, requests: int) -> dict[str, Any]:
+    """Batches run during one step and the requests they carried, for one model (or all); the mean
+    is requests per batch (None without batches)."""
+    return {"batches": batches, "requests": requests, "mean": requests / batches if batches else None}
 
 
-def batch_delta(before: Snapshot, after: Snapshot) -> dict[str, BatchStats]:
+def batch_delta(before: Snapshot, after: Snapshot) -> dict[str, dict[str, Any]]:
     """Per model, the batches that ran between the two snapshots (models without batches left out)."""
     delta = after - before  # a Counter keeps the increases only
     return {
-        model: BatchStats(batches=round(count), requests=round(delta[(_BATCH_SUM, model, "")]))
+        model: batch_stats(round(count), round(delta[(_BATCH_SUM, model, "")]))
         for (name, model, _), count in delta.items()
         if name == _BATCH_COUNT and round(count) > 0
     }
 
 
-def overall(stats: Iterable[BatchStats]) -> BatchStats:
+def overall(stats: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """All models together: the mean batch size weighted by batches, i.e. requests per model run."""
     items = list(stats)
-    return BatchStats(sum(s.batches for s in items), sum(s.requests for s in items))
+    return batch_stats(sum(s["batches"] for s in items), sum(s["requests"] for s in items))
 
 
 def rejections_delta(before: Snapshot, after: Snapshot) -> dict[str, int]:
@@ -227,8 +221,8 @@ class StepResult:
     duration_s: float
     total: dict[str, Any] | None  # a row of `read_stats_csv`
     endpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
-    batch_size: dict[str, BatchStats] = field(default_factory=dict)
-    batch_size_all: BatchStats | None = None  # None when /metrics could not be read
+    batch_size: dict[str, dict[str, Any]] = field(default_factory=dict)  # `batch_stats` by model
+    batch_size_all: dict[str, Any] | None = None  # None when /metrics could not be read
     rejections: dict[str, int] = field(default_factory=dict)
     failure_messages: list[dict[str, Any]] = field(default_factory=list)
     locust_exit_code: int | None = None
@@ -268,20 +262,15 @@ def run_step(args: argparse.Namespace, users: int, env: Mapping[str, str]) -> St
         *("--csv", str(prefix), "--html", str(html), "--only-summary"),
     ]
     log.info("step: %d users for %s", users, args.duration)
+    timeout = duration_s + STARTUP_SLACK_S
     with log_file.open("w", encoding="utf-8") as out:
         try:
-            timeout = duration_s + STARTUP_SLACK_S
-            proc = subprocess.run(
-                cmd,
-                cwd=step_dir,
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
+            done = subprocess.run(
+                cmd, cwd=step_dir, env={**os.environ, **env}, stdout=out, stderr=out, timeout=timeout
             )
-            result.locust_exit_code = proc.returncode
+            result.locust_exit_code = done.returncode
         except subprocess.TimeoutExpired:
-            result.error = f"locust did not finish within {duration_s + STARTUP_SLACK_S:.0f} s (killed)"
+            result.error = f"locust did not finish within {timeout:.0f} s (killed)"
     after = scrape(args.url)
     stats_csv = Path(f"{prefix}_stats.csv")
     if stats_csv.is_file():
@@ -324,22 +313,3 @@ def wait_ready(url: str, timeout_s: float) -> None:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{url} was not ready within {timeout_s:.0f} s ({last})")
         time.sleep(0.5)
-
-
-def describe_server(url: str) -> list[dict[str, Any]]:
-    """GET /models (variant, threads, batching settings) for the report header; [] if unavailable."""
-    try:
-        return list(get_json(f"{url.rstrip('/')}/models").get("models", []))
-    except (OSError, ValueError, AttributeError):
-        return []
-
-
-def run_sweep(args: argparse.Namespace, users: list[int], env: Mapping[str, str]) -> list[StepResult]:
-    """Every step in order; a failing step does not stop the sweep (the report shows it)."""
-    args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for i, count in enumerate(users):
-        if i:
-            time.sleep(1.0)  # let the previous step's queue drain
-        results.append(run_step(args, count, env))
-    return results

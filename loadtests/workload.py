@@ -202,23 +202,6 @@ class MaskedSentence:
     n_tokens: int  # including [CLS] and [SEP]
 
 
-def masked_sentences_from_text(
-    text: str, count_tokens: Callable[[str], int], limit: int, seed: int = 0
-) -> list[MaskedSentence]:
-    """Up to `limit` sentences of `text`, each with one random word masked (reproducible by `seed`)."""
-    rng = random.Random(seed)
-    sentences = split_sentences(text)
-    rng.shuffle(sentences)
-    out = []
-    for sentence in sentences:
-        masked = mask_one_word(sentence, rng)
-        if masked is not None:
-            out.append(MaskedSentence(masked, count_tokens(masked)))
-        if len(out) >= limit:
-            break
-    return out
-
-
 def read_sentences_tsv(path: Path) -> list[MaskedSentence]:
     """The bundled `n_tokens<TAB>text` file (token counts precomputed with the BERT vocabulary)."""
     out = []
@@ -238,7 +221,16 @@ def load_sentences(config: LoadConfig) -> tuple[list[MaskedSentence], str]:
         return read_sentences_tsv(tsv), f"{tsv} (bundled, token counts precomputed)"
     count, how = token_counter(config.tokenizer_path)
     with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
-        sentences = masked_sentences_from_text(f.read(), count, config.max_sentences, config.seed)
+        candidates = split_sentences(f.read())
+    # Up to max_sentences of them, each with one random word masked (reproducible by the seed).
+    rng = random.Random(config.seed)
+    rng.shuffle(candidates)
+    sentences = []
+    for sentence in candidates:
+        if (masked := mask_one_word(sentence, rng)) is not None:
+            sentences.append(MaskedSentence(masked, count(masked)))
+        if len(sentences) >= config.max_sentences:
+            break
     return sentences, f"{path} ({len(sentences)} sentences, tokens {how})"
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -92,7 +91,7 @@ def replica_counts(containers: list[str]) -> dict[str, dict[str, float]]:
     return counts
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     load = sub.add_parser("load", help="bounded load through the load balancer")
@@ -110,15 +109,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "replicas":
         print(json.dumps(replica_counts(args.containers)))
-        return 0
+        return
     summary = run_load(args)
     Path(args.out).write_text(json.dumps(summary, indent=2))
     print(
         f"{summary['requests']} requests in {summary['seconds']} s: {summary['failed']} failed; "
         f"{summary['ok_per_s']}/s, p50 {summary['p50_ms']} ms, p99 {summary['p99_ms']} ms"
     )
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -64,7 +64,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--grpc-port", type=int, required=True)
-    parser.add_argument("--metrics-port", type=int, default=0, help="0: Triton's metrics endpoint off")
     parser.add_argument("--access-token", required=True, help="the triton-access-token of the statistics API")
     parser.add_argument(
         "--workspace", type=Path, help="Triton's model store and sockets (default: a temporary one)"
@@ -85,8 +84,7 @@ def main() -> None:
         http_port=args.http_port,
         grpc_address="127.0.0.1",
         grpc_port=args.grpc_port,
-        allow_metrics=args.metrics_port > 0,
-        metrics_port=args.metrics_port or None,
+        allow_metrics=False,
     )
     security = TritonSecurityConfig(access_token=args.access_token)
     with Triton(config=config, workspace=args.workspace, security_config=security) as triton:

@@ -123,17 +123,10 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
     others = [k for k in labels if not k.startswith(ours)]
     out = []
     # (clients, figure, which peer is the one to beat, what is compared, whose figure)
-    against = [
-        (1, "p50_ms", min, "c=1 p50", "the lowest peer's"),
-        *((c, "rps", max, f"c={c} req/s", "the best peer's") for c in TABLE_LEVELS),
-        (
-            CPU_LEVEL,
-            "cpu_ms_per_request",
-            min,
-            f"c={CPU_LEVEL} server CPU per request",
-            "the most frugal peer's",
-        ),
-    ]
+    against = [(1, "p50_ms", min, "c=1 p50", "the lowest peer's")]
+    against += [(c, "rps", max, f"c={c} req/s", "the best peer's") for c in TABLE_LEVELS]
+    per_request = f"c={CPU_LEVEL} server CPU per request"
+    against.append((CPU_LEVEL, "cpu_ms_per_request", min, per_request, "the most frugal peer's"))
     for c, key, pick, what, whose in against:
         mine = median(figures(rows, ours, c, key))
         theirs = [(k, m) for k in others if (m := median(figures(rows, k, c, key))) is not None]
@@ -156,25 +149,6 @@ def ratios(results: dict[str, Any], labels: dict[str, str], ours: str = "gmlp-se
 def bundled_images() -> dict[str, bytes]:
     """The bundled CIFAR-10 test JPEGs by name, in order: the first is the one every request sends."""
     return {p.name: p.read_bytes() for p in sorted(BUNDLED_DIR.glob("cifar10-test-*.jpg"))}
-
-
-def reference_labels(model_dir: Path, images: dict[str, bytes]) -> dict[str, str]:
-    """Top labels from raw ONNX Runtime with the product's preprocessing: the answers to match."""
-    model = PeerModel.load(model_dir)
-    return {
-        name: model.predict([model.transform(data)])[0]["predictions"][0]["label"]
-        for name, data in images.items()
-    }
-
-
-def check_answers(url: str, peer: Peer, images: dict[str, bytes], reference: dict[str, str]) -> None:
-    wrong = {
-        name: (got, reference[name])
-        for name, data in images.items()
-        if (got := classify(url, data, peer.body)) != reference[name]
-    }
-    if wrong:
-        raise AssertionError(f"{peer.key} answers differ from raw ORT (got, expected): {wrong}")
 
 
 def measure_row(
@@ -237,7 +211,14 @@ def bare_pipeline(model_dir: Path, seconds: float) -> dict[str, Any]:
 
 def run_peer(peer: Peer, rnd: int, args: argparse.Namespace, work: Path, results: dict[str, Any]) -> None:
     with started(peer, work) as (server, script):
-        check_answers(server.url, peer, bundled_images(), results["reference"])
+        expected = results["reference"]
+        wrong = {
+            name: (got, expected[name])
+            for name, data in bundled_images().items()
+            if (got := classify(server.url, data, peer.body)) != expected[name]
+        }
+        if wrong:  # a fast wrong server is no result
+            raise AssertionError(f"{peer.key} answers differ from raw ORT (got, expected): {wrong}")
         wrk.run(server.url, script, 8, WARMUP_S)  # warm-up, not recorded
         for c in args.levels:
             row = measure_row(server, peer.key, script, rnd, c, args.duration)
@@ -256,7 +237,12 @@ def run_rounds(args: argparse.Namespace, peers: list[Peer], work: Path) -> dict[
     (with raw `session.run` beside it as its "raw"), the peers that failed, and raw ORT's top
     labels (the `reference` answers, not saved)."""
     results: dict[str, Any] = {"rows": [], "bare": [], "failed": {}}
-    results["reference"] = reference_labels(MODEL, bundled_images())
+    # Top labels from raw ONNX Runtime with the product's preprocessing: the answers to match.
+    model = PeerModel.load(MODEL)
+    results["reference"] = {
+        name: model.predict([model.transform(data)])[0]["predictions"][0]["label"]
+        for name, data in bundled_images().items()
+    }
     for rnd in range(args.rounds):
         print(f"round {rnd + 1}/{args.rounds}", flush=True)
         bare = bare_pipeline(MODEL, args.duration)

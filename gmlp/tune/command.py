@@ -36,11 +36,6 @@ KNOB_FLAGS = {
     "queue_delay_policy": "queue delay policies to try (default: arriving,always)",
     "backend": "backends to try (default: onnxruntime, and what `--backend auto` picks on this CPU)",
 }
-DEFAULT_VALUES = {
-    "max_batch_size": "4,8,16,32",
-    "max_queue_delay_ms": "0,2,5",
-    "queue_delay_policy": "arriving,always",
-}
 
 # (flag, type, default, help) of the options that take a value.
 _OPTIONS = (
@@ -75,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--grid", action="store_true", help="measure every combination (to compare with the search)"
     )
     for knob, text in KNOB_FLAGS.items():
-        p.add_argument("--" + knob.replace("_", "-"), dest=f"knob_{knob}", default=None, help=text)
+        p.add_argument("--" + knob.replace("_", "-"), dest=f"knob_{knob}", help=text)
     p.set_defaults(handler=run_tune)
 
 
@@ -104,8 +99,10 @@ def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
     from service.engine.backends import resolve_backend
 
     steps = ",".join(map(str, power_of_two_steps(cpus)))
-    defaults = {
-        **DEFAULT_VALUES,
+    defaults = {  # as KNOB_FLAGS's help says
+        "max_batch_size": "4,8,16,32",
+        "max_queue_delay_ms": "0,2,5",
+        "queue_delay_policy": "arriving,always",
         "variant": ",".join(v for v in ("int8", "fp32") if v in variants) or ",".join(variants),
         "workers": steps,
         "instances": steps,
@@ -147,20 +144,14 @@ def run_tune(args: argparse.Namespace) -> int:
     start = Candidate(**{k: served[k] if served[k] in space.values[k] else space.values[k][0] for k in KNOBS})
     budget_min = args.budget_minutes if args.budget_minutes is not None else (None if args.grid else 10.0)
     concurrency = tuple(parse_users(args.concurrency, "--concurrency"))
-    serve_args = (*shlex.split(args.serve_args), *(("--cpus", str(args.cpus)) if args.cpus else ()))
+    extra = (*shlex.split(args.serve_args), *(("--cpus", str(args.cpus)) if args.cpus else ()))
+    logs = args.out / "logs"  # each candidate's server log, for a candidate that failed
+    plan = Plan(
+        args.model_repository, model, concurrency, args.seconds, args.warmup, args.slo_p99_ms, logs, extra
+    )
     results: list[Measured] = []
     stopped: list[str] = []
     began = time.monotonic()
-    plan = Plan(
-        repository=args.model_repository,
-        model=model,
-        concurrency=concurrency,
-        seconds=args.seconds,
-        warmup_s=args.warmup,
-        slo_p99_ms=args.slo_p99_ms,
-        work_dir=args.out / "logs",  # each candidate's server log, for a candidate that failed
-        serve_args=serve_args,
-    )
 
     def guarded(candidate: Candidate) -> Measured | None:
         """Measure unless a candidate of the average cost so far would overrun the budget."""
@@ -239,20 +230,7 @@ def _entry(m: Measured, slo: float) -> dict[str, Any]:
     }
 
 
-def write_env(path: Path, chosen: Measured, slo: float) -> Path:
-    best = chosen.best_level(slo)
-    assert best is not None, "only a candidate that met the SLO is written"
-    lines = [
-        f"# gmlp tune: the highest throughput measured with p99 <= {slo:g} ms and no failed request",
-        f"# {best['rps']:.1f} req/s, p50 {best['p50_ms']:.1f} ms, p99 {best['p99_ms']:.1f} ms "
-        f"at {best['concurrency']} concurrent clients ({chosen.candidate.label()})",
-        *chosen.candidate.env_lines(),
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def write_markdown(path: Path, document: dict[str, Any]) -> Path:
+def write_markdown(path: Path, document: dict[str, Any]) -> None:
     slo = document["slo_p99_ms"]
     chosen = document["chosen"]
     lines = [
@@ -295,7 +273,6 @@ def write_markdown(path: Path, document: dict[str, Any]) -> Path:
                 f"| {i} | {entry['label']} | {skipped} | - | - | - | - | - | not run: missed below |"
             )
     path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def write_plot(path: Path, document: dict[str, Any]) -> bool:
@@ -347,13 +324,23 @@ def write_all(out: Path, results: Sequence[Measured], meta: dict[str, Any]) -> d
         "chosen": None if chosen is None else _entry(chosen, slo),
         "candidates": [_entry(m, slo) for m in results],
     }
-    files = [str(write_markdown(out / "report.md", document))]
+    write_markdown(out / "report.md", document)
+    files = [str(out / "report.md")]
     if write_plot(out / "report.png", document):
         files.append(str(out / "report.png"))
-    if chosen is not None:
-        files.append(str(write_env(out / ENV_FILE, chosen, slo)))
+    env = out / ENV_FILE
+    if chosen is None:
+        env.unlink(missing_ok=True)  # an old run's choice must not look like this one's
     else:
-        (out / ENV_FILE).unlink(missing_ok=True)  # an old run's choice must not look like this one's
+        best = document["chosen"]["best_level"]
+        lines = [
+            f"# gmlp tune: the highest throughput measured with p99 <= {slo:g} ms and no failed request",
+            f"# {best['rps']:.1f} req/s, p50 {best['p50_ms']:.1f} ms, p99 {best['p99_ms']:.1f} ms "
+            f"at {best['concurrency']} concurrent clients ({chosen.candidate.label()})",
+            *chosen.candidate.env_lines(),
+        ]
+        env.write_text("\n".join(lines) + "\n")
+        files.append(str(env))
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     files.append(str(out / "results.json"))
     return {**document, "files": files}

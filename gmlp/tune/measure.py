@@ -13,7 +13,6 @@ request.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,6 @@ class Plan:
     slo_p99_ms: float
     work_dir: Path
     serve_args: tuple[str, ...] = ()
-    ready_timeout_s: float = 120.0
-    max_requests: int = 200_000
 
 
 def measure(plan: Plan, candidate: Candidate, index: int) -> Measured:
@@ -47,7 +44,7 @@ def measure(plan: Plan, candidate: Candidate, index: int) -> Measured:
         link_repository(plan.work_dir, plan.repository / plan.model),  # that model alone
         log_path=plan.work_dir / f"server-{index:03d}.log",
         serve_args=[*candidate.flags(), *plan.serve_args],
-        ready_timeout_s=plan.ready_timeout_s,
+        ready_timeout_s=120.0,
     )
     try:
         with server:
@@ -59,34 +56,28 @@ def measure(plan: Plan, candidate: Candidate, index: int) -> Measured:
                 k: info.get(k) for k in ("variant", "instances", "intra_op_threads", "provider", "task", "n")
             }
             requests = task_requests(info["task"], plan.model, info.get("n"))
-            result.levels, result.skipped = _levels(plan, server.base_url, server.pid, requests)
+            levels: list[dict[str, Any]] = []
+            for i, concurrency in enumerate(plan.concurrency):
+                if levels and (levels[-1]["p99_ms"] is None or levels[-1]["p99_ms"] > plan.slo_p99_ms):
+                    result.skipped = list(plan.concurrency[i:])
+                    break
+                cpu_before = tree_cpu_seconds(server.pid)
+                load = run_closed_loop(
+                    server.base_url,
+                    requests,
+                    concurrency=concurrency,
+                    seconds=plan.seconds,
+                    warmup_s=plan.warmup_s,
+                    max_requests=200_000,
+                )
+                cpu = tree_cpu_seconds(server.pid) - cpu_before  # over the warm-up and the window
+                summary = load.summary()
+                summary["server_cpu_ms"] = round(1000 * cpu / load.answered, 3) if load.answered else None
+                levels.append(summary)
+            result.levels = levels
     except (RuntimeError, TimeoutError, OSError, ValueError, KeyError) as exc:
         # A candidate the server refuses (a variant it does not have, settings it cannot run)
         # is reported with the reason and ranked last; the search goes on.
         result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
     result.seconds = time.monotonic() - started
     return result
-
-
-def _levels(
-    plan: Plan, url: str, pid: int, requests: Sequence[Any]
-) -> tuple[list[dict[str, Any]], list[int]]:
-    """(the summary of each level measured, the levels skipped after the SLO was missed)."""
-    levels: list[dict[str, Any]] = []
-    for i, concurrency in enumerate(plan.concurrency):
-        if levels and (levels[-1]["p99_ms"] is None or levels[-1]["p99_ms"] > plan.slo_p99_ms):
-            return levels, list(plan.concurrency[i:])
-        cpu_before = tree_cpu_seconds(pid)
-        load = run_closed_loop(
-            url,
-            requests,
-            concurrency=concurrency,
-            seconds=plan.seconds,
-            warmup_s=plan.warmup_s,
-            max_requests=plan.max_requests,
-        )
-        cpu = tree_cpu_seconds(pid) - cpu_before  # over the warm-up and the window
-        summary = load.summary()
-        summary["server_cpu_ms"] = round(1000 * cpu / load.answered, 3) if load.answered else None
-        levels.append(summary)
-    return levels, []

@@ -90,11 +90,7 @@ class Space:
 
 def power_of_two_steps(limit: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to `limit`, and `limit` itself."""
-    steps, value = [], 1
-    while value < limit:
-        steps.append(value)
-        value *= 2
-    return (*steps, limit)
+    return (*(2**i for i in range((limit - 1).bit_length())), limit)
 
 
 def parse_values(knob: str, text: str) -> tuple[Any, ...]:
@@ -157,36 +153,20 @@ def coordinate_descent(
     `measure` returns None when the budget is spent (the search stops there); each candidate is
     measured once and yielded as it is."""
     seen: dict[Candidate, Measured] = {}
-
-    def measured(candidate: Candidate) -> Measured | None:
-        if candidate not in seen:
-            result = measure(candidate)
-            if result is None:
-                return None
-            seen[candidate] = result
-        return seen[candidate]
-
-    first = measured(start)
-    if first is None:
-        return
-    yield first
-    centre = start
-    changed = True
+    centre, changed = start, True
     while changed:
         changed = False
         for knob in KNOBS:
-            for candidate in space.neighbours(centre, knob):
-                fresh = candidate not in seen
-                result = measured(candidate)
-                if result is None:
-                    return
-                if fresh:
+            near = space.neighbours(centre, knob)
+            for candidate in (centre, *near):
+                if candidate not in seen:
+                    if (result := measure(candidate)) is None:
+                        return
+                    seen[candidate] = result
                     yield result
-            near = [seen[c] for c in space.neighbours(centre, knob) if c in seen]
-            if not near:  # no value of this knob fits the CPUs beside the centre's others
-                continue
-            best = max(near, key=lambda m: m.rank(slo_p99_ms))
-            if best.candidate != centre and best.rank(slo_p99_ms) > seen[centre].rank(slo_p99_ms):
+            # (no value of this knob may fit the CPUs beside the centre's others: `best` is None)
+            best = max((seen[c] for c in near), key=lambda m: m.rank(slo_p99_ms), default=None)
+            if best is not None and best.rank(slo_p99_ms) > seen[centre].rank(slo_p99_ms):
                 centre, changed = best.candidate, True
 
 

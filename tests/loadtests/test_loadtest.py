@@ -25,9 +25,9 @@ from gmlp.server_process import ServerProcess, gmlp_serve
 from loadtests.checks import check_classify, check_fill_mask
 from loadtests.report import render_markdown, write_report
 from loadtests.runner import (
-    BatchStats,
     StepResult,
     batch_delta,
+    batch_stats,
     overall,
     parse_duration,
     parse_metrics,
@@ -229,9 +229,9 @@ def test_batch_size_delta_from_prometheus_text() -> None:
     before = parse_metrics(_metrics_text({"v": (2.0, 2.0), "m": (1.0, 1.0)}))
     after = parse_metrics(_metrics_text({"v": (102.0, 27.0), "m": (1.0, 1.0)}, rejected=3.0))
     delta = batch_delta(before, after)
-    assert delta == {"v": BatchStats(batches=25, requests=100)}  # "m" had no batches: left out
-    assert delta["v"].mean == 4.0
-    assert overall(delta.values()).mean == 4.0 and overall([]).mean is None
+    assert delta == {"v": batch_stats(25, 100)}  # "m" had no batches: left out
+    assert delta["v"]["mean"] == 4.0
+    assert overall(delta.values())["mean"] == 4.0 and overall([])["mean"] is None
     assert rejections_delta(before, after) == {"v/queue_full": 3}
 
 
@@ -242,7 +242,7 @@ def test_report_renders_without_a_server(tmp_path: Path) -> None:
     rows = read_stats_csv(_write(tmp_path / "s_stats.csv", _STATS_CSV))
     total = rows.pop("Aggregated")
     steps = [
-        StepResult(users=u, duration_s=5, total=total, endpoints=rows, batch_size_all=BatchStats(10, 25))
+        StepResult(users=u, duration_s=5, total=total, endpoints=rows, batch_size_all=batch_stats(10, 25))
         for u in (1, 8)
     ]
     steps.append(StepResult(users=64, duration_s=5, total=None, error="locust did not finish"))
