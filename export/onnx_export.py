@@ -220,34 +220,30 @@ def export_onnx(
     assert program is not None  # only the TorchScript exporter returns nothing
     onnx_model: ir.Model = program.model
     if fused:
-        _attach_sgu_function(onnx_model, config)
+        nodes = [n for n in onnx_model.graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP_TYPE]
+        if len(nodes) != config.depth:
+            raise RuntimeError(
+                f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
+            )
+        is_mlm = isinstance(config, GMLPMaskedLMConfig)
+        function = build_sgu_function(
+            epsilon=config.sgu_norm_eps,
+            has_mask=is_mlm,
+            has_attn=config.attn_dim is not None,
+            opset=OPSET,
+            variable_length=is_mlm,  # a classifier's patch grid is fixed
+            heads=config.heads,
+            gate_act=config.gate_act,
+        )
+        onnx_model.functions[function.identifier()] = function
+        onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION
+        onnx_model.opset_imports[""] = OPSET
     for key, value in (metadata or {}).items():
         onnx_model.metadata_props[key] = value
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     ir.save(onnx_model, path)
     return path
-
-
-def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig) -> None:
-    nodes = [n for n in onnx_model.graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP_TYPE]
-    if len(nodes) != config.depth:
-        raise RuntimeError(
-            f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
-        )
-    is_mlm = isinstance(config, GMLPMaskedLMConfig)
-    function = build_sgu_function(
-        epsilon=config.sgu_norm_eps,
-        has_mask=is_mlm,
-        has_attn=config.attn_dim is not None,
-        opset=OPSET,
-        variable_length=is_mlm,  # a classifier's patch grid is fixed
-        heads=config.heads,
-        gate_act=config.gate_act,
-    )
-    onnx_model.functions[function.identifier()] = function
-    onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION
-    onnx_model.opset_imports[""] = OPSET
 
 
 def build_sgu_function(
