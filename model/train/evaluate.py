@@ -58,14 +58,11 @@ class Predictor:
 def _torch_runs(root: Path) -> tuple[Vision, MaskedLM]:
     model = load_checkpoint(root)
 
-    def run(fn: Callable[[], torch.Tensor]) -> np.ndarray:
-        with torch.inference_mode():
-            return fn().float().numpy()
+    @torch.inference_mode()
+    def run(*inputs: np.ndarray) -> np.ndarray:  # (pixels) or (ids, positions)
+        return model(*map(torch.from_numpy, inputs)).float().numpy()
 
-    return (
-        lambda x: run(lambda: model(torch.from_numpy(x))),
-        lambda ids, pos: run(lambda: model(torch.from_numpy(ids), positions=torch.from_numpy(pos))),
-    )
+    return run, run
 
 
 def _onnx_runs(root: Path, info: dict[str, Any], variant: str, threads: int) -> tuple[Vision, MaskedLM]:
