@@ -76,7 +76,9 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
     try:
         img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except Image.DecompressionBombError as exc:
-        raise image_too_large(_header_pixels(exc), max_pixels) from exc
+        # Pillow's bomb message carries the pixel count; 0 if its wording changes.
+        digits = [int(tok) for tok in str(exc).replace("(", " ").split() if tok.isdigit()]
+        raise image_too_large(digits[0] if digits else 0, max_pixels) from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InvalidInput(
             ErrorCode.INVALID_IMAGE,
@@ -109,12 +111,6 @@ def load_image(img: Image.Image, max_pixels: int, min_side: int | None = None) -
     with contextlib.suppress(Exception):
         ImageOps.exif_transpose(img, in_place=True)  # no copy when there is nothing to turn
     return to_rgb(img)
-
-
-def _header_pixels(exc: Exception) -> int:
-    """Pillow's bomb message carries the pixel count; fall back to 0 if its wording changes."""
-    digits = [int(tok) for tok in str(exc).replace("(", " ").split() if tok.isdigit()]
-    return digits[0] if digits else 0
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
