@@ -130,7 +130,18 @@ def export_served_model(
                 shutil.copyfile(checkpoint_dir / info[extra], staging / info[extra])
         if (checkpoint_dir / "README.md").is_file():
             shutil.copyfile(checkpoint_dir / "README.md", staging / "README.md")
-        _replace_dir(staging, out_dir)
+        # The verified files replace an older export in `out_dir`, config.json last: a served
+        # directory without it is incomplete, and a watching server (`GMLP_MODEL_CONTROL=poll`)
+        # loads no version before it is there.
+        if out_dir.exists():
+            if not (out_dir / CONFIG_FILE).is_file() and any(out_dir.iterdir()):
+                raise ExportCheckError(
+                    f"{out_dir} exists and is not a served-model directory; not overwriting it"
+                )
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+        for item in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):
+            shutil.move(str(item), out_dir / item.name)
     for report in reports.values():
         log.info("%s", report)
     return reports
@@ -198,18 +209,3 @@ def _served_config(
     else:
         served["labels"] = info["labels"]
     return served
-
-
-def _replace_dir(staging: Path, out_dir: Path) -> None:
-    """Move the verified files into `out_dir`, replacing an older export there."""
-    if out_dir.exists():
-        if not (out_dir / CONFIG_FILE).is_file() and any(out_dir.iterdir()):
-            raise ExportCheckError(
-                f"{out_dir} exists and is not a served-model directory; not overwriting it"
-            )
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    # config.json last: a served directory without it is incomplete, and a watching server
-    # (`GMLP_MODEL_CONTROL=poll`) loads no version before it is there.
-    for item in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):
-        shutil.move(str(item), out_dir / item.name)
