@@ -189,8 +189,6 @@ def evaluate_mlm(pred: Predictor, corpus: TokenCorpus, windows: int, short: int)
 
 
 TRAINING_FILE = "training.json"
-# A training.json without `precision` records a run trained under bf16 autocast.
-LEGACY_PRECISION = precision_label(bf16=True)
 
 # The flags of either trainer that the card records (those a trainer lacks are left out).
 HYPERPARAMETERS = (
@@ -293,7 +291,8 @@ def write_card(root: str | Path) -> Path:
         f"- command: `{train.get('command', 'n/a')}`",
         f"- steps: {train.get('steps', 'n/a')} ({train.get('epochs', 'n/a')} epochs), "
         f"wall time {train.get('train_wall_time_s', 0) / 60:.1f} min on "
-        f"{train.get('threads', '?')} CPU thread(s), {train.get('precision', LEGACY_PRECISION)}",
+        # A training.json without `precision` records a run trained under bf16 autocast.
+        f"{train.get('threads', '?')} CPU thread(s), {train.get('precision', precision_label(bf16=True))}",
         f"- hyperparameters: `{json.dumps(train.get('hyperparameters', {}))}`",
         *[f"- note: {note}" for note in train.get("notes", [])],
         "",
