@@ -239,11 +239,6 @@ OPENVINO_FP32_TOLERANCE = 1e-4
 OPENVINO_MIN_TOP1 = 0.95
 
 
-def inlined(path: str | Path) -> onnx.ModelProto:
-    """The graph of `path` with every ONNX local function call replaced by the function's body."""
-    return onnx.inliner.inline_local_functions(onnx.load(str(path)))
-
-
 def write_inlined(served_dir: Path, variant: str, out: Path) -> Path:
     """Write the inlined copy of a served directory's `variant` to `out` (a file, or a folder to
     hold `<variant file>` under its own name); returns the file written."""
@@ -256,7 +251,7 @@ def write_inlined(served_dir: Path, variant: str, out: Path) -> Path:
     target = out / source.name if out.is_dir() else out
     if target.resolve() == source.resolve():
         raise SpecError(f"{target} is the fused graph itself; write the inlined copy elsewhere")
-    onnx.save(inlined(source), str(target))
+    onnx.save(onnx.inliner.inline_local_functions(onnx.load(str(source))), str(target))
     return target
 
 
@@ -269,7 +264,7 @@ def check_openvino(model: GMLPModel, fp32_path: Path) -> tuple[ParityReport, dic
     import openvino as ov
 
     core = ov.Core()
-    proto = inlined(fp32_path)
+    proto = onnx.inliner.inline_local_functions(onnx.load(str(fp32_path)))
     compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU")
     hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     precision = OPENVINO_PRECISIONS.get(hint, hint)
