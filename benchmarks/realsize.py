@@ -56,7 +56,7 @@ def build(arch: str, work: Path) -> Path:
     import torch
 
     from model import build_model, get_config, save_checkpoint
-    from model.timm_import import TIMM_PREPROCESSING
+    from model.checkpoint import TIMM_PREPROCESSING
 
     torch.manual_seed(0)
     model = build_model(get_config(arch))

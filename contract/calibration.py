@@ -92,25 +92,12 @@ def calibration_feeds(
     source = Path(given) if given else bundled_calibration(checkpoint_dir)
     if source is None:
         return None, None
-    if served["task"] == MLM_TASK:
-        return source, text_feeds(source, served["model"], checkpoint_dir / served["tokenizer"], count)
-    return source, image_feeds(source, served, count)
-
-
-def image_feeds(source: Path, served_config: dict[str, Any], count: int) -> list[Feeds]:
-    (spec,) = served_config["inputs"]
-    transform = ImageTransform.for_model(served_config, max_pixels=50_000_000)
-    images = image_bytes(Path(source), count, seed=0)
-    if not images:
-        raise UserError(f"no calibration images found in {source}")
-    return [{spec["name"]: transform(data)[None]} for data in images]
-
-
-def text_feeds(source: Path, model_config: dict[str, Any], tokenizer: Path, count: int) -> list[Feeds]:
+    if served["task"] != MLM_TASK:
+        return source, image_feeds(source, served, count)
     rng = random.Random(0)
-    found = sentences(Path(source))
+    found = sentences(source)
     rng.shuffle(found)
-    codec = FillMaskCodec(tokenizer, model_config)
+    codec = FillMaskCodec(checkpoint_dir / served["tokenizer"], served["model"])
     feeds: list[Feeds] = []
     for sentence in found:
         words = sentence.split()
@@ -127,4 +114,13 @@ def text_feeds(source: Path, model_config: dict[str, Any], tokenizer: Path, coun
             break
     if not feeds:
         raise UserError(f"no usable calibration sentences in {source}")
-    return feeds
+    return source, feeds
+
+
+def image_feeds(source: Path, served_config: dict[str, Any], count: int) -> list[Feeds]:
+    (spec,) = served_config["inputs"]
+    transform = ImageTransform.for_model(served_config, max_pixels=50_000_000)
+    images = image_bytes(Path(source), count, seed=0)
+    if not images:
+        raise UserError(f"no calibration images found in {source}")
+    return [{spec["name"]: transform(data)[None]} for data in images]

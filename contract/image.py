@@ -11,6 +11,16 @@ size the image would have after the resize to the shorter side (an extreme aspec
 crop: `resized_size`, `max_resized_pixels`), truncated files are errors rather than grey padding,
 and exotic modes (16-bit, CMYK, palette, alpha) are brought to 8-bit RGB the way a viewer would show
 them.
+
+Plain JPEGs (`PlainJpeg`) are decoded by libjpeg-turbo directly (simplejpeg), skipping Pillow's
+Python layer: a served request is usually a small photo, and for a small JPEG that layer (marker
+parsing, tile setup, `ImageFile.load`) costs several times the decode itself. simplejpeg calls the
+same libjpeg-turbo routines (default DCT and fancy upsampling), so the pixels are the ones Pillow
+gives, at full size and at the DCT scales of `Image.draft` alike; the tests compare the two paths
+byte for byte. Only JPEGs whose decode means nothing more than that take this path: YCbCr or
+greyscale, and no EXIF block (Pillow's path applies its orientation). CMYK, Adobe RGB and anything
+the header reader does not understand go to Pillow, which also words the errors for files that are
+not JPEGs.
 """
 
 from __future__ import annotations
@@ -25,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from contract.errors import ErrorCode, InputTooLarge, InvalidInput
-from contract.jpeg import PlainJpeg
 
 # (Multi-picture camera JPEGs open through the JPEG plugin as format "MPO"; no entry needed.)
 SUPPORTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
@@ -39,6 +49,10 @@ _RESAMPLING = {
     for name in ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 }
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+_SOI = b"\xff\xd8"
+# The identifier of an EXIF APP1 segment. Searching the whole file may find it by chance in the
+# entropy-coded data, which only sends that file down the general path.
+_EXIF = b"Exif\x00\x00"
 
 
 def image_too_large(pixels: int, limit: int) -> InputTooLarge:
@@ -62,7 +76,9 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
     try:
         img = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except Image.DecompressionBombError as exc:
-        raise image_too_large(_header_pixels(exc), max_pixels) from exc
+        # Pillow's bomb message carries the pixel count; 0 if its wording changes.
+        digits = [int(tok) for tok in str(exc).replace("(", " ").split() if tok.isdigit()]
+        raise image_too_large(digits[0] if digits else 0, max_pixels) from exc
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise InvalidInput(
             ErrorCode.INVALID_IMAGE,
@@ -95,12 +111,6 @@ def load_image(img: Image.Image, max_pixels: int, min_side: int | None = None) -
     with contextlib.suppress(Exception):
         ImageOps.exif_transpose(img, in_place=True)  # no copy when there is nothing to turn
     return to_rgb(img)
-
-
-def _header_pixels(exc: Exception) -> int:
-    """Pillow's bomb message carries the pixel count; fall back to 0 if its wording changes."""
-    digits = [int(tok) for tok in str(exc).replace("(", " ").split() if tok.isdigit()]
-    return digits[0] if digits else 0
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -172,6 +182,46 @@ def _largest(img: Image.Image) -> float:
     """The largest value of a single-band image, read by Pillow without copying its pixels."""
     extrema = img.getextrema()
     return float(extrema[1]) if isinstance(extrema, tuple) and not isinstance(extrema[0], tuple) else 0.0
+
+
+@dataclass(frozen=True)
+class PlainJpeg:
+    """A JPEG that libjpeg-turbo decodes to exactly what Pillow would, with its header read."""
+
+    data: bytes
+    width: int
+    height: int
+
+    @classmethod
+    def read(cls, data: bytes) -> PlainJpeg | None:
+        """The header of `data` if it is a plain JPEG (see the module docstring); else None."""
+        if not data.startswith(_SOI) or _EXIF in data:
+            return None
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            return None
+        return cls(data, width, height) if colorspace in ("YCbCr", "Gray") else None
+
+    def decode(self, min_side: int | None = None) -> np.ndarray:
+        """uint8 RGB [H, W, 3]; with `min_side`, at the DCT scale Pillow's `draft` picks: the
+        largest of 1/8, 1/4, 1/2 that keeps both sides >= `min_side` (libjpeg-turbo also scales by
+        other eighths, which simplejpeg would pick on its own; the powers of two keep the pixels
+        the same as Pillow's)."""
+        fits = min(self.width // min_side, self.height // min_side) if min_side else 0
+        factor = next((factor for factor in (8, 4, 2) if fits >= factor), 1)
+        try:
+            return simplejpeg.decode_jpeg(
+                self.data,
+                colorspace="RGB",
+                min_factor=factor,
+                min_height=-(-self.height // factor),
+                min_width=-(-self.width // factor),
+            )
+        except ValueError as exc:  # strict: a truncated or corrupt file is an error, not grey
+            raise InvalidInput(
+                ErrorCode.INVALID_IMAGE, f"the JPEG image is truncated or corrupt ({exc})"
+            ) from exc
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -252,7 +302,7 @@ class ImageTransform:
     def open(self, data: bytes) -> PlainJpeg | Image.Image:
         """The image's header only (format and size checked): `finish` does the decoding.
 
-        A plain JPEG (`contract.jpeg`) is kept for libjpeg-turbo; anything else opens in Pillow."""
+        A plain JPEG (`PlainJpeg`) is kept for libjpeg-turbo; anything else opens in Pillow."""
         header = PlainJpeg.read(data) or open_image(data, self.max_pixels)
         if header.width * header.height > self.max_pixels:  # before any decoding
             raise image_too_large(header.width * header.height, self.max_pixels)

@@ -188,20 +188,18 @@ def _reason(text: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def _sendable(source: ModelSource) -> ModelSource:
-    versions = {
-        n: replace(v, problem=_reason(v.problem)) if v.problem else v for n, v in source.versions.items()
-    }
-    problem = _reason(source.problem) if source.problem else None
-    return replace(source, versions=versions, problem=problem, notes=tuple(map(_reason, source.notes)))
-
-
 def _isolated(directory: Path) -> ModelSource | None:
     try:
         source = _model_dir(directory)
     except Exception as exc:  # one directory never breaks the scan of the others
         source = ModelSource(echo(directory.name), problem=f"directory {_unreadable(exc)}")
-    return _sendable(source) if source is not None else None
+    if source is None:
+        return None
+    versions = {
+        n: replace(v, problem=_reason(v.problem)) if v.problem else v for n, v in source.versions.items()
+    }
+    problem = _reason(source.problem) if source.problem else None
+    return replace(source, versions=versions, problem=problem, notes=tuple(map(_reason, source.notes)))
 
 
 def scan(repository: Path) -> dict[str, ModelSource]:

@@ -15,10 +15,12 @@ from typing import Any, Literal
 import numpy as np
 
 
-def log_normaliser(row: np.ndarray) -> float:
-    """log(sum(exp(row))), computed stably."""
-    peak = float(row.max())
-    return peak + float(np.log(np.exp(row - peak).sum(dtype=np.float64)))
+def log_normalisers(rows: np.ndarray) -> np.ndarray:
+    """log(sum(exp(row))) of every row (the last axis) of `rows`, computed stably, in float64: the
+    same arithmetic for one row as for a batch's, so that a batch's scores equal its rows' scores
+    taken one by one."""
+    peak = rows.max(axis=-1, keepdims=True)
+    return peak[..., 0].astype(np.float64) + np.log(np.exp(rows - peak).sum(axis=-1, dtype=np.float64))
 
 
 # Width of the blocks whose maxima narrow a long row down before the exact selection.
@@ -52,10 +54,10 @@ def top_probabilities(
 
     `candidates` (indices) restricts the choice. Ties are broken by position (the lower index, or
     the earlier candidate, first), so the answer is deterministic. `log_z`, the row's
-    `log_normaliser` when it was computed already (over a whole batch's rows at once)."""
+    `log_normalisers` when it was computed already (over a whole batch's rows at once)."""
     row = np.asarray(logits, dtype=np.float32)
     if log_z is None:
-        log_z = log_normaliser(row)
+        log_z = float(log_normalisers(row))
     scores = row if candidates is None else row[candidates]
     k = min(k, scores.shape[0])
     n = scores.shape[0]
@@ -74,34 +76,16 @@ def top_probabilities(
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Probabilities of a row of logits (float64)."""
-    row = np.asarray(logits, dtype=np.float64)
-    return np.exp(row - log_normaliser(row))
+    """Probabilities of every row (the last axis) of `logits`, in float64."""
+    rows = np.asarray(logits, dtype=np.float64)
+    return np.exp(rows - log_normalisers(rows)[..., None])
 
 
 def ranked(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k highest scores, best first; ties keep index order (deterministic output).
-
-    A full sort: for short rows (class labels); a vocabulary row takes `top_probabilities`."""
-    return np.argsort(-scores, kind="stable")[:k]
-
-
-def log_normalisers(rows: np.ndarray) -> np.ndarray:
-    """`log_normaliser` of every row of `rows` [m, n] at once (float64 [m]), computed as it
-    computes each row, so that a batch's scores equal its rows' scores taken one by one."""
-    peak = rows.max(axis=1, keepdims=True)
-    return peak[:, 0].astype(np.float64) + np.log(np.exp(rows - peak).sum(axis=1, dtype=np.float64))
-
-
-def softmax_rows(logits: np.ndarray) -> np.ndarray:
-    """`softmax` of every row of `logits` [m, n] (float64 [m, n])."""
-    rows = np.asarray(logits, dtype=np.float64)
-    return np.exp(rows - log_normalisers(rows)[:, None])
-
-
-def ranked_rows(scores: np.ndarray, k: int) -> np.ndarray:
-    """`ranked` of every row of `scores` [m, n]: indices [m, k], best first, ties in index order."""
-    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    """Indices of the k highest scores of every row (the last axis), best first; ties keep index
+    order (deterministic output). A full sort: for short rows (class labels); a vocabulary row
+    takes `top_probabilities`."""
+    return np.argsort(-scores, axis=-1, kind="stable")[..., :k]
 
 
 def top_k_mismatch(
@@ -134,19 +118,13 @@ def top_k_mismatch(
 
 
 ScoreFunction = Literal["softmax", "sigmoid", "none"]
-# How logits become the scores a client sees: "sigmoid" is the element-wise logistic (multi-label
-# style scores, when a client asks for them), "none" reports the logits themselves.
+# How logits become the scores a client sees, for one row or a batch's rows: "softmax" row by row,
+# "sigmoid" the element-wise logistic (multi-label style scores, when a client asks for them),
+# "none" the logits themselves.
 SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "softmax": softmax,
     "sigmoid": lambda logits: 1.0 / (1.0 + np.exp(-logits.astype(np.float64))),
     "none": lambda logits: logits.astype(np.float64),
-}
-
-
-# The same functions over a batch's rows [m, n]: softmax row by row; the others are element-wise.
-ROW_SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    **SCORE_FUNCTIONS,
-    "softmax": softmax_rows,
 }
 
 
@@ -165,6 +143,6 @@ def ranked_labels(
     """The `k` best labels of every row of `logits` [m, classes] with their scores, best first:
     one vectorised pass over a batch's rows instead of one call per row, with the same answer
     per row as `SCORE_FUNCTIONS[function]` and `ranked` give it."""
-    scores = ROW_SCORE_FUNCTIONS[function](np.asarray(logits))
-    top = ranked_rows(scores, k)
+    scores = SCORE_FUNCTIONS[function](np.asarray(logits))
+    top = ranked(scores, k)
     return labelled_rows(top, np.take_along_axis(scores, top, axis=1), labels)

@@ -136,15 +136,6 @@ def read_json(path: Path, limit: int) -> Any:
     return json.loads(raw.decode("utf-8"))
 
 
-def _check_config(directory: Path, config: dict[str, Any]) -> None:
-    """The shapes read_spec relies on, and every named file inside the directory (SpecError)."""
-    for key, kind in (("variants", dict), ("model", dict), ("preprocessing", dict), ("check", dict)):
-        if config.get(key) is not None and not isinstance(config[key], kind):
-            raise SpecError(f"{directory / CONFIG_FILE}: {key!r} must be a JSON object")
-    for what, name in ModelSpec(str(config.get("name")), "", directory, config).named_files().items():
-        confined(directory, name, what)
-
-
 def read_spec(directory: Path) -> ModelSpec | None:
     """The spec of `directory` if it is a served-model directory, else None; malformed -> SpecError."""
     config_file = directory / CONFIG_FILE
@@ -163,12 +154,17 @@ def read_spec(directory: Path) -> ModelSpec | None:
         raise SpecError(f"{config_file}: {problem}")
     if task not in TASKS:
         raise SpecError(f"{config_file}: task {str(task)[:60]!r} is not one of {list(TASKS)}")
-    _check_config(directory, config)
-    variants = config.get("variants") or {}
-    missing = [f for f in variants.values() if not (directory / f).is_file()]
-    if not variants or missing:
+    # The shapes the accessors rely on, and every named file inside the directory.
+    for key in ("variants", "model", "preprocessing", "check"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise SpecError(f"{config_file}: {key!r} must be a JSON object")
+    spec = ModelSpec(name=str(name), task=str(task), path=directory.resolve(), config=config)
+    for what, file in spec.named_files().items():
+        confined(directory, file, what)
+    missing = [f for f in spec.variants.values() if not (directory / f).is_file()]
+    if not spec.variants or missing:
         raise SpecError(f"{config_file}: variant files missing: {missing or 'no variants listed'}")
-    return ModelSpec(name=str(name), task=str(task), path=directory.resolve(), config=config)
+    return spec
 
 
 def export_command(checkpoint: Path, out_dir: Path) -> str:

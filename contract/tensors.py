@@ -190,8 +190,22 @@ def _flatten(data: Any) -> list[Any]:
 def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> Tensor:
     """A tensor from the protocol's raw bytes."""
     count = _check_header(name, datatype, shape)
-    if datatype == BYTES:
-        return from_items(name, shape, split_bytes(name, raw))
+    if datatype == BYTES:  # each element: a 4-byte little-endian length, then its bytes
+        items, offset = [], 0
+        while offset < len(raw):
+            if offset + _LENGTH.size > len(raw):
+                raise InvalidInput(
+                    ErrorCode.INVALID_TENSOR_DATA, f"input {name}: truncated BYTES element length"
+                )
+            (length,) = _LENGTH.unpack_from(raw, offset)
+            offset += _LENGTH.size
+            if offset + length > len(raw):
+                raise InvalidInput(
+                    ErrorCode.INVALID_TENSOR_DATA, f"input {name}: BYTES element runs past the data"
+                )
+            items.append(raw[offset : offset + length])
+            offset += length
+        return from_items(name, shape, items)
     dtype = NUMPY_TYPES[datatype]
     if len(raw) != count * dtype.itemsize:
         raise _mismatch(name, shape, f"{len(raw)} bytes of {datatype}")
@@ -204,23 +218,6 @@ def from_items(name: str, shape: Sequence[int], items: Sequence[bytes]) -> Tenso
     if len(items) != count:
         raise _mismatch(name, shape, f"{len(items)} BYTES elements")
     return Tensor(name, BYTES, _bytes_array(list(items), shape))
-
-
-def split_bytes(name: str, raw: bytes) -> list[bytes]:
-    """BYTES elements from their raw form: 4-byte little-endian length, then the bytes, repeated."""
-    items, offset = [], 0
-    while offset < len(raw):
-        if offset + _LENGTH.size > len(raw):
-            raise InvalidInput(ErrorCode.INVALID_TENSOR_DATA, f"input {name}: truncated BYTES element length")
-        (length,) = _LENGTH.unpack_from(raw, offset)
-        offset += _LENGTH.size
-        if offset + length > len(raw):
-            raise InvalidInput(
-                ErrorCode.INVALID_TENSOR_DATA, f"input {name}: BYTES element runs past the data"
-            )
-        items.append(raw[offset : offset + length])
-        offset += length
-    return items
 
 
 def _bytes_array(items: list[bytes], shape: Sequence[int]) -> np.ndarray:

@@ -56,7 +56,18 @@ class FillMaskCodec:
             )
         self.mask_id = int(mask_id)
         self.vocab_size = int(model_config.get("vocab_size", self.tokenizer.get_vocab_size()))
-        self._check_vocabulary(tokenizer_path)
+        # A tokenizer id the model has no row for fails only inside the graph, for the requests
+        # whose text contains that token (a 500 nobody can correct); a tokenizer that does not
+        # belong to the model is a broken served-model directory, refused when it loads. Fewer ids
+        # than the model has rows is fine (vocabularies are often padded).
+        size = max(self.tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        if size > self.vocab_size:
+            model = f"model {model_name}" if model_name else "the model"
+            raise SpecError(
+                f"{tokenizer_path}: the tokenizer has ids up to {size - 1} ({size} ids), but {model} "
+                f"has a vocabulary of {self.vocab_size} (config.json vocab_size); "
+                "serve the model with the tokenizer it was exported with"
+            )
         self.mask_token = self.tokenizer.id_to_token(self.mask_id) or MASK_TOKEN
         # Special tokens dropped from `sequence`: everything added by the post-processor except [MASK].
         special = {"[CLS]", "[SEP]", "[PAD]", "<s>", "</s>", "<pad>"}
@@ -66,23 +77,6 @@ class FillMaskCodec:
         # Each token's own string, decoded once: a response names top_k of them per [MASK], mostly
         # the same few thousand frequent words, and each decode is a call into the tokenizer.
         self._token_strs: dict[int, str] = {}
-
-    def _check_vocabulary(self, tokenizer_path: Path) -> None:
-        """SpecError when the tokenizer yields ids the model has no row for.
-
-        Such an id fails only inside the graph, for the requests whose text contains that token
-        (a 500 nobody can correct); a tokenizer that does not belong to the model is a broken
-        served-model directory, refused when it loads. Fewer ids than the model has rows is fine
-        (vocabularies are often padded)."""
-        ids = self.tokenizer.get_vocab(with_added_tokens=True).values()
-        size = max(ids, default=-1) + 1
-        if size > self.vocab_size:
-            model = f"model {self.model_name}" if self.model_name else "the model"
-            raise SpecError(
-                f"{tokenizer_path}: the tokenizer has ids up to {size - 1} ({size} ids), but {model} "
-                f"has a vocabulary of {self.vocab_size} (config.json vocab_size); "
-                "serve the model with the tokenizer it was exported with"
-            )
 
     def encode(self, text: str) -> EncodedText:
         """Tokenise and validate; InvalidInput when the text does not fit the model's window."""

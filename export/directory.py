@@ -94,14 +94,23 @@ def export_served_model(
             raise ExportCheckError(f"fp32 parity failed: {reports['fp32']} (tolerance {FP32_TOLERANCE})")
         served = _served_config(info, config, variants, sha, name or out_dir.name, k)
         if "int8" in variants:
+            # The channel projections (MatMuls with a constant weight) quantised to int8: *static*
+            # with calibration feeds (inputs prepared like requests), else *dynamic*. Why 7-bit
+            # per-channel weights, what each mode means for batching, and why W stays fp32:
+            # docs/export.md, "Variants".
             source, feeds = calibration_feeds(calibration, served, checkpoint_dir, calibration_samples)
-            served["int8_quantization"] = quantize_int8(fp32, staging / VARIANT_FILES["int8"], feeds)
+            int8_path = str(staging / VARIANT_FILES["int8"])
             if source is not None and feeds:
+                quantize_static(str(fp32), int8_path, FeedsReader(feeds), **STATIC_INT8_OPTIONS)
+                served["int8_quantization"] = STATIC
                 served["int8_calibration"] = {"source": source.name, "samples": len(feeds)}
-            int8 = onnx.load(str(staging / VARIANT_FILES["int8"]))
+            else:
+                quantize_dynamic(str(fp32), int8_path, **INT8_WEIGHT_OPTIONS)
+                served["int8_quantization"] = DYNAMIC
+            int8 = onnx.load(int8_path)
             props = {p.key: p.value for p in int8.metadata_props} | metadata
             onnx.helper.set_model_props(int8, props | {"gmlp.int8": served["int8_quantization"]})
-            onnx.save(int8, str(staging / VARIANT_FILES["int8"]))
+            onnx.save(int8, int8_path)
         if "fp16" in variants:
             export_onnx(model, staging / VARIANT_FILES["fp16"], float16=True, metadata=metadata, top_k=k)
         for variant in (v for v in variants if v != "fp32"):
@@ -121,7 +130,18 @@ def export_served_model(
                 shutil.copyfile(checkpoint_dir / info[extra], staging / info[extra])
         if (checkpoint_dir / "README.md").is_file():
             shutil.copyfile(checkpoint_dir / "README.md", staging / "README.md")
-        _replace_dir(staging, out_dir)
+        # The verified files replace an older export in `out_dir`, config.json last: a served
+        # directory without it is incomplete, and a watching server (`GMLP_MODEL_CONTROL=poll`)
+        # loads no version before it is there.
+        if out_dir.exists():
+            if not (out_dir / CONFIG_FILE).is_file() and any(out_dir.iterdir()):
+                raise ExportCheckError(
+                    f"{out_dir} exists and is not a served-model directory; not overwriting it"
+                )
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True)
+        for item in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):
+            shutil.move(str(item), out_dir / item.name)
     for report in reports.values():
         log.info("%s", report)
     return reports
@@ -130,7 +150,7 @@ def export_served_model(
 # Recorded in each int8 file's metadata (`gmlp.int8`), so the service knows without the onnx package
 # whether rows of a batch are independent: with dynamic quantisation they are not.
 STATIC, DYNAMIC = "static", "dynamic"
-# ORT's settings of the int8 variant (why each: `quantize_int8`): the weights' in both modes, and
+# ORT's settings of the int8 variant (why each: docs/export.md): the weights' in both modes, and
 # the static mode's activations; docs/benchmarks.md ("int8 on CPUs without VNNI") compares
 # activation/weight types over these.
 INT8_WEIGHT_OPTIONS = {
@@ -156,21 +176,6 @@ class FeedsReader(CalibrationDataReader):
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._feeds, None)
-
-
-def quantize_int8(
-    fp32_path: str | Path, out_path: str | Path, calibration: Sequence[dict[str, np.ndarray]] | None = None
-) -> str:
-    """Quantise the channel projections (MatMuls with a constant weight) to int8; returns the mode:
-    *static* with `calibration` (inputs prepared like requests, contract/calibration.py), else
-    *dynamic*. Why 7-bit per-channel weights, what each mode means for batching, and why W stays
-    fp32: docs/export.md, "Variants".
-    """
-    if calibration:
-        quantize_static(str(fp32_path), str(out_path), FeedsReader(calibration), **STATIC_INT8_OPTIONS)
-        return STATIC
-    quantize_dynamic(str(fp32_path), str(out_path), **INT8_WEIGHT_OPTIONS)
-    return DYNAMIC
 
 
 def _served_config(
@@ -204,18 +209,3 @@ def _served_config(
     else:
         served["labels"] = info["labels"]
     return served
-
-
-def _replace_dir(staging: Path, out_dir: Path) -> None:
-    """Move the verified files into `out_dir`, replacing an older export there."""
-    if out_dir.exists():
-        if not (out_dir / CONFIG_FILE).is_file() and any(out_dir.iterdir()):
-            raise ExportCheckError(
-                f"{out_dir} exists and is not a served-model directory; not overwriting it"
-            )
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    # config.json last: a served directory without it is incomplete, and a watching server
-    # (`GMLP_MODEL_CONTROL=poll`) loads no version before it is there.
-    for item in sorted(staging.iterdir(), key=lambda p: p.name == CONFIG_FILE):
-        shutil.move(str(item), out_dir / item.name)

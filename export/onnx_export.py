@@ -166,18 +166,6 @@ def io_spec(config: GMLPConfig, top_k: int = 0) -> tuple[list[dict], list[dict]]
     return inputs, outputs
 
 
-def _dynamic_shapes(config: GMLPConfig) -> tuple[dict[int, torch.export.Dim], ...]:
-    """torch.export's dynamic axes for the graph inputs: the named axes of `io_spec`'s inputs."""
-    bounds = {BATCH_AXIS: 4096}
-    if isinstance(config, GMLPMaskedLMConfig):
-        bounds.update({SEQ_AXIS: config.n, PREDICTIONS_AXIS: config.max_predictions})
-    dims = {axis: torch.export.Dim(axis, min=1, max=most) for axis, most in bounds.items()}
-    return tuple(
-        {i: dims[axis] for i, axis in enumerate(spec["shape"]) if isinstance(axis, str)}
-        for spec in io_spec(config)[0]
-    )
-
-
 def export_onnx(
     model: GMLPModel,
     path: str | Path,
@@ -204,6 +192,15 @@ def export_onnx(
     k = graph_top_k(config, top_k)
     graph = _ServedGraph(copied, float16, k) if float16 or k else copied
     inputs = example_inputs(config, batch=2)
+    # torch.export's dynamic axes for the graph inputs: the named axes of `io_spec`'s inputs.
+    bounds = {BATCH_AXIS: 4096}
+    if isinstance(config, GMLPMaskedLMConfig):
+        bounds.update({SEQ_AXIS: config.n, PREDICTIONS_AXIS: config.max_predictions})
+    dims = {axis: torch.export.Dim(axis, min=1, max=most) for axis, most in bounds.items()}
+    dynamic_shapes = tuple(
+        {i: dims[axis] for i, axis in enumerate(spec["shape"]) if isinstance(axis, str)}
+        for spec in io_spec(config)[0]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -213,41 +210,37 @@ def export_onnx(
             opset_version=OPSET,
             input_names=list(inputs),
             output_names=[spec["name"] for spec in io_spec(config, top_k)[1]],
-            dynamic_shapes=_dynamic_shapes(config),
+            dynamic_shapes=dynamic_shapes,
             optimize=True,
             verbose=False,
         )
     assert program is not None  # only the TorchScript exporter returns nothing
     onnx_model: ir.Model = program.model
     if fused:
-        _attach_sgu_function(onnx_model, config)
+        nodes = [n for n in onnx_model.graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP_TYPE]
+        if len(nodes) != config.depth:
+            raise RuntimeError(
+                f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
+            )
+        is_mlm = isinstance(config, GMLPMaskedLMConfig)
+        function = build_sgu_function(
+            epsilon=config.sgu_norm_eps,
+            has_mask=is_mlm,
+            has_attn=config.attn_dim is not None,
+            opset=OPSET,
+            variable_length=is_mlm,  # a classifier's patch grid is fixed
+            heads=config.heads,
+            gate_act=config.gate_act,
+        )
+        onnx_model.functions[function.identifier()] = function
+        onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION
+        onnx_model.opset_imports[""] = OPSET
     for key, value in (metadata or {}).items():
         onnx_model.metadata_props[key] = value
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     ir.save(onnx_model, path)
     return path
-
-
-def _attach_sgu_function(onnx_model: ir.Model, config: GMLPConfig) -> None:
-    nodes = [n for n in onnx_model.graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP_TYPE]
-    if len(nodes) != config.depth:
-        raise RuntimeError(
-            f"expected {config.depth} {DOMAIN}::{OP_TYPE} nodes after export, found {len(nodes)}"
-        )
-    is_mlm = isinstance(config, GMLPMaskedLMConfig)
-    function = build_sgu_function(
-        epsilon=config.sgu_norm_eps,
-        has_mask=is_mlm,
-        has_attn=config.attn_dim is not None,
-        opset=OPSET,
-        variable_length=is_mlm,  # a classifier's patch grid is fixed
-        heads=config.heads,
-        gate_act=config.gate_act,
-    )
-    onnx_model.functions[function.identifier()] = function
-    onnx_model.opset_imports[DOMAIN] = FUNCTION_VERSION
-    onnx_model.opset_imports[""] = OPSET
 
 
 def build_sgu_function(

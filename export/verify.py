@@ -105,25 +105,23 @@ def torch_logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> np.ndarra
         return model(inputs["pixel_values"]).float().numpy()
 
 
-def parity_cases(config: GMLPConfig) -> list[dict[str, int]]:
-    """The inputs an export is checked on: batches of 1 and 8 and, for a masked LM, lengths from one
-    token to n, each with one prediction and with all max_predictions."""
-    if not isinstance(config, GMLPMaskedLMConfig):
-        return [{"batch": 1}, {"batch": 8}]
-    n, most = config.n, config.max_predictions
-    lengths = sorted({1, max(1, n // 8), max(1, n // 2), n})
-    cases = [{"batch": 1, "length": n, "predictions": most}]
-    cases += [{"batch": 8, "length": length, "predictions": p} for length in lengths for p in (1, most)]
-    return cases
-
-
 def check_parity(model: GMLPModel, path: str | Path, variant: str, run: Run | None = None) -> ParityReport:
     """Max abs logit difference and top-1 agreement between ORT (CPU; or `run`, another runtime on
-    the graph) and PyTorch fp32 (at the fixed window), over `parity_cases`; the top-k outputs, where
-    the graph has them, checked by `check_top_k`."""
+    the graph) and PyTorch fp32 (at the fixed window), over batches of 1 and 8 and, for a masked
+    LM, lengths from one token to n, each with one prediction and with all max_predictions; the
+    top-k outputs, where the graph has them, checked by `check_top_k`."""
     run = run or ort_run(path)
     diffs, agree, total, k = [], 0, 0, 0
-    cases = parity_cases(model.config)
+    config = model.config
+    cases: list[dict[str, int]] = [{"batch": 1}, {"batch": 8}]
+    if isinstance(config, GMLPMaskedLMConfig):
+        n, most = config.n, config.max_predictions
+        cases = [{"batch": 1, "length": n, "predictions": most}]
+        cases += [
+            {"batch": 8, "length": length, "predictions": p}
+            for length in sorted({1, max(1, n // 8), max(1, n // 2), n})
+            for p in (1, most)
+        ]
     for i, case in enumerate(cases):
         inputs = example_inputs(model.config, seed=100 + i, **case)
         expected = torch_logits(model, inputs)
@@ -213,26 +211,21 @@ def check_optimized_graph(path: str | Path, config: GMLPConfig) -> Counter:
     return ops
 
 
-def check_cases(config: GMLPConfig) -> dict[str, dict[str, np.ndarray]]:
-    """The reference inputs an export records for the service's check (`contract.check`): two rows,
-    and for a masked LM the full window with every prediction slot and half of it with one."""
+def record_check(config: GMLPConfig, directory: Path, variants: dict[str, str]) -> dict:
+    """Run every written variant on the reference inputs recorded for the service's check
+    (`contract.check`) and store inputs and outputs in `check.npz`; returns the config.json entry.
+    The inputs: two rows, and for a masked LM the full window with every prediction slot and half
+    of it with one."""
+    shapes: dict[str, dict[str, int]] = {"rows": {}}
     if isinstance(config, GMLPMaskedLMConfig):
         shapes = {
             "full": {"length": config.n, "predictions": config.max_predictions},
             "half": {"length": max(1, config.n // 2), "predictions": 1},
         }
-    else:
-        shapes = {"rows": {}}
-    return {
+    cases = {
         case: {k: v.numpy() for k, v in example_inputs(config, batch=2, seed=7 + i, **shape).items()}
         for i, (case, shape) in enumerate(shapes.items())
     }
-
-
-def record_check(config: GMLPConfig, directory: Path, variants: dict[str, str]) -> dict:
-    """Run every written variant on `check_cases` and store inputs and outputs in `check.npz`;
-    returns the config.json entry."""
-    cases = check_cases(config)
     outputs = {}
     for variant, file in variants.items():
         run = ort_run(directory / file)
@@ -244,11 +237,6 @@ def record_check(config: GMLPConfig, directory: Path, variants: dict[str, str]) 
 # against PyTorch), in a lower precision what the fp16 variant meets (top-1 agreement).
 OPENVINO_FP32_TOLERANCE = 1e-4
 OPENVINO_MIN_TOP1 = 0.95
-
-
-def inlined(path: str | Path) -> onnx.ModelProto:
-    """The graph of `path` with every ONNX local function call replaced by the function's body."""
-    return onnx.inliner.inline_local_functions(onnx.load(str(path)))
 
 
 def write_inlined(served_dir: Path, variant: str, out: Path) -> Path:
@@ -263,7 +251,7 @@ def write_inlined(served_dir: Path, variant: str, out: Path) -> Path:
     target = out / source.name if out.is_dir() else out
     if target.resolve() == source.resolve():
         raise SpecError(f"{target} is the fused graph itself; write the inlined copy elsewhere")
-    onnx.save(inlined(source), str(target))
+    onnx.save(onnx.inliner.inline_local_functions(onnx.load(str(source))), str(target))
     return target
 
 
@@ -276,7 +264,7 @@ def check_openvino(model: GMLPModel, fp32_path: Path) -> tuple[ParityReport, dic
     import openvino as ov
 
     core = ov.Core()
-    proto = inlined(fp32_path)
+    proto = onnx.inliner.inline_local_functions(onnx.load(str(fp32_path)))
     compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU")
     hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     precision = OPENVINO_PRECISIONS.get(hint, hint)

@@ -125,8 +125,7 @@ def _labels(given: Path | None, count: int, imagenet: bool = False) -> list[str]
 
 
 def convert_timm(args: argparse.Namespace) -> None:
-    from model.checkpoint import read_state_dict, save_checkpoint
-    from model.timm_import import TIMM_PREPROCESSING, gmlp_from_timm
+    from model.checkpoint import TIMM_PREPROCESSING, gmlp_from_timm, read_state_dict, save_checkpoint
 
     state = read_state_dict(args.checkpoint)
     model = gmlp_from_timm(state, args.arch, source=str(args.checkpoint))

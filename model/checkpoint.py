@@ -2,12 +2,27 @@
 
 The format (docs/formats.md) is what training writes, `gmlp convert-timm` writes and
 `gmlp export` reads. Weights are safetensors only: nothing a user hands us is unpickled.
+
+timm's gMLP checkpoints (`timm/models/mlp_mixer.py`, gmlp_*16_224) load with a pure key rename
+(`gmlp_from_timm`), timm's key names and ours being:
+
+    stem.proj.*                          -> patch_embed.proj.*
+    blocks.N.norm.*                      -> blocks.N.norm.*
+    blocks.N.mlp_channels.fc1.*          -> blocks.N.proj_in.*         (U)
+    blocks.N.mlp_channels.gate.norm.*    -> blocks.N.sgu.norm.*
+    blocks.N.mlp_channels.gate.proj.*    -> blocks.N.sgu.spatial_proj.* (W, b)
+    blocks.N.mlp_channels.fc2.*          -> blocks.N.proj_out.*        (V)
+    norm.*, head.*                       -> unchanged
+
+timm applies the gate as `proj(v.transpose(-1, -2)).transpose(-1, -2)`, which is `W @ v + b[:, None]`:
+the same W as ours, so no tensor is transposed on the way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,9 +33,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from contract.errors import UserError
-from contract.formats import CHECKPOINT_FORMAT, CONFIG_FILE
+from contract.formats import CHECKPOINT_FORMAT, CONFIG_FILE, TASKS
 
-from .configs import MLM_TASK, VISION_TASK, GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig, config_from_dict
+from .configs import GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig, config_from_dict, get_config
 from .mlm import GMLPForMaskedLM
 from .vision import GMLPVisionClassifier
 
@@ -47,25 +62,6 @@ def build_model(config: GMLPConfig) -> GMLPModel:
     raise TypeError(f"no model for config type {type(config).__name__}")
 
 
-def default_preprocessing(config: GMLPConfig) -> dict[str, Any]:
-    """Preprocessing recorded with a checkpoint when the caller gives none."""
-    if isinstance(config, GMLPVisionConfig):
-        return {
-            "crop_size": config.img_size,
-            "resize_size": config.img_size,
-            "crop_pct": 1.0,
-            "interpolation": "bicubic",
-            "mean": [0.5, 0.5, 0.5],
-            "std": [0.5, 0.5, 0.5],
-        }
-    assert isinstance(config, GMLPMaskedLMConfig)
-    return {
-        "max_length": config.n,
-        "pad_token_id": config.pad_token_id,
-        "mask_token_id": config.mask_token_id,
-    }
-
-
 def file_sha256(path: str | Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -88,28 +84,42 @@ def save_checkpoint(
     config = model.config
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    info: dict[str, Any] = {
-        "format": CHECKPOINT_FORMAT,
-        "format_version": FORMAT_VERSION,
-        "name": name or out.resolve().name,
-        "task": config.task,
-        "seq_len": config.seq_len,
-        "model": config.to_dict(),
-        "preprocessing": preprocessing or default_preprocessing(config),
-    }
     if isinstance(config, GMLPVisionConfig):
         if labels is None or len(labels) != config.num_classes:
             raise CheckpointError(
                 f"a classifier needs {config.num_classes} labels, got {labels and len(labels)}"
             )
         (out / LABELS_FILE).write_text(json.dumps(list(labels), indent=1))
-        info["labels"] = LABELS_FILE
+        named = {"labels": LABELS_FILE}
+        default = {
+            "crop_size": config.img_size,
+            "resize_size": config.img_size,
+            "crop_pct": 1.0,
+            "interpolation": "bicubic",
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.5, 0.5, 0.5],
+        }
     else:
         if tokenizer is None:
             raise CheckpointError("a masked LM checkpoint needs its tokenizer.json")
         if Path(tokenizer).resolve() != (out / TOKENIZER_FILE).resolve():
             shutil.copyfile(tokenizer, out / TOKENIZER_FILE)
-        info["tokenizer"] = TOKENIZER_FILE
+        named = {"tokenizer": TOKENIZER_FILE}
+        default = {
+            "max_length": config.n,
+            "pad_token_id": config.pad_token_id,
+            "mask_token_id": config.mask_token_id,
+        }
+    info = {
+        "format": CHECKPOINT_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": name or out.resolve().name,
+        "task": config.task,
+        "seq_len": config.seq_len,
+        "model": config.to_dict(),
+        "preprocessing": preprocessing or default,  # recorded when the caller gives none
+        **named,
+    }
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, out / WEIGHTS_FILE, metadata={"format": "pt", "task": config.task})
     (out / CONFIG_FILE).write_text(json.dumps(info, indent=2) + "\n")
@@ -166,6 +176,47 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in state.items()}
 
 
+_TIMM_KEY_MAP = [
+    (r"^stem\.proj\.", "patch_embed.proj."),
+    (r"^blocks\.(\d+)\.mlp_channels\.fc1\.", r"blocks.\1.proj_in."),
+    (r"^blocks\.(\d+)\.mlp_channels\.gate\.norm\.", r"blocks.\1.sgu.norm."),
+    (r"^blocks\.(\d+)\.mlp_channels\.gate\.proj\.", r"blocks.\1.sgu.spatial_proj."),
+    (r"^blocks\.(\d+)\.mlp_channels\.fc2\.", r"blocks.\1.proj_out."),
+]
+# timm's data config for gmlp_*16_224 (timm.data defaults with mean = std = 0.5).
+TIMM_PREPROCESSING = {
+    "crop_size": 224,
+    "resize_size": 256,
+    "crop_pct": 0.875,
+    "interpolation": "bicubic",
+    "mean": [0.5, 0.5, 0.5],
+    "std": [0.5, 0.5, 0.5],
+}
+
+
+def gmlp_from_timm(
+    state: dict[str, torch.Tensor], arch: str = "gmlp_s16_224", source: str = "timm checkpoint"
+) -> GMLPVisionClassifier:
+    """Our classifier for named config `arch` with timm's weights; strict about every key and shape.
+
+    The number of classes is read from `head.weight`, so fine-tuned timm models load too.
+    """
+    head = state.get("head.weight")
+    if head is None:
+        raise CheckpointError(f"{source}: missing key 'head.weight' (is this a timm gMLP checkpoint?)")
+    config = get_config(arch, num_classes=head.shape[0])
+    if not isinstance(config, GMLPVisionConfig):
+        raise CheckpointError(f"{arch} is not a vision config")
+    renamed = {}
+    for key, value in state.items():
+        for pattern, replacement in _TIMM_KEY_MAP:
+            key = re.sub(pattern, replacement, key)
+        renamed[key] = value  # the tensors are the same
+    model = GMLPVisionClassifier(config)
+    load_state_dict_strict(model, renamed, source)
+    return model.eval()
+
+
 def load_checkpoint(path: str | Path) -> GMLPModel:
     """The model stored in checkpoint directory `path`, in eval mode.
 
@@ -188,7 +239,7 @@ def load_checkpoint(path: str | Path) -> GMLPModel:
     for key in ("task", "model"):
         if key not in info:
             raise CheckpointError(f"{cfg_path} lacks {key!r}")
-    if info["task"] not in (VISION_TASK, MLM_TASK):
+    if info["task"] not in TASKS:
         raise CheckpointError(f"{cfg_path}: unknown task {info['task']!r}")
     try:
         config = config_from_dict(info["model"])

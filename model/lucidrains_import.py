@@ -57,13 +57,6 @@ def _square(value: Any, name: str, problems: list[str]) -> int:
     return 1
 
 
-def _act_name(value: Any) -> str:
-    """'Tanh', 'nn.Tanh()', None ... -> our `gate_act` name (lower case, or the raw value)."""
-    if value is None:
-        return "identity"
-    return str(value).strip().lower().removeprefix("nn.").removesuffix("()")
-
-
 def lucidrains_config(
     args: dict[str, Any], *, pad_token_id: int = 0, mask_token_id: int = 103
 ) -> GMLPVisionConfig | GMLPMaskedLMConfig:
@@ -91,7 +84,9 @@ def lucidrains_config(
             "causal=true: an autoregressive gMLP predicts the next token, which neither /classify "
             "nor /fill-mask answers; causal models are not converted"
         )
-    act = _act_name(values.get("act"))
+    # 'Tanh', 'nn.Tanh()', None ... -> our `gate_act` name (lower case, or the raw value).
+    act = values.get("act")
+    act = "identity" if act is None else str(act).strip().lower().removeprefix("nn.").removesuffix("()")
     if act not in GATE_ACTIVATIONS:
         problems.append(
             f"act={values.get('act')!r}: supported gate activations are {', '.join(GATE_ACTIVATIONS)}"

@@ -52,15 +52,12 @@ class GMLPForMaskedLM(nn.Module):
             block.init_weights()
         nn.init.zeros_(self.decoder_bias)
 
-    def token_mask(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[batch, L, 1] float: 1 for real tokens, 0 for padding."""
-        return (input_ids != self.config.pad_token_id).unsqueeze(-1).to(self.embed.weight.dtype)
-
     def forward_features(self, input_ids: torch.Tensor) -> torch.Tensor:
         length, n = input_ids.shape[-1], self.config.n
         if not 1 <= length <= n:
             raise ValueError(f"input_ids has {length} tokens; this model reads 1 to n={n} tokens")
-        mask = self.token_mask(input_ids)
+        # [batch, L, 1]: 1 for real tokens, 0 for padding.
+        mask = (input_ids != self.config.pad_token_id).unsqueeze(-1).to(self.embed.weight.dtype)
         x = self.embed(input_ids)
         for block in self.blocks:
             x = block(x, mask)

@@ -28,12 +28,12 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
 def _cache_key(*parts: object) -> str:
-    return hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:12]
-
-
-def _source_id(path: Path) -> str:
-    stat = path.stat()
-    return f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+    """A short hash of `parts`, a file standing for its path, size and modification time."""
+    ids = [
+        f"{p.resolve()}:{p.stat().st_size}:{int(p.stat().st_mtime)}" if isinstance(p, Path) else p
+        for p in parts
+    ]
+    return hashlib.sha1("|".join(map(str, ids)).encode()).hexdigest()[:12]
 
 
 def load_cifar(
@@ -54,7 +54,7 @@ def load_cifar(
     labels = labels[index]
     cache = None
     if cache_dir is not None:
-        cache = Path(cache_dir) / f"cifar10-{split}-{count}-{_cache_key(_source_id(npz_path))}.npy"
+        cache = Path(cache_dir) / f"cifar10-{split}-{count}-{_cache_key(npz_path)}.npy"
         if cache.is_file():
             return np.load(cache), labels, classes
     blob, offsets = data[f"{split}_jpeg"], data[f"{split}_offsets"]
@@ -156,7 +156,7 @@ def load_corpus(
     files = [Path(f) for f in files]
     cache = None
     if cache_dir is not None:
-        key = _cache_key(*(_source_id(f) for f in files), _source_id(Path(tokenizer_path)), max_sentences)
+        key = _cache_key(*files, Path(tokenizer_path), max_sentences)
         cache = Path(cache_dir) / f"corpus-{files[0].stem.split('.')[0]}-{len(files)}f-{key}.npz"
         if cache.is_file():
             with np.load(cache) as z:

@@ -58,14 +58,11 @@ class Predictor:
 def _torch_runs(root: Path) -> tuple[Vision, MaskedLM]:
     model = load_checkpoint(root)
 
-    def run(fn: Callable[[], torch.Tensor]) -> np.ndarray:
-        with torch.inference_mode():
-            return fn().float().numpy()
+    @torch.inference_mode()
+    def run(*inputs: np.ndarray) -> np.ndarray:  # (pixels) or (ids, positions)
+        return model(*map(torch.from_numpy, inputs)).float().numpy()
 
-    return (
-        lambda x: run(lambda: model(torch.from_numpy(x))),
-        lambda ids, pos: run(lambda: model(torch.from_numpy(ids), positions=torch.from_numpy(pos))),
-    )
+    return run, run
 
 
 def _onnx_runs(root: Path, info: dict[str, Any], variant: str, threads: int) -> tuple[Vision, MaskedLM]:
@@ -192,8 +189,6 @@ def evaluate_mlm(pred: Predictor, corpus: TokenCorpus, windows: int, short: int)
 
 
 TRAINING_FILE = "training.json"
-# A training.json without `precision` records a run trained under bf16 autocast.
-LEGACY_PRECISION = precision_label(bf16=True)
 
 # The flags of either trainer that the card records (those a trainer lacks are left out).
 HYPERPARAMETERS = (
@@ -296,7 +291,8 @@ def write_card(root: str | Path) -> Path:
         f"- command: `{train.get('command', 'n/a')}`",
         f"- steps: {train.get('steps', 'n/a')} ({train.get('epochs', 'n/a')} epochs), "
         f"wall time {train.get('train_wall_time_s', 0) / 60:.1f} min on "
-        f"{train.get('threads', '?')} CPU thread(s), {train.get('precision', LEGACY_PRECISION)}",
+        # A training.json without `precision` records a run trained under bf16 autocast.
+        f"{train.get('threads', '?')} CPU thread(s), {train.get('precision', precision_label(bf16=True))}",
         f"- hyperparameters: `{json.dumps(train.get('hyperparameters', {}))}`",
         *[f"- note: {note}" for note in train.get("notes", [])],
         "",

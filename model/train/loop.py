@@ -197,19 +197,6 @@ def loop_config_from_args(args: Any, desc: str, max_steps: int | None = None, **
     )
 
 
-def build_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.AdamW:
-    """AdamW with no weight decay on biases and LayerNorm gains (the usual transformer/MLP recipe).
-
-    The fused implementation updates all tensors of a group in one kernel,
-    where torch's CPU default loops over them; the arithmetic is the same and the step cheaper
-    (docs/benchmarks.md, "Training options").
-    """
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
-
-
 def _save_state(
     path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int, elapsed: float, total: int
 ) -> None:
@@ -250,7 +237,14 @@ class _Meter:
 
 def train_loop(model: nn.Module, task: Task, cfg: LoopConfig) -> LoopResult:
     """Run optimiser steps until the step or time limit; returns what a model card reports."""
-    opt = build_optimizer(model, cfg)
+    # AdamW with no weight decay on biases and LayerNorm gains (the usual transformer/MLP recipe).
+    # The fused implementation updates all tensors of a group in one kernel, where torch's CPU
+    # default loops over them: the same arithmetic, a cheaper step (docs/benchmarks.md, "Training
+    # options").
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=True)
     step, elapsed, provisional = 0, 0.0, 10_000
     if cfg.resume and cfg.state_path is not None and cfg.state_path.is_file():
         state = torch.load(cfg.state_path, map_location="cpu", weights_only=True)

@@ -29,8 +29,7 @@ from PIL import Image
 
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT, VISION_TASK
-from contract.image import ImageTransform, decode_base64
-from contract.jpeg import PlainJpeg
+from contract.image import ImageTransform, PlainJpeg, decode_base64
 from contract.scores import ScoreFunction, labelled_rows, ranked_labels
 from contract.spec import ModelSpec
 from contract.tensors import Tensor

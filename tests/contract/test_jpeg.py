@@ -13,8 +13,7 @@ import pytest
 from PIL import Image
 
 from contract.errors import InputTooLarge, InvalidInput
-from contract.image import ImageTransform, load_image, open_image
-from contract.jpeg import PlainJpeg
+from contract.image import ImageTransform, PlainJpeg, load_image, open_image
 
 pytestmark = pytest.mark.timeout(60)
 

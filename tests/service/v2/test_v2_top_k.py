@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
-from contract.scores import softmax_rows, top_k_mismatch
+from contract.scores import softmax, top_k_mismatch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,7 +26,7 @@ def _module(transport: str) -> Any:
 def _check(ids: np.ndarray, scores: np.ndarray, logits: np.ndarray) -> None:
     """The pair is the top k of the softmax of `logits` (computed here, in float64)."""
     rows = logits.reshape(-1, logits.shape[-1])
-    probabilities = softmax_rows(rows).reshape(logits.shape)
+    probabilities = softmax(rows).reshape(logits.shape)
     assert ids.dtype == np.int64 and scores.dtype == np.float32
     assert top_k_mismatch(ids, scores, probabilities, 1e-6) is None
 
