@@ -1,8 +1,9 @@
 """Where a served request's CPU goes: per-thread CPU from /proc and a py-spy profile.
 
 `--task classify` starts gmlp-serve as the peer benchmark does (benchmarks/peers: the same flags,
-demo classifier and CIFAR-10 JPEG); `--task fill-mask` the demo masked LM alone with its default
-settings, sent the 200 bundled masked sentences in turn. wrk loads it at one client count while py-spy samples
+demo classifier and CIFAR-10 JPEG), its instances in one process rather than as workers;
+`--task fill-mask` the demo masked LM alone with its default settings, sent the 200 bundled
+masked sentences in turn. wrk loads it at one client count while py-spy samples
 it. The report gives requests/s, the CPU per request of the event loop (the main thread: HTTP,
 routing, preprocessing, responses) and of the other threads (batches in ONNX Runtime), the
 batches' mean size and how busy the execution instances were, and the event loop's samples by
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -34,7 +37,7 @@ from benchmarks import wrk
 from benchmarks.bare_pipeline import sentences
 from benchmarks.harness import REPO, command_line, cpu_facts
 from benchmarks.peers.model import INSTANCES_ENV
-from benchmarks.peers.peers import PEERS
+from benchmarks.peers.peers import PEERS, gmlp_argv
 from benchmarks.peers.run import MODEL, ensure_model, started
 from gmlp.server_process import (
     ServerProcess,
@@ -139,9 +142,11 @@ Target = tuple[ServerProcess, Path]
 
 
 def classify_target(work: Path) -> contextlib.AbstractContextManager[Target]:
-    """gmlp-serve as the peer benchmark runs it, sent one CIFAR-10 JPEG."""
+    """gmlp-serve as the peer benchmark runs it, but its instances in one process (the report
+    reads one event loop and one process's threads), sent one CIFAR-10 JPEG."""
     link_repository(work, MODEL)
-    return started(next(p for p in PEERS if p.key == "gmlp-serve"), work)
+    peer = next(p for p in PEERS if p.key == "gmlp-serve")
+    return started(dataclasses.replace(peer, argv=functools.partial(gmlp_argv, workers=False)), work)
 
 
 @contextlib.contextmanager

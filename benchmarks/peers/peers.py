@@ -58,19 +58,21 @@ class Peer:
         return VENVS / self.venv / "bin" if self.venv else Path(sys.executable).parent
 
 
-def gmlp_layout() -> list[str]:
+def gmlp_layout(workers: bool = True) -> list[str]:
     """`gmlp serve` flags of the layout every peer is given: the int8 file, the run's instances as
     worker processes of one instance each (as BentoML's and LitServe's workers are), sharing the
-    CPUs, the peers' batch limits."""
+    CPUs, the peers' batch limits. `workers=False`: the same instances in one process, whose one
+    event loop then carries every request (what the profile reads)."""
+    processes, each = (instances(), 1) if workers else (1, instances())
     return [
-        *("--variant", "int8", "--workers", str(instances()), "--instances", "1"),
+        *("--variant", "int8", "--workers", str(processes), "--instances", str(each)),
         *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", str(MAX_BATCH)),
         *("--max-queue-delay-ms", f"{MAX_WAIT_S * 1000:g}"),
     ]
 
 
-def _gmlp(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
-    return serve_argv(work / "repository", ports[0], *gmlp_layout(), "--log-level", "warning")
+def gmlp_argv(bin_dir: Path, ports: list[int], work: Path, *, workers: bool = True) -> list[str]:
+    return serve_argv(work / "repository", ports[0], *gmlp_layout(workers), "--log-level", "warning")
 
 
 def _litserve(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
@@ -92,8 +94,8 @@ def _bentoml(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
 
 
 PEERS: tuple[Peer, ...] = (
-    Peer("gmlp-serve", "gmlp-serve", None, (), _gmlp, "raw"),
-    Peer("gmlp-serve-multipart", "gmlp-serve (multipart)", None, (), _gmlp, "multipart"),
+    Peer("gmlp-serve", "gmlp-serve", None, (), gmlp_argv, "raw"),
+    Peer("gmlp-serve-multipart", "gmlp-serve (multipart)", None, (), gmlp_argv, "multipart"),
     Peer("litserve", "LitServe 0.2.19", "litserve", (LITSERVE, MULTIPART), _litserve, "multipart"),
     Peer("ray-direct", "Ray Serve 2.60 (direct ingress)", "ray", (RAY,), _ray, "raw", extra_ports=2),
     Peer(
