@@ -62,6 +62,12 @@ def image_too_large(pixels: int, limit: int) -> InputTooLarge:
     )
 
 
+def check_pixels(width: int, height: int, limit: int) -> None:
+    """Refuse an image whose header says it has more than `limit` pixels, before any decoding."""
+    if width * height > limit:
+        raise image_too_large(width * height, limit)
+
+
 # Default of `max_resized_pixels`: 2048 x 2048 (12 MiB of RGB), an aspect ratio of up to 64:1 at the
 # usual resize of 256 and far beyond any photo or panorama at smaller ones.
 DEFAULT_MAX_RESIZED_PIXELS = 2048 * 2048
@@ -84,8 +90,7 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
             ErrorCode.INVALID_IMAGE,
             f"the data is not a readable image; accepted formats are {ACCEPTED_DESCRIPTION}",
         ) from exc
-    if img.width * img.height > max_pixels:  # refused before any decoding
-        raise image_too_large(img.width * img.height, max_pixels)
+    check_pixels(img.width, img.height, max_pixels)
     return img
 
 
@@ -304,8 +309,7 @@ class ImageTransform:
 
         A plain JPEG (`PlainJpeg`) is kept for libjpeg-turbo; anything else opens in Pillow."""
         header = PlainJpeg.read(data) or open_image(data, self.max_pixels)
-        if header.width * header.height > self.max_pixels:  # before any decoding
-            raise image_too_large(header.width * header.height, self.max_pixels)
+        check_pixels(header.width, header.height, self.max_pixels)
         self.check_resized(header.width, header.height)
         return header
 
