@@ -7,14 +7,18 @@
 Without `--model-dir`, builds the named config with random weights (moved off the init) and
 exports it (fp32 + static int8). Rounds interleave every row: raw `session.run` of both files at
 batch 1 and 8, `gmlp serve` with its defaults and with `GMLP_LONE_THREADS=0` under closed-loop
-clients, a square GEMM per precision for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`),
-and the model's achieved FLOP/s at batch 8 from the MACs its shapes imply. Prints one JSON line per
-round, then the medians and the int8 file's top-1 agreement with fp32 over 256 CIFAR-10 photos
-(docs/benchmarks.md, "A real-size model").
+clients, a square GEMM per precision for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`,
+bf16 `torch.matmul` where the CPU computes bf16), and the model's achieved FLOP/s at batch 8 from
+the MACs its shapes imply. Where the `openvino` package is installed, the second backend gets the
+same rows: OpenVINO raw on the fp32 graph and `gmlp serve --backend openvino`, in the precision it
+chose on this CPU. Prints one JSON line per round, then the medians and each other graph's top-1
+agreement with ORT fp32 over 256 CIFAR-10 photos (docs/benchmarks.md, "A real-size model").
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -29,15 +33,18 @@ import onnxruntime as ort
 
 from benchmarks.harness import REPO, command_line, cpu_facts, median_seconds
 from contract.calibration import image_bytes
+from contract.cpu import BF16_FLAGS, cpu_flags
 from contract.image import ImageTransform
 from gmlp.server_process import ServerProcess, gmlp_serve, link_repository
 from loadtests.engine import classify_request, run_closed_loop
 from loadtests.runner import parse_users
-from service.engine.runtime import OnnxModel, RuntimeOptions
+from service.engine.backends import open_runtime
+from service.engine.runtime import OPENVINO, Runtime, RuntimeOptions
 from service.settings import available_cpus
 
 CALIBRATION = REPO / "checkpoints" / "cifar10-gmlp" / "calibration.npz"
 GEMM_SIDE = 1024
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 
 
 def model_macs(model: dict[str, Any]) -> int:
@@ -94,64 +101,91 @@ def int8_gemm(threads: int, side: int = GEMM_SIDE) -> Callable[[], object]:
     return lambda: gemm.run(None, {"a": a})
 
 
-def fp32_gemm(threads: int, side: int = GEMM_SIDE) -> Callable[[], object]:
+def torch_gemm(threads: int, dtype: str, side: int = GEMM_SIDE) -> Callable[[], object]:
+    """One `torch.matmul` of two side x side matrices of `dtype` (float32 or bfloat16)."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(side, side), torch.randn(side, side)
+    a, b = (torch.randn(side, side).to(getattr(torch, dtype)) for _ in range(2))
     return lambda: torch.matmul(a, b)
 
 
-def agreement(directory: Path, config: dict[str, Any], threads: int) -> tuple[float, int]:
-    """Share of photos whose top-1 class the int8 file gives as the fp32 one does, and how many."""
+def graphs(directory: Path, config: dict[str, Any], threads: int) -> dict[str, Runtime]:
+    """The graphs measured raw, by row name: ORT's fp32 and int8 files and, where installed,
+    OpenVINO on the fp32 graph (one stream of every thread: a lone batch, as raw ORT runs it)."""
+    files = config["variants"]
+    out = {
+        variant: open_runtime(directory / files[variant], RuntimeOptions("cpu", threads))
+        for variant in ("fp32", "int8")
+    }
+    if HAS_OPENVINO:
+        options = RuntimeOptions("cpu", threads, backend=OPENVINO)
+        out["openvino"] = open_runtime(directory / files["fp32"], options)
+    return out
+
+
+def agreement(runtimes: dict[str, Runtime], config: dict[str, Any]) -> dict[str, Any]:
+    """Per graph other than ORT fp32, the share of photos whose top-1 class it gives as ORT fp32
+    does; and how many photos."""
     transform = ImageTransform.for_model(config, max_pixels=50_000_000)
     photos = np.stack([transform(data) for data in image_bytes(CALIBRATION, 256, seed=0)])
-    top1 = {}
     name = config["inputs"][0]["name"]
-    for variant in ("fp32", "int8"):
-        run = OnnxModel(directory / config["variants"][variant], RuntimeOptions("cpu", threads)).session
-        chunks = np.array_split(photos, 32)
-        top1[variant] = np.concatenate([run.run(["logits"], {name: c})[0] for c in chunks]).argmax(-1)
-    return float(np.mean(top1["fp32"] == top1["int8"])), len(photos)
+    chunks = np.array_split(photos, 32)
+    top1 = {
+        row: np.concatenate([run.run({name: c}, ["logits"])["logits"] for c in chunks]).argmax(-1)
+        for row, run in runtimes.items()
+    }
+    shares = {row: float(np.mean(top1["fp32"] == top1[row])) for row in runtimes if row != "fp32"}
+    return {"photos": len(photos), **shares}
 
 
-def one_round(directory: Path, config: dict[str, Any], servers: dict[str, ServerProcess], args: Any) -> dict:
-    """Every row's figures once: raw ORT, the two GEMM peaks, each server at each number of clients."""
-    threads, seconds = available_cpus(), args.seconds
-    (spec,) = config["inputs"]
+def peaks(threads: int, seconds: float) -> dict[str, float]:
+    """GFLOP/s (GOP/s for int8) of a square GEMM in each precision this CPU computes natively."""
+    gemms = {"fp32": torch_gemm(threads, "float32"), "int8": int8_gemm(threads)}
+    if BF16_FLAGS & cpu_flags():
+        gemms["bf16"] = torch_gemm(threads, "bfloat16")
+    flops = 2 * GEMM_SIDE**3
+    return {f"peak_{p}_g": flops / median_seconds(gemm, seconds) / 1e9 for p, gemm in gemms.items()}
+
+
+def one_round(
+    directory: Path, runtimes: dict[str, Runtime], servers: dict[str, ServerProcess], args: Any
+) -> dict:
+    """Every row's figures once: each graph raw, the GEMM peaks, each server at each number of clients."""
+    (spec,) = json.loads((directory / "config.json").read_text())["inputs"]
     row: dict[str, Any] = {}
-    for variant in ("fp32", "int8"):
-        # The service's CPU options (sequential, no spinning).
-        run = OnnxModel(directory / config["variants"][variant], RuntimeOptions("cpu", threads)).session
+    for graph, runtime in runtimes.items():
         for batch in (1, 8):
             x = np.random.default_rng(batch).standard_normal((batch, *spec["shape"][1:])).astype(np.float32)
-            per_call = median_seconds(lambda: run.run(["logits"], {spec["name"]: x}), seconds)  # noqa: B023
-            row[f"raw_{variant}_b{batch}_ms"] = 1000 * per_call
-            row[f"raw_{variant}_b{batch}_img_s"] = batch / per_call
-    side_flops = 2 * GEMM_SIDE**3
-    row["peak_fp32_gflops"] = side_flops / median_seconds(fp32_gemm(threads), seconds) / 1e9
-    row["peak_int8_gops"] = side_flops / median_seconds(int8_gemm(threads), seconds) / 1e9
+            per_call = median_seconds(lambda: runtime.run({spec["name"]: x}, ["logits"]), args.seconds)  # noqa: B023
+            row[f"raw_{graph}_b{batch}_ms"] = 1000 * per_call
+            row[f"raw_{graph}_b{batch}_img_s"] = batch / per_call
+    row |= peaks(available_cpus(), args.seconds)
     photos = image_bytes(CALIBRATION, 16, seed=1)
     requests = [classify_request(photo, 5, model=directory.name) for photo in photos]
     for name, server in servers.items():
         for clients in args.clients:
             load = run_closed_loop(
-                server.base_url, requests, concurrency=clients, seconds=seconds, warmup_s=1
+                server.base_url, requests, concurrency=clients, seconds=args.seconds, warmup_s=1
             )
             row[f"{name}_c{clients}_rps"], row[f"{name}_c{clients}_failed"] = load.rps, load.failed
             row[f"{name}_c{clients}_p50_ms"] = load.percentile_ms(50)
     return row
 
 
-def summary(rounds: list[dict], macs: int, clients: list[int]) -> dict[str, Any]:
-    """Medians over the rounds of every figure, the achieved share of each GEMM peak, and the
-    served rows against raw int8: throughput against batch 8, one client's p50 against batch 1's
-    latency."""
+def summary(
+    rounds: list[dict], macs: int, clients: list[int], precisions: dict[str, str], servers: list[str]
+) -> dict[str, Any]:
+    """Medians over the rounds of every figure, each raw graph's achieved share of the GEMM peak of
+    the precision it computes in (`precisions`, by row), and the served rows against raw int8:
+    throughput against batch 8, one client's p50 against batch 1's latency."""
     out = {"gmacs_per_image": macs / 1e9} | {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    for variant, peak in (("fp32", out["peak_fp32_gflops"]), ("int8", out["peak_int8_gops"])):
-        achieved = out[f"raw_{variant}_b8_img_s"] * 2 * macs / 1e9
-        out[f"achieved_{variant}_b8_g"], out[f"achieved_{variant}_of_peak"] = achieved, achieved / peak
-    for name in ("served", "served_lone_off"):
+    for graph, precision in precisions.items():
+        achieved = out[f"raw_{graph}_b8_img_s"] * 2 * macs / 1e9
+        out[f"achieved_{graph}_b8_g"] = achieved
+        if f"peak_{precision}_g" in out:
+            out[f"achieved_{graph}_of_{precision}_peak"] = achieved / out[f"peak_{precision}_g"]
+    for name in servers:
         if 8 in clients:
             out[f"{name}_c8_over_raw_int8_b8"] = out[f"{name}_c8_rps"] / out["raw_int8_b8_img_s"]
         if 1 in clients:
@@ -167,27 +201,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per row and round")
     parser.add_argument("--clients", type=parse_users, default=[8, 1], help="e.g. 1,8,32")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gmlp-realsize-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gmlp-realsize-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         directory = args.model_dir or build(args.arch, work)
         config = json.loads((directory / "config.json").read_text())
         macs = model_macs(config["model"])
         repository = link_repository(work, directory)
+        runtimes = graphs(directory, config, available_cpus())
+        # ORT's files compute in their own precision; OpenVINO in the one it chose on this CPU.
+        precisions = {"fp32": "fp32", "int8": "int8"} | {
+            graph: str(runtime.precision) for graph, runtime in runtimes.items() if runtime.precision
+        }
         facts = cpu_facts()
         print(json.dumps({"machine": facts, "model": str(directory), "gmacs": macs / 1e9}), flush=True)
-        print(json.dumps({"top1_int8_vs_fp32": agreement(directory, config, available_cpus())}), flush=True)
+        top1 = agreement(runtimes, config)
+        print(json.dumps({"precisions": precisions, "top1_vs_ort_fp32": top1}), flush=True)
+        variants = {"served": {}, "served_lone_off": {"GMLP_LONE_THREADS": "0"}}
+        if HAS_OPENVINO:
+            variants["served_openvino"] = {"GMLP_BACKEND": "openvino"}
         servers = {
-            "served": gmlp_serve(repository, log_path=work / "served.log"),
-            "served_lone_off": gmlp_serve(
-                repository, log_path=work / "lone_off.log", env={"GMLP_LONE_THREADS": "0"}
-            ),
+            name: stack.enter_context(gmlp_serve(repository, log_path=work / f"{name}.log", env=env))
+            for name, env in variants.items()
         }
         rounds = []
-        with servers["served"], servers["served_lone_off"]:
-            for index in range(args.rounds):
-                rounds.append(one_round(directory, config, servers, args))
-                print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
-        print(json.dumps({"medians": summary(rounds, macs, args.clients)}), flush=True)
+        for index in range(args.rounds):
+            rounds.append(one_round(directory, runtimes, servers, args))
+            print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
+        print(
+            json.dumps({"medians": summary(rounds, macs, args.clients, precisions, list(servers))}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

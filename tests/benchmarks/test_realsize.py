@@ -1,0 +1,52 @@
+"""The real-size benchmark: its MAC count against torch's own count, and one short run on the tiny
+classifier whose every row is there and well formed. Its figures are never checked (a benchmark,
+not a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks import realsize
+from model import build_model, get_config
+from support.helpers import tiny_vision_config
+
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+
+
+@pytest.mark.parametrize("config", [tiny_vision_config(), get_config("gmlp_s16_224")], ids=["tiny", "s16"])
+def test_model_macs_are_what_torch_counts(config) -> None:
+    """Every matrix product of a forward pass (patch conv, channel and spatial projections, head),
+    as torch's FLOP counter sees them, is 2 x the MACs the config's shapes imply, per image."""
+    shape = config.to_dict()
+    model = build_model(config).eval()
+    images = torch.zeros(2, shape["in_chans"], shape["img_size"], shape["img_size"])
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(images)
+    assert counter.get_total_flops() == 2 * 2 * realsize.model_macs(shape)
+
+
+def test_a_short_run_reports_every_row(tiny_vision_served, capsys: pytest.CaptureFixture[str]) -> None:
+    realsize.main(
+        ["--model-dir", str(tiny_vision_served), "--rounds", "1", "--seconds", "0.2", "--clients", "1"]
+    )
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [next(iter(line)) for line in lines] == ["machine", "precisions", "round", "medians"]
+    graphs = ["fp32", "int8", *(["openvino"] if HAS_OPENVINO else [])]
+    precisions, top1 = lines[1]["precisions"], lines[1]["top1_vs_ort_fp32"]
+    assert list(precisions) == graphs and precisions["int8"] == "int8"
+    assert top1["photos"] == 256 and set(top1) == {"photos", *graphs[1:]}
+    assert all(0.0 <= top1[graph] <= 1.0 for graph in graphs[1:])
+    medians = lines[3]["medians"]
+    for graph in graphs:
+        assert medians[f"raw_{graph}_b8_img_s"] > 0 and medians[f"achieved_{graph}_b8_g"] > 0
+    servers = ["served", "served_lone_off", *(["served_openvino"] if HAS_OPENVINO else [])]
+    for server in servers:
+        assert medians[f"{server}_c1_failed"] == 0 and medians[f"{server}_c1_rps"] > 0
+        assert f"{server}_c1_over_raw_int8_b1" in medians
+    assert not any(key.startswith("served_openvino") for key in medians) or HAS_OPENVINO
+    assert {"peak_fp32_g", "peak_int8_g"} <= set(medians)
