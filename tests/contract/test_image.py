@@ -43,6 +43,19 @@ def test_cifar_jpeg_gives_normalised_chw(cifar_images: list[bytes]) -> None:
     np.testing.assert_allclose(out, expected.transpose(2, 0, 1), atol=1e-6)
 
 
+def test_each_channel_is_normalised_with_its_own_mean_and_std() -> None:
+    """ImageNet's statistics differ per channel: plane c of the answer is pixel channel c scaled by
+    mean[c] and std[c], to the bit what the same arithmetic over [H, W, 3] pixels gives."""
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    config = {"crop_size": 32, "resize_size": 32, "mean": mean, "std": std}
+    pixels = np.random.default_rng(3).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    out = ImageTransform.from_config(config, MAX_PIXELS, (32, 32))(encode(Image.fromarray(pixels), "PNG"))
+    assert out.shape == (3, 32, 32) and out.dtype == np.float32 and out.flags.c_contiguous
+    for c in range(3):
+        plane = (pixels[..., c].astype(np.float32) / 255.0 - np.float32(mean[c])) / np.float32(std[c])
+        np.testing.assert_array_equal(out[c], plane)
+
+
 def test_shorter_side_resize_and_centre_crop() -> None:
     # 64 wide x 32 high, three vertical bands: red | green (columns 16..47) | blue.
     arr = np.zeros((32, 64, 3), np.uint8)
