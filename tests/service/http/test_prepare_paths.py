@@ -7,6 +7,7 @@ to the bytes directly, run through the same ORT session alone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,21 @@ def test_small_and_large_images_give_the_transform_s_answer(
     for data, logits in zip((small, large), got, strict=True):
         expected = pipeline.runtime.run({"pixel_values": pipeline.transform(data)[None]})["logits"][0]
         np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_small_image_resized_large_is_prepared_in_a_thread(
+    tiny_vision_served: Path, make_settings: Callable[..., ServiceSettings], threads: list[Any]
+) -> None:
+    """What is resized counts, not only what is decoded: a thumbnail that the transform upscales
+    past the inline bound (as a 224 model upscales it to 256) leaves the event loop."""
+    pipeline = _load(tiny_vision_served, make_settings(variant="fp32"))
+    pipeline.transform = dataclasses.replace(pipeline.transform, resize_size=160)
+    assert 32 * 32 <= vision.INLINE_DECODE_PIXELS < 160 * 160
+    small = _jpeg(32, 2)
+    (logits,) = _run(pipeline, lambda: asyncio.gather(_logits(pipeline, small)))
+    assert threads == [pipeline.transform.finish]
+    expected = pipeline.runtime.run({"pixel_values": pipeline.transform(small)[None]})["logits"][0]
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_short_and_long_texts_give_the_codec_s_encoding(
