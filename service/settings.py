@@ -139,8 +139,9 @@ class ServiceSettings(BaseSettings):
     """ONNX Runtime intra-op threads of each instance; unset: the usable CPUs divided by the instances"""
     lone_threads: int | None = setting(Group.MODELS, None, ge=0)
     """intra-op threads of a one-row batch that starts while no other batch of any model runs (a lone request
-    at low load), on a second ORT session of the model (a second copy of its weights); unset: the usable CPUs;
-    0, or not above intra_op_threads: off, every batch on its instance's threads. CPU only"""
+    at low load), on a second session of the model (ORT's, or OpenVINO's of one stream: a second copy of its
+    weights); unset: the usable CPUs; 0, or not above intra_op_threads: off, every batch on its instance's
+    threads. CPU only"""
     ort_spinning: bool = setting(Group.MODELS, False)
     """let ORT worker threads spin between runs (lower latency at low load, burns idle CPU)"""
     fixed_length: bool = setting(Group.MODELS, False)

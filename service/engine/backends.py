@@ -16,8 +16,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from contract.cpu import BF16_FLAGS, OPENVINO_PRECISIONS, cpu_flags
 from service.engine.runtime import (
@@ -51,8 +52,9 @@ def resolve_backend(requested: str, device: str) -> str:
 
 
 class OpenVinoModel(Runtime):
-    """One graph on OpenVINO's CPU plugin: one stream per execution instance, and an inference
-    request per batch thread (a request runs one batch at a time)."""
+    """One graph on OpenVINO's CPU plugin: one stream per execution instance, an inference request
+    per batch thread (a request runs one batch at a time), and, for a lone run (`Runtime.run`), a
+    second compiled model of one stream over `lone_threads` threads."""
 
     provider = "OpenVINO CPU"
 
@@ -64,40 +66,44 @@ class OpenVinoModel(Runtime):
         super().__init__(path, options, name)
         proto = onnx.inliner.inline_local_functions(onnx.load(str(path)))
         core = ov.Core()
-        config = {
-            "NUM_STREAMS": options.instances,
-            "INFERENCE_NUM_THREADS": options.instances * options.intra_op_threads,
-        }
-        self.compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU", config)
-        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        graph = core.read_model(proto.SerializeToString(), b"")
+
+        def compiled(streams: int, threads: int) -> Any:
+            return core.compile_model(
+                graph, "CPU", {"NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": threads}
+            )
+
+        self.session = compiled(options.instances, options.instances * options.intra_op_threads)
+        self.lone_session = compiled(1, options.lone_threads) if self.wide else None
+        hint = self.session.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self.precision = OPENVINO_PRECISIONS.get(hint, hint)
-        graph = proto.graph
-        self.input_names = [value.name for value in graph.input]
-        self.output_names = [value.name for value in graph.output]
-        self._outputs = dict(zip(self.output_names, self.compiled.outputs, strict=True))
+        self.input_names = [value.name for value in proto.graph.input]
+        self.output_names = [value.name for value in proto.graph.output]
         self._dims = {
             value.name: [dim.dim_value if dim.HasField("dim_value") else None for dim in shape.dim]
-            for value in graph.input
+            for value in proto.graph.input
             for shape in [value.type.tensor_type.shape]
         }
         self.row_independent = rows_are_independent({p.key: p.value for p in proto.metadata_props}, path)
         self._local = threading.local()
         log.info(
-            "model %s: %s on %s at %s, %d stream(s) of %d thread(s)",
+            "model %s: %s on %s at %s, %d stream(s) of %d thread(s)%s",
             self.name,
             path.name,
             self.provider,
             self.precision,
             options.instances,
             options.intra_op_threads,
+            f" ({options.lone_threads} for a lone run)" if self.lone_session else "",
         )
 
-    def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
-        request = getattr(self._local, "request", None)
-        if request is None:
-            request = self._local.request = self.compiled.create_infer_request()
-        results = request.infer(feeds)  # copies the outputs out: the request is run again
-        return {name: results[self._outputs[name]] for name in names or self.output_names}
+    def run_on(self, session: Any, feeds: Feeds, names: list[str]) -> Feeds:
+        # This thread's inference request on each compiled model, made on its first run there.
+        requests: dict[int, Any] = self._local.__dict__.setdefault("requests", {})
+        if id(session) not in requests:
+            requests[id(session)] = session.create_infer_request()
+        results = requests[id(session)].infer(feeds)  # copies the outputs out: the request runs again
+        return {name: results[self.output_names.index(name)] for name in names}
 
     def static_dims(self, name: str) -> list[int | None]:
         return list(self._dims[name])

@@ -10,8 +10,9 @@ instance; a session may be run from several threads at once).
 
 Adaptive threading (docs/service.md): a run of one row that starts while no other run of any model
 is going takes a second session over the same file, with `lone_threads` threads (ORT fixes a
-session's pool when it opens it). Batches of several rows are left out: they form under load, when
-the next batch is about to start beside them, and a wide run stalls on a preempted partner thread.
+session's pool when it opens it, OpenVINO a compiled model's streams and threads), on either
+backend. Batches of several rows are left out: they form under load, when the next batch is about
+to start beside them, and a wide run stalls on a preempted partner thread.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -120,7 +122,7 @@ _runs_going = 0  # session runs going on now in this process, over every model
 @contextmanager
 def _running() -> Iterator[bool]:
     """Count a session run while the block lasts; yields whether no other run was going when it
-    began, which decides its session (`OnnxModel.run`)."""
+    began, which decides its session (`Runtime.run`)."""
     global _runs_going
     with _runs_lock:
         alone = _runs_going == 0
@@ -133,12 +135,14 @@ def _running() -> Iterator[bool]:
 
 
 class Runtime:
-    """One loaded graph of a served model, as the pipelines and the batcher use it: `run` (one
-    batch of graph inputs) and `static_dims` are the backend's own, the rest is shared.
+    """One loaded graph of a served model, as the pipelines and the batcher use it: `run_on` (one
+    batch of graph inputs on one of its sessions) and `static_dims` are the backend's own, the
+    rest is shared, the choice of session included.
 
-    `provider` names what runs the graph; `precision` is what its arithmetic is done in when the
-    backend chooses that itself (OpenVINO's inference precision: fp32 or bf16), None where it is the
-    file's own (ONNX Runtime).
+    `session` runs the instances' batches; `lone_session`, where the options give a lone run more
+    threads than an instance has, runs one row alone (module docstring). `provider` names what runs
+    the graph; `precision` is what its arithmetic is done in when the backend chooses that itself
+    (OpenVINO's inference precision: fp32 or bf16), None where it is the file's own (ONNX Runtime).
     """
 
     provider: str
@@ -146,14 +150,35 @@ class Runtime:
     input_names: list[str]
     output_names: list[str]
     row_independent: bool  # a batch row's outputs depend on that row alone
+    session: Any
+    lone_session: Any | None = None
 
     def __init__(self, path: Path, options: RuntimeOptions, name: str) -> None:
         self.path = path
         self.name = name or path.parent.name
         self.options = options
+        self._every_session = False
+
+    @property
+    def wide(self) -> bool:
+        """Whether the options ask for a lone session: more threads for a lone run, on a CPU."""
+        return self.options.device == "cpu" and self.options.lone_threads > self.options.intra_op_threads
 
     def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
-        """One run over already batched inputs, returning the outputs `names` (default: all)."""
+        """One run over already batched inputs, returning the outputs `names` (default: all; those
+        not asked for are not copied out). One row runs on the lone session, all its threads, when
+        no other run is going as it starts (module docstring)."""
+        names = list(names or self.output_names)
+        if self._every_session and self.lone_session is not None:
+            self.run_on(self.lone_session, feeds, names)
+            return self.run_on(self.session, feeds, names)
+        with _running() as alone:
+            one_row = next(iter(feeds.values())).shape[0] == 1
+            lone = alone and one_row and self.lone_session is not None
+            return self.run_on(self.lone_session if lone else self.session, feeds, names)
+
+    def run_on(self, session: Any, feeds: Feeds, names: list[str]) -> Feeds:
+        """The outputs `names` of one run of `session` (`self.session` or `self.lone_session`)."""
         raise NotImplementedError
 
     def static_dims(self, name: str) -> list[int | None]:
@@ -162,9 +187,13 @@ class Runtime:
 
     @contextmanager
     def on_every_session(self) -> Iterator[None]:
-        """Within the block every run goes to each of the backend's sessions (the warm-up); one
-        session: nothing to do."""
-        yield
+        """Within the block, every run runs on each session (the warm-up: each allocates its memory
+        for each shape before a client's request would)."""
+        self._every_session = True
+        try:
+            yield
+        finally:
+            self._every_session = False
 
     def run_batch(
         self, items: Sequence[Feeds], collate: Collate | None = None, names: Sequence[str] | None = None
@@ -184,9 +213,7 @@ class OnnxModel(Runtime):
     def __init__(self, path: Path, options: RuntimeOptions, *, name: str = "") -> None:
         super().__init__(path, options, name)
         self.session = self._open(options.intra_op_threads)
-        wide = options.device == "cpu" and options.lone_threads > options.intra_op_threads
-        self.lone_session = self._open(options.lone_threads) if wide else None
-        self._every_session = False
+        self.lone_session = self._open(options.lone_threads) if self.wide else None
         self.provider = self.session.get_providers()[0]
         if options.device == "cuda" and self.provider != CUDA:
             log.warning(
@@ -221,28 +248,13 @@ class OnnxModel(Runtime):
         providers = [CUDA, CPU] if self.options.device == "cuda" else [CPU]
         return ort.InferenceSession(str(self.path), sess_options=so, providers=providers)
 
-    @contextmanager
-    def on_every_session(self) -> Iterator[None]:
-        """Within the block, every run runs on each session (the warm-up: each allocates its memory
-        arenas for each shape before a client's request would)."""
-        self._every_session = True
-        try:
-            yield
-        finally:
-            self._every_session = False
+    def run_on(self, session: Any, feeds: Feeds, names: list[str]) -> Feeds:
+        return dict(zip(names, session.run(names, feeds), strict=True))
 
     def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
-        """Outputs not asked for are not copied out of the session. One row runs on the lone
-        session, all its threads, when no other run is going as it starts (module docstring)."""
-        names = list(names or self.output_names)
         if self.provider != CUDA:
-            if self._every_session and self.lone_session is not None:
-                self.lone_session.run(names, feeds)
-                return dict(zip(names, self.session.run(names, feeds), strict=True))
-            with _running() as alone:
-                one_row = next(iter(feeds.values())).shape[0] == 1
-                session = self.lone_session if alone and one_row and self.lone_session else self.session
-                return dict(zip(names, session.run(names, feeds), strict=True))
+            return super().run(feeds, names)
+        names = list(names or self.output_names)
         # IO binding: inputs are copied to the GPU once, outputs stay there until one copy back,
         # instead of ORT allocating and copying per run.
         binding = self.session.io_binding()

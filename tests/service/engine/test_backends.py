@@ -78,6 +78,40 @@ def test_openvino_answers_as_onnx_runtime(tiny_vision_served: Path, tiny_mlm_ser
         assert model.run(feeds, ["logits"]).keys() == {"logits"}
 
 
+def test_openvino_runs_a_lone_row_on_one_stream_of_every_thread(
+    tiny_vision_served: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on ONNX Runtime (tests/service/engine/test_lone_threads.py): a one-row run with no other
+    run going takes the lone compiled model, batches of several rows the instances' streams, the
+    warm-up both; the two give the same logits."""
+    pytest.importorskip("openvino")
+    path = tiny_vision_served / "model.onnx"
+    options = RuntimeOptions(intra_op_threads=1, backend="openvino", instances=2, lone_threads=2)
+    model = open_runtime(path, options)
+    assert model.lone_session is not None
+    for compiled, streams, threads in ((model.session, 2, 2), (model.lone_session, 1, 2)):
+        assert int(compiled.get_property("NUM_STREAMS")) == streams
+        assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == threads
+    log: list[str] = []
+    run_on = model.run_on
+
+    def recording(session: object, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        log.append("lone" if session is model.lone_session else "instance")
+        return run_on(session, feeds, names)
+
+    monkeypatch.setattr(model, "run_on", recording)
+    (feeds, *_) = recorded_inputs(tiny_vision_served)
+    one = {k: v[:1] for k, v in feeds.items()}
+    alone = model.run(one, ["logits"])["logits"]
+    batched = model.run({k: np.concatenate([v, v]) for k, v in one.items()}, ["logits"])["logits"]
+    with model.on_every_session():
+        model.run(one, ["logits"])
+    assert log == ["lone", "instance", "lone", "instance"]
+    atol = 5e-2 if model.precision == "bf16" else 1e-4
+    np.testing.assert_allclose(alone[0], batched[1], atol=atol)
+    assert open_runtime(path, RuntimeOptions(backend="openvino", lone_threads=1)).lone_session is None
+
+
 def run_without_openvino(code: str) -> subprocess.CompletedProcess[str]:
     """`code` in a Python where `import openvino` fails, as where the extra is not installed."""
     blocked = "import sys; sys.modules['openvino'] = None; " + code
