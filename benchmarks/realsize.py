@@ -39,7 +39,7 @@ from gmlp.server_process import ServerProcess, gmlp_serve, link_repository
 from loadtests.engine import classify_request, run_closed_loop
 from loadtests.runner import parse_users
 from service.engine.backends import open_runtime
-from service.engine.runtime import OPENVINO, Runtime, RuntimeOptions
+from service.engine.runtime import ONNXRUNTIME, OPENVINO, Runtime, RuntimeOptions
 from service.settings import available_cpus
 
 CALIBRATION = REPO / "checkpoints" / "cifar10-gmlp" / "calibration.npz"
@@ -110,18 +110,15 @@ def torch_gemm(threads: int, dtype: str, side: int = GEMM_SIDE) -> Callable[[], 
     return lambda: torch.matmul(a, b)
 
 
-def graphs(directory: Path, config: dict[str, Any], threads: int) -> dict[str, Runtime]:
+def graphs(directory: Path, files: dict[str, str], threads: int) -> dict[str, Runtime]:
     """The graphs measured raw, by row name: ORT's fp32 and int8 files and, where installed,
     OpenVINO on the fp32 graph (one stream of every thread: a lone batch, as raw ORT runs it)."""
-    files = config["variants"]
-    out = {
-        variant: open_runtime(directory / files[variant], RuntimeOptions("cpu", threads))
-        for variant in ("fp32", "int8")
+    rows = [("fp32", "fp32", ONNXRUNTIME), ("int8", "int8", ONNXRUNTIME)]
+    rows += [("openvino", "fp32", OPENVINO)] if HAS_OPENVINO else []
+    return {
+        row: open_runtime(directory / files[variant], RuntimeOptions("cpu", threads, backend=backend))
+        for row, variant, backend in rows
     }
-    if HAS_OPENVINO:
-        options = RuntimeOptions("cpu", threads, backend=OPENVINO)
-        out["openvino"] = open_runtime(directory / files["fp32"], options)
-    return out
 
 
 def agreement(runtimes: dict[str, Runtime], config: dict[str, Any]) -> dict[str, Any]:
@@ -207,13 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         config = json.loads((directory / "config.json").read_text())
         macs = model_macs(config["model"])
         repository = link_repository(work, directory)
-        runtimes = graphs(directory, config, available_cpus())
+        runtimes = graphs(directory, config["variants"], available_cpus())
         # ORT's files compute in their own precision; OpenVINO in the one it chose on this CPU.
-        precisions = {"fp32": "fp32", "int8": "int8"} | {
-            graph: str(runtime.precision) for graph, runtime in runtimes.items() if runtime.precision
-        }
-        facts = cpu_facts()
-        print(json.dumps({"machine": facts, "model": str(directory), "gmacs": macs / 1e9}), flush=True)
+        precisions = {graph: runtime.precision or graph for graph, runtime in runtimes.items()}
+        print(json.dumps({"machine": cpu_facts(), "model": str(directory), "gmacs": macs / 1e9}), flush=True)
         top1 = agreement(runtimes, config)
         print(json.dumps({"precisions": precisions, "top1_vs_ort_fp32": top1}), flush=True)
         variants = {"served": {}, "served_lone_off": {"GMLP_LONE_THREADS": "0"}}
@@ -227,10 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         for index in range(args.rounds):
             rounds.append(one_round(directory, runtimes, servers, args))
             print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
-        print(
-            json.dumps({"medians": summary(rounds, macs, args.clients, precisions, list(servers))}),
-            flush=True,
-        )
+        medians = summary(rounds, macs, args.clients, precisions, list(servers))
+        print(json.dumps({"medians": medians}), flush=True)
 
 
 if __name__ == "__main__":
