@@ -7,7 +7,7 @@
 Without `--model-dir`, builds the named config with random weights (moved off the init) and
 exports it (fp32 + static int8). Rounds interleave every row: raw `session.run` of both files at
 batch 1 and 8, `gmlp serve` with its defaults and with `GMLP_LONE_THREADS=0` under closed-loop
-clients, a square GEMM per precision for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`,
+clients (each server started for its rows and alone on the machine), a square GEMM per precision for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`,
 bf16 `torch.matmul` where the CPU computes bf16), and the model's achieved FLOP/s at batch 8 from
 the MACs its shapes imply. Where the `openvino` package is installed, the second backend gets the
 same rows: OpenVINO raw on the fp32 graph and `gmlp serve --backend openvino`, in the precision it
@@ -17,7 +17,6 @@ agreement with ORT fp32 over 256 CIFAR-10 photos (docs/benchmarks.md, "A real-si
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import statistics
@@ -161,12 +160,15 @@ def one_round(
     photos = image_bytes(CALIBRATION, 16, seed=1)
     requests = [classify_request(photo, 5, model=directory.name) for photo in photos]
     for name, server in servers.items():
-        for clients in args.clients:
-            load = run_closed_loop(
-                server.base_url, requests, concurrency=clients, seconds=args.seconds, warmup_s=1
-            )
-            row[f"{name}_c{clients}_rps"], row[f"{name}_c{clients}_failed"] = load.rps, load.failed
-            row[f"{name}_c{clients}_p50_ms"] = load.percentile_ms(50)
+        # Each server runs alone, started for its rows: idle servers beside it slowed one client
+        # by a third on a 2-vCPU machine (docs/benchmarks.md, "A real-size model").
+        with server:
+            for clients in args.clients:
+                load = run_closed_loop(
+                    server.base_url, requests, concurrency=clients, seconds=args.seconds, warmup_s=1
+                )
+                row[f"{name}_c{clients}_rps"], row[f"{name}_c{clients}_failed"] = load.rps, load.failed
+                row[f"{name}_c{clients}_p50_ms"] = load.percentile_ms(50)
     return row
 
 
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per row and round")
     parser.add_argument("--clients", type=parse_users, default=[8, 1], help="e.g. 1,8,32")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gmlp-realsize-") as tmp, contextlib.ExitStack() as stack:
+    with tempfile.TemporaryDirectory(prefix="gmlp-realsize-") as tmp:
         work = Path(tmp)
         directory = args.model_dir or build(args.arch, work)
         config = json.loads((directory / "config.json").read_text())
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         if HAS_OPENVINO:
             variants["served_openvino"] = {"GMLP_BACKEND": "openvino"}
         servers = {
-            name: stack.enter_context(gmlp_serve(repository, log_path=work / f"{name}.log", env=env))
+            name: gmlp_serve(repository, log_path=work / f"{name}.log", env=env)
             for name, env in variants.items()
         }
         rounds = []
