@@ -7,12 +7,13 @@
 Without `--model-dir`, builds the named config with random weights (moved off the init) and
 exports it (fp32 + static int8). Rounds interleave every row: raw `session.run` of both files at
 batch 1 and 8, `gmlp serve` with its defaults and with `GMLP_LONE_THREADS=0` under closed-loop
-clients (each server started for its rows and alone on the machine), a square GEMM per precision for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`,
-bf16 `torch.matmul` where the CPU computes bf16), and the model's achieved FLOP/s at batch 8 from
-the MACs its shapes imply. Where the `openvino` package is installed, the second backend gets the
-same rows: OpenVINO raw on the fp32 graph and `gmlp serve --backend openvino`, in the precision it
-chose on this CPU. Prints one JSON line per round, then the medians and each other graph's top-1
-agreement with ORT fp32 over 256 CIFAR-10 photos (docs/benchmarks.md, "A real-size model").
+clients (each server started for its rows and alone on the machine), a square GEMM per precision
+for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`, bf16 `torch.matmul` where the CPU
+computes bf16), and the model's achieved FLOP/s at batch 8 from the MACs its shapes imply. Where
+the `openvino` package is installed, the second backend gets the same rows: OpenVINO raw on the
+fp32 graph and `gmlp serve --backend openvino`, in the precision it chose on this CPU. Prints one
+JSON line per round, then the medians and each other graph's top-1 agreement with ORT fp32 over
+256 CIFAR-10 photos (docs/benchmarks.md, "A real-size model").
 """
 
 from __future__ import annotations
