@@ -146,10 +146,14 @@ def peaks(threads: int, seconds: float) -> dict[str, float]:
 
 
 def one_round(
-    directory: Path, runtimes: dict[str, Runtime], servers: dict[str, ServerProcess], args: Any
+    directory: Path,
+    spec: dict[str, Any],
+    runtimes: dict[str, Runtime],
+    servers: dict[str, ServerProcess],
+    args: Any,
 ) -> dict:
-    """Every row's figures once: each graph raw, the GEMM peaks, each server at each number of clients."""
-    (spec,) = json.loads((directory / "config.json").read_text())["inputs"]
+    """Every row's figures once: each graph raw on random inputs of the served input `spec`, the
+    GEMM peaks, each server at each number of clients."""
     row: dict[str, Any] = {}
     for graph, runtime in runtimes.items():
         for batch in (1, 8):
@@ -206,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         directory = args.model_dir or build(args.arch, work)
         config = json.loads((directory / "config.json").read_text())
         macs = model_macs(config["model"])
+        (spec,) = config["inputs"]  # a vision classifier: one image input
         repository = link_repository(work, directory)
         runtimes = graphs(directory, config["variants"], available_cpus())
         # ORT's files compute in their own precision; OpenVINO in the one it chose on this CPU.
@@ -222,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         rounds = []
         for index in range(args.rounds):
-            rounds.append(one_round(directory, runtimes, servers, args))
+            rounds.append(one_round(directory, spec, runtimes, servers, args))
             print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
         medians = summary(rounds, macs, args.clients, precisions, list(servers))
         print(json.dumps({"medians": medians}), flush=True)
