@@ -79,6 +79,7 @@ class OpenVinoModel(Runtime):
         self.precision = OPENVINO_PRECISIONS.get(hint, hint)
         self.input_names = [value.name for value in proto.graph.input]
         self.output_names = [value.name for value in proto.graph.output]
+        self._output_index = {name: index for index, name in enumerate(self.output_names)}
         self._dims = {
             value.name: [dim.dim_value if dim.HasField("dim_value") else None for dim in shape.dim]
             for value in proto.graph.input
@@ -103,7 +104,7 @@ class OpenVinoModel(Runtime):
         if id(session) not in requests:
             requests[id(session)] = session.create_infer_request()
         results = requests[id(session)].infer(feeds)  # copies the outputs out: the request runs again
-        return {name: results[self.output_names.index(name)] for name in names}
+        return {name: results[self._output_index[name]] for name in names}
 
     def static_dims(self, name: str) -> list[int | None]:
         return list(self._dims[name])
