@@ -36,7 +36,7 @@ from contract.calibration import image_bytes
 from contract.cpu import BF16_FLAGS, cpu_flags
 from contract.image import ImageTransform
 from gmlp.server_process import ServerProcess, gmlp_serve, link_repository
-from loadtests.engine import classify_request, run_closed_loop
+from loadtests.engine import PreparedRequest, classify_request, run_closed_loop
 from loadtests.runner import parse_users
 from service.engine.backends import open_runtime
 from service.engine.runtime import ONNXRUNTIME, OPENVINO, Runtime, RuntimeOptions
@@ -146,14 +146,14 @@ def peaks(threads: int, seconds: float) -> dict[str, float]:
 
 
 def one_round(
-    directory: Path,
     spec: dict[str, Any],
     runtimes: dict[str, Runtime],
     servers: dict[str, ServerProcess],
+    requests: list[PreparedRequest],
     args: Any,
 ) -> dict:
     """Every row's figures once: each graph raw on random inputs of the served input `spec`, the
-    GEMM peaks, each server at each number of clients."""
+    GEMM peaks, each server at each number of clients sent `requests` in turn."""
     row: dict[str, Any] = {}
     for graph, runtime in runtimes.items():
         for batch in (1, 8):
@@ -162,8 +162,6 @@ def one_round(
             row[f"raw_{graph}_b{batch}_ms"] = 1000 * per_call
             row[f"raw_{graph}_b{batch}_img_s"] = batch / per_call
     row |= peaks(available_cpus(), args.seconds)
-    photos = image_bytes(CALIBRATION, 16, seed=1)
-    requests = [classify_request(photo, 5, model=directory.name) for photo in photos]
     for name, server in servers.items():
         # Each server runs alone, started for its rows: idle servers beside it slowed one client
         # by a third on a 2-vCPU machine (docs/benchmarks.md, "A real-size model").
@@ -211,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
         config = json.loads((directory / "config.json").read_text())
         macs = model_macs(config["model"])
         (spec,) = config["inputs"]  # a vision classifier: one image input
+        photos = image_bytes(CALIBRATION, 16, seed=1)
+        requests = [classify_request(photo, 5, model=directory.name) for photo in photos]
         repository = link_repository(work, directory)
         runtimes = graphs(directory, config["variants"], available_cpus())
         # ORT's files compute in their own precision; OpenVINO in the one it chose on this CPU.
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         rounds = []
         for index in range(args.rounds):
-            rounds.append(one_round(directory, spec, runtimes, servers, args))
+            rounds.append(one_round(spec, runtimes, servers, requests, args))
             print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
         medians = summary(rounds, macs, args.clients, precisions, list(servers))
         print(json.dumps({"medians": medians}), flush=True)
