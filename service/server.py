@@ -117,13 +117,12 @@ def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
     """One worker's settings: the resolved `port`; its share of the CPUs (its instances and threads
     are resolved from them: 1 single-threaded instance each with as many workers as CPUs), of the
     HTTP and gRPC connection caps and of each model's queue; no metrics port (the supervisor serves
-    it). A lone request still runs on every CPU (`lone_threads`): the other workers are idle then."""
+    it). A lone request still runs on every CPU (`ServiceSettings.resolved_lone_threads`)."""
     n = settings.workers
     return settings.model_copy(
         update={
             "port": port,
             "cpus": max(1, settings.usable_cpus() // n),
-            "lone_threads": settings.resolved_lone_threads("cpu"),
             "max_connections": _share(settings.max_connections, n),
             "grpc_max_connections": _share(settings.grpc_max_connections, n),
             "max_queue_size": _share(settings.max_queue_size, n),

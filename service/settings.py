@@ -140,8 +140,8 @@ class ServiceSettings(BaseSettings):
     lone_threads: int | None = setting(Group.MODELS, None, ge=0)
     """intra-op threads of a one-row batch that starts while no other batch of any model runs (a lone request
     at low load), on a second session of the model (ORT's, or OpenVINO's of one stream: a second copy of its
-    weights); unset: the usable CPUs; 0, or not above intra_op_threads: off, every batch on its instance's
-    threads. CPU only"""
+    weights); unset: the usable CPUs, kept only where a one-row run measures faster on them at load; 0, or
+    not above intra_op_threads: off, every batch on its instance's threads. CPU only"""
     ort_spinning: bool = setting(Group.MODELS, False)
     """let ORT worker threads spin between runs (lower latency at low load, burns idle CPU)"""
     fixed_length: bool = setting(Group.MODELS, False)
@@ -307,10 +307,13 @@ class ServiceSettings(BaseSettings):
         return self.intra_op_threads or max(1, self.usable_cpus() // instances)
 
     def resolved_lone_threads(self, device: str) -> int:
-        """Intra-op threads of a lone batch: the explicit setting, else every usable CPU (0 on CUDA)."""
+        """Intra-op threads of a lone batch: the explicit setting, else every usable CPU of the server,
+        all its workers' shares together (0 on CUDA): the other workers are idle when a run is lone."""
         if device != "cpu":
             return 0
-        return self.usable_cpus() if self.lone_threads is None else self.lone_threads
+        if self.lone_threads is not None:
+            return self.lone_threads
+        return self.usable_cpus() * self.workers
 
     def usable_cpus(self) -> int:
         return self.cpus or available_cpus()

@@ -12,13 +12,18 @@ Adaptive threading (docs/service.md): a run of one row that starts while no othe
 is going takes a second session over the same file, with `lone_threads` threads (ORT fixes a
 session's pool when it opens it, OpenVINO a compiled model's streams and threads), on either
 backend. Batches of several rows are left out: they form under load, when the next batch is about
-to start beside them, and a wide run stalls on a preempted partner thread.
+to start beside them, and a wide run stalls on a preempted partner thread. Where `lone_threads` is
+left to the service, the lone session is kept only if a one-row run measures faster on it at load
+(`keep_lone_if_faster`): a small model's run is over before a second thread has woken for each
+operator, and there the extra threads only add their wake-ups.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +43,14 @@ ONNXRUNTIME, OPENVINO = "onnxruntime", "openvino"
 Feeds = dict[str, np.ndarray]
 # Per-request feeds -> one batch of graph inputs (padding them to a common shape if needed).
 Collate = Callable[[Sequence[Feeds]], Feeds]
+
+# A measured lone session is kept when its one-row run takes at most this share of an instance's:
+# a smaller gain does not pay for a second copy of the weights and the wake-ups of its threads.
+LONE_GAIN = 0.95
+# The load-time measurement: pairs of runs, alternating which session goes first, at least the
+# first count, then more up to the second while the time lasts.
+LONE_PAIRS = (3, 9)
+LONE_MEASURE_S = 2.0
 
 
 def cuda_available() -> bool:
@@ -113,6 +126,8 @@ class RuntimeOptions:
     instances: int = 1  # batches run at once (OpenVINO gives each its own stream)
     # Intra-op threads of a one-row run that starts while no other run goes; not above intra_op_threads: off.
     lone_threads: int = 0
+    # lone_threads was the service's choice, not the user's: kept only where it measures faster.
+    lone_measured: bool = False
 
 
 _runs_lock = threading.Lock()
@@ -181,6 +196,48 @@ class Runtime:
         """The outputs `names` of one run of `session` (`self.session` or `self.lone_session`)."""
         raise NotImplementedError
 
+    @property
+    def lone_threads(self) -> int:
+        """Threads of a lone one-row run: the lone session's, 0 where every run takes an instance's."""
+        return self.options.lone_threads if self.lone_session is not None else 0
+
+    def keep_lone_if_faster(self, row: Feeds) -> list[tuple[float, float]]:
+        """Time the one-row batch `row` on the lone session and on the instances', in pairs that
+        alternate which goes first (`LONE_PAIRS`, `LONE_MEASURE_S`), and close the lone session
+        unless its median run takes at most `LONE_GAIN` of the other's. Call once warmed up, before
+        serving. Returns the (lone, instance) seconds of each pair."""
+        if self.lone_session is None:
+            return []
+        lone_session, names = self.lone_session, self.output_names[:1]
+        pairs: list[tuple[float, float]] = []
+        fewest, most = LONE_PAIRS
+        end = time.perf_counter() + LONE_MEASURE_S
+        while len(pairs) < fewest or (len(pairs) < most and time.perf_counter() < end):
+            took = {}
+            for lone in (True, False) if len(pairs) % 2 == 0 else (False, True):
+                start = time.perf_counter()
+                self.run_on(lone_session if lone else self.session, row, names)
+                took[lone] = time.perf_counter() - start
+            pairs.append((took[True], took[False]))
+        lone_s, instance_s = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+        kept = lone_s <= LONE_GAIN * instance_s
+        log.info(
+            "model %s: one row took %.3g ms on %d threads, %.3g ms on an instance's %d: lone session %s",
+            self.name,
+            1000 * lone_s,
+            self.options.lone_threads,
+            1000 * instance_s,
+            self.options.intra_op_threads,
+            "kept" if kept else "closed",
+        )
+        if not kept:
+            self.lone_session = None
+        return pairs
+
+    def collate_rows(self, items: Sequence[Feeds], collate: Collate | None = None) -> Feeds:
+        """Per-request feeds as one batch of graph inputs: the task's `collate`, else stacked."""
+        return collate(items) if collate else {n: np.stack([r[n] for r in items]) for n in self.input_names}
+
     def static_dims(self, name: str) -> list[int | None]:
         """An input's shape as the graph declares it: an int where fixed, None where dynamic."""
         raise NotImplementedError
@@ -202,8 +259,7 @@ class Runtime:
         split the outputs `names` (default: all) per request."""
         if not self.row_independent and len(items) > 1:
             return [self.run_batch([item], collate, names)[0] for item in items]
-        batch = collate(items) if collate else {n: np.stack([r[n] for r in items]) for n in self.input_names}
-        outputs = self.run(batch, names)
+        outputs = self.run(self.collate_rows(items, collate), names)
         return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 

@@ -109,6 +109,11 @@ class ModelInfo(BaseModel):
     )
     instances: int = Field(description="batches of this model that may run at once (setting instances)")
     intra_op_threads: int = Field(description="ONNX Runtime intra-op threads of each instance")
+    lone_threads: int = Field(
+        0,
+        description="threads of a one-row run that starts while no other run goes (setting lone_threads; "
+        "0: it runs on an instance's threads, as where the service measured no gain at load)",
+    )
     rows_batched: bool = Field(description="false when the variant runs batch rows one at a time")
     graph_top_k: int = Field(
         0,

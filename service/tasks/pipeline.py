@@ -86,6 +86,7 @@ class Pipeline:
             backend=backend,
             instances=instances,
             lone_threads=settings.resolved_lone_threads(device),
+            lone_measured=settings.lone_threads is None,
         )
         self.runtime = open_runtime(spec.variant_path(self.variant), options, name=spec.name)
         # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
@@ -176,6 +177,8 @@ class Pipeline:
                 self.check_outputs(feeds, self.run_rows([feeds])[0])
             if self.settings.max_batch_size > 1:
                 self.check_outputs(shapes[-1], self.run_rows([shapes[-1]] * self.settings.max_batch_size)[0])
+        if self.runtime.options.lone_measured:  # the largest shape: the lone request that gains most
+            self.runtime.keep_lone_if_faster(self.runtime.collate_rows([shapes[-1]], self.collate))
 
     def verify(self) -> None:
         """Raise SpecError unless the chosen variant answers the export's recorded check as the export
@@ -207,6 +210,7 @@ class Pipeline:
             "precision": self.precision,
             "instances": self.batcher.instances,
             "intra_op_threads": self.runtime.options.intra_op_threads,
+            "lone_threads": self.runtime.lone_threads,
             "rows_batched": self.runtime.row_independent,
             "graph_top_k": self.graph_top_k,
             "ready": self.ready,

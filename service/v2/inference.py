@@ -303,6 +303,7 @@ def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
                 ("execution_provider", served.runtime.provider),
                 ("precision", served.precision),
                 ("intra_op_threads", served.runtime.options.intra_op_threads),
+                ("lone_threads", served.runtime.lone_threads),
                 ("queue_delay_policy", "always" if batcher.always_wait else "arriving"),
             )
         },

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class Spy:
-    """An ORT session that logs its label on each run and waits for `gate` (when set) to finish it."""
+    """An ORT session that logs its label on each run and waits for `gate` (when set) to finish it,
+    or `delay` seconds before running."""
 
     def __init__(self, session: Any, label: str, log: list[str]) -> None:
         self.session, self.label, self.log = session, label, log
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
+        self.delay = 0.0
 
     def __getattr__(self, name: str) -> Any:  # the rest of the session (its inputs, outputs)
         return getattr(self.session, name)
@@ -39,6 +42,7 @@ class Spy:
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(20), "gate never opened"
+        time.sleep(self.delay)
         return self.session.run(names, feeds)
 
 
@@ -129,3 +133,25 @@ def test_the_warm_up_runs_every_session(tiny_vision_served: Path) -> None:
     assert sorted(log) == ["instance", "lone"]
     model.run({k: v[None] for k, v in row(model).items()})
     assert log[-1] == "lone"
+
+
+@pytest.mark.parametrize("slower", ["instance", "lone"])
+def test_a_measured_lone_session_is_kept_only_where_it_runs_faster(
+    tiny_vision_served: Path, slower: str
+) -> None:
+    """The load-time measurement: pairs of one-row runs, alternating which session goes first; the
+    lone session stays where its runs are faster, else it is closed and a lone row takes the
+    instance's threads. One session is slowed by 50 ms a run, far beyond the tiny model's own time."""
+    options = {"intra_op_threads": 1, "lone_threads": 2, "lone_measured": True}
+    model, log = spied(tiny_vision_served / "model.onnx", **options)
+    sessions = {"instance": model.session, "lone": model.lone_session}
+    sessions[slower].delay = 0.05
+    one = {k: v[None] for k, v in row(model).items()}
+    pairs = model.keep_lone_if_faster(one)
+    assert len(pairs) >= 3 and log[:4] == ["lone", "instance", "instance", "lone"]
+    assert all((lone > instance) == (slower == "lone") for lone, instance in pairs)
+    assert (model.lone_session is not None) == (slower == "instance")
+    assert model.lone_threads == (2 if slower == "instance" else 0)
+    log.clear()
+    model.run(one)
+    assert log == ["instance" if slower == "lone" else "lone"]
