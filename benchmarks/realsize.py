@@ -11,7 +11,8 @@ clients (each server started for its rows and alone on the machine), a square GE
 for the peak (fp32 `torch.matmul`, int8 ORT `MatMulInteger`, bf16 `torch.matmul` where the CPU
 computes bf16), and the model's achieved FLOP/s at batch 8 from the MACs its shapes imply. Where
 the `openvino` package is installed, the second backend gets the same rows: OpenVINO raw on the
-fp32 graph and `gmlp serve --backend openvino`, in the precision it chose on this CPU. Prints one
+fp32 graph (in the precision it chose on this CPU) and on the int8 one, and `gmlp serve --backend
+openvino`. Prints one
 JSON line per round, then the medians and each other graph's top-1 agreement with ORT fp32 over
 256 CIFAR-10 photos (docs/benchmarks.md, "A real-size model").
 """
@@ -110,14 +111,27 @@ def torch_gemm(threads: int, dtype: str, side: int = GEMM_SIDE) -> Callable[[], 
     return lambda: torch.matmul(a, b)
 
 
+# The graphs measured raw: (row, variant, backend). OpenVINO reads both files where installed: the
+# fp32 one is what it serves by default, the int8 one (ORT's QDQ quantisation) shows its int8 path.
+ROWS = [("fp32", "fp32", ONNXRUNTIME), ("int8", "int8", ONNXRUNTIME)]
+ROWS += [("openvino", "fp32", OPENVINO), ("openvino_int8", "int8", OPENVINO)] if HAS_OPENVINO else []
+
+
 def graphs(directory: Path, files: dict[str, str], threads: int) -> dict[str, Runtime]:
-    """The graphs measured raw, by row name: ORT's fp32 and int8 files and, where installed,
-    OpenVINO on the fp32 graph (one stream of every thread: a lone batch, as raw ORT runs it)."""
-    rows = [("fp32", "fp32", ONNXRUNTIME), ("int8", "int8", ONNXRUNTIME)]
-    rows += [("openvino", "fp32", OPENVINO)] if HAS_OPENVINO else []
+    """The `ROWS` by name, each on one stream or session of every thread (a lone batch)."""
     return {
         row: open_runtime(directory / files[variant], RuntimeOptions("cpu", threads, backend=backend))
-        for row, variant, backend in rows
+        for row, variant, backend in ROWS
+    }
+
+
+def precisions(runtimes: dict[str, Runtime]) -> dict[str, str]:
+    """What each row computes its matrix products in: int8 for the int8 file on either backend (its
+    quantised products), else the runtime's choice (OpenVINO's bf16 or fp32), else the file's."""
+    variants = {row: variant for row, variant, _ in ROWS}
+    return {
+        row: "int8" if variants[row] == "int8" else runtime.precision or variants[row]
+        for row, runtime in runtimes.items()
     }
 
 
@@ -176,13 +190,13 @@ def one_round(
 
 
 def summary(
-    rounds: list[dict], macs: int, clients: list[int], precisions: dict[str, str], servers: list[str]
+    rounds: list[dict], macs: int, clients: list[int], computed_in: dict[str, str], servers: list[str]
 ) -> dict[str, Any]:
     """Medians over the rounds of every figure, each raw graph's achieved share of the GEMM peak of
-    the precision it computes in (`precisions`, by row), and the served rows against raw int8:
+    the precision it computes in (`computed_in`, by row), and the served rows against raw int8:
     throughput against batch 8, one client's p50 against batch 1's latency."""
     out = {"gmacs_per_image": macs / 1e9} | {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    for graph, precision in precisions.items():
+    for graph, precision in computed_in.items():
         achieved = out[f"raw_{graph}_b8_img_s"] * 2 * macs / 1e9
         out[f"achieved_{graph}_b8_g"] = achieved
         if f"peak_{precision}_g" in out:
@@ -213,11 +227,10 @@ def main(argv: list[str] | None = None) -> None:
         requests = [classify_request(photo, 5, model=directory.name) for photo in photos]
         repository = link_repository(work, directory)
         runtimes = graphs(directory, config["variants"], available_cpus())
-        # ORT's files compute in their own precision; OpenVINO in the one it chose on this CPU.
-        precisions = {graph: runtime.precision or graph for graph, runtime in runtimes.items()}
+        computed_in = precisions(runtimes)
         print(json.dumps({"machine": cpu_facts(), "model": str(directory), "gmacs": macs / 1e9}), flush=True)
         top1 = agreement(runtimes, config)
-        print(json.dumps({"precisions": precisions, "top1_vs_ort_fp32": top1}), flush=True)
+        print(json.dumps({"precisions": computed_in, "top1_vs_ort_fp32": top1}), flush=True)
         variants = {"served": {}, "served_lone_off": {"GMLP_LONE_THREADS": "0"}}
         if HAS_OPENVINO:
             variants["served_openvino"] = {"GMLP_BACKEND": "openvino"}
@@ -229,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         for index in range(args.rounds):
             rounds.append(one_round(spec, runtimes, servers, requests, args))
             print(json.dumps({"round": index + 1, **rounds[-1]}), flush=True)
-        medians = summary(rounds, macs, args.clients, precisions, list(servers))
+        medians = summary(rounds, macs, args.clients, computed_in, list(servers))
         print(json.dumps({"medians": medians}), flush=True)
 
 

@@ -36,9 +36,11 @@ def test_a_short_run_reports_every_row(tiny_vision_served, capsys: pytest.Captur
     )
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [next(iter(line)) for line in lines] == ["machine", "precisions", "round", "medians"]
-    graphs = ["fp32", "int8", *(["openvino"] if HAS_OPENVINO else [])]
+    graphs = ["fp32", "int8", *(["openvino", "openvino_int8"] if HAS_OPENVINO else [])]
     precisions, top1 = lines[1]["precisions"], lines[1]["top1_vs_ort_fp32"]
     assert list(precisions) == graphs and precisions["int8"] == "int8"
+    assert precisions.get("openvino_int8", "int8") == "int8"
+    assert precisions.get("openvino") in {None, "fp32", "bf16"}
     assert top1["photos"] == 256 and set(top1) == {"photos", *graphs[1:]}
     assert all(0.0 <= top1[graph] <= 1.0 for graph in graphs[1:])
     medians = lines[3]["medians"]
