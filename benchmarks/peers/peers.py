@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -104,6 +105,19 @@ PEERS: tuple[Peer, ...] = (
     ),
 )
 PEER_KEYS = tuple(p.key for p in PEERS)
+
+
+def gmlp_also(name: str, flags: str) -> Peer:
+    """One more gmlp-serve row, `gmlp-serve-NAME`: the peers' layout with `flags` of `gmlp serve`
+    after it, where a flag given again wins (`--backend openvino --variant fp32`, `--lone-threads 0`)."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", name):
+        raise ValueError(f"row name {name!r}: lower-case letters, digits and '-', at most 31")
+    extra = shlex.split(flags)
+
+    def argv(bin_dir: Path, ports: list[int], work: Path) -> list[str]:
+        return [*gmlp_argv(bin_dir, ports, work), *extra]
+
+    return Peer(f"gmlp-serve-{name}", f"gmlp-serve ({' '.join(extra)})", None, (), argv, "raw")
 
 
 def product_pins(names: tuple[str, ...], constraints: Path = REPO / "constraints.txt") -> list[str]:

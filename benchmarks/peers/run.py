@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.peers.run            # 3 rounds, c = 1, 8, 32, 64, 10 s a row
     .venv/bin/python -m benchmarks.peers.run --quick    # 1 round, c = 1 and 32, 5 s a row
+    .venv/bin/python -m benchmarks.peers.run --gmlp-also "ov=--backend openvino --variant fp32"
 
 It installs each peer into its own venv under .bench-venvs/ (once), exports the demo classifier
 if models/ lacks it, and needs wrk (Debian/Ubuntu: apt-get install wrk). Raw results go to
@@ -35,7 +36,16 @@ from typing import Any
 from benchmarks import wrk
 from benchmarks.harness import REPO, command_line, cpu_facts, replace_section
 from benchmarks.peers.model import CPUS, INSTANCES_ENV, VARIANT, PeerModel, instances, intra_op_threads
-from benchmarks.peers.peers import PEER_KEYS, PEERS, Peer, classify, ensure_venv, request_body, running
+from benchmarks.peers.peers import (
+    PEER_KEYS,
+    PEERS,
+    Peer,
+    classify,
+    ensure_venv,
+    gmlp_also,
+    request_body,
+    running,
+)
 from gmlp.server_process import (
     ServerProcess,
     link_repository,
@@ -272,8 +282,9 @@ def ensure_model() -> None:
 def section(results: dict[str, Any]) -> str:
     """The markdown between the markers: this run's conditions, table and ratios (what is
     measured and how, and what is not like for like, is prose around them in the document)."""
-    meta, keys = results["meta"], [k for k in PEER_KEYS if k in results["meta"]["peers"]]
-    names = {p.key: p.label for p in PEERS if p.key in keys}
+    meta = results["meta"]
+    measured = [*PEERS, *also_rows(meta.get("also", {}))]
+    names = {p.key: p.label for p in measured if p.key in meta["peers"]}
     failed = "".join(f"\n- {k}: not measured ({why})" for k, why in results.get("failed", {}).items())
     m = meta["machine"]
     background = spread(r.get("others_cpu_pct", float("nan")) for r in results["rows"])
@@ -293,6 +304,11 @@ gmlp-serve, medians:
 """
 
 
+def also_rows(also: dict[str, str]) -> list[Peer]:
+    """The further gmlp-serve rows, by name: their `gmlp serve` flags (`--gmlp-also`)."""
+    return [gmlp_also(name, flags) for name, flags in also.items()]
+
+
 def main() -> None:
     parser = command_line(__doc__)
     parser.add_argument("--quick", action="store_true", help="1 round, c = 1 and 32, 5 s rows")
@@ -307,6 +323,14 @@ def main() -> None:
         f"{CPUS} / N ORT threads; raw ORT runs as many threads (default 2: gmlp-serve's default here)",
     )
     parser.add_argument("--peers", default=",".join(PEER_KEYS), help=f"subset of {','.join(PEER_KEYS)}")
+    parser.add_argument(
+        "--gmlp-also",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="one more gmlp-serve row, gmlp-serve-NAME, with these `gmlp serve` flags after the peers' "
+        "layout (repeatable); it is compared with the peers beside gmlp-serve, not counted among them",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--no-docs", action="store_true", help="measure only; leave docs/ alone")
     parser.add_argument("--report-only", action="store_true", help="redraw docs from --results")
@@ -330,7 +354,11 @@ def measure(args: argparse.Namespace) -> None:
     unknown = set(keys) - set(PEER_KEYS)
     if unknown:
         raise SystemExit(f"unknown peers {sorted(unknown)}; known: {', '.join(PEER_KEYS)}")
-    peers = [p for p in PEERS if p.key in keys]
+    also = dict(spec.split("=", 1) if "=" in spec else (spec, "") for spec in args.gmlp_also)
+    try:
+        peers = [p for p in PEERS if p.key in keys] + also_rows(also)
+    except ValueError as exc:
+        raise SystemExit(f"--gmlp-also: {exc}") from None
     ensure_model()
     for peer in peers:
         ensure_venv(peer)
@@ -348,7 +376,8 @@ def measure(args: argparse.Namespace) -> None:
         "levels": args.levels,
         "instances": args.instances,
         "duration_s": args.duration,
-        "peers": keys,
+        "peers": [p.key for p in peers],
+        "also": also,
         "minutes": minutes,
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,16 @@ import pytest
 from benchmarks import wrk
 from benchmarks.harness import replace_section
 from benchmarks.peers import run as report
-from benchmarks.peers.peers import PEERS, SHARED_PINS, install_spec, product_pins, request_body, top_label
+from benchmarks.peers.peers import (
+    PEERS,
+    SHARED_PINS,
+    gmlp_also,
+    gmlp_argv,
+    install_spec,
+    product_pins,
+    request_body,
+    top_label,
+)
 from gmlp import server_process as proc
 
 WRK_OUTPUT = """\
@@ -257,3 +266,47 @@ def test_fill_mask_script_sends_every_sentence_as_json():
     assert script.count("[==[") == 3 and '"/fill-mask"' in script
     for text in texts[:3]:
         assert json.dumps({"text": text, "top_k": 5}) in script
+
+
+def test_a_further_gmlp_serve_row_runs_the_layout_with_its_own_flags_last(tmp_path: Path):
+    """`--gmlp-also NAME=FLAGS`: the peers' layout, then the row's flags (the later of a flag given
+    twice is what argparse keeps); names that could not be a row key are refused."""
+    row = gmlp_also("ov", "--backend openvino --variant fp32")
+    base = gmlp_argv(tmp_path, [8123], tmp_path)
+    argv = row.argv(tmp_path, [8123], tmp_path)
+    assert argv == [*base, "--backend", "openvino", "--variant", "fp32"]
+    assert "--variant" in base  # so that the row's own variant is the one given again
+    assert (row.key, row.label, row.venv, row.body) == (
+        "gmlp-serve-ov",
+        "gmlp-serve (--backend openvino --variant fp32)",
+        None,
+        "raw",
+    )
+    for bad in ("", "OV", "a b", "x" * 32, "-x"):
+        with pytest.raises(ValueError, match="row name"):
+            gmlp_also(bad, "--lone-threads 0")
+
+
+def test_a_further_gmlp_serve_row_is_in_the_table_and_not_among_the_peers():
+    from benchmarks.peers.run import section
+
+    results = _results()
+    results["rows"] += [
+        dict(row, peer="gmlp-serve-ov", rps=row["rps"] * 2)
+        for row in results["rows"]
+        if row["peer"] == "gmlp-serve"
+    ]
+    results["meta"] = {
+        "date": "2026-01-01",
+        "machine": {"cpu": "Test CPU", "cpus": "2", "simd": "avx2", "python": "3.11"},
+        "rounds": 3,
+        "levels": [1, 8, 32, 64],
+        "duration_s": 10.0,
+        "peers": ["gmlp-serve", "litserve", "gmlp-serve-ov"],
+        "also": {"ov": "--backend openvino"},
+        "minutes": 20.0,
+    }
+    text = section(results)
+    assert "| gmlp-serve (--backend openvino) | 5.0 (4.5-6.0) | 800 (720-960) |" in text
+    # Twice gmlp-serve's throughput, yet the best peer is still LitServe.
+    assert "c=32 req/s: 1.33x the best peer's (LitServe 0.2.19)" in text
