@@ -228,7 +228,7 @@ class Runtime:
             self.options.lone_threads,
             1000 * instance_s,
             self.options.intra_op_threads,
-            "kept" if kept else "closed",
+            "kept" if kept else "closed, a lone row takes an instance's threads",
         )
         if not kept:
             self.lone_session = None
