@@ -69,9 +69,11 @@ class OpenVinoModel(Runtime):
         graph = core.read_model(proto.SerializeToString(), b"")
 
         def compiled(streams: int, threads: int) -> Any:
-            return core.compile_model(
-                graph, "CPU", {"NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": threads}
-            )
+            # Unpinned: OpenVINO pins each stream's threads to cores of its own choosing, and the
+            # worker processes of one server all chose the same ones (two workers' single-thread
+            # streams shared one core). The event loop needs the cores too.
+            config = {"NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": threads, "ENABLE_CPU_PINNING": False}
+            return core.compile_model(graph, "CPU", config)
 
         self.session = compiled(options.instances, options.instances * options.intra_op_threads)
         self.lone_session = compiled(1, options.lone_threads) if self.wide else None

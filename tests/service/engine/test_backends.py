@@ -92,6 +92,7 @@ def test_openvino_runs_a_lone_row_on_one_stream_of_every_thread(
     for compiled, streams, threads in ((model.session, 2, 2), (model.lone_session, 1, 2)):
         assert int(compiled.get_property("NUM_STREAMS")) == streams
         assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == threads
+        assert compiled.get_property("ENABLE_CPU_PINNING") is False  # workers would share cores
     log: list[str] = []
     run_on = model.run_on
 
