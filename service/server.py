@@ -117,7 +117,7 @@ def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
     """One worker's settings: the resolved `port`; its share of the CPUs (its instances and threads
     are resolved from them: 1 single-threaded instance each with as many workers as CPUs), of the
     HTTP and gRPC connection caps and of each model's queue; no metrics port (the supervisor serves
-    it). A lone request still runs on every CPU (`ServiceSettings.resolved_lone_threads`)."""
+    it). A lone request still runs on every CPU of the server (`ServiceSettings.resolved_lone_threads`)."""
     n = settings.workers
     return settings.model_copy(
         update={
@@ -128,7 +128,7 @@ def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
             "max_queue_size": _share(settings.max_queue_size, n),
             "metrics_port": None,
         }
-    )
+    ).with_server_cpus(settings.usable_cpus())
 
 
 def _socket(host: str, port: int) -> socket.socket:

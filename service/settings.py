@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -69,6 +69,8 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GMLP_", extra="ignore", validate_default=True, use_attribute_docstrings=True
     )
+    # A worker's count of its whole server's CPUs (`with_server_cpus`); None outside workers.
+    _server_cpus: int | None = PrivateAttr(None)
 
     host: str = setting(Group.SERVER, "127.0.0.1")
     """interface to bind; 0.0.0.0 in a container"""
@@ -308,15 +310,24 @@ class ServiceSettings(BaseSettings):
 
     def resolved_lone_threads(self, device: str) -> int:
         """Intra-op threads of a lone batch: the explicit setting, else every usable CPU of the server,
-        all its workers' shares together (0 on CUDA): the other workers are idle when a run is lone."""
+        all its workers' shares together (0 on CUDA): the other workers are idle when a run is lone. A
+        worker's own `cpus` is its share rounded down, so the count comes from the supervisor
+        (`with_server_cpus`)."""
         if device != "cpu":
             return 0
         if self.lone_threads is not None:
             return self.lone_threads
-        return self.usable_cpus() * self.workers
+        return self._server_cpus or self.usable_cpus()
 
     def usable_cpus(self) -> int:
         return self.cpus or available_cpus()
+
+    def with_server_cpus(self, cpus: int) -> ServiceSettings:
+        """These settings for one worker of a server that has `cpus` CPUs in all (not a setting:
+        carried, pickled, to the worker process)."""
+        copy = self.model_copy()
+        copy._server_cpus = cpus
+        return copy
 
 
 def available_cpus() -> int:

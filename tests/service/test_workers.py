@@ -11,6 +11,7 @@ import http.client
 import json
 import math
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -79,6 +80,15 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
     assert (small.resolved_instances("cpu"), small.resolved_threads(1)) == (1, 1)
     given = worker_settings(make_settings(workers=2, cpus=8, instances=2, lone_threads=0), 1)
     assert (given.instances, given.intra_op_threads, given.resolved_lone_threads("cpu")) == (2, 1, 0)
+
+
+@pytest.mark.parametrize(("cpus", "workers", "share"), [(3, 2, 1), (2, 4, 1), (7, 3, 2)])
+def test_a_lone_request_of_a_worker_runs_on_the_servers_cpus(make_settings, cpus, workers, share) -> None:
+    # The shares round down (3 CPUs, 2 workers: 1 each) and never fall below 1 (2 CPUs, 4 workers),
+    # so a product of share and workers would give 2 or 4; the count crosses to the process intact.
+    child = pickle.loads(pickle.dumps(worker_settings(make_settings(workers=workers, cpus=cpus), 1)))
+    assert (child.cpus, child.resolved_lone_threads("cpu")) == (share, cpus)
+    assert child.model_copy(update={"port": 1}).resolved_lone_threads("cpu") == cpus
 
 
 @pytest.mark.parametrize("bad", [0, 65, "2.5", "two", -1])
