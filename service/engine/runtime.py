@@ -48,7 +48,9 @@ Collate = Callable[[Sequence[Feeds]], Feeds]
 # goes first, at least the first count, then more up to the second while the time lasts. Where the
 # lone session gains, it gains more under serving than this measures (gMLP-S/16's int8 graph on a
 # 2-vCPU Xeon: 0.87-0.95 of an instance's run here, one client's p50 0.83-0.87 of the lone
-# session off), so any gain keeps it.
+# session off), so any gain keeps it. Only quiet pairs count, those during which no other run of
+# this process began or went on (a version loading beside one that serves); without enough of them
+# the lone session stays, as it runs only when nothing else does.
 LONE_PAIRS = (3, 15)
 LONE_MEASURE_S = 2.0
 
@@ -132,16 +134,25 @@ class RuntimeOptions:
 
 _runs_lock = threading.Lock()
 _runs_going = 0  # session runs going on now in this process, over every model
+_runs_begun = 0  # and begun so far
+
+
+def _quiet_mark() -> int | None:
+    """The count of runs begun, or None while one goes: a span is quiet where the marks at its
+    start and end are the same number."""
+    with _runs_lock:
+        return None if _runs_going else _runs_begun
 
 
 @contextmanager
 def _running() -> Iterator[bool]:
     """Count a session run while the block lasts; yields whether no other run was going when it
     began, which decides its session (`Runtime.run`)."""
-    global _runs_going
+    global _runs_going, _runs_begun
     with _runs_lock:
         alone = _runs_going == 0
         _runs_going += 1
+        _runs_begun += 1
     try:
         yield alone
     finally:
@@ -204,21 +215,32 @@ class Runtime:
     def keep_lone_if_faster(self, row: Feeds) -> list[tuple[float, float]]:
         """Time the one-row batch `row` on the lone session and on the instances', in pairs that
         alternate which goes first (`LONE_PAIRS`, `LONE_MEASURE_S`), and close the lone session
-        unless its median run is the faster. Call once warmed up, before serving. Returns the
-        (lone, instance) seconds of each pair."""
+        unless its median run is the faster. Call once warmed up. Returns the (lone, instance)
+        seconds of each quiet pair (`LONE_PAIRS`' comment); with fewer than its first count the
+        lone session stays."""
         if self.lone_session is None:
             return []
         lone_session, names = self.lone_session, self.output_names[:1]
         pairs: list[tuple[float, float]] = []
         fewest, most = LONE_PAIRS
-        end = time.perf_counter() + LONE_MEASURE_S
-        while len(pairs) < fewest or (len(pairs) < most and time.perf_counter() < end):
-            took = {}
-            for lone in (True, False) if len(pairs) % 2 == 0 else (False, True):
+        end, tried = time.perf_counter() + LONE_MEASURE_S, 0
+        while len(pairs) < most and (tried < fewest or time.perf_counter() < end):
+            took, mark = {}, _quiet_mark()
+            for lone in (True, False) if tried % 2 == 0 else (False, True):
                 start = time.perf_counter()
                 self.run_on(lone_session if lone else self.session, row, names)
                 took[lone] = time.perf_counter() - start
-            pairs.append((took[True], took[False]))
+            tried += 1
+            if mark is not None and mark == _quiet_mark():
+                pairs.append((took[True], took[False]))
+        if len(pairs) < fewest:
+            log.info(
+                "model %s: %d of %d pairs of one-row runs were quiet: lone session kept",
+                self.name,
+                len(pairs),
+                tried,
+            )
+            return pairs
         lone_s, instance_s = (statistics.median(p[i] for p in pairs) for i in (0, 1))
         kept = lone_s < instance_s
         log.info(

@@ -155,3 +155,31 @@ def test_a_measured_lone_session_is_kept_only_where_it_runs_faster(
     log.clear()
     model.run(one)
     assert log == ["instance" if slower == "lone" else "lone"]
+
+
+def test_only_quiet_pairs_decide_and_without_them_the_lone_session_stays(
+    tiny_vision_served: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version measured while another model runs (a swap under load): every pair overlaps that
+    run, so none counts, and the lone session, though slowed here, stays undecided rather than
+    closed on timings the other run disturbed. Once the other run ends, the next measurement
+    counts again and closes it."""
+    monkeypatch.setattr("service.engine.runtime.LONE_MEASURE_S", 0.3)
+    options = {"intra_op_threads": 1, "lone_threads": 2, "lone_measured": True}
+    model, _ = spied(tiny_vision_served / "model.onnx", **options)
+    other, _ = spied(tiny_vision_served / "model.int8.onnx", **options)
+    assert isinstance(model.lone_session, Spy) and isinstance(other.lone_session, Spy)
+    model.lone_session.delay = 0.02
+    other.lone_session.gate = gate = threading.Event()
+    held = threading.Thread(target=other.run, args=({k: v[None] for k, v in row(other).items()},))
+    held.start()
+    assert other.lone_session.entered.wait(20)
+    one = {k: v[None] for k, v in row(model).items()}
+    try:
+        assert model.keep_lone_if_faster(one) == []
+        assert model.lone_session is not None
+    finally:
+        gate.set()
+        held.join(20)
+    assert len(model.keep_lone_if_faster(one)) >= 3
+    assert model.lone_session is None
