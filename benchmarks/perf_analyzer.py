@@ -233,6 +233,7 @@ PYTRITON_PEER = Peer(
     "raw",
     extra_ports=1,
 )
+PYTRITON_STARTS = 3
 
 
 @contextlib.contextmanager
@@ -246,14 +247,26 @@ def serving(server: str, args: argparse.Namespace) -> Iterator[tuple[ServerProce
         with gmlp_serve(args.models.resolve(), log_path=log, serve_args=flags) as process:
             yield process, grpc_port, None
         return
-    shutil.rmtree(args.out / "pytriton", ignore_errors=True)  # PyTriton refuses a workspace that exists
 
     def ready(s: ServerProcess) -> bytes:  # the model's: Triton is ready before PyTriton binds it
         return http_get(f"{s.base_url}/v2/models/{args.classifier}/ready")
 
-    model, ports = args.models.resolve() / args.classifier, [free_port(), grpc_port]
-    with running(PYTRITON_PEER, args.out, model, ready, ports) as process:
-        yield process, grpc_port, TOKEN
+    # PyTriton's start now and then fails as its stub process connects back to it ("Connection
+    # refused" in the handshake); a failed start measures nothing, so it is tried again.
+    for attempt in range(1, PYTRITON_STARTS + 1):
+        shutil.rmtree(args.out / "pytriton", ignore_errors=True)  # PyTriton refuses a workspace that exists
+        model, ports = args.models.resolve() / args.classifier, [free_port(), free_port()]
+        with contextlib.ExitStack() as stack:
+            try:
+                process = stack.enter_context(running(PYTRITON_PEER, args.out, model, ready, ports))
+            except RuntimeError as exc:
+                if attempt == PYTRITON_STARTS:
+                    raise
+                note = f"PyTriton did not start ({exc}); start {attempt + 1} of {PYTRITON_STARTS}"
+                print(note, file=sys.stderr)
+                continue
+            yield process, ports[1], TOKEN
+            return
 
 
 def loads(

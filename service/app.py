@@ -170,7 +170,7 @@ def create_app(settings: ServiceSettings | None = None, *, listen_when_loaded: b
     app.state.service = ServiceState(settings, metrics)
     app.state.listen_when_loaded = listen_when_loaded
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
-    app.state.keys = KeyStore(settings.api_keys_file, metrics)
+    app.state.keys = KeyStore(settings.api_keys_file, metrics, settings.shared_folder)
     app.state.tls = tls_files(settings, metrics)
     app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
     for router in ROUTERS:

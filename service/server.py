@@ -9,7 +9,8 @@ the kernel spreads connections among them; gRPC's port the same way. The parent 
 holds both ports bound but not listening (so that port 0 resolves once and no other program can take
 them, while no connection is queued to a socket nobody accepts on), restarts a worker that dies,
 forwards SIGTERM and SIGINT (every worker drains) and SIGHUP (keys and TLS re-read), and serves
-`metrics_port` from every worker's series (prometheus_client's multiprocess mode).
+`metrics_port` from every worker's series (prometheus_client's multiprocess mode, in a folder the
+workers share, beside each API key's rate bucket).
 
 What a worker is given is its share: the CPUs, the connection caps and the queue size are divided
 among the workers (`worker_settings`), so that the server's limits stay what the settings say.
@@ -28,6 +29,7 @@ import tempfile
 import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -113,11 +115,12 @@ def _share(total: int, workers: int) -> int:
     return max(1, -(-total // workers))
 
 
-def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
+def worker_settings(settings: ServiceSettings, port: int, shared_folder: Path) -> ServiceSettings:
     """One worker's settings: the resolved `port`; its share of the CPUs (its instances and threads
     are resolved from them: 1 single-threaded instance each with as many workers as CPUs), of the
     HTTP and gRPC connection caps and of each model's queue; no metrics port (the supervisor serves
-    it). A lone request still runs on every CPU of the server (`ServiceSettings.resolved_lone_threads`)."""
+    it). A lone request still runs on every CPU of the server (`ServiceSettings.resolved_lone_threads`),
+    and an API key's rate holds for the whole server (its bucket is a file in `shared_folder`)."""
     n = settings.workers
     return settings.model_copy(
         update={
@@ -128,7 +131,7 @@ def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
             "max_queue_size": _share(settings.max_queue_size, n),
             "metrics_port": None,
         }
-    ).with_server_cpus(settings.usable_cpus())
+    ).for_worker(settings.usable_cpus(), shared_folder)
 
 
 def _socket(host: str, port: int) -> socket.socket:
@@ -184,10 +187,12 @@ class Supervisor:
                     sock.close()
                 raise UserError(f"cannot listen on {settings.host}:{wanted}: {exc.strerror}") from None
         port = reserved[0].getsockname()[1]
-        metrics_dir = tempfile.mkdtemp(prefix="gmlp-metrics-")
+        shared = Path(tempfile.mkdtemp(prefix="gmlp-workers-"))  # private: mode 0700
+        metrics_dir = shared / "metrics"
+        metrics_dir.mkdir()
         # Read by prometheus_client when a worker imports it: every worker's series go to files there.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-        self.child = worker_settings(settings, port)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        self.child = worker_settings(settings, port, shared)
         signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         handlers = {sig: signal.signal(sig, self._signal) for sig in signals}
         metrics_server = None
@@ -212,7 +217,7 @@ class Supervisor:
                 metrics_server.shutdown()
             for sock in reserved:
                 sock.close()
-            shutil.rmtree(metrics_dir, ignore_errors=True)
+            shutil.rmtree(shared, ignore_errors=True)
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
     def _start(self, index: int) -> None:

@@ -69,8 +69,9 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GMLP_", extra="ignore", validate_default=True, use_attribute_docstrings=True
     )
-    # A worker's count of its whole server's CPUs (`with_server_cpus`); None outside workers.
+    # What a worker process knows of its whole server (`for_worker`); None outside workers.
     _server_cpus: int | None = PrivateAttr(None)
+    _shared_folder: Path | None = PrivateAttr(None)
 
     host: str = setting(Group.SERVER, "127.0.0.1")
     """interface to bind; 0.0.0.0 in a container"""
@@ -84,8 +85,8 @@ class ServiceSettings(BaseSettings):
     """processes serving both ports, each with its own event loop, batchers and sessions; the CPUs, the
     connection caps and max_queue_size are shared out among them. More than one keeps every core busy when a
     small model's requests cost the event loop more than the model does (docs/benchmarks.md, "Worker
-    processes"); API-key rates are then enforced per worker, and model_control explicit is refused (a
-    repository call would reach one worker only)"""
+    processes"); an API key's rate still holds for the whole server (the workers share its bucket), and
+    model_control explicit is refused (a repository call would reach one worker only)"""
     max_connections: int = setting(Group.SERVER, 1000, ge=1)
     """open HTTP connections, counted from accept (TLS handshakes included), or requests in flight: at the cap
     the oldest idle keep-alive connection is closed to make room; when none is idle a newcomer gets 503
@@ -312,7 +313,7 @@ class ServiceSettings(BaseSettings):
         """Intra-op threads of a lone batch: the explicit setting, else every usable CPU of the server,
         all its workers' shares together (0 on CUDA): the other workers are idle when a run is lone. A
         worker's own `cpus` is its share rounded down, so the count comes from the supervisor
-        (`with_server_cpus`)."""
+        (`for_worker`)."""
         if device != "cpu":
             return 0
         if self.lone_threads is not None:
@@ -322,12 +323,18 @@ class ServiceSettings(BaseSettings):
     def usable_cpus(self) -> int:
         return self.cpus or available_cpus()
 
-    def with_server_cpus(self, cpus: int) -> ServiceSettings:
-        """These settings for one worker of a server that has `cpus` CPUs in all (not a setting:
-        carried, pickled, to the worker process)."""
+    def for_worker(self, server_cpus: int, shared_folder: Path) -> ServiceSettings:
+        """These settings in one worker process of a server that has `server_cpus` CPUs in all and
+        shares `shared_folder` with its workers (not settings: carried, pickled, to the process)."""
         copy = self.model_copy()
-        copy._server_cpus = cpus
+        copy._server_cpus, copy._shared_folder = server_cpus, shared_folder
         return copy
+
+    @property
+    def shared_folder(self) -> Path | None:
+        """The folder the worker processes of one server share (each API key's rate bucket); None
+        in a server of one process."""
+        return self._shared_folder
 
 
 def available_cpus() -> int:

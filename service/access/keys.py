@@ -20,12 +20,15 @@ complete), except that rule.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import logging
 import math
+import os
 import re
 import secrets
+import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -94,6 +97,33 @@ class TokenBucket:
             self.tokens -= 1
             return 0.0
         return (1 - self.tokens) / self.rate
+
+
+# A shared bucket's state in its file: tokens, and when they were counted (time.monotonic, which
+# is the same clock in every process of the machine).
+_STATE = struct.Struct("=dd")
+
+
+@dataclass
+class SharedTokenBucket(TokenBucket):
+    """A `TokenBucket` that every worker process of one server draws from, so that a key's rate
+    holds for the server rather than for each worker: its state lives in `path` (in the folder the
+    supervisor shares with its workers) and is read and written under an exclusive lock."""
+
+    path: Path = field(kw_only=True)
+
+    def take(self, now: float) -> float:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            state = os.pread(fd, _STATE.size, 0)
+            if len(state) == _STATE.size:  # else the first take of any worker: a full bucket
+                self.tokens, self.at = _STATE.unpack(state)
+            wait = super().take(max(now, self.at))  # `now` was read before the lock was held
+            os.pwrite(fd, _STATE.pack(self.tokens, self.at), 0)
+            return wait
+        finally:
+            os.close(fd)  # and the lock with it
 
 
 @dataclass(frozen=True)
@@ -170,9 +200,10 @@ class KeyStore(Reloadable):
 
     kind = "api_keys"
 
-    def __init__(self, path: Path | None, metrics: ServiceMetrics) -> None:
+    def __init__(self, path: Path | None, metrics: ServiceMetrics, shared: Path | None = None) -> None:
         self.path = path
         self.metrics = metrics
+        self.shared = shared  # the workers' shared folder: rates hold for the whole server
         # The scopes a request uses without a key, which the transports need not ask about: every
         # scope but admin when no keys file is configured, none otherwise.
         self.open_scopes = frozenset(Scope) - {Scope.ADMIN} if path is None else frozenset()
@@ -245,13 +276,22 @@ class KeyStore(Reloadable):
         self.buckets = {
             k.name: self.buckets[k.name]
             if k.name in self.buckets and (old[k.name].rate, old[k.name].burst) == (k.rate, k.burst)
-            else TokenBucket(k.rate, k.burst)
+            else self._bucket(k)
             for k in keys
             if k.rate is not None
         }
         self.keys = keys
         log.info("API keys loaded from %s: %s", self.path, ", ".join(k.name for k in keys) or "none")
         return self._observe(ok=True)
+
+    def _bucket(self, key: ApiKey) -> TokenBucket:
+        """A new bucket of the key's rate: one of this process's, or the server's shared one (named
+        by the key and its limits, so that changed limits start full, as here)."""
+        assert key.rate is not None
+        if self.shared is None:
+            return TokenBucket(key.rate, key.burst)
+        name = hashlib.sha256(f"{key.name}\0{key.rate!r}\0{key.burst}".encode()).hexdigest()[:32]
+        return SharedTokenBucket(key.rate, key.burst, path=self.shared / f"rate-{name}")
 
     def _observe(self, ok: bool) -> bool:
         self.metrics.api_keys.set(len(self.keys))

@@ -64,7 +64,7 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
         max_queue_size=256,
         metrics_port=9100,
     )
-    child = worker_settings(settings, 4321)
+    child = worker_settings(settings, 4321, Path("/shared"))
     assert (child.port, child.metrics_port, child.workers) == (4321, None, 3)
     assert child.max_connections == math.ceil(1000 / 3)
     assert child.grpc_max_connections == math.ceil(10 / 3)
@@ -76,9 +76,9 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
     assert child.resolved_lone_threads("cpu") == 12
     assert child.lone_threads is None  # the service's choice: each worker measures whether it pays
     # As many workers as CPUs: one single-threaded instance each; what is given explicitly stays.
-    small = worker_settings(make_settings(workers=2, cpus=2, intra_op_threads=None), 1)
+    small = worker_settings(make_settings(workers=2, cpus=2, intra_op_threads=None), 1, Path("/shared"))
     assert (small.resolved_instances("cpu"), small.resolved_threads(1)) == (1, 1)
-    given = worker_settings(make_settings(workers=2, cpus=8, instances=2, lone_threads=0), 1)
+    given = worker_settings(make_settings(workers=2, cpus=8, instances=2, lone_threads=0), 1, Path("/s"))
     assert (given.instances, given.intra_op_threads, given.resolved_lone_threads("cpu")) == (2, 1, 0)
 
 
@@ -86,8 +86,10 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
 def test_a_lone_request_of_a_worker_runs_on_the_servers_cpus(make_settings, cpus, workers, share) -> None:
     # The shares round down (3 CPUs, 2 workers: 1 each) and never fall below 1 (2 CPUs, 4 workers),
     # so a product of share and workers would give 2 or 4; the count crosses to the process intact.
-    child = pickle.loads(pickle.dumps(worker_settings(make_settings(workers=workers, cpus=cpus), 1)))
+    settings = make_settings(workers=workers, cpus=cpus)
+    child = pickle.loads(pickle.dumps(worker_settings(settings, 1, Path("/shared"))))
     assert (child.cpus, child.resolved_lone_threads("cpu")) == (share, cpus)
+    assert (child.shared_folder, settings.shared_folder) == (Path("/shared"), None)
     assert child.model_copy(update={"port": 1}).resolved_lone_threads("cpu") == cpus
 
 
@@ -206,8 +208,9 @@ def test_the_server_counts_every_worker_and_sighup_reaches_them_all(
     repository: Path, tmp_path: Path, cifar_images, poll
 ) -> None:
     """The supervisor's metrics port and the v2 statistics of any worker count every worker's
-    requests; SIGHUP to the supervisor has each worker re-read the keys file."""
-    keys = write_keys(tmp_path / "keys", client="infer,metrics")
+    requests; a key's rate holds for the server, not per worker; SIGHUP to the supervisor has each
+    worker re-read the keys file."""
+    keys = write_keys(tmp_path / "keys", client="infer,metrics", limited="infer rate=0.001 burst=3")
     metrics_port = free_port()
     flags = ["--workers", "2", "--api-keys-file", str(tmp_path / "keys"), "--metrics-port", str(metrics_port)]
     with gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags) as server:
@@ -249,6 +252,16 @@ def test_the_server_counts_every_worker_and_sighup_reaches_them_all(
             )
             stats = json.loads(urllib.request.urlopen(request, timeout=10).read())["model_stats"]
             assert sum(int(s["inference_count"]) for s in stats) == sent
+
+        statuses = []
+        for _ in range(8):  # fresh connections again: a bucket per worker would let up to 6 pass
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            try:
+                connection.request("GET", "/v2/models/tiny-vision", headers=bearer(keys["limited"]))
+                statuses.append(connection.getresponse().status)
+            finally:
+                connection.close()
+        assert sorted(statuses) == [200] * 3 + [429] * 5
 
         def reloads() -> float:
             key = ("gmlp_file_reloads_total", (("file", "api_keys"), ("result", "ok")))

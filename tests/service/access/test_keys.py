@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated, UserError
 from gmlp.cli import main
-from service.access.keys import KeyStore, TokenBucket, digest, new_key, parse_keys
+from service.access.keys import KeyStore, SharedTokenBucket, TokenBucket, digest, new_key, parse_keys
 from service.access.scope import Scope, grpc_scope
 from service.telemetry.metrics import ServiceMetrics
 
@@ -100,6 +102,27 @@ def test_the_rate_limit_refills_with_time() -> None:
     assert bucket.take(start) == 0 and bucket.take(start) == 0
     assert bucket.take(start) == pytest.approx(0.5)
     assert bucket.take(start + 0.5) == 0  # one token back after 1/rate seconds
+
+
+def test_a_shared_bucket_is_one_bucket_for_every_process(tmp_path: Path) -> None:
+    """Worker processes draw from one bucket, kept in a file: two processes taking as fast as they
+    can get the burst between them, not each; and a bucket object reads what another took."""
+    code = (
+        "import sys, time; from pathlib import Path; from service.access.keys import SharedTokenBucket; "
+        "b = SharedTokenBucket(1e-6, 5, path=Path(sys.argv[1])); "
+        "print(sum(b.take(time.monotonic()) == 0 for _ in range(3000)))"
+    )
+    path = tmp_path / "bucket"
+    takers = [
+        subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    assert sum(int(taker.communicate(timeout=120)[0]) for taker in takers) == 5
+    first, second = (SharedTokenBucket(2.0, 2, path=tmp_path / "other") for _ in range(2))
+    start = first.at
+    assert first.take(start) == 0 and second.take(start) == 0
+    assert first.take(start) == pytest.approx(0.5) and second.take(start) == pytest.approx(0.5)
+    assert second.take(start + 0.5) == 0 and first.take(start + 0.5) > 0
 
 
 def test_rate_limited_keys_answer_with_the_wait(tmp_path: Path) -> None:
