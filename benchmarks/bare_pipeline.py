@@ -5,7 +5,7 @@
 
 No HTTP, no event loop, no queue: as many threads as the service runs execution instances, each
 with the service's intra-op threads, call a session built by the product's `OnnxModel`, batch
-after batch of 16 requests. "bare" is the task's whole work with the product's own libraries
+after batch of 16 requests (`--batch-size`). "bare" is the task's whole work with the product's own libraries
 (classify: decode, transform, run, rank; fill-mask: tokenise, run at the padded length, top 5 of
 every [MASK] with the strings a response carries); "raw" is `session.run` alone on inputs prepared
 once. Rounds alternate the two; CPU is the whole process's (all threads) per request answered. One
@@ -82,12 +82,12 @@ class Bare:
     task = ""
     inputs = 0  # how many distinct inputs the batches cycle through
 
-    def __init__(self, model_dir: Path, settings: ServiceSettings) -> None:
+    def __init__(self, model_dir: Path, settings: ServiceSettings, batch: int = BATCH) -> None:
         spec = read_spec(model_dir)
         if spec is None:
             raise SystemExit(f"{model_dir} is not a served-model directory (run gmlp export)")
         self.spec: ModelSpec = spec
-        self.batch = BATCH
+        self.batch = batch
         self.variant = choose_variant(spec.variants, "cpu", settings.variant)
         self.instances = settings.resolved_instances("cpu")
         options = RuntimeOptions("cpu", settings.resolved_threads(self.instances), settings.ort_spinning)
@@ -115,8 +115,10 @@ class BareClassify(Bare):
 
     task = "classify"
 
-    def __init__(self, model_dir: Path, settings: ServiceSettings, images: Sequence[bytes]) -> None:
-        super().__init__(model_dir, settings)
+    def __init__(
+        self, model_dir: Path, settings: ServiceSettings, images: Sequence[bytes], batch: int = BATCH
+    ) -> None:
+        super().__init__(model_dir, settings, batch)
         self.transform = ImageTransform.for_model(
             self.spec.config, settings.max_image_pixels, settings.jpeg_draft
         )
@@ -142,8 +144,10 @@ class BareFillMask(Bare):
 
     task = "fill-mask"
 
-    def __init__(self, model_dir: Path, settings: ServiceSettings, texts: Sequence[str]) -> None:
-        super().__init__(model_dir, settings)
+    def __init__(
+        self, model_dir: Path, settings: ServiceSettings, texts: Sequence[str], batch: int = BATCH
+    ) -> None:
+        super().__init__(model_dir, settings, batch)
         self.codec = FillMaskCodec(
             self.spec.tokenizer_path(), self.spec.model_config, model_name=self.spec.name
         )
@@ -156,7 +160,7 @@ class BareFillMask(Bare):
         self.inputs = len(self.texts)
         # Whole batches of the texts in turn, collated once for the raw runs.
         feeds = [self.codec.encode(t).feeds for t in self.texts]
-        starts = range(0, max(1, len(feeds) - BATCH + 1), BATCH)
+        starts = range(0, max(1, len(feeds) - self.batch + 1), self.batch)
         self.batches = [self.codec.collate(self._wrap(feeds, s), fixed=self.fixed) for s in starts]
 
     def bare(self, k: int) -> list[Any]:
@@ -218,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--variant", help="model variant (default: the service's choice)")
     parser.add_argument("--all-images", action="store_true", help="classify: all 8 bundled JPEGs in turn")
+    parser.add_argument("--batch-size", type=int, default=BATCH, help="requests per batch")
     args = parser.parse_args(argv)
     if args.task == "both" and args.model_dir is not None:
         raise SystemExit("--model-dir needs --task classify or --task fill-mask")
@@ -233,9 +238,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         model_dir = args.model_dir or DEFAULT_MODELS[task]
         if task == "classify":
             images, _ = load_images()  # in the peer benchmark's order: its request is the first
-            bare: Bare = BareClassify(model_dir, settings, images if args.all_images else images[:1])
+            chosen = images if args.all_images else images[:1]
+            bare: Bare = BareClassify(model_dir, settings, chosen, args.batch_size)
         else:
-            bare = BareFillMask(model_dir, settings, sentences())
+            bare = BareFillMask(model_dir, settings, sentences(), args.batch_size)
         result = measure(bare, args.seconds, args.rounds)
         print(json.dumps({"machine": machine, **result}), flush=True)
 

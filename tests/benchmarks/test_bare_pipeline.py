@@ -25,8 +25,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(lines[0])
 
 
-def _check_counts(result: dict) -> None:
-    assert result["instances"] == 2 and result["intra_op_threads"] == 1 and result["batch"] == 16
+def _check_counts(result: dict, batch: int = 16) -> None:
+    assert result["instances"] == 2 and result["intra_op_threads"] == 1 and result["batch"] == batch
     assert [r["round"] for r in result["rounds"]] == [0, 1]
     for kind in ("bare", "raw"):
         runs = [r[kind] for r in result["rounds"]]
@@ -53,6 +53,13 @@ def test_fill_mask_run_is_well_formed(capsys, tiny_mlm_served):
     assert result["task"] == "fill-mask" and result["model"] == "tiny-mlm"
     assert 1 <= result["inputs"] <= len(bare_pipeline.sentences())
     _check_counts(result)
+
+
+@pytest.mark.parametrize("task", ["classify", "fill-mask"])
+def test_a_run_takes_its_batch_size(capsys, tiny_vision_served, tiny_mlm_served, task):
+    model_dir = tiny_vision_served if task == "classify" else tiny_mlm_served
+    result = _run(capsys, "--task", task, "--model-dir", str(model_dir), "--batch-size", "5")
+    _check_counts(result, batch=5)
 
 
 @pytest.mark.parametrize("from_top_k", [True, False], ids=["graph top-k", "logits"])
