@@ -111,8 +111,21 @@ class SharedTokenBucket(TokenBucket):
     supervisor shares with its workers) and is read and written under an exclusive lock."""
 
     path: Path = field(kw_only=True)
+    # Set once the file failed (its folder removed under the server): the bucket is then this
+    # worker's own, and requests are still decided rather than failed.
+    alone: bool = field(default=False, init=False)
 
     def take(self, now: float) -> float:
+        if self.alone:
+            return super().take(now)
+        try:
+            return self._take_shared(now)
+        except OSError as exc:
+            log.error("rate bucket %s failed (%s): this worker now limits the key on its own", self.path, exc)
+            self.alone = True
+            return super().take(now)
+
+    def _take_shared(self, now: float) -> float:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -125,6 +125,18 @@ def test_a_shared_bucket_is_one_bucket_for_every_process(tmp_path: Path) -> None
     assert second.take(start + 0.5) == 0 and first.take(start + 0.5) > 0
 
 
+def test_a_shared_bucket_whose_file_fails_goes_on_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bucket file that cannot be opened (its folder removed under the server) fails no request:
+    the worker limits the key on its own, and says so once."""
+    bucket = SharedTokenBucket(2.0, 2, path=tmp_path / "gone" / "bucket")
+    start = bucket.at
+    assert bucket.take(start) == 0 and bucket.take(start) == 0
+    assert bucket.take(start) == pytest.approx(0.5)
+    assert bucket.alone and caplog.text.count("limits the key on its own") == 1
+
+
 def test_rate_limited_keys_answer_with_the_wait(tmp_path: Path) -> None:
     key = new_key()
     path = tmp_path / "keys"
