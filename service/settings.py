@@ -310,10 +310,9 @@ class ServiceSettings(BaseSettings):
         return self.intra_op_threads or max(1, self.usable_cpus() // instances)
 
     def resolved_lone_threads(self, device: str) -> int:
-        """Intra-op threads of a lone batch: the explicit setting, else every usable CPU of the server,
-        all its workers' shares together (0 on CUDA): the other workers are idle when a run is lone. A
-        worker's own `cpus` is its share rounded down, so the count comes from the supervisor
-        (`for_worker`)."""
+        """Intra-op threads of a lone batch: the explicit setting, else every usable CPU of the server
+        (0 on CUDA): the other workers are idle when a run is lone. A worker's own `cpus` is its share
+        rounded down, so in a worker the count is the supervisor's (`for_worker`)."""
         if device != "cpu":
             return 0
         if self.lone_threads is not None:
