@@ -36,6 +36,7 @@ from benchmarks.harness import REPO, command_line, cpu_facts, median_seconds
 from contract.calibration import image_bytes
 from contract.cpu import BF16_FLAGS, cpu_flags
 from contract.image import ImageTransform
+from contract.work import vision_macs
 from gmlp.server_process import ServerProcess, gmlp_serve, link_repository
 from loadtests.engine import PreparedRequest, classify_request, run_closed_loop
 from loadtests.runner import parse_users
@@ -46,17 +47,6 @@ from service.settings import available_cpus
 CALIBRATION = REPO / "checkpoints" / "cifar10-gmlp" / "calibration.npz"
 GEMM_SIDE = 1024
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
-
-
-def model_macs(model: dict[str, Any]) -> int:
-    """Multiply-accumulates per image of a gMLP vision classifier, from its config's shapes: the
-    patch projection, per block the channel projections (d -> d_ffn, d_ffn/2 -> d) and the SGU's
-    spatial n x n projection of d_ffn/2 channels, and the head (norms and gates are not MACs)."""
-    n = (model["img_size"] // model["patch_size"]) ** 2
-    d, half = model["d_model"], model["d_ffn"] // 2
-    patch = n * model["patch_size"] ** 2 * model["in_chans"] * d
-    block = n * d * 2 * half + n * n * half + n * half * d
-    return patch + model["depth"] * block + d * model["num_classes"]
 
 
 def build(arch: str, work: Path) -> Path:
@@ -221,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         directory = args.model_dir or build(args.arch, work)
         config = json.loads((directory / "config.json").read_text())
-        macs = model_macs(config["model"])
+        if (macs := vision_macs(config["model"])) is None:
+            raise SystemExit(f"{directory}: not a gMLP image classifier's config (no shapes to count)")
         (spec,) = config["inputs"]  # a vision classifier: one image input
         photos = image_bytes(CALIBRATION, 16, seed=1)
         requests = [classify_request(photo, 5, model=directory.name) for photo in photos]

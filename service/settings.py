@@ -63,6 +63,16 @@ def group_of(field: FieldInfo) -> Group:
     return Group[str(extra["group"])]
 
 
+# A lone row gains from a second thread only where each operator's work outweighs waking that thread
+# for it. The demo classifier's int8 row, 7.3 million multiply-adds a block, took 1.85 ms on two
+# threads against 1.34 ms on one (a 2-vCPU Xeon with AMX): about 0.12 ms a block lost beyond an even
+# split, so a block breaks even near 13 million there (fewer on a slower core, where the same
+# wake-up buys less arithmetic). gMLP-S/16's 145 million gain (36 against 46 ms a row on that
+# machine). The threshold keeps a margin of more than twice the break-even on the fastest core
+# measured (docs/benchmarks.md, "A real-size model").
+LONE_MIN_BLOCK_MACS = 32_000_000
+
+
 class ServiceSettings(BaseSettings):
     """All knobs of the service, grouped (`Group`); flags, `--help` and the docs' tables come from here."""
 
@@ -143,8 +153,9 @@ class ServiceSettings(BaseSettings):
     lone_threads: int | None = setting(Group.MODELS, None, ge=0)
     """intra-op threads of a one-row batch that starts while no other batch of any model runs (a lone request
     at low load), on a second session of the model (ORT's, or OpenVINO's of one stream: a second copy of its
-    weights); unset: the usable CPUs, kept only where a one-row run measures faster on them at load; 0, or
-    not above intra_op_threads: off, every batch on its instance's threads. CPU only"""
+    weights); unset: the usable CPUs for a model whose blocks each take at least 32 million multiply-adds a
+    row at its full window (from its config's shapes), else off; 0, or not above intra_op_threads: off, every
+    batch on its instance's threads. CPU only. `gmlp tune` searches it"""
     ort_spinning: bool = setting(Group.MODELS, False)
     """let ORT worker threads spin between runs (lower latency at low load, burns idle CPU)"""
     fixed_length: bool = setting(Group.MODELS, False)
@@ -310,14 +321,25 @@ class ServiceSettings(BaseSettings):
         return self.intra_op_threads or max(1, self.usable_cpus() // instances)
 
     def resolved_lone_threads(self, device: str) -> int:
-        """Intra-op threads of a lone batch: the explicit setting, else every usable CPU of the server
-        (0 on CUDA): the other workers are idle when a run is lone. A worker's own `cpus` is its share
-        rounded down, so in a worker the count is the supervisor's (`for_worker`)."""
+        """Intra-op threads of a lone batch where it has a session of its own: the explicit setting,
+        else every usable CPU of the server (0 on CUDA): the other workers are idle when a run is
+        lone. A worker's own `cpus` is its share rounded down, so in a worker the count is the
+        supervisor's (`for_worker`)."""
         if device != "cpu":
             return 0
         if self.lone_threads is not None:
             return self.lone_threads
         return self._server_cpus or self.usable_cpus()
+
+    def lone_threads_for(self, device: str, block_macs: int | None) -> int:
+        """Intra-op threads of a lone batch of a model whose blocks each take `block_macs` a row
+        (`contract.work.block_macs`; None where its config does not say): the explicit setting as
+        given; unset, every CPU only where a block is at least `LONE_MIN_BLOCK_MACS`, a fixed rule
+        from the model's shapes, so that a model runs the same way whatever the machine was doing
+        when it loaded."""
+        if self.lone_threads is None and (block_macs or 0) < LONE_MIN_BLOCK_MACS:
+            return 0
+        return self.resolved_lone_threads(device)
 
     def usable_cpus(self) -> int:
         return self.cpus or available_cpus()

@@ -35,6 +35,7 @@ KNOB_FLAGS = {
     "max_queue_delay_ms": "queue delays to try, ms (default: 0,2,5)",
     "queue_delay_policy": "queue delay policies to try (default: arriving,always)",
     "backend": "backends to try (default: onnxruntime, and what `--backend auto` picks on this CPU)",
+    "lone_threads": "threads of a lone request to try, 0 for its instance's (default: 0 and the CPUs)",
 }
 
 # (flag, type, default, help) of the options that take a value.
@@ -58,11 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tune",
         help="search the serving settings with the best throughput under a p99 SLO; write an env file",
         description="Start `gmlp serve` with candidate settings (variant, workers, instances, intra-op "
-        "threads, max batch size, queue delay and policy), load each with a closed-loop client at every "
-        "--concurrency level, and search by coordinate descent within --budget-minutes (--grid: every "
-        "combination). Writes OUT/tuned.env (GMLP_* lines of the best candidate whose p99 met the SLO with "
-        "no failed request), OUT/report.md, OUT/results.json and OUT/report.png (with matplotlib). Exits 1 "
-        "when no candidate met the SLO.",
+        "threads, max batch size, queue delay and policy, backend, a lone request's threads), load each "
+        "with a closed-loop client at every --concurrency level, and search by coordinate descent within "
+        "--budget-minutes (--grid: every combination). Writes OUT/tuned.env (GMLP_* lines of the best "
+        "candidate whose p99 met the SLO with no failed request), OUT/report.md, OUT/results.json and "
+        "OUT/report.png (with matplotlib). Exits 1 when no candidate met the SLO.",
     )
     for flag, kind, default, text in _OPTIONS:
         p.add_argument(flag, type=kind, default=default, required=flag == "--slo-p99-ms", help=text)
@@ -74,10 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_tune)
 
 
-def _model_and_variants(repository: Path, model: str | None) -> tuple[str, list[str]]:
-    """The model to tune and the variants its newest complete version has."""
+def _model_and_variants(repository: Path, model: str | None) -> tuple[str, list[str], int | None]:
+    """The model to tune, the variants its newest complete version has and the multiply-adds of
+    one of its blocks (what the service's rule for a lone request's threads reads)."""
     from contract.errors import UserError
     from contract.scan import require_sources
+    from contract.work import block_macs
 
     sources = require_sources(repository)
     names = sorted(name for name, source in sources.items() if source.complete_versions())
@@ -90,7 +93,7 @@ def _model_and_variants(repository: Path, model: str | None) -> tuple[str, list[
     source = sources[model]
     spec = source.versions[source.complete_versions()[-1]].spec
     assert spec is not None  # a complete version has one
-    return model, sorted(spec.variants)
+    return model, sorted(spec.variants), block_macs(spec.model_config)
 
 
 def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
@@ -108,6 +111,7 @@ def _space(args: argparse.Namespace, variants: list[str], cpus: int) -> Any:
         "instances": steps,
         "intra_op_threads": steps,
         "backend": ",".join(dict.fromkeys(("onnxruntime", resolve_backend("auto", "cpu")))),
+        "lone_threads": f"0,{cpus}",
     }
     values = {k: parse_values(k, getattr(args, f"knob_{k}") or defaults[k]) for k in KNOBS}
     unknown = set(values["variant"]) - set(variants)
@@ -128,7 +132,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
     if args.slo_p99_ms <= 0 or args.seconds <= 0 or args.warmup < 0:
         raise UserError("--slo-p99-ms and --seconds must be > 0, --warmup >= 0")
-    model, variants = _model_and_variants(args.model_repository, args.model)
+    model, variants, block = _model_and_variants(args.model_repository, args.model)
     cpus = args.cpus or available_cpus()
     space = _space(args, variants, cpus)
     defaults = ServiceSettings(cpus=cpus)
@@ -140,6 +144,7 @@ def run_tune(args: argparse.Namespace) -> int:
         "backend": None,
         "instances": instances,
         "intra_op_threads": defaults.resolved_threads(instances),
+        "lone_threads": defaults.lone_threads_for("cpu", block),
     }
     start = Candidate(**{k: served[k] if served[k] in space.values[k] else space.values[k][0] for k in KNOBS})
     budget_min = args.budget_minutes if args.budget_minutes is not None else (None if args.grid else 10.0)

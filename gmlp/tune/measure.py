@@ -53,7 +53,8 @@ def measure(plan: Plan, candidate: Candidate, index: int) -> Measured:
             if info is None:
                 raise RuntimeError(f"the server does not serve {plan.model}")
             result.served = {
-                k: info.get(k) for k in ("variant", "instances", "intra_op_threads", "provider", "task", "n")
+                k: info.get(k)
+                for k in ("variant", "instances", "intra_op_threads", "lone_threads", "provider", "task", "n")
             }
             requests = task_requests(info["task"], plan.model, info.get("n"))
             levels: list[dict[str, Any]] = []

@@ -25,9 +25,10 @@ BACKENDS = ("onnxruntime", "openvino")
 class Candidate:
     """One setting of every knob (the `ServiceSettings` fields of the same names), in the order
     coordinate descent visits them: the variant and the split of the CPUs among worker processes,
-    instances and threads first (they move throughput most), the batching knobs after, the backend
-    last (OpenVINO reads the fp32 graph whatever the variant, so it is compared once the rest is
-    settled)."""
+    instances and threads first (they move throughput most), the batching knobs after, then the
+    backend (OpenVINO reads the fp32 graph whatever the variant, so it is compared once the rest is
+    settled), and last the threads of a lone request (0: on its instance's), which moves the
+    latency of few clients rather than throughput."""
 
     variant: str
     workers: int
@@ -37,6 +38,7 @@ class Candidate:
     max_queue_delay_ms: float
     queue_delay_policy: str
     backend: str = "onnxruntime"
+    lone_threads: int = 0
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,6 +56,7 @@ class Candidate:
             f"{self.variant} {self.workers}w{self.instances}x{self.intra_op_threads}t b{self.max_batch_size} "
             f"{self.max_queue_delay_ms:g}ms {self.queue_delay_policy}"
             + ("" if self.backend == "onnxruntime" else f" {self.backend}")
+            + (f" lone{self.lone_threads}" if self.lone_threads else "")
         )
 
 
@@ -103,8 +106,9 @@ def parse_values(knob: str, text: str) -> tuple[Any, ...]:
         raise UserError(f"{given}: comma-separated {kind.__name__} values") from None
     if not values:
         raise UserError(f"{given}: give at least one value")
-    if kind is int and min(values) < 1:
-        raise UserError(f"{given}: every value must be >= 1")
+    least = 0 if knob == "lone_threads" else 1  # 0 threads for a lone request: on its instance's
+    if kind is int and min(values) < least:
+        raise UserError(f"{given}: every value must be >= {least}")
     if kind is float and min(values) < 0:
         raise UserError(f"{given}: every value must be >= 0")
     if knob == "backend" and set(values) - set(BACKENDS):

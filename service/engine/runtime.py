@@ -12,18 +12,15 @@ Adaptive threading (docs/service.md): a run of one row that starts while no othe
 is going takes a second session over the same file, with `lone_threads` threads (ORT fixes a
 session's pool when it opens it, OpenVINO a compiled model's streams and threads), on either
 backend. Batches of several rows are left out: they form under load, when the next batch is about
-to start beside them, and a wide run stalls on a preempted partner thread. Where `lone_threads` is
-left to the service, the lone session is kept only if a one-row run measures faster on it at load
-(`keep_lone_if_faster`): a small model's run is over before a second thread has woken for each
-operator, and there the extra threads only add their wake-ups.
+to start beside them, and a wide run stalls on a preempted partner thread. Whether a model has a
+lone session at all is the service's fixed rule or the user's setting
+(`ServiceSettings.lone_threads_for`), never a timing taken at load.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,16 +40,6 @@ ONNXRUNTIME, OPENVINO = "onnxruntime", "openvino"
 Feeds = dict[str, np.ndarray]
 # Per-request feeds -> one batch of graph inputs (padding them to a common shape if needed).
 Collate = Callable[[Sequence[Feeds]], Feeds]
-
-# The load-time measurement of a lone session: pairs of one-row runs, alternating which session
-# goes first, at least the first count, then more up to the second while the time lasts. Where the
-# lone session gains, it gains more under serving than this measures (gMLP-S/16's int8 graph on a
-# 2-vCPU Xeon: 0.87-0.95 of an instance's run here, one client's p50 0.83-0.87 of the lone
-# session off), so any gain keeps it. Only quiet pairs count, those during which no other run of
-# this process began or went on (a version loading beside one that serves); without enough of them
-# the lone session stays, as it runs only when nothing else does.
-LONE_PAIRS = (3, 15)
-LONE_MEASURE_S = 2.0
 
 
 def cuda_available() -> bool:
@@ -128,31 +115,20 @@ class RuntimeOptions:
     instances: int = 1  # batches run at once (OpenVINO gives each its own stream)
     # Intra-op threads of a one-row run that starts while no other run goes; not above intra_op_threads: off.
     lone_threads: int = 0
-    # lone_threads was the service's choice, not the user's: kept only where it measures faster.
-    lone_measured: bool = False
 
 
 _runs_lock = threading.Lock()
 _runs_going = 0  # session runs going on now in this process, over every model
-_runs_begun = 0  # and begun so far
-
-
-def _quiet_mark() -> int | None:
-    """The count of runs begun, or None while one goes: a span is quiet where the marks at its
-    start and end are the same number."""
-    with _runs_lock:
-        return None if _runs_going else _runs_begun
 
 
 @contextmanager
 def _running() -> Iterator[bool]:
     """Count a session run while the block lasts; yields whether no other run was going when it
     began, which decides its session (`Runtime.run`)."""
-    global _runs_going, _runs_begun
+    global _runs_going
     with _runs_lock:
         alone = _runs_going == 0
         _runs_going += 1
-        _runs_begun += 1
     try:
         yield alone
     finally:
@@ -211,50 +187,6 @@ class Runtime:
     def lone_threads(self) -> int:
         """Threads of a lone one-row run: the lone session's, 0 where every run takes an instance's."""
         return self.options.lone_threads if self.lone_session is not None else 0
-
-    def keep_lone_if_faster(self, row: Feeds) -> list[tuple[float, float]]:
-        """Time the one-row batch `row` on the lone session and on the instances', in pairs that
-        alternate which goes first (`LONE_PAIRS`, `LONE_MEASURE_S`), and close the lone session
-        unless its median run is the faster. Call once warmed up. Returns the (lone, instance)
-        seconds of each quiet pair (`LONE_PAIRS`' comment); with fewer than its first count the
-        lone session stays."""
-        if self.lone_session is None:
-            return []
-        lone_session, names = self.lone_session, self.output_names[:1]
-        pairs: list[tuple[float, float]] = []
-        fewest, most = LONE_PAIRS
-        end, tried = time.perf_counter() + LONE_MEASURE_S, 0
-        while len(pairs) < most and (tried < fewest or time.perf_counter() < end):
-            took, mark = {}, _quiet_mark()
-            for lone in (True, False) if tried % 2 == 0 else (False, True):
-                start = time.perf_counter()
-                self.run_on(lone_session if lone else self.session, row, names)
-                took[lone] = time.perf_counter() - start
-            tried += 1
-            if mark is not None and mark == _quiet_mark():
-                pairs.append((took[True], took[False]))
-        if len(pairs) < fewest:
-            log.info(
-                "model %s: %d of %d pairs of one-row runs were quiet: lone session kept",
-                self.name,
-                len(pairs),
-                tried,
-            )
-            return pairs
-        lone_s, instance_s = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-        kept = lone_s < instance_s
-        log.info(
-            "model %s: one row took %.3g ms on %d threads, %.3g ms on an instance's %d: lone session %s",
-            self.name,
-            1000 * lone_s,
-            self.options.lone_threads,
-            1000 * instance_s,
-            self.options.intra_op_threads,
-            "kept" if kept else "closed, a lone row takes an instance's threads",
-        )
-        if not kept:
-            self.lone_session = None
-        return pairs
 
     def collate_rows(self, items: Sequence[Feeds], collate: Collate | None = None) -> Feeds:
         """Per-request feeds as one batch of graph inputs: the task's `collate`, else stacked."""

@@ -23,6 +23,7 @@ from contract.errors import ErrorCode, InvalidInput
 from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
 from contract.tensors import BYTES, Tensor
+from contract.work import block_macs
 from service.engine import request_context
 from service.engine import rows as batch_jobs
 from service.engine.backends import open_runtime, resolve_backend
@@ -85,8 +86,7 @@ class Pipeline:
             spinning=settings.ort_spinning,
             backend=backend,
             instances=instances,
-            lone_threads=settings.resolved_lone_threads(device),
-            lone_measured=settings.lone_threads is None,
+            lone_threads=settings.lone_threads_for(device, block_macs(spec.model_config)),
         )
         self.runtime = open_runtime(spec.variant_path(self.variant), options, name=spec.name)
         # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
@@ -177,8 +177,6 @@ class Pipeline:
                 self.check_outputs(feeds, self.run_rows([feeds])[0])
             if self.settings.max_batch_size > 1:
                 self.check_outputs(shapes[-1], self.run_rows([shapes[-1]] * self.settings.max_batch_size)[0])
-        if self.runtime.options.lone_measured:  # the largest shape: the lone request that gains most
-            self.runtime.keep_lone_if_faster(self.runtime.collate_rows([shapes[-1]], self.collate))
 
     def verify(self) -> None:
         """Raise SpecError unless the chosen variant answers the export's recorded check as the export

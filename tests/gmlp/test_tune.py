@@ -68,6 +68,10 @@ def test_the_search_writes_settings_the_service_reads(
     for entry in document["candidates"]:
         assert entry["served"]["variant"] == entry["settings"]["variant"]
         assert entry["served"]["instances"] == entry["settings"]["instances"]
+        lone = entry["settings"]["lone_threads"]  # used where above an instance's threads
+        assert entry["served"]["lone_threads"] == (
+            lone if lone > entry["settings"]["intra_op_threads"] else 0
+        )
 
 
 @pytest.mark.slow
@@ -82,7 +86,7 @@ def test_the_grid_measures_every_combination(
         *("--variant", "int8", "--workers", "1", "--instances", "1", "--intra-op-threads", "1"),
         *("--max-batch-size", "4,8", "--max-queue-delay-ms", "0", "--queue-delay-policy", "arriving"),
         # Every knob pinned but one: the backend's default adds OpenVINO on a bf16 CPU where it is installed.
-        *("--backend", "onnxruntime"),
+        *("--backend", "onnxruntime", "--lone-threads", "0"),
     )
     assert code == 0, printed
     document = _check_outputs(out, printed)
@@ -112,7 +116,7 @@ def test_no_candidate_meeting_the_slo_writes_no_env_file(tmp_path: Path, model_r
 
 
 def test_every_knob_is_a_setting_the_service_accepts() -> None:
-    candidate = Candidate("fp32", 2, 2, 1, 8, 0.5, "always")
+    candidate = Candidate("fp32", 2, 2, 1, 8, 0.5, "always", lone_threads=2)
     env = dict(line.split("=", 1) for line in candidate.env_lines())
     settings = ServiceSettings(**{k.removeprefix("GMLP_").lower(): v for k, v in env.items()})
     assert settings.model_dump(include=set(candidate.settings())) == candidate.settings()
@@ -129,6 +133,7 @@ def test_every_knob_is_a_setting_the_service_accepts() -> None:
         ("queue_delay_policy", "sometimes"),
         ("variant", ","),
         ("backend", "onnxruntime,tensorrt"),
+        ("lone_threads", "0,-1"),
     ],
 )
 def test_bad_knob_values_are_refused(knob: str, text: str) -> None:
@@ -151,11 +156,17 @@ def test_descent_reaches_the_best_of_a_separable_score_with_fewer_measurements()
             "max_queue_delay_ms": (0.0, 2.0, 5.0),
             "queue_delay_policy": ("arriving", "always"),
             "backend": ("onnxruntime", "openvino"),
+            "lone_threads": (0, 4),
         },
         cpus=4,
     )
     best = {"variant": "int8", "workers": 2, "instances": 2, "intra_op_threads": 1, "max_batch_size": 16}
-    best |= {"max_queue_delay_ms": 2.0, "queue_delay_policy": "always", "backend": "openvino"}
+    best |= {
+        "max_queue_delay_ms": 2.0,
+        "queue_delay_policy": "always",
+        "backend": "openvino",
+        "lone_threads": 4,
+    }
 
     def measure(c: Candidate) -> Measured:
         misses = sum(getattr(c, k) != v for k, v in best.items())
@@ -183,6 +194,7 @@ def test_descent_skips_a_knob_whose_values_do_not_fit_beside_the_centre() -> Non
         "max_queue_delay_ms": (2.0,),
         "queue_delay_policy": ("arriving",),
         "backend": ("onnxruntime",),
+        "lone_threads": (0,),
     }
     space = Space(values, cpus=2)
 

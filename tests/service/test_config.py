@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from contract.scan import scan
 from contract.spec import SpecError, read_spec
+from contract.work import block_macs
 from gmlp.serve_command import export_missing
 from service.cli import (
     SETTINGS_BEGIN,
@@ -29,7 +30,7 @@ from service.cli import (
     settings_tables,
 )
 from service.engine.runtime import OnnxModel, RuntimeOptions, choose_variant, cuda_available, resolve_device
-from service.settings import Group, ServiceSettings, available_cpus, group_of
+from service.settings import LONE_MIN_BLOCK_MACS, Group, ServiceSettings, available_cpus, group_of
 from support.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
@@ -158,6 +159,24 @@ def test_a_lone_batch_gets_every_cpu_unless_set() -> None:
     assert ServiceSettings(lone_threads=0).resolved_lone_threads("cpu") == 0
     assert ServiceSettings(lone_threads=5).resolved_lone_threads("cpu") == 5
     assert ServiceSettings(lone_threads=5).resolved_lone_threads("cuda") == 0
+
+
+def test_a_lone_batch_gets_every_cpu_by_a_rule_of_the_models_shapes() -> None:
+    """Unset, the lone session follows the model's work per block (its config's shapes), the same
+    decision on every start: off for the demo classifier's blocks, on for gMLP-S/16's and the
+    masked LM's at its full window; given, the setting is used as given."""
+    from model import get_config
+
+    classifier = get_config("gmlp_cifar_p4", depth=10, d_model=128, d_ffn=512).to_dict()
+    mlm = json.loads((REPO_ROOT / "checkpoints" / "gutenberg-gmlp-mlm" / "config.json").read_text())["model"]
+    s16 = get_config("gmlp_s16_224").to_dict()
+    unset, cpus = ServiceSettings(cpus=4), 4
+    for model, threads in ((classifier, 0), (mlm, cpus), (s16, cpus), ({}, 0)):
+        assert unset.lone_threads_for("cpu", block_macs(model)) == threads, model
+    assert block_macs(classifier) < LONE_MIN_BLOCK_MACS <= min(block_macs(mlm), block_macs(s16))
+    assert unset.lone_threads_for("cuda", block_macs(s16)) == 0
+    assert ServiceSettings(lone_threads=3).lone_threads_for("cpu", block_macs(classifier)) == 3
+    assert ServiceSettings(lone_threads=0).lone_threads_for("cpu", block_macs(s16)) == 0
 
 
 def test_variant_choice() -> None:

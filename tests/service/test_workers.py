@@ -74,7 +74,7 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
     instances = child.resolved_instances("cpu")
     assert (child.cpus, instances, child.resolved_threads(instances)) == (4, 2, 2)
     assert child.resolved_lone_threads("cpu") == 12
-    assert child.lone_threads is None  # the service's choice: each worker measures whether it pays
+    assert child.lone_threads is None  # the service's choice: the rule of each model's shapes
     # As many workers as CPUs: one single-threaded instance each; what is given explicitly stays.
     small = worker_settings(make_settings(workers=2, cpus=2, intra_op_threads=None), 1, Path("/shared"))
     assert (small.resolved_instances("cpu"), small.resolved_threads(1)) == (1, 1)
