@@ -151,9 +151,7 @@ async def ready(request: Request) -> JSONResponse:
         # Versions that failed to load do not make the server unready (their predecessors serve):
         # the probe's body names them, as the repository index does.
         failed = [
-            f"{e.name} {e.version}: {e.reason}"
-            for e in state.table.index()
-            if e.reason.startswith("load failed")
+            f"{e.name} {e.version}: {e.reason}" for e in state.index() if e.reason.startswith("load failed")
         ]
         return _health(True, "ready", "; ".join(failed) or None)
     return _health(False, state.phase, state.not_ready_error().message)
@@ -166,7 +164,7 @@ async def ready(request: Request) -> JSONResponse:
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
     models = [ModelInfo.model_validate(m.describe()) for m in state.newest_ready().values()]
-    versions = [VersionState.model_validate(vars(entry)) for entry in state.table.index()]
+    versions = [VersionState.model_validate(vars(entry)) for entry in state.index()]
     return model_response(ModelsResponse(models=models, defaults=state.defaults, versions=versions))
 
 

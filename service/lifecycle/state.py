@@ -30,7 +30,7 @@ from contract.spec import SpecError
 from service.engine import request_context
 from service.engine.runtime import resolve_device
 from service.lifecycle.poller import RepositoryPoller, ScanReport
-from service.lifecycle.versions import VersionTable
+from service.lifecycle.versions import IndexEntry, VersionTable
 from service.settings import ServiceSettings
 from service.tasks.pipeline import Pipeline
 from service.tasks.registry import PIPELINES, load_pipeline
@@ -65,7 +65,7 @@ class ServiceState:
         self.metrics = metrics
         metrics.request_timeout.set(settings.request_timeout_s)
         self._defaults: dict[str, str | None] | None = None  # None: to be worked out again
-        self.table: VersionTable[Pipeline] = VersionTable(
+        self._table: VersionTable[Pipeline] = VersionTable(
             self._load_version,
             policy=VersionPolicy.parse(settings.version_policy),
             drain_timeout_s=settings.drain_timeout_s,
@@ -77,7 +77,7 @@ class ServiceState:
         self._device = "cpu"
         self.report = ScanReport(metrics)
         self._poller = RepositoryPoller(
-            self.table,
+            self._table,
             settings.model_repository,
             settings.repository_poll_s,
             metrics,
@@ -89,9 +89,30 @@ class ServiceState:
     def ready(self) -> bool:
         return self.phase is Phase.READY
 
+    # What the transports read of the version table: asked here, so that the table's shape stays
+    # the lifecycle's own.
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every known version with its state and, unless READY, the reason (the repository index,
+        /models' versions, the failed loads readiness names)."""
+        return self._table.index(ready_only)
+
+    def known_versions(self, name: str) -> list[int] | None:
+        """The versions of model `name` the service knows, in any state; None for a model it does
+        not know at all."""
+        record = self._table.models.get(name)
+        return None if record is None else sorted(record.versions)
+
+    def ready_versions(self, name: str) -> list[int]:
+        return self._table.ready_versions(name)
+
+    def policy_of(self, name: str) -> VersionPolicy:
+        """The version policy model `name` is served under (its own, else the service's)."""
+        return self._table.policy_of(name)
+
     def newest_ready(self) -> dict[str, Pipeline]:
         """The pipeline of the newest READY version of every model that has one."""
-        newest = {name: self.table.newest_ready(name) for name in self.table.models}
+        newest = {name: self._table.newest_ready(name) for name in self._table.models}
         return {name: v.loaded.served for name, v in newest.items() if v is not None and v.loaded}
 
     @property
@@ -140,12 +161,12 @@ class ServiceState:
                 if source.problem is not None:
                     if strict:
                         raise SpecError(f"model {name}: {source.problem}")
-                    self.table.note(source)  # listed with its reason; the other models load
+                    self._table.note(source)  # listed with its reason; the other models load
                 elif name not in names:
-                    self.table.register(source)
+                    self._table.register(source)
                 else:
-                    failures = await self.table.apply(source)
-                    if strict and (failures or self.table.newest_ready(name) is None):
+                    failures = await self._table.apply(source)
+                    if strict and (failures or self._table.newest_ready(name) is None):
                         raise SpecError(f"model {name}: {failures or _why_not(source)}")
             served = self.newest_ready()
             for task, default in self._configured_defaults().items():
@@ -171,8 +192,8 @@ class ServiceState:
             self._poller.start()
 
     def _update_ready_gauges(self) -> None:
-        for name in self.table.models:
-            newest = self.table.newest_ready(name)
+        for name in self._table.models:
+            newest = self._table.newest_ready(name)
             if newest is not None and newest.loaded is not None:
                 newest.loaded.served.ready = True
             self.metrics.model_ready.labels(name).set(1 if newest is not None else 0)
@@ -197,23 +218,23 @@ class ServiceState:
                 f"models: {list(sources)}",
             )
         if source.problem is not None:
-            self.table.note(source)
+            self._table.note(source)
             raise InvalidInput(ErrorCode.LOAD_FAILED, f"model {name!r} cannot be loaded: {source.problem}")
-        failures = await self.table.apply(source, policy, retry=True)
+        failures = await self._table.apply(source, policy, retry=True)
         self._update_ready_gauges()
-        wanted = self.table.policy_of(name, source).select(source.complete_versions())
-        if not wanted or not any(v in self.table.ready_versions(name) for v in wanted):
+        wanted = self._table.policy_of(name, source).select(source.complete_versions())
+        if not wanted or not any(v in self._table.ready_versions(name) for v in wanted):
             problems = failures or {v: s.problem for v, s in source.versions.items() if s.problem}
             raise InvalidInput(
                 ErrorCode.LOAD_FAILED,
-                f"failed to load model {echo(name)} (policy {self.table.policy_of(name, source)}): "
+                f"failed to load model {echo(name)} (policy {self._table.policy_of(name, source)}): "
                 + ("; ".join(f"version {v}: {r}" for v, r in problems.items()) or "no complete version"),
             )
 
     async def unload_model(self, name: str) -> None:
         """Drain and close every version of `name`; afterwards requests for it answer 404."""
         self._require_explicit("unload")
-        await self.table.unload(name)
+        await self._table.unload(name)
         self._update_ready_gauges()
 
     def _require_explicit(self, call: str) -> None:
@@ -237,12 +258,12 @@ class ServiceState:
             name = self.defaults.get(task)
             if name is None:
                 raise ModelNotFound(ErrorCode.NO_MODEL, f"no {task} model is served")
-        if name not in self.table.models:
+        if name not in self._table.models:
             raise ModelNotFound(
                 ErrorCode.MODEL_NOT_FOUND,
                 f"model {echo(name)} is not served; {task or 'served'} models: {self._of_task(task)}",
             )
-        with self.table.lease(name, version) as (_, model):
+        with self._table.lease(name, version) as (_, model):
             if not isinstance(model, kind):
                 raise InvalidInput(
                     ErrorCode.WRONG_TASK,
@@ -254,7 +275,7 @@ class ServiceState:
     def loaded(self, name: str, version: int | None = None) -> Pipeline:
         """The READY pipeline of `name` (`version`, else `newest_ready`) for a metadata request:
         answered for the models loaded so far, also before the service is ready; not leased."""
-        chosen = self.table.pick(name, version)
+        chosen = self._table.pick(name, version)
         assert chosen.loaded is not None
         request_context.note_model(name)
         return chosen.loaded.served
@@ -262,8 +283,8 @@ class ServiceState:
     def version_ready(self, name: str, version: int | None = None) -> bool:
         """Whether `version` (None: any version) of `name` takes requests; a model or version the
         repository does not know is ModelNotFound."""
-        self.table.require(name, version)
-        ready = self.table.ready_versions(name)
+        self._table.require(name, version)
+        ready = self._table.ready_versions(name)
         return self.ready and (version in ready if version is not None else bool(ready))
 
     def _of_task(self, task: str) -> list[str]:
@@ -284,8 +305,8 @@ class ServiceState:
         self.phase = Phase.DRAINING
         await self._poller.stop()
         count = len(self.newest_ready())
-        await self.table.close()
-        for name in self.table.models:
+        await self._table.close()
+        for name in self._table.models:
             self.metrics.model_ready.labels(name).set(0)
         log.info("drained and closed %d models", count)
 

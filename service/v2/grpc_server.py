@@ -188,7 +188,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- the model-repository extension (control calls: admin scope under access control) ----------
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext) -> Any:
-        entries = [vars(entry) for entry in self.state.table.index(request.ready)]
+        entries = [vars(entry) for entry in self.state.index(request.ready)]
         return json_format.ParseDict({"models": entries}, pb.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(

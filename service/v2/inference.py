@@ -173,17 +173,16 @@ def resolve(state: ServiceState, name: str, version: str = "") -> ModelRef:
     no model has): `NAME` lists the graph's tensors, `NAME-ensemble` the encoded input (a model the
     repository holds under that very name is that model)."""
     base = name.removesuffix(ENSEMBLE_SUFFIX)
-    models = state.table.models
-    encoded = base != name and name not in models and base in models
+    encoded = base != name and state.known_versions(name) is None and state.known_versions(base) is not None
     model_name = base if encoded else name
     try:
         return ModelRef(name, model_name, parse_version(version) if version else None, encoded)
     except VersionError as exc:
-        known = state.table.models.get(model_name)
+        known = state.known_versions(model_name) or []
         raise ModelNotFound(
             ErrorCode.VERSION_NOT_FOUND,
             f"model {echo(model_name)} has no version {echo(version)} ({exc}); versions: "
-            f"{[str(v) for v in sorted(known.versions)] if known else []}",
+            f"{[str(v) for v in known]}",
         ) from None
 
 
@@ -192,7 +191,7 @@ def model_metadata(state: ServiceState, model: ModelRef) -> dict[str, Any]:
     served = state.loaded(model.name, model.version)
     return {
         "name": model.shown,
-        "versions": [str(v) for v in state.table.ready_versions(model.name)],
+        "versions": [str(v) for v in state.ready_versions(model.name)],
         "platform": PLATFORM,
         "inputs": served.v2.inputs(model.encoded),
         "outputs": served.v2.outputs(),
@@ -269,7 +268,7 @@ def model_config(state: ServiceState, model: ModelRef) -> dict[str, Any]:
         "platform": PLATFORM,
         "backend": BACKEND,
         # The model's own policy (its policy.json, a load call's config, or GMLP_VERSION_POLICY).
-        "version_policy": state.table.policy_of(served.name).triton(),
+        "version_policy": state.policy_of(served.name).triton(),
         "max_batch_size": batcher.max_batch_size,
         "input": [
             {

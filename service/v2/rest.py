@@ -326,7 +326,7 @@ async def _body(request: Request, schema: type[Any]) -> Any:
 @requires(Scope.ADMIN)
 async def repository_index(request: Request) -> JSONResponse:
     body = await _body(request, IndexRequest)
-    return JSONResponse([vars(entry) for entry in get_state(request).table.index(body.ready)])
+    return JSONResponse([vars(entry) for entry in get_state(request).index(body.ready)])
 
 
 @repository_router.post("/models/{name}/load", responses=ERROR_RESPONSES, summary="Load a model")
