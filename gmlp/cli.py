@@ -59,5 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, FileNotFoundError) as exc:
         # What the user handed us cannot be used (CheckpointError, ExportCheckError, SpecError...):
         # the message says why and how to fix it; anything else is a bug and keeps its traceback.
-        print(f"gmlp {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return _error(args.command, str(exc))
+    except MemoryError:
+        # Not a bug but a limit (the inputs are checked against memory where their sizes are
+        # known): one line, as for the user's errors, rather than a traceback that itself fails.
+        return _error(args.command, "out of memory: this needs more than the memory limit (ulimit -v) allows")
+
+
+def _error(command: str, message: str) -> int:
+    """Print `message` as the one line `gmlp <command>: error: ...` (a message quoting a file or a
+    library's text may hold line breaks: they become spaces) and return the exit status, 1."""
+    print(f"gmlp {command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 1

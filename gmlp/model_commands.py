@@ -14,6 +14,7 @@ import numpy as np
 
 from contract.errors import UserError
 from contract.formats import DEFAULT_EXPORT_VARIANTS, DEFAULT_GRAPH_TOP_K, SERVED_FORMAT, VARIANTS
+from contract.json_file import read_json_object
 
 from .paths import IMAGENET_CLASS_INDEX
 
@@ -143,12 +144,7 @@ def convert_lucidrains(args: argparse.Namespace) -> None:
     from model.lucidrains_import import gmlp_from_lucidrains
     from model.train.data import SpecialIds
 
-    try:
-        constructor = json.loads(args.config.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{args.config} is not valid JSON: {exc}") from exc
-    if not isinstance(constructor, dict):
-        raise UserError(f"{args.config} must hold a JSON object of constructor arguments")
+    constructor = read_json_object(args.config)  # the constructor's arguments
     vision = "image_size" in constructor
     wrong = "--tokenizer" if vision and args.tokenizer else "--labels" if not vision and args.labels else None
     if wrong:
@@ -173,9 +169,9 @@ def convert_lucidrains(args: argparse.Namespace) -> None:
 
 def info(args: argparse.Namespace) -> None:
     config_path = args.path / "config.json"
-    meta = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    meta = read_json_object(config_path) if config_path.is_file() else {}
     if meta.get("format") == SERVED_FORMAT:
-        _served_info(args.path, meta)
+        _served_info(args.path)
         return
     from model.checkpoint import load_checkpoint
 
@@ -190,23 +186,33 @@ def info(args: argparse.Namespace) -> None:
     print("preprocessing: " + json.dumps(meta.get("preprocessing")))
 
 
-def _served_info(path: Path, meta: dict) -> None:
+def _served_info(path: Path) -> None:
     """A served-model directory: what the service will load (no torch needed)."""
     import onnx
 
-    fp32 = onnx.load(str(path / meta["variants"]["fp32"]))
+    from contract.spec import read_spec
+
+    spec = read_spec(path)  # checked as the service checks it (SpecError: a one-line reason)
+    assert spec is not None, "info() saw the served format in its config.json"
+    if "fp32" not in spec.variants:
+        raise UserError(f"{path}: no fp32 variant, whose parameters info counts")
+    try:
+        fp32 = onnx.load(str(spec.variant_path("fp32")))
+    except Exception as exc:  # protobuf's DecodeError, and others, for a file that is no model
+        raise UserError(f"{spec.variant_path('fp32')} is not a readable ONNX model: {exc}") from None
     floats = [t for t in fp32.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
     n_params = sum(int(np.prod(t.dims)) for t in floats)
-    print(f"name:       {meta.get('name')} (served model)")
-    print(f"task:       {meta['task']}")
-    print(f"n (tokens): {meta['seq_len']}")
+    meta = spec.config
+    print(f"name:       {spec.name} (served model)")
+    print(f"task:       {spec.task}")
+    print(f"n (tokens): {spec.seq_len}")
     print(f"parameters: {n_params:,} (float initializers of the fp32 graph; shared tensors once)")
-    print("variants:   " + ", ".join(f"{k}={v}" for k, v in meta["variants"].items()))
+    print("variants:   " + ", ".join(f"{k}={v}" for k, v in spec.variants.items()))
     if "int8_quantization" in meta:
         print(f"int8:       {meta['int8_quantization']} quantisation")
-    print("config:     " + json.dumps(meta["model"]))
-    print("inputs:     " + json.dumps(meta["inputs"]))
-    print("outputs:    " + json.dumps(meta["outputs"]))
+    print("config:     " + json.dumps(spec.model_config))
+    print("inputs:     " + json.dumps(spec.inputs))
+    print("outputs:    " + json.dumps(spec.outputs))
 
 
 def export(args: argparse.Namespace) -> None:

@@ -25,7 +25,7 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import SafetensorError
@@ -34,9 +34,11 @@ from torch import nn
 
 from contract.errors import UserError
 from contract.formats import CHECKPOINT_FORMAT, CONFIG_FILE, TASKS
+from contract.json_file import read_json_file, read_json_object
 
 from .configs import GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig, config_from_dict, get_config
 from .mlm import GMLPForMaskedLM
+from .sizes import Shapes, check_count, check_memory, count_at_depth, header_shapes, meta_shapes, shapes_of
 from .vision import GMLPVisionClassifier
 
 FORMAT_VERSION = 1
@@ -126,16 +128,14 @@ def save_checkpoint(
     return out
 
 
-def check_state_shapes(
-    expected: dict[str, tuple[int, ...]], state: dict[str, torch.Tensor], source: str
-) -> None:
-    """Raise naming every missing, unexpected or mis-shaped key of `state` against `expected`."""
-    problems = [f"missing key {k!r}" for k in expected if k not in state]
-    problems += [f"unexpected key {k!r}" for k in state if k not in expected]
+def check_state_shapes(expected: Shapes, held: Shapes, source: str) -> None:
+    """Raise naming every missing, unexpected or mis-shaped key of `held` against `expected`."""
+    problems = [f"missing key {k!r}" for k in expected if k not in held]
+    problems += [f"unexpected key {k!r}" for k in held if k not in expected]
     problems += [
-        f"key {k!r} has shape {tuple(state[k].shape)}, the model expects {shape}"
+        f"key {k!r} has shape {held[k]}, the model expects {shape}"
         for k, shape in expected.items()
-        if k in state and tuple(state[k].shape) != shape
+        if k in held and held[k] != shape
     ]
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
@@ -144,8 +144,20 @@ def check_state_shapes(
 
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Load `state` into `model` or raise naming every missing, unexpected or mis-shaped key."""
-    check_state_shapes({k: tuple(v.shape) for k, v in model.state_dict().items()}, state, source)
+    check_state_shapes(shapes_of(model.state_dict()), shapes_of(state), source)
     model.load_state_dict(state, strict=True)
+
+
+def build_for(config: GMLPConfig, held: Shapes, source: str) -> GMLPModel:
+    """A fresh model for `config`, built only once the weights' shapes `held` fit it: first the
+    count of tensors, then every shape, both without allocating the model (`model.sizes`), so a
+    config out of proportion with its weights is refused before it costs memory."""
+    declared = count_at_depth(lambda c: len(meta_shapes(build_model, c)), config)
+    check_count(declared, len(held), source, config)
+    expected = meta_shapes(build_model, config)
+    check_state_shapes(expected, held, source)
+    check_memory(expected, source)
+    return build_model(config)
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -212,28 +224,21 @@ def gmlp_from_timm(
         for pattern, replacement in _TIMM_KEY_MAP:
             key = re.sub(pattern, replacement, key)
         renamed[key] = value  # the tensors are the same
-    model = GMLPVisionClassifier(config)
-    load_state_dict_strict(model, renamed, source)
-    return model.eval()
+    model = build_for(config, shapes_of(renamed), source)
+    model.load_state_dict(renamed, strict=True)
+    return cast(GMLPVisionClassifier, model.eval())
 
 
-def load_checkpoint(path: str | Path) -> GMLPModel:
-    """The model stored in checkpoint directory `path`, in eval mode.
-
-    Its `forward` takes `pixel_values` [batch, 3, H, W] (vision) or `input_ids` [batch, L] with
-    L <= n (MLM) and returns logits. `model.checkpoint_info` holds the parsed config.json, checked
-    for the fields we rely on.
-    """
+def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], GMLPConfig]:
+    """Checkpoint directory `path`'s parsed config.json and its model config, checked for the
+    fields we rely on (CheckpointError or UserError, one line, otherwise)."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{root} is not a directory (expected a checkpoint directory)")
     cfg_path = root / CONFIG_FILE
     if not cfg_path.is_file():
         raise CheckpointError(f"{root} has no {CONFIG_FILE}; is it a checkpoint directory?")
-    try:
-        info = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {exc}") from exc
+    info = read_json_object(cfg_path)  # bounded and deep-safe
     if info.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{cfg_path}: format is {info.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
     for key in ("task", "model"):
@@ -245,27 +250,44 @@ def load_checkpoint(path: str | Path) -> GMLPModel:
         config = config_from_dict(info["model"])
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{cfg_path}: bad model config: {exc}") from exc
+    return info, config
+
+
+def load_checkpoint(path: str | Path) -> GMLPModel:
+    """The model stored in checkpoint directory `path`, in eval mode.
+
+    Its `forward` takes `pixel_values` [batch, 3, H, W] (vision) or `input_ids` [batch, L] with
+    L <= n (MLM) and returns logits. `model.checkpoint_info` holds the parsed config.json, checked
+    for the fields we rely on.
+    """
+    root = Path(path)
+    info, config = read_checkpoint_config(root)
     weights = root / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{root} has no {WEIGHTS_FILE}")
-    try:
+    try:  # the header first: the config's sizes are checked against it before anything is built
+        held = header_shapes(weights)
+        model = build_for(config, held, str(weights))
         state = load_file(weights)
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{weights} is not a readable safetensors file: {exc}") from exc
-    model = build_model(config)
-    load_state_dict_strict(model, state, str(weights))
+    model.load_state_dict(state, strict=True)
     model.checkpoint_info = info
     return model.eval()
 
 
 def read_labels(path: str | Path) -> list[str]:
     """Class names from a JSON list, or from the ImageNet class-index form {"0": [wnid, name]}."""
-    data = json.loads(Path(path).read_text())
+    data = read_json_file(path)
     if isinstance(data, list):
         return [str(x) for x in data]
-    if isinstance(data, dict):
+    if isinstance(data, dict) and all(
+        key.isdecimal() and (not isinstance(v, list) or v) for key, v in data.items()
+    ):
         return [
             str(v[-1] if isinstance(v, list) else v)
             for _, v in sorted(data.items(), key=lambda kv: int(kv[0]))
         ]
-    raise CheckpointError(f"{path}: labels must be a JSON list or an index -> name object")
+    raise CheckpointError(
+        f'{path}: labels must be a JSON list or an index -> name object ({{"0": [wnid, name], ...}})'
+    )

@@ -30,6 +30,7 @@ from contract.errors import UserError
 
 from .checkpoint import CheckpointError, GMLPModel, build_model, check_state_shapes, load_state_dict_strict
 from .configs import GATE_ACTIVATIONS, GMLPConfig, GMLPMaskedLMConfig, GMLPVisionConfig
+from .sizes import check_count, check_memory, count_at_depth, meta_shapes, shapes_of
 
 _REQUIRED = object()
 # The constructors' arguments and their defaults in g-mlp-pytorch 0.1.5.
@@ -203,8 +204,11 @@ def gmlp_from_lucidrains(
     argument, key and shape (raises naming each one)."""
     config = lucidrains_config(args, pad_token_id=pad_token_id, mask_token_id=mask_token_id)
     circulant = bool(args.get("circulant_matrix"))
+    # The plan's length follows the config's depth: counted from two blocks before it is listed.
+    check_count(count_at_depth(lambda c: len(_key_plan(c, circulant)), config), len(state), source, config)
     plan = _key_plan(config, circulant)
-    check_state_shapes({theirs: shape for theirs, _, shape in plan}, state, source)
+    check_state_shapes({theirs: shape for theirs, _, shape in plan}, shapes_of(state), source)
+    check_memory(meta_shapes(build_model, config), source)  # a circulant SGU's n values -> n x n
     converted: dict[str, torch.Tensor] = {}
     for theirs, ours, _ in plan:
         if ours is None:

@@ -196,7 +196,10 @@ class SpecialIds:
 
     @classmethod
     def from_tokenizer(cls, tokenizer_path: str | Path) -> SpecialIds:
-        tok = Tokenizer.from_file(str(tokenizer_path))
+        try:
+            tok = Tokenizer.from_file(str(tokenizer_path))
+        except Exception as exc:  # tokenizers raises a bare Exception for any file it cannot use
+            raise UserError(f"{tokenizer_path} is not a usable tokenizers JSON file: {exc}") from None
         ids = {name: tok.token_to_id(f"[{name.upper()}]") for name in ("pad", "cls", "sep", "mask")}
         missing = [f"[{name.upper()}]" for name, token_id in ids.items() if token_id is None]
         if missing:

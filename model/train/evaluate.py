@@ -16,6 +16,7 @@ retraining. For the MLM it shows live fill-mask predictions.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 import time
@@ -27,12 +28,15 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import torch
-from safetensors.torch import load_file
+from safetensors import SafetensorError
 
 from contract.errors import UserError
 from contract.formats import MLM_TASK, SERVED_FORMAT, VARIANT_FILES
+from contract.json_file import read_json_object
+from contract.spec import read_spec
 from contract.text import FillMaskCodec
-from model.checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint, read_checkpoint_config
+from model.sizes import header_shapes
 
 from .data import SpecialIds, TokenCorpus, full_window, load_cifar, mask_tokens, short_window, to_pixel_values
 from .loop import precision_label
@@ -75,9 +79,12 @@ def _onnx_runs(root: Path, info: dict[str, Any], variant: str, threads: int) -> 
         ["CUDAExecutionProvider", "CPUExecutionProvider"] if variant == "fp16" else ["CPUExecutionProvider"]
     )
     available = set(ort.get_available_providers())
-    session = ort.InferenceSession(
-        str(root / variants[variant]), opts, providers=[p for p in providers if p in available]
-    )
+    try:
+        session = ort.InferenceSession(
+            str(root / variants[variant]), opts, providers=[p for p in providers if p in available]
+        )
+    except Exception as exc:  # onnxruntime's own types (InvalidProtobuf, Fail...) for a bad file
+        raise UserError(f"{root / variants[variant]} cannot be loaded: {exc}") from None
     max_pred = int(info.get("model", {}).get("max_predictions") or info.get("max_predictions") or 16)
 
     def mlm(ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -103,8 +110,12 @@ def open_predictor(path: str | Path, variant: str = "fp32", threads: int = 1) ->
         raise FileNotFoundError(
             f"{root} has no config.json (expected a checkpoint or served-model directory)"
         )
-    info = json.loads(cfg.read_text())
+    info = read_json_object(cfg)
     served = info.get("format") == SERVED_FORMAT
+    if served:  # checked as the service checks it (SpecError, one line, when malformed)
+        spec = read_spec(root)
+        assert spec is not None, "its config.json declares the served format"
+        info = spec.config
     runs = _onnx_runs(root, info, variant, threads) if served else _torch_runs(root)
     return Predictor(info["task"], info, root, *runs)
 
@@ -253,7 +264,7 @@ def record_served_eval(
     """Store `gmlp eval`'s figures for an exported variant in the checkpoint's training.json (with,
     for a masked LM, the fill-mask examples as that variant answers them) and rewrite the card."""
     path = Path(checkpoint) / TRAINING_FILE
-    train = json.loads(path.read_text()) if path.is_file() else {}
+    train = read_json_object(path) if path.is_file() else {}
     entry: dict[str, Any] = {"command": command, "results": results}
     if pred.task == MLM_TASK:
         entry["fill_mask_examples"] = fill_mask_examples(pred)
@@ -265,11 +276,14 @@ def record_served_eval(
 def write_card(root: str | Path) -> Path:
     """(Re)write README.md from config.json, training.json and, for the MLM, live predictions."""
     root = Path(root)
-    info = json.loads((root / "config.json").read_text())
-    train = json.loads((root / TRAINING_FILE).read_text()) if (root / TRAINING_FILE).is_file() else {}
-    cfg = info["model"]
+    info, config = read_checkpoint_config(root)
+    train = read_json_object(root / TRAINING_FILE) if (root / TRAINING_FILE).is_file() else {}
+    cfg = config.to_dict()
     weights = root / "model.safetensors"
-    n_params = sum(t.numel() for t in load_file(weights).values())
+    try:
+        n_params = sum(math.prod(shape) for shape in header_shapes(weights).values())
+    except (SafetensorError, OSError) as exc:
+        raise UserError(f"{weights} is not a readable safetensors file: {exc}") from None
     is_mlm = info["task"] == MLM_TASK
     served = train.get("served", {})
     lines = [
@@ -279,7 +293,7 @@ def write_card(root: str | Path) -> Path:
         '"Pay Attention to MLPs") trained from scratch on a 2-core CPU as a demo model for gmlp-serve.',
         "",
         "## Model",
-        f"- task: `{info['task']}`, n = {info['seq_len']} tokens"
+        f"- task: `{info['task']}`, n = {config.seq_len} tokens"
         + (" (32x32 image, 4x4 patches)" if not is_mlm else " (WordPiece, BERT uncased vocabulary)"),
         f"- depth {cfg['depth']}, d_model {cfg['d_model']}, d_ffn {cfg['d_ffn']}, "
         + (f"aMLP tiny attention of size {cfg['attn_dim']}" if cfg.get("attn_dim") else "no tiny attention"),
