@@ -40,7 +40,12 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY contract contract
 COPY gmlp gmlp
 COPY service service
-RUN python -m pip install -c constraints.txt ".[serve]" && rm -rf /app/build
+# OpenVINO is in by default: `GMLP_BACKEND=auto` runs it on CPUs with AVX512-BF16 or AMX, where it
+# is the fastest path (docs/deploy.md, "Backends"); it adds about 240 MB (997 MB with it, 760 MB
+# without, on a Debian bookworm Python 3.11 base). For a fleet without those instructions,
+# `--build-arg SERVE_EXTRAS=serve` leaves it out (auto then runs ONNX Runtime).
+ARG SERVE_EXTRAS=serve,openvino
+RUN python -m pip install -c constraints.txt ".[${SERVE_EXTRAS}]" && rm -rf /app/build
 RUN useradd --system --uid 10001 --no-create-home gmlp
 COPY --from=export --chown=gmlp /models /models
 # Threads: by default the service sizes ONNX Runtime's pool from the CPUs the container may use

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 from contextlib import suppress
 from enum import Enum
 from pathlib import Path
@@ -32,6 +33,8 @@ from contract.repository import VersionPolicy
 # of about 20: 64 MiB is twice the largest answer a default batch of the shipped masked LM makes.
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BINARY_RESPONSE_BYTES = 64 * 1024 * 1024
+# An `allowed_hosts` entry: `*`, or a DNS name (a leading dot for a domain and its subdomains).
+_HOST_ENTRY = re.compile(r"\*|\.?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 
 
 class Group(Enum):
@@ -133,11 +136,11 @@ class ServiceSettings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = setting(Group.MODELS, "auto")
     """auto, cpu or cuda; auto uses CUDA when ONNX Runtime has it; cuda without it falls back to CPU with a
     warning"""
-    backend: Literal["onnxruntime", "openvino", "auto"] = setting(Group.MODELS, "onnxruntime")
-    """what runs the graphs: onnxruntime; openvino (the `openvino` extra; CPU only), which loads the fp32
-    graph (by default) and computes it in bf16 on a CPU with AVX512-BF16 or AMX, else in fp32; auto: openvino
-    on such a CPU when installed, else onnxruntime (docs/deploy.md, "Backends"). openvino without the package
-    refuses to start"""
+    backend: Literal["onnxruntime", "openvino", "auto"] = setting(Group.MODELS, "auto")
+    """what runs the graphs: auto: openvino on a CPU with AVX512-BF16 or AMX where the `openvino` extra is
+    installed (the container image has it), else onnxruntime (docs/deploy.md, "Backends"); onnxruntime;
+    openvino (CPU only), which loads the fp32 graph (by default) and computes it in bf16 on such a CPU, else
+    in fp32. openvino without the package refuses to start"""
     variant: Variant | None = setting(Group.MODELS, None)
     """fp32, int8 or fp16; unset: int8 on CPU, fp16 on CUDA when exported, else fp32. A variant a model lacks
     falls back to that default (warning)"""
@@ -225,6 +228,11 @@ class ServiceSettings(BaseSettings):
     off"""
     cors_credentials: bool = setting(Group.ACCESS, False)
     """CORS: let browsers send credentials (cookies, Authorization) to the allowed origins"""
+    allowed_hosts: str | None = setting(Group.ACCESS, None)
+    """comma-separated names the service answers for without API keys, besides IP addresses and localhost (a
+    leading dot: a domain and its subdomains, as .example.com; * any): a request for another Host gets 421
+    host_not_allowed, so that no web page can reach the server by a name of its own (DNS rebinding). With an
+    API keys file every name is answered"""
     metrics_port: int | None = setting(Group.ACCESS, None, ge=1, le=65535)
     """also serve /metrics, without a key, on this port (for scrapers on a private network)"""
 
@@ -290,6 +298,19 @@ class ServiceSettings(BaseSettings):
     def _backend_installed(cls, value: str) -> str:
         if value == "openvino" and importlib.util.find_spec("openvino") is None:
             raise ValueError("backend openvino needs the openvino package: pip install gmlp-serve[openvino]")
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: str | None) -> str | None:
+        """Names only: a scheme or a port would never match a Host, and the server would refuse what
+        the operator meant to allow."""
+        for entry in (e.strip() for e in (value or "").split(",")):
+            if entry and not _HOST_ENTRY.fullmatch(entry):
+                raise ValueError(
+                    f"allowed_hosts entry {entry!r} is not a host name: give names such as api, "
+                    "gmlp.example.com or .example.com (no scheme, no port), or *"
+                )
         return value
 
     @field_validator("version_policy")

@@ -3,9 +3,16 @@ the committed sample data, and the `shared_data` marker's skip for tests that ne
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The suite's servers (in-process and the `gmlp serve` processes, which inherit this) run ONNX
+# Runtime on every machine: the default `auto` picks OpenVINO on a CPU with bf16 instructions, and
+# the tests' expectations (variants, providers, exact scores) are ONNX Runtime's. `auto`'s choice
+# and OpenVINO itself have tests of their own that set the backend they test.
+os.environ["GMLP_BACKEND"] = "onnxruntime"
 
 # The shared helpers assert too: rewrite their asserts as pytest does the tests' own.
 pytest.register_assert_rewrite("support")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -14,8 +15,10 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
+from contract.cpu import cpu_flags
 from contract.image import ImageTransform
 from contract.spec import read_spec
+from service.engine.backends import auto_backend
 from service.http.schemas import ClassifyResponse, FillMaskResponse
 
 if TYPE_CHECKING:  # at run time the harness is loaded by pytest as a plugin (assertion rewriting)
@@ -126,6 +129,22 @@ def test_lone_threads_follow_the_rule_unless_given(server: RunningServer, start_
     given = start_server(lone_threads=3)
     with given.client() as client:
         assert {m["lone_threads"] for m in client.get("/models").json()["models"]} == {3}
+
+
+def test_the_default_backend_is_autos_choice_for_this_cpu(
+    start_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unset (the suite pins ONNX Runtime in its environment, tests/conftest.py), the backend is
+    `auto`: OpenVINO where this CPU has bf16 instructions and the package is installed, else ONNX
+    Runtime, as GET /models reports the provider that runs each model."""
+    monkeypatch.delenv("GMLP_BACKEND")
+    installed = importlib.util.find_spec("openvino") is not None
+    expected = auto_backend("cpu", cpu_flags(), installed)
+    server = start_server()
+    assert server.settings.backend == "auto"
+    with server.client() as client:
+        providers = {m["provider"] for m in client.get("/models").json()["models"]}
+    assert providers == {"OpenVINO CPU" if expected == "openvino" else "CPUExecutionProvider"}
 
 
 def _png(size: tuple[int, int], mode: str = "RGB") -> bytes:
@@ -256,7 +275,7 @@ def _raw_http(server: RunningServer, request: bytes) -> bytes:
 
 def test_upload_limit_from_the_header_before_reading_the_body(server: RunningServer) -> None:
     head = (
-        b"POST /classify HTTP/1.1\r\nHost: t\r\nContent-Type: image/jpeg\r\nContent-Length: 999999999\r\n\r\n"
+        b"POST /classify HTTP/1.1\r\nHost: localhost\r\nContent-Type: image/jpeg\r\nContent-Length: 999999999\r\n\r\n"
     )
     answer = _raw_http(server, head)  # the body is never sent: the answer must not wait for it
     assert answer.startswith(b"HTTP/1.1 413") and b"payload_too_large" in answer
