@@ -17,31 +17,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
-from contract.scores import ScoreFunction
-from contract.text import EncodedText
 from service.engine.runtime import Feeds
 
 
-@dataclass(frozen=True)
-class Ranking:
-    """A classification request's answer: its `top_k` labels scored by `function`."""
+class Answer(Protocol):
+    """What the engine needs of the answer a row asks for; the answers themselves are their
+    tasks' (a classifier's ranking, a masked LM's decoding, in `service.tasks`), worked out by the
+    task's `finish` in the batch thread. The engine reads how many candidates the answer wants and
+    whether they are chosen over the whole row with softmax scores: what the graph's top-k
+    outputs hold (`from_top_k`)."""
 
-    top_k: int
-    function: ScoreFunction = "softmax"
+    @property
+    def top_k(self) -> int: ...
 
-
-@dataclass(frozen=True, eq=False)
-class Decoding:
-    """A fill-mask request's answer: the `top_k` tokens of each [MASK] (among `target_ids`)."""
-
-    encoded: EncodedText
-    top_k: int
-    target_ids: list[int] | None = None
+    @property
+    def whole_row_softmax(self) -> bool: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +46,7 @@ class Job:
     outputs its caller reads from `Done.outputs` (None: all of them; a task request reads none)."""
 
     feeds: Feeds
-    answer: Ranking | Decoding | None = None
+    answer: Answer | None = None
     observed: bool = False
     reads: frozenset[str] | None = None
 
@@ -68,14 +63,12 @@ def graph_top_k(config: Mapping[str, Any], output_names: Sequence[str]) -> int:
     return k if isinstance(k, int) and set(output_names) >= TOP_K_OUTPUTS else 0
 
 
-def from_top_k(answer: Ranking | Decoding | None, k: int) -> bool:
+def from_top_k(answer: Answer | None, k: int) -> bool:
     """Whether the graph's top-k outputs (K = `k`, 0: none) hold `answer`: at most K candidates,
-    chosen over the whole row (no `targets`), scored by softmax."""
+    chosen over the whole row, scored by softmax."""
     if k < 2 or answer is None or answer.top_k > k:  # K = 1 gives no margin for the metrics
         return False
-    if isinstance(answer, Ranking):
-        return answer.function == "softmax"
-    return answer.target_ids is None
+    return answer.whole_row_softmax
 
 
 def outputs_to_run(jobs: Sequence[Job], top: Sequence[bool], available: Sequence[str]) -> list[str]:

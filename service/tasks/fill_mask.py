@@ -10,6 +10,7 @@ token ids can ask for too; over the Hugging Face API a raw body is the UTF-8 tex
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -21,7 +22,7 @@ from contract.spec import ModelSpec
 from contract.tensors import BYTES, Tensor
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
 from service.engine.request_context import Deadline, before
-from service.engine.rows import NOTHING, Decoding, Done, Job, Reads
+from service.engine.rows import NOTHING, Done, Job, Reads
 from service.engine.runtime import Collate, Feeds
 from service.settings import ServiceSettings
 from service.tasks.forms import (
@@ -40,6 +41,19 @@ from service.tasks.pipeline import Forms, HFOptions, Pipeline
 # wake-ups, a GIL hand-over each way) than tokenising them. Anything longer is tokenised in a
 # thread, off the event loop.
 INLINE_ENCODE_CHARS = 1000
+
+
+@dataclass(frozen=True, eq=False)
+class Decoding:
+    """A fill-mask request's answer: the `top_k` tokens of each [MASK] (among `target_ids`)."""
+
+    encoded: EncodedText
+    top_k: int
+    target_ids: list[int] | None = None
+
+    @property
+    def whole_row_softmax(self) -> bool:
+        return self.target_ids is None
 
 
 class FillMaskPipeline(Pipeline):

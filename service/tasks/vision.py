@@ -23,6 +23,7 @@ import math
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from contract.scores import ScoreFunction, labelled_rows, ranked_labels
 from contract.spec import ModelSpec
 from contract.tensors import Tensor
 from service.engine.request_context import Deadline, before
-from service.engine.rows import NOTHING, Done, Job, Ranking, Reads
+from service.engine.rows import NOTHING, Done, Job, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
 from service.tasks.forms import IMAGE_INPUT, gather_or_cancel, stacked
@@ -46,6 +47,18 @@ from service.tasks.pipeline import Forms, HFOptions, Pipeline
 # enough not to hold up the other requests. Anything larger, in either size, is prepared in a
 # thread, off the event loop: a thumbnail upscaled to a 224 model's 256 is four times this.
 INLINE_DECODE_PIXELS = 128 * 128
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A classification request's answer: its `top_k` labels scored by `function`."""
+
+    top_k: int
+    function: ScoreFunction = "softmax"
+
+    @property
+    def whole_row_softmax(self) -> bool:
+        return self.function == "softmax"
 
 
 class PixelBudget:

@@ -11,12 +11,12 @@ import numpy as np
 
 from contract.scores import SCORE_FUNCTIONS, ranked
 from contract.spec import read_spec
-from service.engine.rows import Decoding, Job, Ranking
+from service.engine.rows import Job
 from service.settings import ServiceSettings
-from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.fill_mask import Decoding, FillMaskPipeline
 from service.tasks.pipeline import Pipeline
 from service.tasks.registry import load_pipeline
-from service.tasks.vision import VisionPipeline
+from service.tasks.vision import Ranking, VisionPipeline
 from service.telemetry.metrics import ServiceMetrics
 from support.helpers import assert_same_answers
 

@@ -13,12 +13,12 @@ import pytest
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.spec import read_spec
 from export import export_served_model
-from service.engine.rows import NOTHING, Decoding, Job, Ranking
+from service.engine.rows import NOTHING, Job
 from service.settings import ServiceSettings
-from service.tasks.fill_mask import FillMaskPipeline
+from service.tasks.fill_mask import Decoding, FillMaskPipeline
 from service.tasks.pipeline import Pipeline
 from service.tasks.registry import load_pipeline
-from service.tasks.vision import VisionPipeline
+from service.tasks.vision import Ranking, VisionPipeline
 from service.telemetry.metrics import ServiceMetrics
 from support.helpers import assert_same_answers
 from support.top_k_models import tied_checkpoint
