@@ -14,6 +14,8 @@ workers share, beside each API key's rate bucket).
 
 What a worker is given is its share: the CPUs, the connection caps and the queue size are divided
 among the workers (`worker_settings`), so that the server's limits stay what the settings say.
+Before either starts, the connection caps are fitted to the process's file descriptor limit
+(`fit_connection_caps`), so that a cap is always reached before the descriptors run out.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -44,14 +47,71 @@ log = logging.getLogger(__name__)
 EARLY_EXIT_S, EARLY_EXITS = 10.0, 5
 # A worker's exit status when the settings cannot work (unreadable TLS or keys files): no restart.
 CONFIGURATION_ERROR = 2
+# File descriptors a serving process keeps besides its connections: the listening sockets, model
+# files and ONNX Runtime sessions, log and metrics files, gRPC core's and the event loop's own.
+FD_RESERVE = 128
 
 
 def serve(settings: ServiceSettings) -> None:
     """Serve until SIGINT/SIGTERM (then drain and exit): in this process, or with workers."""
+    settings = fit_connection_caps(settings)
     if settings.workers == 1:
         _run_uvicorn(settings, sockets=None)
     elif (status := Supervisor(settings).run()) != 0:
         raise SystemExit(status)
+
+
+def fit_connection_caps(settings: ServiceSettings) -> ServiceSettings:
+    """`settings` with connection caps that this process's file descriptor limit can hold.
+
+    Each serving process (the one process, or each worker, with its share of the caps) holds up
+    to two descriptors per HTTP connection at its cap (the refused newcomers linger up to as many
+    again), one per gRPC connection, and `FD_RESERVE` besides. The default caps (1000 + 1000) need
+    3,128 there, above the soft limit of 1024 that many systems start a process with; at that limit
+    descriptors run out before either cap is reached, and idle gRPC connections would starve HTTP's
+    accept (EMFILE) with nothing counted or reported. So the soft RLIMIT_NOFILE is first raised
+    toward the hard limit, as far as the caps need; where they still do not fit, both caps are
+    lowered in proportion, with one warning naming the numbers; where not even one connection of
+    each fits, the service refuses to start (UserError) rather than fail at its first connections.
+    """
+    workers, grpc_on = settings.workers, bool(settings.grpc_port)
+    http = _share(settings.max_connections, workers)
+    grpc = _share(settings.grpc_max_connections, workers) if grpc_on else 0
+    need = 2 * http + grpc + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if need > soft:
+        wanted = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:  # a hard limit the kernel caps lower (macOS's OPEN_MAX)
+            log.debug("the soft descriptor limit stays %d: %s", soft, exc)
+    if need <= soft:
+        return settings
+    room = soft - FD_RESERVE
+    if room < 2 + int(grpc_on):
+        raise UserError(
+            f"this process may open {soft} file descriptors (ulimit -n), too few for one HTTP "
+            f"{'and one gRPC connection ' if grpc_on else 'connection '}besides the {FD_RESERVE} the "
+            f"service keeps for model files, sessions, logs and metrics; raise ulimit -n"
+        )
+    scale = room / (2 * http + grpc)
+    fitted_http = max(1, int(http * scale))
+    fitted_grpc = max(1, min(int(grpc * scale), room - 2 * fitted_http)) if grpc_on else 0
+    update = {"max_connections": fitted_http * workers}
+    if grpc_on:
+        update["grpc_max_connections"] = fitted_grpc * workers
+    log.warning(
+        "the descriptor limit (ulimit -n) is %d (hard limit %s), too few for max_connections=%d and "
+        "grpc_max_connections=%d (%d needed%s: 2 per HTTP connection, 1 per gRPC connection, %d in "
+        "reserve); serving with max_connections=%d and grpc_max_connections=%s; raise ulimit -n to "
+        "keep the settings' caps",
+        soft, "unlimited" if hard == resource.RLIM_INFINITY else hard,
+        settings.max_connections, settings.grpc_max_connections, need,
+        f" in each of {workers} workers" if workers > 1 else "", FD_RESERVE,
+        update["max_connections"], update.get("grpc_max_connections", "(gRPC off)"),
+    )  # fmt: skip
+    return settings.model_copy(update=update)
 
 
 def _run_uvicorn(
