@@ -9,6 +9,9 @@ SERVED_FORMAT = "gmlp-served-model"
 CHECKPOINT_FORMAT = "gmlp-checkpoint"
 # Both directory formats describe themselves in this file.
 CONFIG_FILE = "config.json"
+# The model card a served directory may hold (`gmlp export` copies the checkpoint's); the service
+# shows a summary of it (service/tasks/card.py).
+CARD_FILE = "README.md"
 
 VISION_TASK = "image-classification"
 MLM_TASK = "fill-mask"

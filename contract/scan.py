@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from contract.formats import CONFIG_FILE, SERVED_FORMAT
+from contract.limits import MAX_POLICY_BYTES
 from contract.messages import echo
 from contract.repository import (
     POLICY_FILE,
@@ -38,7 +39,6 @@ from contract.repository import (
 from contract.spec import ModelSpec, SpecError, export_command, model_name_problem, read_json, read_spec
 
 FLAT_VERSION = 1
-MAX_POLICY_BYTES = 64 << 10
 MAX_REASON_CHARS = 1000
 
 Fingerprint = tuple[tuple[str, int, int], ...]
@@ -106,7 +106,7 @@ def read_version(model: str, version: int, directory: Path) -> VersionSource:
 
 def _read_spec(directory: Path) -> tuple[ModelSpec | None, str | None]:
     """A version directory's spec when it is complete, else (None, why not)."""
-    if not (directory / CONFIG_FILE).is_file():
+    if not (directory / CONFIG_FILE).exists():  # a FIFO or the like is read_spec's to refuse
         return None, f"incomplete: {directory} has no {CONFIG_FILE} yet (it is written last)"
     try:
         spec = read_spec(directory)
@@ -117,7 +117,7 @@ def _read_spec(directory: Path) -> tuple[ModelSpec | None, str | None]:
     # The files the config names besides the variants (read_spec checks those).
     config = spec.config
     named = [config.get("labels"), config.get("tokenizer"), (config.get("check") or {}).get("file")]
-    missing = [str(n) for n in named if n and not (directory / str(n)).is_file()]
+    missing = [str(n) for n in named if n and not (directory / str(n)).exists()]
     if missing:
         return None, f"incomplete: {directory} lacks {missing}, which its {CONFIG_FILE} names"
     return spec, None
@@ -144,9 +144,9 @@ def _versioned(name: str, directory: Path) -> ModelSource:
         versions[number] = read_version(name, number, child)
     path = directory / POLICY_FILE
     policy: VersionPolicy | None = None
-    if path.is_file():
+    if path.exists():  # read as a regular file only: a FIFO is a problem, not a wait
         try:
-            policy = VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES)["version_policy"])
+            policy = VersionPolicy.parse(read_json(path, MAX_POLICY_BYTES, "policy")["version_policy"])
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             problem = f'{path}: expected {{"version_policy": ...}} with {POLICY_FORMS} ({exc})'
             return ModelSource(

@@ -5,10 +5,16 @@ A masked LM's row has a whole vocabulary (30,522 entries for BERT's), of which a
 candidates are found by partial selection (among the blocks with the highest maxima), and only
 they are sorted and exponentiated. Scores are always probabilities over the whole row, also when
 `candidates` restricts what may be returned (Hugging Face's fill-mask `targets`).
+
+A broken model can put NaN or infinities among its logits; a row holding NaN or +inf has no
+probabilities (each is NaN), yet still ranks (NaN last) and answers `k` entries. JSON has no NaN
+or Infinity, so an answer's score that is not finite is written `null` (`json_score`), as v2
+writes a non-finite tensor element: a 200 with valid JSON, never a 500 from the encoder.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -21,6 +27,11 @@ def log_normalisers(rows: np.ndarray) -> np.ndarray:
     taken one by one."""
     peak = rows.max(axis=-1, keepdims=True)
     return peak[..., 0].astype(np.float64) + np.log(np.exp(rows - peak).sum(axis=-1, dtype=np.float64))
+
+
+def json_score(value: float) -> float | None:
+    """A score as an answer carries it: the number, or None (JSON null) when it is NaN or infinite."""
+    return value if math.isfinite(value) else None
 
 
 # Width of the blocks whose maxima narrow a long row down before the exact selection.
@@ -59,6 +70,8 @@ def top_probabilities(
     if log_z is None:
         log_z = float(log_normalisers(row))
     scores = row if candidates is None else row[candidates]
+    if math.isnan(log_z):  # a NaN or +inf logit: NaN ranks last (NaN == NaN is false below)
+        scores = np.where(np.isnan(scores), -np.inf, scores)
     k = min(k, scores.shape[0])
     n = scores.shape[0]
     if k < n:
@@ -130,9 +143,10 @@ SCORE_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 
 def labelled_rows(ids: np.ndarray, scores: np.ndarray, labels: Sequence[str]) -> list[list[dict[str, Any]]]:
     """Rows of class ids and their scores [m, k], best first, as the answers' `{"label", "score"}`
-    lists: what ranking the logits and reading a graph's top-k outputs both end in."""
+    lists: what ranking the logits and reading a graph's top-k outputs both end in (a score that is
+    not finite: None, `json_score`)."""
     return [
-        [{"label": labels[i], "score": v} for i, v in zip(row, vals, strict=True)]
+        [{"label": labels[i], "score": json_score(v)} for i, v in zip(row, vals, strict=True)]
         for row, vals in zip(np.asarray(ids).tolist(), np.asarray(scores).tolist(), strict=True)
     ]
 

@@ -21,9 +21,10 @@ from tokenizers import Tokenizer
 
 from contract.errors import ErrorCode, InvalidInput
 from contract.formats import MASK_TOKEN
+from contract.limits import MAX_TOKENIZER_BYTES
 from contract.messages import echo
-from contract.scores import log_normalisers, top_probabilities
-from contract.spec import SpecError
+from contract.scores import json_score, log_normalisers, top_probabilities
+from contract.spec import SpecError, read_regular
 
 # Batches of texts are padded to a multiple of this many tokens (see `FillMaskCodec.padded_length`).
 LENGTH_MULTIPLE = 8
@@ -36,11 +37,23 @@ class EncodedText:
     feeds: dict[str, np.ndarray]  # per-request graph inputs, unpadded (no batch axis)
 
 
+def load_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer in `path`, read by us and not by the library: a regular file of at most
+    `MAX_TOKENIZER_BYTES` (SpecError otherwise, naming the file). `Tokenizer.from_file` opens the
+    path itself while holding the GIL, so a FIFO there would freeze the whole process, and it
+    would build a vocabulary of any size."""
+    text = read_regular(path, "tokenizer", MAX_TOKENIZER_BYTES)
+    try:
+        return Tokenizer.from_str(text.decode("utf-8"))
+    except Exception as exc:  # the library raises a bare Exception for what it cannot parse
+        raise SpecError(f"tokenizer {path}: not a tokenizers JSON file ({str(exc)[:200]})") from None
+
+
 class FillMaskCodec:
     """Tokenisation and decoding for one served masked-LM."""
 
     def __init__(self, tokenizer_path: Path, model_config: dict[str, Any], *, model_name: str = "") -> None:
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.tokenizer = load_tokenizer(tokenizer_path)
         # The shipped tokenizer.json may carry padding/truncation settings; we pad ourselves and a
         # silently truncated text would lose its [MASK]s.
         self.tokenizer.no_padding()
@@ -203,6 +216,7 @@ class FillMaskCodec:
         ]
 
     def _prediction(self, encoded: EncodedText, position: int, token_id: int, score: float) -> dict[str, Any]:
+        """One candidate of a [MASK] as the answer lists it (a score that is not finite: None)."""
         filled = list(encoded.ids)
         filled[position] = token_id
         visible = [t for t in filled if t not in self._hidden_ids]
@@ -211,7 +225,7 @@ class FillMaskCodec:
             token_str = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_strs[token_id] = token_str
         return {
-            "score": score,
+            "score": json_score(score),
             "token": token_id,
             "token_str": token_str,
             "sequence": self.tokenizer.decode(visible, skip_special_tokens=False),

@@ -17,7 +17,10 @@ def examples(*documents: Any, **config: Any) -> ConfigDict:
 
 class LabelScore(BaseModel):
     label: str
-    score: float = Field(description="softmax probability")
+    score: float | None = Field(
+        description="softmax probability; null where the model's output makes it NaN or infinite "
+        "(JSON has neither)"
+    )
 
 
 class ClassifyResponse(BaseModel):
@@ -32,7 +35,10 @@ class ClassifyResponse(BaseModel):
 
 
 class MaskPrediction(BaseModel):
-    score: float = Field(description="softmax probability over the whole vocabulary")
+    score: float | None = Field(
+        description="softmax probability over the whole vocabulary; null where the model's output "
+        "makes it NaN or infinite (JSON has neither)"
+    )
     token: int = Field(description="vocabulary id")
     token_str: str = Field(description="the decoded token")
     sequence: str = Field(description="the text with this [MASK] filled (other [MASK]s left in place)")

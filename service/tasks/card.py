@@ -6,6 +6,11 @@ served directory. Its figures are JSON blocks: the training run's `## Results`, 
 --variant V` command that measured it. The summary takes the served variant's block when the card
 has one (else the training results) and keeps the accuracy leaves (`top1`, `top5`, `accuracy`...),
 named by their path, so that the playground can show them without reading Markdown.
+
+The card is read as every file of a model is (`contract.spec.read_regular`): a regular file of at
+most `MAX_CARD_BYTES`, else the version is refused with the reason (a FIFO would block the load
+for good, a huge card cost its size in memory). A card that is missing, not UTF-8 or linked out of
+the directory is simply not shown.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from contract.spec import SpecError, confined
+from contract.formats import CARD_FILE
+from contract.limits import MAX_CARD_BYTES
+from contract.spec import SpecError, confined, read_regular
 
-CARD_FILE = "README.md"
 _JSON_BLOCK = re.compile(r"```json\n(.*?)\n```", re.DOTALL)
 _ACCURACY_KEY = re.compile(r"^(top\d+|acc|accuracy)$")
 
@@ -55,13 +61,19 @@ def accuracy_leaves(results: Any, prefix: str = "") -> dict[str, float]:
 
 def card_summary(directory: Path, variant: str) -> dict[str, Any] | None:
     """The summary of the card in `directory` for the served `variant`; None without a card.
+    SpecError when the card is not a regular file or is over `MAX_CARD_BYTES`.
 
     `title` and `description` are the heading and first paragraph; `accuracy` the figures and
     `measured` what they are of ("int8" for the served variant's own, "training" otherwise)."""
     try:
         path = confined(directory, CARD_FILE, "card")  # a link out of the directory shows nothing
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError, SpecError):
+    except SpecError:
+        return None
+    if not path.exists():  # follows links (a dangling one is no card); never opens the file
+        return None
+    try:
+        text = read_regular(path, "card", MAX_CARD_BYTES).decode("utf-8")
+    except UnicodeDecodeError:
         return None
     lines = text.strip().splitlines()
     title = lines[0].lstrip("# ").strip() if lines and lines[0].startswith("# ") else None

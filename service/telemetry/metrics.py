@@ -13,6 +13,7 @@ worker answers for the whole server; each gauge says how its workers' values mer
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -269,10 +270,13 @@ class PredictionMetrics:
             self._record(ids[:, 0], probabilities[:, :2])
 
     def _record(self, top1: np.ndarray, top2: np.ndarray) -> None:
-        """Each prediction's top-1 index and its two best probabilities (best first)."""
+        """Each prediction's top-1 index and its two best probabilities (best first). A prediction
+        whose probabilities are not finite (a model's NaN or infinite logits) is left out of the
+        histograms: one NaN would make their sums NaN for as long as the process runs."""
         for first, second in top2.astype(np.float64).tolist():
-            self._confidence.observe(first)
-            self._margin.observe(first - second)
+            if math.isfinite(first - second):
+                self._confidence.observe(first)
+                self._margin.observe(first - second)
         if self._top1:
             for index in top1.tolist():
                 self._top1[int(index)].inc()

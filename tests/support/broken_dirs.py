@@ -6,10 +6,12 @@ Copies are hard links: the same bytes and tree, at once; a file a maker changes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,65 @@ def policy_file(text: bytes) -> Maker:
     return make
 
 
+def special_file(name: str, directory: str, *, size: int | None = None, **config: object) -> Maker:
+    """A version whose file `name` is a FIFO (a writer that never writes: reading it would block
+    for good), or, with `size`, a sparse regular file of that many bytes (its size costs no disk);
+    `config` changes its config.json (None removes a key), e.g. to fall back to a default file."""
+
+    def make(repo: Path, good: Path) -> None:
+        target = copy_export(good, repo / directory / "1")
+        if config:
+            changed = read_config(target) | config
+            write_config(target, {k: v for k, v in changed.items() if v is not None})
+        path = target / name
+        path.unlink(missing_ok=True)  # a hard link: never write through it
+        if size is None:
+            os.mkfifo(path)
+        else:
+            with path.open("wb") as handle:
+                handle.truncate(size)
+
+    return make
+
+
+def outcome_within(call: Callable[[], object], seconds: float) -> BaseException | None:
+    """What `call` raised (None: it returned), run in a daemon thread; AssertionError when it has
+    not ended within `seconds` (it blocked: the thread is left behind, see `release_readers`)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the caller
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still blocked after {seconds} s"
+    return outcome[0]
+
+
+def release_readers(fifos: Iterable[Path]) -> None:
+    """Open each FIFO for writing once and close it: a reader left blocked in open() by a test that
+    failed gets its end of file and goes."""
+    for path in fifos:
+        with contextlib.suppress(OSError):  # no reader waits (ENXIO), or the FIFO is gone
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _policy_fifo(repo: Path, good: Path) -> None:
+    copy_export(good, repo / "fifo-policy" / "1")
+    os.mkfifo(repo / "fifo-policy" / "policy.json")
+
+
+FIFO = "a FIFO, not a regular file"
+OVER_BOUND = "larger than its bound"
+# A classifier's copy turned masked LM (the scan reads no graph): its tokenizer.json is read.
+AS_MLM: dict[str, object] = {"task": "fill-mask", "labels": None}
+
 BROKEN: dict[str, tuple[Maker, str]] = {
     "config not UTF-8": (raw_config(b'{"format": "\xff\xfe"}'), "unreadable config"),
     "config not JSON": (raw_config(b"{not json", "notjson"), "unreadable config"),
@@ -154,6 +215,19 @@ BROKEN: dict[str, tuple[Maker, str]] = {
     "policy not UTF-8": (policy_file(b'{"version_policy": "\xff"}'), "policy.json"),
     "policy superscript": (policy_file(b'{"version_policy": "specific:\xc2\xb2"}'), "policy.json"),
     "policy unicode digit": (policy_file('{"version_policy": "latest:٣"}'.encode()), "policy.json"),
+    "card a FIFO": (special_file("README.md", "fifo-card"), FIFO),
+    "default labels a FIFO": (special_file("labels.json", "fifo-labels", labels=None), FIFO),
+    "tokenizer a FIFO": (special_file("tokenizer.json", "fifo-tokenizer", **AS_MLM), FIFO),
+    "check a FIFO": (special_file("check.npz", "fifo-check"), FIFO),
+    "variant a FIFO": (special_file("model.onnx", "fifo-variant"), FIFO),
+    "config a FIFO": (special_file("config.json", "fifo-config"), FIFO),
+    "policy a FIFO": (_policy_fifo, FIFO),
+    "card of 400 MiB": (special_file("README.md", "big-card", size=400 << 20), OVER_BOUND),
+    "labels of 5 MiB": (special_file("labels.json", "big-labels", size=5 << 20), OVER_BOUND),
+    "tokenizer of 17 MiB": (
+        special_file("tokenizer.json", "big-tokenizer", size=17 << 20, **AS_MLM),
+        OVER_BOUND,
+    ),
 }
 
 
@@ -167,4 +241,7 @@ __all__ = [
     "config_field",
     "version_named",
     "policy_file",
+    "special_file",
+    "outcome_within",
+    "release_readers",
 ]
