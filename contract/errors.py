@@ -126,6 +126,10 @@ class RateLimited(Unavailable):
     """The API key used up its request rate; retrying after `retry_after_s` succeeds (429)."""
 
 
+class MisdirectedRequest(RequestError):
+    """The request names a host (its `Host` header) this server does not answer for (421)."""
+
+
 class RequestTimeout(RequestError):
     """The client did not send its request (the body) within the deadline: 408 and the connection closed."""
 
@@ -317,6 +321,12 @@ class ErrorCode(StrEnum):
         "rate_limited",
         RateLimited,
         "the key used up its rate from the keys file; retry after `Retry-After`",
+    )
+    HOST_NOT_ALLOWED = (
+        "host_not_allowed",
+        MisdirectedRequest,
+        "without API keys, a `Host` that is not an IP address, localhost or a name of "
+        "`GMLP_ALLOWED_HOSTS` (DNS rebinding); the message names the setting",
     )
     REQUEST_TIMEOUT = (
         "request_timeout",

@@ -36,6 +36,7 @@ from service.http import hf, playground, routes
 from service.http.admission import CLOSE_OBSERVER, REFUSAL_OBSERVER
 from service.http.errors import ErrorResponder
 from service.http.gate import RequestGate
+from service.http.hosts import HostRule
 from service.http.observe import RequestObservationMiddleware
 from service.http.routing import RouteTable, error_namespaces, secure_openapi
 from service.lifecycle.state import ServiceState
@@ -205,6 +206,7 @@ def create_app(settings: ServiceSettings | None = None, *, listen_when_loaded: b
             keys=app.state.keys,
             max_header_bytes=settings.max_header_bytes,
             max_body_bytes=settings.max_upload_bytes,
+            hosts=HostRule.from_setting(settings.allowed_hosts, keyed=settings.api_keys_file is not None),
         ),
     ]
     return app

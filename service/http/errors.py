@@ -33,6 +33,7 @@ from contract.errors import (
     InvalidInput,
     MalformedRequest,
     MethodNotAllowed,
+    MisdirectedRequest,
     ModelNotFound,
     PermissionDenied,
     RateLimited,
@@ -113,6 +114,7 @@ REST_ERRORS = ErrorTable(
         PermissionDenied: 403,
         RateLimited: 429,
         RequestTimeout: 408,
+        MisdirectedRequest: 421,
     },
     body=rest_body,
 )

@@ -9,7 +9,9 @@ In order, each refusal in the shape of the API of the route the request is for (
 2. the request head: 431 over `max_header_bytes` (request line plus headers); 400 for an HTTP/1.1
    request without exactly one Host header (RFC 9112, 3.2); 404 for a path with a control character
    once decoded (the routes' patterns end in `$`, which also matches before a final newline, so
-   without this every route would answer its path plus `%0A`);
+   without this every route would answer its path plus `%0A`); 421 for a Host the service does not
+   answer for without API keys (DNS rebinding: `service.http.hosts`), health routes included (a
+   probe names the pod's address);
 3. access: the key the matched route declares, checked before anything reads the body (401 with
    `WWW-Authenticate: Bearer`, 403 without the scope, 429 with `Retry-After` over the key's rate);
 4. the body: 413 early from Content-Length, and by counting what is read (chunked uploads, lying
@@ -46,6 +48,7 @@ from service.access.keys import KeyStore, presented_key
 from service.access.scope import Scope as KeyScope
 from service.http.connections import OVER_CAP, too_many_connections
 from service.http.errors import BODY_PENDING, CONNECTION_ERRORS, ErrorResponder, payload_too_large
+from service.http.hosts import HostRule
 from service.http.routing import DirectRoute, RouteTable
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,7 @@ class RequestGate:
     keys: KeyStore
     max_header_bytes: int
     max_body_bytes: int
+    hosts: HostRule
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -121,6 +125,7 @@ class RequestGate:
             raise RouteNotFound(
                 ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
             )
+        self.hosts.check(next((v for k, v in scope["headers"] if k == b"host"), None))
         if needed is not None and needed not in self.keys.open_scopes:
             presented = [
                 (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in KEY_HEADERS

@@ -94,7 +94,7 @@ def _closing_order(socks: list[socket.socket], timeout: float = 30.0) -> list[in
 
 def _request(sock: socket.socket) -> int:
     """One keep-alive GET /health/live on `sock`, read to the end of its body: the status."""
-    sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n")
     data = b""
     while b"\r\n\r\n" not in data:
         data += sock.recv(65536)

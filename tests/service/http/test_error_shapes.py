@@ -55,7 +55,9 @@ def test_unknown_paths_below_an_apis_prefix_answer_in_its_shape(server: RunningS
 
 def _declared_too_large(server: RunningServer, path: str) -> tuple[int, Any]:
     """A request whose Content-Length is over the limit, refused before any route reads it."""
-    head = f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {LIMIT + 1}\r\nConnection: close\r\n\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {LIMIT + 1}\r\nConnection: close\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
         sock.sendall(head.encode())
         answer = b""

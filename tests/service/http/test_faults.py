@@ -162,7 +162,9 @@ def _load_failed(settings: ServiceSettings) -> dict[str, httpx.Response]:
 
     async def main() -> dict[str, httpx.Response]:
         app = create_app(settings)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client:
             await app.state.service.load()
             try:
                 return {

@@ -20,6 +20,7 @@ from service.access.keys import KeyStore
 from service.app import create_app
 from service.http.errors import REST_ERRORS, ErrorResponder, ErrorTable
 from service.http.gate import RequestGate
+from service.http.hosts import HostRule
 from service.http.routing import DirectRoute, RouteTable, error_namespaces, public
 from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
@@ -75,6 +76,7 @@ def _gate(routes: list[BaseRoute], responder: ErrorResponder | None = None) -> R
         keys=KeyStore(None, ServiceMetrics(1)),
         max_header_bytes=8192,
         max_body_bytes=1024,
+        hosts=HostRule.from_setting(None, keyed=False),
     )
 
 
@@ -104,7 +106,7 @@ def _routes() -> list[BaseRoute]:
 def _exchange(app: RequestGate, *requests: tuple[str, str], root_path: str = "") -> list[httpx.Response]:
     async def exchange() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app, root_path=root_path)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             return [await client.request(method, path) for method, path in requests]
 
     return asyncio.run(exchange())

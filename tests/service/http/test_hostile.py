@@ -77,7 +77,7 @@ def test_a_slow_body_gets_408_at_the_deadline_and_holds_up_nobody(server: Runnin
     slow = _connect(server)
     body = json.dumps({"text": "a [MASK] day"}).encode()
     slow.sendall(
-        b"POST /fill-mask HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /fill-mask HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body[:3]
     )
@@ -103,7 +103,7 @@ def test_idle_connections_are_capped_with_503_and_released(start_server: Any, pr
         with server.client() as client:
             server.wait_for(lambda: client.get("/health/live").status_code == 503)
         sock = _connect(server)
-        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n")
         head, _, body = _read_response(sock).partition(b"\r\n\r\n")
         closed = sock.recv(1) == b""  # the refused connection is released at once
         sock.close()
@@ -128,9 +128,9 @@ def test_oversized_headers_get_431(server: RunningServer) -> None:
 def test_pipelined_requests_are_answered_in_order(server: RunningServer) -> None:
     sock = _connect(server)
     sock.sendall(
-        b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n"
-        b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
-        b"GET /health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /health/live HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        b"GET /nowhere HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        b"GET /health/ready HTTP/1.1\r\nHost: localhost\r\n\r\n"
     )
     responses = Responses(sock)
     statuses = [_status(responses.next()) for _ in range(3)]

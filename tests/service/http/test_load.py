@@ -145,7 +145,7 @@ def test_full_queue_is_refused_with_503_and_retry_after(
 
 def _request_bytes(image: bytes) -> bytes:
     head = (
-        "POST /classify HTTP/1.1\r\nHost: t\r\nContent-Type: image/jpeg\r\n"
+        "POST /classify HTTP/1.1\r\nHost: localhost\r\nContent-Type: image/jpeg\r\n"
         f"Content-Length: {len(image)}\r\n\r\n"
     )
     return head.encode() + image
@@ -215,7 +215,9 @@ def test_readiness_before_and_after_loading(make_settings: Callable[..., Service
     async def main() -> None:
         app = create_app(make_settings())
         state = app.state.service
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client:
             assert (await client.get("/health/live")).status_code == 200
             ready = await client.get("/health/ready")
             assert ready.status_code == 503 and ready.json()["status"] == "loading"
@@ -242,7 +244,9 @@ def test_failed_loading_is_visible_in_health(
 ) -> None:
     async def main() -> None:
         app = create_app(make_settings(model_repository=tmp_path))
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+        ) as client:
             await app.state.service.load()
             live, ready = await client.get("/health/live"), await client.get("/health/ready")
             assert live.status_code == ready.status_code == 503
