@@ -7,7 +7,8 @@ deadline capped by `request_timeout_s`. Core errors map to status codes in one t
 `GRPC_STATUS`; the messages are the ones REST clients read.
 
 Around each servicer method (`CallHandling`): the request id (back in the trailing metadata), the
-call's span, its metrics, access control and the one exception path. This is one wrapper per
+call's span, its metrics, access control, the one exception path and a request message that does
+not parse (`lenient`: INVALID_ARGUMENT, not gRPC core's logged traceback). This is one wrapper per
 method, applied once when the servicer is registered, rather than `grpc.aio` server interceptors:
 an interceptor is awaited on every call and hands back a new method handler each time; at a
 batched model server's call rates that costs about as much CPU as the rest of the call.
@@ -15,15 +16,16 @@ batched model server's call rates that costs about as much CPU as the rest of th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from contract.errors import (
@@ -259,12 +261,19 @@ class CallHandling:
     keys: KeyStore | None
     tracing: Tracing | None
 
-    def servicer(self, servicer: Any) -> Any:
-        """An object whose attributes are `servicer`'s methods, each wrapped (what the generated
-        registration function reads once per method)."""
-        return SimpleNamespace(
-            **{name: self.wrap(getattr(servicer, name), name) for name in SERVICE.methods_by_name}
-        )
+    def register(self, servicer: Any, server: aio.Server) -> None:
+        """Serve `servicer`'s methods on `server`, each wrapped, as the generated registration
+        does but with a `lenient` parser of each request message."""
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                self.wrap(getattr(servicer, name), name),
+                request_deserializer=lenient(getattr(pb, method.input_type.name)),
+                response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            )
+            for name, method in SERVICE.methods_by_name.items()
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+        server.add_registered_method_handlers(SERVICE.full_name, handlers)
 
     def wrap(self, call: UnaryCall, method: str) -> UnaryCall:
         """`call` with the request id, span, metrics and access control of method `method`."""
@@ -294,6 +303,8 @@ class CallHandling:
                         if keys is not None and scope is not None:
                             text = [(k, v) for k, v in metadata if isinstance(v, str)]  # binary is no key
                             keys.authorize(presented_key(text), scope, "grpc")
+                        if isinstance(request, Malformed):
+                            raise InvalidInput(ErrorCode.INVALID_REQUEST, request.reason)
                         return await call(request, context)
                     except Exception as exc:
                         await self.abort(context, exc, trailer)
@@ -326,8 +337,39 @@ class CallHandling:
         else:
             log.error("unhandled error in a gRPC call", exc_info=exc)
             status, message = grpc.StatusCode.INTERNAL, "internal server error; the error was logged"
-        await context.abort(status, message, trailing_metadata=trailer)
+        try:
+            await context.abort(status, message, trailing_metadata=trailer)
+        except aio.AbortError:
+            raise
+        except Exception as failed:
+            if type(failed).__name__ != "ExecuteBatchError":  # gRPC core's, with no public name
+                raise
+            # The status could not be sent: the call had ended (its client left) before the abort,
+            # which is no error of ours. One line, and the call ends as a cancelled one, which gRPC
+            # logs at debug level instead of a traceback.
+            log.info("gRPC call ended before its status %s could be sent: %s", status.name, message)
+            raise asyncio.CancelledError from None
         raise AssertionError("abort returns only by raising")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A request message that does not parse, answered INVALID_ARGUMENT by the call's wrapper: gRPC
+    core would log a deserializer's exception as a traceback and answer UNKNOWN."""
+
+    reason: str
+
+
+def lenient(message: Any) -> Callable[[bytes], Any]:
+    """A parser of protobuf `message` that returns `Malformed` for bytes that are not one."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            return Malformed(f"the request is not a valid {message.DESCRIPTOR.full_name} message: {exc}")
+
+    return parse
 
 
 async def start_grpc(
@@ -340,7 +382,7 @@ async def start_grpc(
     settings = state.settings
     handling = CallHandling(state.metrics, keys, tracing)
     server = aio.server(options=connection_options(settings))
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(handling.servicer(InferenceServicer(state)), server)
+    handling.register(InferenceServicer(state), server)
     address = f"{settings.host}:{settings.grpc_port}"
     if tls is None:
         server.add_insecure_port(address)
