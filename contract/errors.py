@@ -165,7 +165,8 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_MEDIA_TYPE = (
         "unsupported_media_type",
         UnsupportedMediaType,
-        "the content type is not one the endpoint reads; the message lists those it does",
+        "the content type is not one the endpoint reads (the message lists those it does), or the body "
+        "is compressed (`Content-Encoding`)",
     )
     PAYLOAD_TOO_LARGE = "payload_too_large", InputTooLarge, "the body is larger than `GMLP_MAX_UPLOAD_BYTES`"
     HEADERS_TOO_LARGE = (

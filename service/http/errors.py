@@ -45,7 +45,7 @@ from contract.errors import (
     UnsupportedMediaType,
     most_specific,
 )
-from contract.messages import ECHO_LIMIT, escape_controls, shorten
+from contract.messages import ECHO_LIMIT, echo, escape_controls, shorten
 from service.engine import request_context
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,15 @@ BODY_PENDING = "gmlp.body_pending"
 def payload_too_large(limit: int) -> InputTooLarge:
     return InputTooLarge(
         ErrorCode.PAYLOAD_TOO_LARGE, f"request body is larger than the limit of {limit} bytes"
+    )
+
+
+def content_encoded(encoding: str) -> UnsupportedMediaType:
+    """The refusal of a compressed body: its size on the wire says nothing of what it inflates to."""
+    return UnsupportedMediaType(
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        f"Content-Encoding {echo(encoding)} is not accepted: send the body uncompressed (no "
+        "Content-Encoding, or identity), so that its size is what the body limit counts",
     )
 
 

@@ -14,8 +14,10 @@ In order, each refusal in the shape of the API of the route the request is for (
    probe names the pod's address);
 3. access: the key the matched route declares, checked before anything reads the body (401 with
    `WWW-Authenticate: Bearer`, 403 without the scope, 429 with `Retry-After` over the key's rate);
-4. the body: 413 early from Content-Length, and by counting what is read (chunked uploads, lying
-   headers), so no request makes us buffer more than `max_upload_bytes`. While the body is still
+4. the body: 415 for a `Content-Encoding` other than identity (a body small on the wire may inflate
+   far beyond the limit, and no route inflates one), 413 early from Content-Length, and by counting
+   what is read (chunked uploads, lying headers), so no request makes us buffer more than
+   `max_upload_bytes`. While the body is still
    arriving the request is marked (`BODY_PENDING`): a deadline that passes then is the client's
    slowness, answered 408 with the connection closed, not 504;
 5. dispatch: a `DirectRoute`'s endpoint is called with the Request and its path parameters, any
@@ -47,7 +49,13 @@ from contract.messages import CONTROL_CHARACTERS
 from service.access.keys import KeyStore, presented_key
 from service.access.scope import Scope as KeyScope
 from service.http.connections import OVER_CAP, too_many_connections
-from service.http.errors import BODY_PENDING, CONNECTION_ERRORS, ErrorResponder, payload_too_large
+from service.http.errors import (
+    BODY_PENDING,
+    CONNECTION_ERRORS,
+    ErrorResponder,
+    content_encoded,
+    payload_too_large,
+)
 from service.http.hosts import HostRule
 from service.http.routing import DirectRoute, RouteTable
 
@@ -136,6 +144,9 @@ class RequestGate:
         """`receive`, counting the body against the limit (413 at once when Content-Length is over
         it) and marking the request while its body arrives."""
         headers = dict(scope["headers"])
+        coded = [v for k, v in scope["headers"] if k == b"content-encoding"]
+        if any(c.strip().lower() not in (b"", b"identity") for v in coded for c in v.split(b",")):
+            raise content_encoded(b", ".join(coded).decode("latin-1"))
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             raise payload_too_large(self.max_body_bytes)

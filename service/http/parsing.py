@@ -18,9 +18,10 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, BeforeValidator, Field, Strict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
+from python_multipart.multipart import parse_options_header
 
 from contract import strict_json
-from contract.errors import ErrorCode, InvalidInput, UnsupportedMediaType
+from contract.errors import ErrorCode, InvalidInput, MalformedRequest, UnsupportedMediaType
 from contract.formats import MASK_TOKEN, MAX_FILL_MASK_TOP_K
 from contract.image import ACCEPTED_DESCRIPTION, decode_base64
 from contract.messages import echo
@@ -33,6 +34,7 @@ M = TypeVar("M", bound=BaseModel)
 MAX_TEXT_LENGTH = 100_000  # characters of a fill-mask text (the model's token window is checked later)
 MAX_TARGETS = 1000
 MAX_TARGET_LENGTH = 100  # characters of one target word
+MAX_BOUNDARY = 70  # characters of a multipart boundary (RFC 2046)
 Target = Annotated[str, Field(min_length=1, max_length=MAX_TARGET_LENGTH)]
 Targets = Annotated[list[Target], Field(min_length=1, max_length=MAX_TARGETS)]
 # What `base64.b64decode(validate=True)` accepts, optionally behind a data: URL header.
@@ -163,6 +165,7 @@ async def read_image(request: Request) -> bytes:
     no content type), or JSON `{"image": "<base64>"}` (for clients that only speak JSON)."""
     mime = media_type(request)
     if mime == "multipart/form-data":
+        check_boundary(request.headers.get("content-type", ""))
         # max_part_size bounds the non-file fields; the body limit bounds the file.
         async with request.form(max_files=1, max_fields=16) as form:
             upload = form.get("file")
@@ -186,6 +189,19 @@ async def read_image(request: Request) -> bytes:
     if not data:
         raise InvalidInput(ErrorCode.EMPTY_IMAGE, f"the image is empty; send a {ACCEPTED_DESCRIPTION} file")
     return data
+
+
+def check_boundary(content_type: str) -> None:
+    """A multipart boundary of 1 to `MAX_BOUNDARY` characters (RFC 2046, 5.1.1), else 400: the
+    parser searches every byte of the body for it, so a long one multiplies the work of a body
+    (BentoML's CVE-2024-9056); the form parser says what else is wrong with one."""
+    boundary = parse_options_header(content_type)[1].get(b"boundary", b"")
+    if len(boundary) > MAX_BOUNDARY:
+        raise MalformedRequest(
+            ErrorCode.BAD_REQUEST,
+            f"the multipart boundary is {len(boundary)} characters; at most {MAX_BOUNDARY} are accepted "
+            "(RFC 2046)",
+        )
 
 
 async def read_json(request: Request, schema: type[M]) -> M:
