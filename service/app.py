@@ -195,7 +195,6 @@ def create_app(settings: ServiceSettings | None = None, *, listen_when_loaded: b
             RequestObservationMiddleware,
             metrics=metrics,
             tracing=app.state.tracing,
-            timing=settings.server_timing,
             access=settings.access_log,
         ),
         *cors(settings),

@@ -262,8 +262,8 @@ class ServiceSettings(BaseSettings):
     access_log: bool = setting(Group.OBSERVABILITY, False)
     """one access line per answered request, in the log format (the metrics already count every request)"""
     server_timing: bool = setting(Group.OBSERVABILITY, True)
-    """add a Server-Timing header (queue, infer, total, in ms) to every task response (POST); off for those
-    who do not want the server's timings exposed"""
+    """add a Server-Timing header (queue, infer, total, in ms) to every task answer; off for those who do not
+    want the server's timings exposed"""
 
     ui: bool = setting(Group.UI, True)
     """serve the playground page at / to browsers (its assets under /ui/); off: / answers the JSON index of

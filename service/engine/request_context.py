@@ -8,10 +8,11 @@ layer passes the two separately.
 A transport opens a `RequestContext` when a request arrives (`open_request`) and closes it when
 the answer has gone; everything the request causes on the way runs in its task (or in threads and
 tasks that copy its context), so `current()` finds it without any layer passing it on. The log
-formatter reads the id, route, model and trace from it; the request notes the queue wait and the
-model run its batcher returned with each of its rows (`note_batch`, what `Server-Timing` reports);
-the tracing code keeps the request's server span and tracer here, `None` when tracing is off.
-What a batch tells its rows (`Batched`) and its observers (`BatchRun`) is defined here too.
+formatter reads the id, route, model and trace from it; the tracing code keeps the request's server
+span and tracer here, `None` when tracing is off. What a batch tells its rows (`Batched`) and its
+observers (`BatchRun`) is defined here too, and where a request's time went in the batcher
+(`Timings`), which travels back with its answer (`Timed`) to the route that writes it as
+`Server-Timing`, not through this context.
 
 Request ids come from the client (`X-Request-ID`, REST; `x-request-id` metadata, gRPC) when they
 are short and plain (`REQUEST_ID_PATTERN`), so that they can be logged and echoed without
@@ -24,7 +25,7 @@ import asyncio
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -60,8 +61,6 @@ class RequestContext:
     route: str = ""
     model: str | None = None
     started: float = 0.0  # time.perf_counter() at arrival
-    queue_s: float = 0.0  # longest wait of its rows in a batch queue
-    infer_s: float = 0.0  # longest model run of a batch it was in
     error_code: str | None = None
     error_message: str | None = None
     span: Any = None
@@ -86,6 +85,34 @@ class Batched(Generic[O]):
     output: O
     queue_s: float
     run_s: float
+
+    @property
+    def timings(self) -> Timings:
+        return Timings(self.queue_s, self.run_s)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where a request's time went in its model's batcher: the longest queue wait and the longest
+    batch run among its rows (they run side by side, so the longest are the request's)."""
+
+    queue_s: float = 0.0
+    infer_s: float = 0.0
+
+    @classmethod
+    def longest(cls, rows: Iterable[Timings]) -> Timings:
+        queue_s = infer_s = 0.0
+        for row in rows:
+            queue_s, infer_s = max(queue_s, row.queue_s), max(infer_s, row.infer_s)
+        return cls(queue_s, infer_s)
+
+
+@dataclass(frozen=True)
+class Timed(Generic[O]):
+    """A task's answer and its `Timings`, as the task returns them to the transport."""
+
+    value: O
+    timings: Timings
 
 
 @dataclass(frozen=True)
@@ -126,13 +153,6 @@ def note_model(name: str) -> None:
     """The model the current request was resolved to (for its log lines and spans)."""
     if (context := current()) is not None:
         context.model = name
-
-
-def note_batch(queue_s: float, run_s: float) -> None:
-    """One row of the current request came back from its batch after these times (rows run side by
-    side, so the longest wait and run are the request's)."""
-    if (context := current()) is not None:
-        context.queue_s, context.infer_s = max(context.queue_s, queue_s), max(context.infer_s, run_s)
 
 
 def note_error(code: str, message: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
+from service.engine.request_context import Timings
 from service.engine.runtime import Feeds
 
 
@@ -85,13 +86,14 @@ def outputs_to_run(jobs: Sequence[Job], top: Sequence[bool], available: Sequence
 
 @dataclass(frozen=True, eq=False)
 class Done:
-    """One row's result: the graph outputs, the answer when the job asked for one, and when the
-    batch thread worked out its batch's answers (monotonic start and end: the request's
-    `postprocess` span)."""
+    """One row's result: the graph outputs, the answer when the job asked for one, when the batch
+    thread worked out its batch's answers (monotonic start and end: the request's `postprocess`
+    span), and the row's queue wait and batch run (set once the batcher returns it)."""
 
     outputs: Feeds
     answer: Any = None
     finished: tuple[float, float] = (0.0, 0.0)
+    timings: Timings = Timings()
 
 
 def observed_rows(

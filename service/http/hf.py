@@ -35,7 +35,14 @@ from service.http.parsing import (
     unsupported_media_type,
     validated,
 )
-from service.http.routing import DirectRoute, get_state, json_answer, requires, unless_disconnected
+from service.http.routing import (
+    DirectRoute,
+    get_state,
+    json_answer,
+    requires,
+    timing_headers,
+    unless_disconnected,
+)
 from service.http.schemas import (
     LabelScore,
     MaskPrediction,
@@ -127,4 +134,5 @@ async def hf_inference(request: Request, name: str) -> JSONResponse:
         inputs, parameters = await before(_read(request, served), deadline)
         options = HFOptions(**parameters.model_dump())
         answer = await unless_disconnected(request, served.hf_answer(inputs, options, deadline))
-    return await json_answer(answer, answer)
+    headers = timing_headers(state.settings.server_timing, answer.timings, deadline)
+    return await json_answer(answer.value, answer.value, headers)

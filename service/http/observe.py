@@ -1,14 +1,11 @@
-"""What every HTTP request leaves behind: its metrics, request id, Server-Timing, server span and
-access-log line. The outermost of the service's middlewares, so that every answer is seen, the
+"""What every HTTP request leaves behind: its metrics, request id, server span and access-log
+line. The outermost of the service's middlewares, so that every answer is seen, the
 early refusals and the unexpected errors included:
 
 - `gmlp_http_requests_total` and `gmlp_http_request_duration_seconds` by *route template* (never
   the raw path, so that a scanner cannot blow up the label cardinality; `<unmatched>` for a request
   no route took), method and final status, and the requests in flight;
 - `X-Request-ID`: the client's when acceptable (`service.engine.request_context`), else generated;
-- `Server-Timing: queue;dur=MS, infer;dur=MS, total;dur=MS` on the answer to every task request
-  (POST): the longest queue wait and batch run of its rows, and the time to the response's start
-  (`server_timing` turns it off);
 - with tracing on (`service.telemetry.tracing`), a SERVER span continuing the request's
   `traceparent`, named by the route template, with a `read body` child span;
 - `access_log`: one line per answered request, in the service's log format, after the answer.
@@ -42,7 +39,6 @@ class RequestObservationMiddleware:
     _: KW_ONLY
     metrics: ServiceMetrics
     tracing: Tracing | None
-    timing: bool
     access: bool
     # (route, method, status) -> its counter and histogram: looked up once, not per request.
     _series: dict[tuple[str, str, str], tuple[Any, Any]] = field(default_factory=dict, init=False)
@@ -62,7 +58,6 @@ class RequestObservationMiddleware:
         method = scope["method"]
         request = RequestContext(request_context.accepted_request_id(given), "http", method=method)
         request_id = request.request_id.encode()
-        timing = self.timing and method == "POST"
         status = 500  # if the app raises before answering, the server sends a 500
         body_times: list[float] = []
         tracing, token = self.tracing, None
@@ -87,11 +82,6 @@ class RequestObservationMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [*message.get("headers", ()), (_REQUEST_ID, request_id)]
-                if timing:
-                    # Milliseconds with a tenth, as developer tools show them.
-                    ms = (request.queue_s * 1000, request.infer_s * 1000, request.elapsed_s() * 1000)
-                    timings = "queue;dur={:.1f}, infer;dur={:.1f}, total;dur={:.1f}".format(*ms)
-                    headers.append((b"server-timing", timings.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 

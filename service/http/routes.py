@@ -31,6 +31,7 @@ from service.http.routing import (
     model_response,
     public,
     requires,
+    timing_headers,
     unless_disconnected,
 )
 from service.http.schemas import (
@@ -99,8 +100,9 @@ async def classify(request: Request) -> JSONResponse:
     query = read_query(request, ClassifyQuery)
     with state.lease(query.model, None, kind=VisionPipeline) as served:  # held until the answer is back
         image = await before(read_image(request), deadline)
-        predictions = await unless_disconnected(request, served.classify(image, query.top_k, deadline))
-    return await json_answer({"model": served.name, "predictions": predictions}, predictions)
+        answer = await unless_disconnected(request, served.classify(image, query.top_k, deadline))
+    headers = timing_headers(state.settings.server_timing, answer.timings, deadline)
+    return await json_answer({"model": served.name, "predictions": answer.value}, answer.value, headers)
 
 
 @_task("/fill-mask", FillMaskResponse, _FILL_MASK_BODY, "Predict the [MASK] tokens of a text")
@@ -109,12 +111,13 @@ async def fill_mask(request: Request) -> JSONResponse:
     deadline = Deadline.after(state.settings.request_timeout_s)
     body = await before(read_json(request, FillMaskRequest), deadline)
     with state.lease(body.model, None, kind=FillMaskPipeline) as served:
-        predictions = await unless_disconnected(
+        answer = await unless_disconnected(
             request, served.fill_mask(body.text, body.top_k, body.targets, deadline)
         )
     # Built by the pipelines in the documented schema (`response_model`, which tests check against
     # the OpenAPI document): serialised once, without validating it again.
-    return await json_answer({"model": served.name, "predictions": predictions}, predictions)
+    headers = timing_headers(state.settings.server_timing, answer.timings, deadline)
+    return await json_answer({"model": served.name, "predictions": answer.value}, answer.value, headers)
 
 
 def _health(ok: bool, status: str, detail: str | None = None) -> JSONResponse:

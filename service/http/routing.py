@@ -25,7 +25,7 @@ from starlette.types import Receive
 
 from service.access.keys import KeyStore
 from service.access.scope import Scope
-from service.engine.request_context import encode_off_loop
+from service.engine.request_context import Deadline, Timings, encode_off_loop
 from service.http.errors import REST_ERRORS, ErrorTable, client_gone
 from service.lifecycle.state import ServiceState
 
@@ -216,11 +216,23 @@ def model_response(body: BaseModel) -> JSONResponse:
 ENTRY_BYTES = 256
 
 
-async def json_answer(body: Any, predictions: list[Any]) -> JSONResponse:
-    """`body` as a JSON response; encoded in a worker thread when `predictions` (ranked entries, or
-    a list of them per [MASK]) make it big."""
+async def json_answer(
+    body: Any, predictions: list[Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """`body` as a JSON response with `headers`; encoded in a worker thread when `predictions`
+    (ranked entries, or a list of them per [MASK]) make it big."""
     entries = sum(len(item) if isinstance(item, list) else 1 for item in predictions)
-    return await encode_off_loop(lambda: JSONResponse(body), ENTRY_BYTES * entries)
+    return await encode_off_loop(lambda: JSONResponse(body, headers=headers), ENTRY_BYTES * entries)
+
+
+def timing_headers(on: bool, timings: Timings, deadline: Deadline) -> dict[str, str] | None:
+    """The task answer's `Server-Timing` (None where the `server_timing` setting is off): the queue
+    wait and batch run its rows came back with, and the time since its route took it (its
+    deadline's start), in milliseconds with a tenth, as browsers' developer tools show them."""
+    if not on:
+        return None
+    ms = (timings.queue_s * 1000, timings.infer_s * 1000, (deadline.timeout_s - deadline.remaining()) * 1000)
+    return {"server-timing": "queue;dur={:.1f}, infer;dur={:.1f}, total;dur={:.1f}".format(*ms)}
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:

@@ -21,7 +21,7 @@ from contract.formats import MAX_FILL_MASK_TOP_K, MLM_TASK, TOP_K_IDS_OUTPUT, TO
 from contract.spec import ModelSpec
 from contract.tensors import BYTES, Tensor
 from contract.text import LENGTH_MULTIPLE, EncodedText, FillMaskCodec
-from service.engine.request_context import Deadline, before
+from service.engine.request_context import Deadline, Timed, before
 from service.engine.rows import NOTHING, Done, Job, Reads
 from service.engine.runtime import Collate, Feeds
 from service.settings import ServiceSettings
@@ -35,7 +35,7 @@ from service.tasks.forms import (
     top_k_parameter,
     utf8,
 )
-from service.tasks.pipeline import Forms, HFOptions, Pipeline
+from service.tasks.pipeline import Forms, HFOptions, Pipeline, timed
 
 # Texts this short are tokenised on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than tokenising them. Anything longer is tokenised in a
@@ -138,14 +138,14 @@ class FillMaskPipeline(Pipeline):
 
     async def fill_mask(
         self, text: str, top_k: int, targets: list[str] | None, deadline: Deadline
-    ) -> list[list[dict[str, Any]]]:
+    ) -> Timed[list[list[dict[str, Any]]]]:
         if not 1 <= top_k <= MAX_FILL_MASK_TOP_K:
             raise InvalidInput(ErrorCode.INVALID_TOP_K, f"top_k must be between 1 and {MAX_FILL_MASK_TOP_K}")
         done = await self.submit_text(text, deadline, targets, top_k, NOTHING)
         self.span_after("postprocess", *done.finished)
-        return done.answer
+        return Timed(done.answer, done.timings)
 
-    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Timed[Any]:
         """`[{"score", "token", "token_str", "sequence"}]` for one [MASK], a list of such lists
         for several."""
         if options.function_to_apply is not None:
@@ -154,7 +154,7 @@ class FillMaskPipeline(Pipeline):
             )
         text = inputs if isinstance(inputs, str) else utf8(inputs)
         answer = await self.fill_mask(text, options.top_k or 5, options.targets, deadline)
-        return answer[0] if len(answer) == 1 else answer
+        return Timed(answer.value[0] if len(answer.value) == 1 else answer.value, answer.timings)
 
     async def submit_text(
         self, text: str, deadline: Deadline, targets: list[str] | None, top_k: int, reads: Reads
@@ -200,7 +200,7 @@ class FillMaskForms(Forms):
 
     async def run_tensors(
         self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> dict[str, Tensor]:
+    ) -> Timed[dict[str, Tensor]]:
         """Token ids; with `predictions` asked for, decoded in the batch thread as their text would be."""
         if PREDICTIONS_OUTPUT not in outputs:
             return await super().run_tensors(inputs, outputs, parameters, deadline)
@@ -213,11 +213,11 @@ class FillMaskForms(Forms):
         done = await gather_or_cancel([self.served.queued(job, deadline) for job in jobs])
         produced = {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}
         produced[PREDICTIONS_OUTPUT] = predictions([d.answer for d in done], [len(rows), 1])
-        return produced
+        return timed(produced, done)
 
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> dict[str, Tensor]:
+    ) -> Timed[dict[str, Tensor]]:
         top_k = top_k_parameter(parameters)
         texts = [utf8(item) for item in self.encoded_items(tensor)]
         graph = self.graph_outputs(outputs, [])
@@ -228,4 +228,4 @@ class FillMaskForms(Forms):
         produced = {PREDICTIONS_OUTPUT: predictions([run.answer for run in runs], tensor.shape)}
         for name in graph:
             produced[name] = stacked(name, [run.outputs[name][: len(run.answer)] for run in runs])
-        return produced
+        return timed(produced, runs)

@@ -15,8 +15,8 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from contract.check import run_check
 from contract.errors import ErrorCode, InvalidInput
@@ -24,11 +24,10 @@ from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
 from contract.tensors import BYTES, Tensor
 from contract.work import block_macs
-from service.engine import request_context
 from service.engine import rows as batch_jobs
 from service.engine.backends import open_runtime, resolve_backend
 from service.engine.batcher import BatchObserver, DynamicBatcher
-from service.engine.request_context import Deadline
+from service.engine.request_context import Deadline, Timed, Timings
 from service.engine.rows import Done, Job
 from service.engine.runtime import Collate, Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
@@ -38,6 +37,8 @@ from service.telemetry import tracing
 from service.telemetry.metrics import ModelObserver, PredictionMetrics, ServiceMetrics
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Pipeline:
         """The task's own state (its transform or codec) and its `v2` adapter, once the session is open."""
         raise NotImplementedError
 
-    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Timed[Any]:
         """The Hugging Face API's answer, as Hugging Face's pipeline of the task renders it, to
         `inputs` (the JSON `inputs` string, or a raw file's bytes) under `options`."""
         raise NotImplementedError
@@ -232,10 +233,9 @@ class Pipeline:
             tracing.span_after(name, start, end)
 
     async def queued(self, job: Job, deadline: Deadline) -> Done:
-        """One row through the batcher; the times it returns go to the request's Server-Timing."""
+        """One row through the batcher, with the queue wait and batch run it came back with."""
         batched = await self.batcher.submit(job, deadline)
-        request_context.note_batch(batched.queue_s, batched.run_s)
-        return batched.output
+        return replace(batched.output, timings=batched.timings)
 
 
 class Forms:
@@ -324,8 +324,8 @@ class Forms:
 
     async def run(
         self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> dict[str, Tensor]:
-        """A request of either form, told apart by its input names."""
+    ) -> Timed[dict[str, Tensor]]:
+        """A request of either form, told apart by its input names: its outputs by name."""
         names = sorted(t.name for t in inputs)
         graph_inputs = sorted(self.served.runtime.input_names)
         if len(set(names)) != len(names):
@@ -348,15 +348,20 @@ class Forms:
 
     async def run_tensors(
         self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> dict[str, Tensor]:
+    ) -> Timed[dict[str, Tensor]]:
         """The graph's tensors in, the graph outputs asked for (default: all) out."""
         rows = self.tensor_rows(inputs)
         graph = self.graph_outputs(outputs, self.served.runtime.output_names)
         reads = frozenset(graph)
         done = await gather_or_cancel([self.served.queued(Job(row, reads=reads), deadline) for row in rows])
-        return {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}
+        return timed({name: stacked(name, [d.outputs[name] for d in done]) for name in graph}, done)
 
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> dict[str, Tensor]:
+    ) -> Timed[dict[str, Tensor]]:
         raise NotImplementedError
+
+
+def timed(value: T, done: Sequence[Done]) -> Timed[T]:
+    """`value`, made of the rows `done`, with the longest queue wait and batch run among them."""
+    return Timed(value, Timings.longest(d.timings for d in done))

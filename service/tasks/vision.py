@@ -35,12 +35,12 @@ from contract.image import ImageTransform, PlainJpeg, decode_base64
 from contract.scores import ScoreFunction, labelled_rows, ranked_labels
 from contract.spec import ModelSpec
 from contract.tensors import Tensor
-from service.engine.request_context import Deadline, before
+from service.engine.request_context import Deadline, Timed, before
 from service.engine.rows import NOTHING, Done, Job, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
 from service.tasks.forms import IMAGE_INPUT, gather_or_cancel, stacked
-from service.tasks.pipeline import Forms, HFOptions, Pipeline
+from service.tasks.pipeline import Forms, HFOptions, Pipeline, timed
 
 # Images this small, decoded and resized, are prepared on the event loop: handing them to a thread
 # costs more (thread wake-ups, a GIL hand-over each way) than preparing them, which stays short
@@ -173,7 +173,7 @@ class VisionPipeline(Pipeline):
 
     async def classify(
         self, image: bytes, top_k: int, deadline: Deadline, function: ScoreFunction = "softmax"
-    ) -> list[dict[str, Any]]:
+    ) -> Timed[list[dict[str, Any]]]:
         """The top_k labels; scores are softmax probabilities unless `function` says otherwise (the
         Hugging Face API lets a client ask for sigmoid scores or the raw logits)."""
         if not 1 <= top_k <= len(self.labels):
@@ -183,9 +183,9 @@ class VisionPipeline(Pipeline):
             )
         done = await self.submit_image(image, deadline, Ranking(top_k, function))
         self.span_after("postprocess", *done.finished)
-        return done.answer
+        return Timed(done.answer, done.timings)
 
-    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Any:
+    async def hf_answer(self, inputs: str | bytes, options: HFOptions, deadline: Deadline) -> Timed[Any]:
         """`[{"label", "score"}]`; a JSON `inputs` is the image file base64-encoded."""
         if options.targets is not None:
             raise InvalidInput(ErrorCode.INVALID_PARAMETER, "targets apply to fill-mask only")
@@ -203,9 +203,9 @@ class VisionForms(Forms):
 
     async def run_encoded(
         self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> dict[str, Tensor]:
+    ) -> Timed[dict[str, Tensor]]:
         images = self.encoded_items(tensor)
         graph = self.graph_outputs(outputs, ["logits"])
         reads = frozenset(graph)
         done = await gather_or_cancel([self.served.submit_image(i, deadline, None, reads) for i in images])
-        return {name: stacked(name, [d.outputs[name] for d in done]) for name in graph}
+        return timed({name: stacked(name, [d.outputs[name] for d in done]) for name in graph}, done)

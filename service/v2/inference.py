@@ -32,7 +32,7 @@ from contract.messages import echo
 from contract.repository import VersionError, parse_version
 from contract.tensors import BYTES, NUMPY_TYPES, Tensor
 from service.engine import request_context
-from service.engine.request_context import Deadline
+from service.engine.request_context import Deadline, Timings
 from service.lifecycle.state import Phase, ServiceState
 from service.tasks.pipeline import Pipeline
 from service.telemetry.statistics import Duration, ModelCounters
@@ -171,6 +171,7 @@ def server_live(state: ServiceState) -> bool:
 def resolve(state: ServiceState, name: str, version: str = "") -> ModelRef:
     """The model a v2 name means at `version` (empty: the newest READY one; not a number: a version
     no model has): `NAME` lists the graph's tensors, `NAME-ensemble` the encoded input (a model the
+    timings: Timings = Timings()  # where its rows' time went in the batcher (REST's Server-Timing)
     repository holds under that very name is that model)."""
     base = name.removesuffix(ENSEMBLE_SUFFIX)
     encoded = base != name and state.known_versions(name) is None and state.known_versions(base) is not None
@@ -236,12 +237,12 @@ async def infer(
     start, ok = time.perf_counter(), False
     try:
         produced = await served.v2.run(request.inputs, request.outputs, request.parameters, deadline)
-        names = request.outputs or list(produced)
-        outputs = [produced[n] for n in names]
+        names = request.outputs or list(produced.value)
+        outputs = [produced.value[n] for n in names]
         size = answer_size(outputs, is_raw, len(model.shown) + len(id_) + len(served.version))
         settings = state.settings
         check_answer(size, settings.max_response_bytes, settings.max_binary_response_bytes)
-        result = InferResult(model.shown, outputs, id=id_, model_version=served.version, size=size)
+        result = InferResult(model.shown, outputs, served.version, id_, size, produced.timings)
         ok = True
         return result
     finally:

@@ -28,7 +28,15 @@ from service.access.scope import Scope
 from service.engine.request_context import Deadline, before, encode_off_loop
 from service.http.errors import REST_ERRORS, ErrorTable, message_body
 from service.http.parsing import RAW_TYPES, json_body, media_type, unsupported_media_type
-from service.http.routing import DirectRoute, get_state, model_response, public, requires, unless_disconnected
+from service.http.routing import (
+    DirectRoute,
+    get_state,
+    model_response,
+    public,
+    requires,
+    timing_headers,
+    unless_disconnected,
+)
 from service.http.schemas import VersionState
 from service.tasks.pipeline import Pipeline
 from service.v2 import inference
@@ -301,7 +309,10 @@ async def _infer(request: Request, name: str, version: str) -> Response:
         result = await unless_disconnected(
             request, inference.infer(state, model, served, infer_request, deadline, is_raw)
         )
-    return await encode_off_loop(lambda: encode_response(result, is_raw), result.size.total)
+    response = await encode_off_loop(lambda: encode_response(result, is_raw), result.size.total)
+    if (timing := timing_headers(state.settings.server_timing, result.timings, deadline)) is not None:
+        response.headers.update(timing)
+    return response
 
 
 # The model-repository extension, as tritonclient.http calls it (an empty body, or JSON; any content
