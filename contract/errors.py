@@ -247,7 +247,7 @@ class ErrorCode(StrEnum):
     INVALID_OUTPUTS = (
         "invalid_outputs",
         InvalidInput,
-        "v2: a requested output is not produced for these inputs",
+        "v2: a requested output is not produced for these inputs, or is requested twice",
     )
     INVALID_BATCH = "invalid_batch", InvalidInput, "v2: fewer than 1 or more than `GMLP_MAX_BATCH_SIZE` rows"
     INVALID_DATATYPE = "invalid_datatype", InvalidInput, "v2: a datatype that is not one of the protocol's"

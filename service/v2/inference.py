@@ -138,6 +138,19 @@ class InferRequest:
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """An output named twice is refused before anything runs, as Triton refuses it: the answer
+        would repeat it, and a few bytes of request per name could ask for one output 100,000
+        times (its refusal would then come only after the model ran, from the answer's size)."""
+        seen: set[str] = set()
+        for name in self.outputs:
+            if name in seen:
+                raise InvalidInput(
+                    ErrorCode.INVALID_OUTPUTS,
+                    f"output {echo(name)} is requested twice; name each output once",
+                )
+            seen.add(name)
+
 
 @dataclass(frozen=True)
 class ModelRef:
