@@ -275,7 +275,8 @@ def _raw_http(server: RunningServer, request: bytes) -> bytes:
 
 def test_upload_limit_from_the_header_before_reading_the_body(server: RunningServer) -> None:
     head = (
-        b"POST /classify HTTP/1.1\r\nHost: localhost\r\nContent-Type: image/jpeg\r\nContent-Length: 999999999\r\n\r\n"
+        b"POST /classify HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: image/jpeg\r\nContent-Length: 999999999\r\n\r\n"
     )
     answer = _raw_http(server, head)  # the body is never sent: the answer must not wait for it
     assert answer.startswith(b"HTTP/1.1 413") and b"payload_too_large" in answer
