@@ -105,11 +105,18 @@ def torch_logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> np.ndarra
         return model(inputs["pixel_values"]).float().numpy()
 
 
-def check_parity(model: GMLPModel, path: str | Path, variant: str, run: Run | None = None) -> ParityReport:
+def check_parity(
+    model: GMLPModel,
+    path: str | Path,
+    variant: str,
+    run: Run | None = None,
+    top_k_tolerance: float = TOP_K_OWN_TOLERANCE,
+) -> ParityReport:
     """Max abs logit difference and top-1 agreement between ORT (CPU; or `run`, another runtime on
     the graph) and PyTorch fp32 (at the fixed window), over batches of 1 and 8 and, for a masked
     LM, lengths from one token to n, each with one prediction and with all max_predictions; the
-    top-k outputs, where the graph has them, checked by `check_top_k`."""
+    top-k outputs, where the graph has them, checked by `check_top_k` (against the run's own
+    logits within `top_k_tolerance`)."""
     run = run or ort_run(path)
     diffs, agree, total, k = [], 0, 0, 0
     config = model.config
@@ -139,22 +146,29 @@ def check_parity(model: GMLPModel, path: str | Path, variant: str, run: Run | No
         agree += int((got.argmax(-1) == expected.argmax(-1)).sum())
         total += expected.argmax(-1).size
         if TOP_K_IDS_OUTPUT in outputs:
-            k = check_top_k(outputs, expected if variant == "fp32" else None, f"{variant} on {case}")
+            reference = expected if variant == "fp32" else None
+            k = check_top_k(outputs, reference, f"{variant} on {case}", top_k_tolerance)
     lengths = tuple(sorted({c["length"] for c in cases if "length" in c}))
     return ParityReport(variant, max(diffs), agree / total, total, lengths, k)
 
 
-def check_top_k(outputs: dict[str, np.ndarray], torch_reference: np.ndarray | None, what: str) -> int:
+def check_top_k(
+    outputs: dict[str, np.ndarray],
+    torch_reference: np.ndarray | None,
+    what: str,
+    own_tolerance: float = TOP_K_OWN_TOLERANCE,
+) -> int:
     """Raise ExportCheckError unless a run's `topk_ids` / `topk_scores` are the top k of
-    PyTorch's softmax over the run's own logits (and over `torch_reference`, PyTorch's logits of
-    the same inputs, when given) within tolerance (`contract.scores.top_k_mismatch`); returns K."""
+    PyTorch's softmax over the run's own logits within `own_tolerance` (and over
+    `torch_reference`, PyTorch's logits of the same inputs, when given, within
+    `TOP_K_TORCH_TOLERANCE`; `contract.scores.top_k_mismatch`); returns K."""
     ids, scores = outputs[TOP_K_IDS_OUTPUT], outputs[TOP_K_SCORES_OUTPUT]
     if ids.dtype != np.int64 or scores.dtype != np.float32 or ids.shape != scores.shape:
         raise ExportCheckError(
             f"{what}: top-k outputs are {ids.dtype} {ids.shape} / {scores.dtype} {scores.shape}; "
             "expected int64 and float32 of one shape"
         )
-    references = [(outputs["logits"], TOP_K_OWN_TOLERANCE, "its own logits")]
+    references = [(outputs["logits"], own_tolerance, "its own logits")]
     if torch_reference is not None:
         references.append((torch_reference, TOP_K_TORCH_TOLERANCE, "PyTorch's logits"))
     for logits, tolerance, source in references:
@@ -237,6 +251,11 @@ def record_check(config: GMLPConfig, directory: Path, variants: dict[str, str]) 
 # against PyTorch), in a lower precision what the fp16 variant meets (top-1 agreement).
 OPENVINO_FP32_TOLERANCE = 1e-4
 OPENVINO_MIN_TOP1 = 0.95
+# OpenVINO's CPU plugin computes the softmax in the graph's top-k tail with its own vectorised exp:
+# in fp32 on a 2-vCPU AVX2 EPYC (no bf16) the demo masked LM's top-k scores differed from the
+# float64 softmax of the same run's logits by 2.1e-5, twice ONNX Runtime's bound. An answer's
+# scores are read to 4 decimals; ranks are still held to the reference's wherever it is not tied.
+OPENVINO_TOP_K_OWN_TOLERANCE = 1e-4
 
 
 def write_inlined(served_dir: Path, variant: str, out: Path) -> Path:
@@ -278,7 +297,7 @@ def check_openvino(model: GMLPModel, fp32_path: Path) -> tuple[ParityReport, dic
         return {name: outputs[name] for name in kept}
 
     try:
-        report = check_parity(model, fp32_path, precision, run)
+        report = check_parity(model, fp32_path, precision, run, OPENVINO_TOP_K_OWN_TOLERANCE)
     except ExportCheckError as exc:  # its top-k outputs, or a run, failed
         raise ExportCheckError(f"OpenVINO {exc}") from exc
     report.variant = f"OpenVINO {precision}"

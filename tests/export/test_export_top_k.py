@@ -14,9 +14,15 @@ import torch
 
 from contract.check import run_check, write_check
 from contract.formats import GRAPH_TOP_K_KEY, TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
-from export import export_served_model
+from export import ExportCheckError, export_served_model
 from export.onnx_export import example_inputs
-from export.verify import session, torch_logits
+from export.verify import (
+    OPENVINO_TOP_K_OWN_TOLERANCE,
+    TOP_K_OWN_TOLERANCE,
+    check_top_k,
+    session,
+    torch_logits,
+)
 from gmlp.cli import main as gmlp
 from model import load_checkpoint
 from support.top_k_models import tied_checkpoint
@@ -153,3 +159,22 @@ def test_the_recorded_check_allows_tied_reorderings_only(tmp_path: Path) -> None
     assert moved is not None and "topk_ids" in moved and "rank 0" in moved
     off = replay([0, 1, 2, 3], shift=0.01)
     assert off is not None and "topk_scores" in off
+
+
+def test_openvino_s_own_top_k_scores_are_held_to_their_wider_bound() -> None:
+    """Top-k scores 2e-5 off the float64 softmax of their own logits (as OpenVINO's fp32 exp gave
+    on an AVX2 CPU) fail ONNX Runtime's bound and pass OpenVINO's; the least probable id in a
+    top-k slot fails both."""
+    logits = np.random.default_rng(0).standard_normal((2, 3, 50)).astype(np.float32)
+    probabilities = torch.softmax(torch.from_numpy(logits).double(), dim=-1).numpy()
+    ids = np.argsort(-probabilities, axis=-1)[..., :4].astype(np.int64)
+    scores = (np.take_along_axis(probabilities, ids, axis=-1) + 2e-5).astype(np.float32)
+    outputs = {"logits": logits, TOP_K_IDS_OUTPUT: ids, TOP_K_SCORES_OUTPUT: scores}
+    assert TOP_K_OWN_TOLERANCE < 2e-5 < OPENVINO_TOP_K_OWN_TOLERANCE
+    with pytest.raises(ExportCheckError, match="its own logits"):
+        check_top_k(outputs, None, "ort")
+    assert check_top_k(outputs, None, "openvino", OPENVINO_TOP_K_OWN_TOLERANCE) == 4
+    swapped = ids.copy()
+    swapped[0, 0, 0] = np.argsort(probabilities[0, 0])[0]
+    with pytest.raises(ExportCheckError):
+        check_top_k({**outputs, TOP_K_IDS_OUTPUT: swapped}, None, "openvino", OPENVINO_TOP_K_OWN_TOLERANCE)
