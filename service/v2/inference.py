@@ -171,6 +171,7 @@ class InferResult:
     model_version: str  # the version that answered
     id: str = ""
     size: AnswerSize = AnswerSize(0, 0)  # bounds of the encoded answer (`answer_size`), checked
+    timings: Timings = Timings()  # where its rows' time went in the batcher (REST's Server-Timing)
 
 
 def server_metadata() -> dict[str, Any]:
@@ -184,7 +185,6 @@ def server_live(state: ServiceState) -> bool:
 def resolve(state: ServiceState, name: str, version: str = "") -> ModelRef:
     """The model a v2 name means at `version` (empty: the newest READY one; not a number: a version
     no model has): `NAME` lists the graph's tensors, `NAME-ensemble` the encoded input (a model the
-    timings: Timings = Timings()  # where its rows' time went in the batcher (REST's Server-Timing)
     repository holds under that very name is that model)."""
     base = name.removesuffix(ENSEMBLE_SUFFIX)
     encoded = base != name and state.known_versions(name) is None and state.known_versions(base) is not None
