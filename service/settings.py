@@ -252,6 +252,10 @@ class ServiceSettings(BaseSettings):
     """explicit mode: comma-separated models to load at start-up; unset: none"""
     drain_timeout_s: float = setting(Group.LIFECYCLE, 30.0, ge=0)
     """how long shutdown waits for queued and running requests"""
+    load_timeout_s: float = setting(Group.LIFECYCLE, 300.0, gt=0, le=86400)
+    """how long a version's load may take (its sessions, the warm-up of every input shape, the recorded
+    check); past it the load is abandoned, its runs terminated, and the version listed UNAVAILABLE with the
+    reason. Shutdown abandons loads still going"""
 
     log_level: Literal["critical", "error", "warning", "info", "debug"] = setting(Group.OBSERVABILITY, "info")
     """log level"""

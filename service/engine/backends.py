@@ -89,6 +89,8 @@ class OpenVinoModel(Runtime):
         }
         self.row_independent = rows_are_independent({p.key: p.value for p in proto.metadata_props}, path)
         self._local = threading.local()
+        self._requests: list[Any] = []  # every inference request made, for `abort`
+        self._aborted = False
         log.info(
             "model %s: %s on %s at %s, %d stream(s) of %d thread(s)%s",
             self.name,
@@ -105,11 +107,19 @@ class OpenVinoModel(Runtime):
         requests: dict[int, Any] = self._local.__dict__.setdefault("requests", {})
         if id(session) not in requests:
             requests[id(session)] = session.create_infer_request()
+            self._requests.append(requests[id(session)])
+        if self._aborted:
+            raise RuntimeError(f"model {self.name}: its load was abandoned")
         results = requests[id(session)].infer(feeds)  # copies the outputs out: the request runs again
         return {name: results[self._output_index[name]] for name in names}
 
     def static_dims(self, name: str) -> list[int | None]:
         return list(self._dims[name])
+
+    def abort(self) -> None:
+        self._aborted = True
+        for request in list(self._requests):
+            request.cancel()
 
 
 def open_runtime(path: Path, options: RuntimeOptions, *, name: str = "") -> Runtime:

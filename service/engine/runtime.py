@@ -136,6 +136,36 @@ def _running() -> Iterator[bool]:
             _runs_going -= 1
 
 
+class Abandon:
+    """How a load stops its runtime's runs once the load is given up (past its deadline, or the
+    service stopping), from any thread: the loader `watch`es the runtime as soon as it is open,
+    the lifecycle calls `abandon`. A graph whose run never ends (a hostile Loop) then fails its
+    run at once instead of burning a core for good, and its load's thread ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runtimes: list[Runtime] = []
+        self.abandoned = False
+
+    def watch(self, runtime: Runtime) -> None:
+        with self._lock:
+            self._runtimes.append(runtime)
+            if self.abandoned:
+                runtime.abort()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.abandoned = True
+            for runtime in self._runtimes:
+                runtime.abort()
+
+    def check(self, what: str) -> None:
+        """Raise once abandoned, between a load's steps (a step that is no session run, such as
+        opening a session, cannot be stopped inside)."""
+        if self.abandoned:
+            raise RuntimeError(f"abandoned before {what}")
+
+
 class Runtime:
     """One loaded graph of a served model, as the pipelines and the batcher use it: `run_on` (one
     batch of graph inputs on one of its sessions) and `static_dims` are the backend's own, the
@@ -183,6 +213,10 @@ class Runtime:
         """The outputs `names` of one run of `session` (`self.session` or `self.lone_session`)."""
         raise NotImplementedError
 
+    def abort(self) -> None:
+        """Make every run going on and every later run fail at once (an abandoned load's)."""
+        raise NotImplementedError
+
     @property
     def lone_threads(self) -> int:
         """Threads of a lone one-row run: the lone session's, 0 where every run takes an instance's."""
@@ -222,6 +256,8 @@ class OnnxModel(Runtime):
 
     def __init__(self, path: Path, options: RuntimeOptions, *, name: str = "") -> None:
         super().__init__(path, options, name)
+        # Every run carries these options, so that `abort` can stop the runs going on.
+        self._run_options = ort.RunOptions()
         self.session = self._open(options.intra_op_threads)
         self.lone_session = self._open(options.lone_threads) if self.wide else None
         self.provider = self.session.get_providers()[0]
@@ -259,7 +295,11 @@ class OnnxModel(Runtime):
         return ort.InferenceSession(str(self.path), sess_options=so, providers=providers)
 
     def run_on(self, session: Any, feeds: Feeds, names: list[str]) -> Feeds:
-        return dict(zip(names, session.run(names, feeds), strict=True))
+        return dict(zip(names, session.run(names, feeds, self._run_options), strict=True))
+
+    def abort(self) -> None:
+        # ORT checks the flag before each operator, a Loop's body included.
+        self._run_options.terminate = True
 
     def run(self, feeds: Feeds, names: Sequence[str] | None = None) -> Feeds:
         if self.provider != CUDA:
@@ -272,7 +312,7 @@ class OnnxModel(Runtime):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name in names:
             binding.bind_output(name, "cuda")
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._run_options)
         return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
 
     def static_dims(self, name: str) -> list[int | None]:

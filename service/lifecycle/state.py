@@ -28,7 +28,7 @@ from contract.repository import PolicyError, VersionPolicy, policy_from_config
 from contract.scan import ModelSource, VersionSource, require_sources, scan
 from contract.spec import SpecError
 from service.engine import request_context
-from service.engine.runtime import resolve_device
+from service.engine.runtime import Abandon, resolve_device
 from service.lifecycle.poller import RepositoryPoller, ScanReport
 from service.lifecycle.versions import IndexEntry, VersionTable
 from service.settings import ServiceSettings
@@ -71,6 +71,7 @@ class ServiceState:
             drain_timeout_s=settings.drain_timeout_s,
             max_loaded=settings.max_loaded_versions,
             observer=LifecycleMetrics(metrics, self._versions_changed),
+            load_timeout_s=settings.load_timeout_s,
         )
         self.phase: Phase = Phase.LOADING
         self.error: str | None = None
@@ -135,10 +136,11 @@ class ServiceState:
     def _configured_defaults(self) -> dict[str, str | None]:
         return {task: getattr(self.settings, kind.default_setting) for task, kind in PIPELINES.items()}
 
-    def _load_version(self, source: VersionSource) -> Pipeline:
+    def _load_version(self, source: VersionSource, abandon: Abandon) -> Pipeline:
         """The table's loader (blocking, in a thread): session, warm-up, recorded check."""
         assert source.spec is not None
-        return load_pipeline(source.spec, self.settings, self._device, self.metrics, str(source.version))
+        version = str(source.version)
+        return load_pipeline(source.spec, self.settings, self._device, self.metrics, version, abandon)
 
     async def load(self) -> None:
         """Load the start-up models of the control mode; then, in poll mode, start watching."""

@@ -8,7 +8,9 @@ it. A load (`apply`) brings a model to its version policy:
 
 1. every version to load is loaded *beside* the serving ones, in a thread (the loader warms it up
    and checks it against its export's recorded check); a failure leaves it UNAVAILABLE with the
-   reason and touches nothing else;
+   reason and touches nothing else, and so does a load still going at its deadline
+   (`load_timeout_s`), which is abandoned: its runs are stopped (`Abandon`), its thread a daemon
+   that no exit waits for, as is a load still going when the service stops;
 2. only a version that passed starts its batcher and turns READY: from then on new requests
    without a version go to the newest READY one;
 3. versions the policy no longer selects (or whose directory is gone) are drained and closed:
@@ -27,17 +29,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
 from contract.messages import echo
 from contract.repository import VersionPolicy
 from contract.scan import Fingerprint, ModelSource, VersionSource
 from service.engine.batcher import DynamicBatcher
+from service.engine.runtime import Abandon
 from service.telemetry.metrics import LifecycleMetrics
 
 log = logging.getLogger(__name__)
@@ -105,12 +109,13 @@ class IndexEntry:
 class VersionTable(Generic[S]):
     """All versions of all models, their states, leases and loads (see the module docstring)."""
 
-    loader: Callable[[VersionSource], S]
+    loader: Callable[[VersionSource, Abandon], S]
     _: KW_ONLY
     policy: VersionPolicy
     drain_timeout_s: float
     observer: LifecycleMetrics
     max_loaded: int | None = None
+    load_timeout_s: float | None = None  # None: a load may take as long as it takes
     models: dict[str, ModelRecord[S]] = field(default_factory=dict, init=False)
 
     def newest_ready(self, name: str) -> Version[S] | None:
@@ -295,7 +300,7 @@ class VersionTable(Generic[S]):
             self._set(version, LOADING, "loading, warming up and checking")
         version.fingerprint = on_disk.fingerprint
         try:
-            served = await asyncio.to_thread(self.loader, on_disk)
+            served = await self._load_in_thread(on_disk, f"gmlp-load-{version.model}-{version.number}")
             for other in record.versions.values():
                 task = other.loaded.served.task if other.loaded is not None else served.task
                 if other.number != version.number and task != served.task:
@@ -321,6 +326,42 @@ class VersionTable(Generic[S]):
         if old is not None:
             await self._drain(version.model, old)
         return None
+
+    async def _load_in_thread(self, on_disk: VersionSource, name: str) -> S:
+        """The loader's result, from a daemon thread of its own; abandoned (its runs stopped) once
+        `load_timeout_s` has passed, or when the awaiting task is cancelled (shutdown)."""
+        loop, abandon = asyncio.get_running_loop(), Abandon()
+        done: asyncio.Future[S] = loop.create_future()
+
+        def settle(result: S | None, error: BaseException | None) -> None:
+            if done.done():  # the awaiting task gave up on it
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(cast(S, result))
+
+        def body() -> None:
+            try:
+                result, error = self.loader(on_disk, abandon), None
+            except BaseException as exc:  # handed to the awaiting task, whatever it is
+                result, error = None, exc
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=body, name=name, daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), self.load_timeout_s)
+        except TimeoutError:
+            abandon.abandon()
+            done.cancel()  # what the thread ends with is nobody's any more
+            raise TimeoutError(
+                f"the load did not finish within {self.load_timeout_s:g} s (load_timeout_s): abandoned"
+            ) from None
+        except asyncio.CancelledError:
+            abandon.abandon()
+            done.cancel()
+            raise
 
     async def _retire(self, version: Version[S]) -> None:
         loaded = version.loaded

@@ -29,7 +29,7 @@ from service.engine.backends import open_runtime, resolve_backend
 from service.engine.batcher import BatchObserver, DynamicBatcher
 from service.engine.request_context import Deadline, Timed, Timings
 from service.engine.rows import Done, Job
-from service.engine.runtime import Collate, Feeds, RuntimeOptions, choose_variant
+from service.engine.runtime import Abandon, Collate, Feeds, RuntimeOptions, choose_variant
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.tasks.forms import gather_or_cancel, graph_tensors, stacked, tensor_meta
@@ -73,7 +73,13 @@ class Pipeline:
     collate: Collate | None = None  # how a batch's rows are put together (None: stacked)
 
     def __init__(
-        self, spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics, version: str
+        self,
+        spec: ModelSpec,
+        settings: ServiceSettings,
+        device: str,
+        metrics: ServiceMetrics,
+        version: str,
+        abandon: Abandon | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -90,6 +96,8 @@ class Pipeline:
             lone_threads=settings.lone_threads_for(device, block_macs(spec.model_config)),
         )
         self.runtime = open_runtime(spec.variant_path(self.variant), options, name=spec.name)
+        if abandon is not None:  # a load that can be given up: its runs stop when it is
+            abandon.watch(self.runtime)
         # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
         self.precision = self.runtime.precision or self.variant
         self.graph_top_k = batch_jobs.graph_top_k(spec.config, self.runtime.output_names)

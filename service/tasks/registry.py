@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contract.formats import MLM_TASK, VISION_TASK
 from contract.spec import ModelSpec
+from service.engine.runtime import Abandon
 from service.settings import ServiceSettings
 from service.tasks.fill_mask import FillMaskPipeline
 from service.tasks.pipeline import Pipeline
@@ -20,11 +21,16 @@ PIPELINES: dict[str, type[Pipeline]] = {VISION_TASK: VisionPipeline, MLM_TASK: F
 
 
 def load_pipeline(
-    spec: ModelSpec, settings: ServiceSettings, device: str, metrics: ServiceMetrics, version: str
+    spec: ModelSpec,
+    settings: ServiceSettings,
+    device: str,
+    metrics: ServiceMetrics,
+    version: str,
+    abandon: Abandon | None = None,
 ) -> Pipeline:
     """Create the session, warm it up and check it against its recorded check (blocking; call from
-    a thread)."""
-    model = PIPELINES[spec.task](spec, settings, device, metrics, version)
+    a thread); once `abandon` is abandoned, its runs fail and so does the load."""
+    model = PIPELINES[spec.task](spec, settings, device, metrics, version, abandon)
     model.warm_up()
     model.verify()
     return model

@@ -37,13 +37,13 @@ class Spy:
     def __getattr__(self, name: str) -> Any:  # the rest of the session (its inputs, outputs)
         return getattr(self.session, name)
 
-    def run(self, names: list[str], feeds: Feeds) -> list[np.ndarray]:
+    def run(self, names: list[str], feeds: Feeds, options: Any = None) -> list[np.ndarray]:
         self.log.append(self.label)
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(20), "gate never opened"
         time.sleep(self.delay)
-        return self.session.run(names, feeds)
+        return self.session.run(names, feeds, options)
 
 
 def spied(path: Path, **options: Any) -> tuple[OnnxModel, list[str]]:

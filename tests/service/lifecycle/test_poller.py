@@ -12,12 +12,13 @@ import pytest
 
 from contract.repository import VersionPolicy
 from contract.scan import ModelSource, VersionSource
+from service.engine.runtime import Abandon
 from service.lifecycle.poller import RepositoryPoller, ScanReport
 from service.lifecycle.versions import VersionTable
 from service.telemetry.metrics import LifecycleMetrics, ServiceMetrics
 
 
-def _unloadable(source: VersionSource) -> object:
+def _unloadable(source: VersionSource, abandon: Abandon) -> object:
     raise AssertionError("nothing is loaded here")
 
 

@@ -32,6 +32,7 @@ from contract.repository import VersionPolicy
 from contract.scan import ModelSource, VersionSource
 from contract.spec import ModelSpec
 from service.engine.batcher import DynamicBatcher
+from service.engine.runtime import Abandon
 from service.lifecycle.versions import VersionState, VersionTable
 from service.telemetry.metrics import LifecycleMetrics, ServiceMetrics
 
@@ -93,7 +94,7 @@ async def scenario(script: list[tuple[Any, ...]], max_loaded: int | None) -> Non
     on_disk: dict[int, tuple[bool, int]] = {}  # version -> (broken, deployment number)
     deployments = itertools.count()
 
-    def loader(source: VersionSource) -> FakeModel:
+    def loader(source: VersionSource, abandon: Abandon) -> FakeModel:
         broken, _ = on_disk.get(source.version, (True, 0))
         time.sleep(0.002)
         if broken:
