@@ -9,7 +9,8 @@ the kernel spreads connections among them; gRPC's port the same way. The parent 
 holds both ports bound but not listening (so that port 0 resolves once and no other program can take
 them, while no connection is queued to a socket nobody accepts on), restarts a worker that dies,
 forwards SIGTERM and SIGINT (every worker drains) and SIGHUP (keys and TLS re-read), and serves
-`metrics_port` from every worker's series (prometheus_client's multiprocess mode, in a folder the
+`metrics_port` from every worker's series; a worker whose supervisor ends, even by SIGKILL, is sent
+SIGTERM by the kernel and drains too (`_end_with`) (prometheus_client's multiprocess mode, in a folder the
 workers share, beside each API key's rate bucket).
 
 What a worker is given is its share: the CPUs, the connection caps and the queue size are divided
@@ -21,6 +22,7 @@ Before either starts, the connection caps are fitted to the process's file descr
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -47,6 +49,7 @@ log = logging.getLogger(__name__)
 EARLY_EXIT_S, EARLY_EXITS = 10.0, 5
 # A worker's exit status when the settings cannot work (unreadable TLS or keys files): no restart.
 CONFIGURATION_ERROR = 2
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # File descriptors a serving process keeps besides its connections: the listening sockets, model
 # files and ONNX Runtime sessions, log and metrics files, gRPC core's and the event loop's own.
 FD_RESERVE = 128
@@ -208,11 +211,26 @@ def _socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(settings: ServiceSettings, index: int) -> None:
+def _end_with(supervisor: int) -> None:
+    """Have the kernel send this worker SIGTERM when its supervisor ends, however it ends (SIGKILL,
+    the OOM killer): the worker then drains and closes its sockets instead of serving on, with
+    nobody to stop it, the models and settings of a server that is gone (and the port with them).
+    A supervisor that ended before the call is seen by its pid. Linux only (prctl)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:
+        raise SystemExit(CONFIGURATION_ERROR)
+
+
+def _worker(settings: ServiceSettings, index: int, supervisor: int) -> None:
     """A worker process's body: the whole service on its own socket of the port, listening once its
     models are loaded. A connection the kernel gives a worker stays there, so a worker still loading
     must not take any: it would answer not_ready while another could serve (the probes see the port
     closed until the first worker is ready, which the start-up probes of deploy/ allow for)."""
+    _end_with(supervisor)
     configure_logging(settings)
     sock = _socket(settings.host, settings.port)  # asyncio listens on it when uvicorn starts serving
     log.info("worker %d (pid %d) serving on port %d", index, os.getpid(), settings.port)
@@ -281,7 +299,9 @@ class Supervisor:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
     def _start(self, index: int) -> None:
-        process = self.context.Process(target=_worker, args=(self.child, index), name=f"gmlp-worker-{index}")
+        process = self.context.Process(
+            target=_worker, args=(self.child, index, os.getpid()), name=f"gmlp-worker-{index}"
+        )
         process.start()
         self.workers[index], self.started[index] = process, time.monotonic()
 

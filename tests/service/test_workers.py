@@ -7,6 +7,7 @@ start; each worker must hold its share of the caps.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
@@ -167,6 +168,28 @@ def test_a_dead_worker_is_replaced_and_sigterm_drains_every_worker(two_workers, 
     assert not second.is_running() and not replacement.is_running()
     assert not metrics_dir.exists()
     assert server.log_tail(20000).count("Application shutdown complete") == 2
+
+
+def test_workers_end_when_their_supervisor_is_killed(repository: Path, tmp_path: Path, poll) -> None:
+    """SIGKILL (as the OOM killer sends it) reaches the supervisor alone; its workers are then sent
+    SIGTERM by the kernel, drain and exit, and the port closes: no orphan serves on."""
+    flags = ["--workers", "2", "--grpc-port", "0", "--intra-op-threads", "1"]
+    flags += ["--request-timeout-s", "5", "--drain-timeout-s", "2"]
+    with gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags) as server:
+        poll(lambda: len(workers_of(server.pid)) == 2, timeout=60)
+        workers = workers_of(server.pid)
+        try:
+            os.kill(server.pid, signal.SIGKILL)
+            poll(
+                lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers),
+                timeout=60,
+            )
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+        finally:
+            for worker in workers:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    worker.kill()
 
 
 def test_a_worker_that_cannot_start_stops_the_server(repository: Path, tmp_path: Path) -> None:
