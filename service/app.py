@@ -17,7 +17,7 @@ import logging
 import signal
 import ssl
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -70,8 +70,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # main thread only
         loop.add_signal_handler(signal.SIGHUP, reload_all, watched)
     loader = asyncio.create_task(state.load(), name="load-models")
-    if app.state.listen_when_loaded:  # a worker (service.server): it takes connections once it can serve
+    if app.state.when_loaded is not None:  # a worker (service.server): it takes connections once loaded
         await asyncio.shield(loader)
+        app.state.when_loaded()
     # The status view's sampling of the metrics (/stats).
     sampler = asyncio.create_task(app.state.stats.run(), name="stats")
     try:
@@ -148,9 +149,12 @@ def cors(settings: ServiceSettings) -> list[Middleware]:
     ]
 
 
-def create_app(settings: ServiceSettings | None = None, *, listen_when_loaded: bool = False) -> FastAPI:
-    """A new, independent app (own metrics registry, own models) for `settings`; `listen_when_loaded`:
-    the server starts listening once the models are loaded (not at once, answering not_ready)."""
+def create_app(
+    settings: ServiceSettings | None = None, *, when_loaded: Callable[[], None] | None = None
+) -> FastAPI:
+    """A new, independent app (own metrics registry, own models) for `settings`; with `when_loaded`,
+    the server starts listening once the models are loaded (not at once, answering not_ready), and
+    calls it then (a worker telling its supervisor)."""
     settings = settings or ServiceSettings()
     # The per-image check in preprocessing applies this app's limit before decoding. Pillow's own
     # check is process-wide (shared by every app in the process), so it is only ever raised, never
@@ -169,7 +173,7 @@ def create_app(settings: ServiceSettings | None = None, *, listen_when_loaded: b
         redoc_url=None,
     )
     app.state.service = ServiceState(settings, metrics)
-    app.state.listen_when_loaded = listen_when_loaded
+    app.state.when_loaded = when_loaded
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
     app.state.keys = KeyStore(settings.api_keys_file, metrics, settings.shared_folder)
     app.state.tls = tls_files(settings, metrics)

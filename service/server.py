@@ -32,8 +32,10 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -44,9 +46,10 @@ from service.telemetry.logs import configure_logging, uvicorn_log_config
 
 log = logging.getLogger(__name__)
 
-# A worker that ends this soon after its start, this many times in a row, is not restarted again:
-# something in its start-up is broken, and the supervisor stops (exit status 1) instead of looping.
-EARLY_EXIT_S, EARLY_EXITS = 10.0, 5
+# A worker that ends before it has loaded its models, this many times in a row, is not restarted
+# again: something in its start-up is broken, and the supervisor stops (exit status 1) instead of
+# looping. Deaths of workers that had loaded (a poison request, the OOM killer) are only restarted.
+EARLY_EXITS = 5
 # A worker's exit status when the settings cannot work (unreadable TLS or keys files): no restart.
 CONFIGURATION_ERROR = 2
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -118,14 +121,16 @@ def fit_connection_caps(settings: ServiceSettings) -> ServiceSettings:
 
 
 def _run_uvicorn(
-    settings: ServiceSettings, sockets: list[socket.socket] | None, listen_when_loaded: bool = False
+    settings: ServiceSettings,
+    sockets: list[socket.socket] | None,
+    when_loaded: Callable[[], None] | None = None,
 ) -> bool:
     """The app on uvicorn until it is stopped; False when it never started."""
     import uvicorn
 
     from service.app import create_app
 
-    app = create_app(settings, listen_when_loaded=listen_when_loaded)
+    app = create_app(settings, when_loaded=when_loaded)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -225,17 +230,18 @@ def _end_with(supervisor: int) -> None:
         raise SystemExit(CONFIGURATION_ERROR)
 
 
-def _worker(settings: ServiceSettings, index: int, supervisor: int) -> None:
+def _worker(settings: ServiceSettings, index: int, supervisor: int, loaded: Event) -> None:
     """A worker process's body: the whole service on its own socket of the port, listening once its
-    models are loaded. A connection the kernel gives a worker stays there, so a worker still loading
-    must not take any: it would answer not_ready while another could serve (the probes see the port
-    closed until the first worker is ready, which the start-up probes of deploy/ allow for)."""
+    models are loaded (and setting `loaded` for the supervisor then). A connection the kernel gives a
+    worker stays there, so a worker still loading must not take any: it would answer not_ready while
+    another could serve (the probes see the port closed until the first worker is ready, which the
+    start-up probes of deploy/ allow for)."""
     _end_with(supervisor)
     configure_logging(settings)
     sock = _socket(settings.host, settings.port)  # asyncio listens on it when uvicorn starts serving
     log.info("worker %d (pid %d) serving on port %d", index, os.getpid(), settings.port)
     try:
-        started = _run_uvicorn(settings, [sock], listen_when_loaded=True)
+        started = _run_uvicorn(settings, [sock], when_loaded=loaded.set)
     except UserError as exc:
         log.error("worker %d cannot start: %s", index, exc)
         raise SystemExit(CONFIGURATION_ERROR) from None
@@ -250,7 +256,8 @@ class Supervisor:
         self.settings = settings
         self.context = multiprocessing.get_context("spawn")
         self.workers: dict[int, BaseProcess] = {}
-        self.started: dict[int, float] = {}
+        self.loaded: dict[int, Event] = {}  # set by each worker once its models are loaded
+        self.early: dict[int, int] = {}  # each worker's exits in a row before it had loaded
         self.stopping = False
 
     def run(self) -> int:
@@ -299,16 +306,16 @@ class Supervisor:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
     def _start(self, index: int) -> None:
+        loaded = self.context.Event()
         process = self.context.Process(
-            target=_worker, args=(self.child, index, os.getpid()), name=f"gmlp-worker-{index}"
+            target=_worker, args=(self.child, index, os.getpid(), loaded), name=f"gmlp-worker-{index}"
         )
         process.start()
-        self.workers[index], self.started[index] = process, time.monotonic()
+        self.workers[index], self.loaded[index] = process, loaded
 
     def _supervise(self) -> int:
         from prometheus_client.multiprocess import mark_process_dead
 
-        early = 0
         deadline: float | None = None
         while self.workers:
             if self.stopping and deadline is None:
@@ -330,10 +337,14 @@ class Supervisor:
                     continue
                 if process.exitcode == CONFIGURATION_ERROR:
                     return 1
-                early = early + 1 if time.monotonic() - self.started[index] < EARLY_EXIT_S else 0
-                if early >= EARLY_EXITS:
+                self.early[index] = 0 if self.loaded[index].is_set() else self.early.get(index, 0) + 1
+                if self.early[index] >= EARLY_EXITS:
                     status = process.exitcode
-                    log.error("workers keep ending at start (last exit status %s): stopping", status)
+                    log.error(
+                        "worker %d keeps ending before it has loaded (last exit status %s): stopping",
+                        index,
+                        status,
+                    )
                     return 1
                 log.warning("worker %d ended with status %s: restarting", index, process.exitcode)
                 self._start(index)

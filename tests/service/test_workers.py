@@ -192,6 +192,30 @@ def test_workers_end_when_their_supervisor_is_killed(repository: Path, tmp_path:
                     worker.kill()
 
 
+def test_loaded_workers_that_die_are_restarted_however_often(two_workers, cifar_images, poll) -> None:
+    """Deaths of workers that had loaded their models (a poison request, the OOM killer) do not
+    count as a broken start: more of them in a row than stop a server whose workers cannot start
+    are each followed by a restart, and the server keeps serving."""
+    server, _ = two_workers
+    poll(lambda: len(workers_of(server.pid)) == 2, timeout=60)
+    for _ in range(6):  # EARLY_EXITS is 5
+        victim = next(w for w in workers_of(server.pid) if server.port in listening_ports(w))
+        victim.send_signal(signal.SIGKILL)
+        poll(
+            lambda gone=victim.pid: (
+                gone not in {w.pid for w in workers_of(server.pid)}
+                and sum(server.port in listening_ports(w) for w in workers_of(server.pid)) == 2
+            ),
+            timeout=60,
+        )
+    assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        classify(connection, cifar_images[0])
+    finally:
+        connection.close()
+
+
 def test_a_worker_that_cannot_start_stops_the_server(repository: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing.pem"
     argv = serve_argv(
