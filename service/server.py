@@ -30,6 +30,7 @@ import resource
 import shutil
 import signal
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -249,6 +250,17 @@ def _worker(settings: ServiceSettings, index: int, supervisor: int, loaded: Even
         raise SystemExit(3)
 
 
+def _private_folder(path: Path) -> None:
+    """`path` as a folder of this process's user that nobody else may enter, made if missing;
+    UserError where something else stands there (another user's folder, a link someone put in the
+    place of one a cleaner removed)."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise UserError(f"{path} is not this server's private folder any more: not restarting workers")
+
+
 class Supervisor:
     """The parent of the workers: starts them, restarts one that dies, stops them all on a signal."""
 
@@ -273,8 +285,8 @@ class Supervisor:
                 raise UserError(f"cannot listen on {settings.host}:{wanted}: {exc.strerror}") from None
         port = reserved[0].getsockname()[1]
         shared = Path(tempfile.mkdtemp(prefix="gmlp-workers-"))  # private: mode 0700
-        metrics_dir = shared / "metrics"
-        metrics_dir.mkdir()
+        self.metrics_dir = metrics_dir = shared / "metrics"
+        metrics_dir.mkdir(mode=0o700)
         # Read by prometheus_client when a worker imports it: every worker's series go to files there.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         self.child = worker_settings(settings, port, shared)
@@ -306,6 +318,10 @@ class Supervisor:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
     def _start(self, index: int) -> None:
+        # A /tmp cleaner may have removed the shared folder since the last start: made again, so
+        # that a restarted worker finds where its series and the key buckets go.
+        for folder in (self.metrics_dir.parent, self.metrics_dir):
+            _private_folder(folder)
         loaded = self.context.Event()
         process = self.context.Process(
             target=_worker, args=(self.child, index, os.getpid(), loaded), name=f"gmlp-worker-{index}"

@@ -13,8 +13,10 @@ import json
 import math
 import os
 import pickle
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import urllib.request
@@ -214,6 +216,54 @@ def test_loaded_workers_that_die_are_restarted_however_often(two_workers, cifar_
         classify(connection, cifar_images[0])
     finally:
         connection.close()
+
+
+def test_a_worker_restarts_after_a_cleaner_removed_the_shared_folder(two_workers, cifar_images, poll) -> None:
+    """The supervisor's private folder (each worker's metric files, the key buckets) removed, as a
+    /tmp cleaner would, then a worker dies: the folder is made again, private, before its
+    replacement starts, which loads and serves."""
+    server, _ = two_workers
+    poll(lambda: len(workers_of(server.pid)) == 2, timeout=60)
+    first, second = workers_of(server.pid)
+    metrics_dir = Path(first.environ()["PROMETHEUS_MULTIPROC_DIR"])
+    shutil.rmtree(metrics_dir.parent)
+    first.send_signal(signal.SIGKILL)
+    poll(
+        lambda: any(
+            w.pid not in (first.pid, second.pid) and server.port in listening_ports(w)
+            for w in workers_of(server.pid)
+        ),
+        timeout=60,
+    )
+    assert server.proc is not None and server.proc.poll() is None, server.log_tail()
+    assert metrics_dir.is_dir() and stat.S_IMODE(metrics_dir.parent.stat().st_mode) == 0o700
+    for _ in range(4):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        try:
+            classify(connection, cifar_images[0])
+        finally:
+            connection.close()
+
+
+def test_the_private_folder_is_made_again_only_where_nothing_else_stands(tmp_path: Path) -> None:
+    """Missing: made, mode 0700. A link someone put where a removed folder was, or a folder that
+    others may enter, is refused rather than used for the workers' files."""
+    from contract.errors import UserError
+    from service.server import _private_folder
+
+    made = tmp_path / "made"
+    _private_folder(made)
+    assert made.is_dir() and stat.S_IMODE(made.stat().st_mode) == 0o700
+    _private_folder(made)  # already there, as it should be: kept
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(elsewhere)
+    opened = tmp_path / "opened"
+    opened.mkdir()
+    opened.chmod(0o755)
+    for refused in (tmp_path / "link", opened):
+        with pytest.raises(UserError, match="not this server's private folder"):
+            _private_folder(refused)
 
 
 def test_a_worker_that_cannot_start_stops_the_server(repository: Path, tmp_path: Path) -> None:
