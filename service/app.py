@@ -16,9 +16,11 @@ import contextlib
 import logging
 import signal
 import ssl
+import time
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -70,9 +72,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # main thread only
         loop.add_signal_handler(signal.SIGHUP, reload_all, watched)
     loader = asyncio.create_task(state.load(), name="load-models")
-    if app.state.when_loaded is not None:  # a worker (service.server): it takes connections once loaded
+    reporter = None
+    if app.state.worker is not None:  # a worker (service.server): it takes connections once loaded
         await asyncio.shield(loader)
-        app.state.when_loaded()
+        reporter = asyncio.create_task(app.state.worker.report(), name="worker-report")
     # The status view's sampling of the metrics (/stats).
     sampler = asyncio.create_task(app.state.stats.run(), name="stats")
     try:
@@ -80,6 +83,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
     finally:
         sampler.cancel()
         watcher.cancel()
+        if reporter is not None:
+            reporter.cancel()
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
             loop.remove_signal_handler(signal.SIGHUP)
         loader.cancel()  # a no-op once it is done
@@ -149,12 +154,30 @@ def cors(settings: ServiceSettings) -> list[Middleware]:
     ]
 
 
-def create_app(
-    settings: ServiceSettings | None = None, *, when_loaded: Callable[[], None] | None = None
-) -> FastAPI:
-    """A new, independent app (own metrics registry, own models) for `settings`; with `when_loaded`,
-    the server starts listening once the models are loaded (not at once, answering not_ready), and
-    calls it then (a worker telling its supervisor)."""
+@dataclass(frozen=True)
+class WorkerLink:
+    """What a worker process tells its supervisor (`service.server`), through the shared objects
+    the supervisor handed it: that its models are loaded (it listens from then on), and, in `beat`,
+    the monotonic time of its event loop's latest turn, renewed every `BEAT_S`, so that a worker
+    stopped or stuck is seen, killed and replaced."""
+
+    loaded: Any  # a multiprocessing Event
+    beat: Any  # a multiprocessing Value of type "d"
+
+    async def report(self) -> None:
+        self.loaded.set()
+        while True:
+            self.beat.value = time.monotonic()
+            await asyncio.sleep(BEAT_S)
+
+
+BEAT_S = 1.0
+
+
+def create_app(settings: ServiceSettings | None = None, *, worker: WorkerLink | None = None) -> FastAPI:
+    """A new, independent app (own metrics registry, own models) for `settings`; as a `worker`, the
+    server starts listening once the models are loaded (not at once, answering not_ready) and
+    reports to its supervisor from then on."""
     settings = settings or ServiceSettings()
     # The per-image check in preprocessing applies this app's limit before decoding. Pillow's own
     # check is process-wide (shared by every app in the process), so it is only ever raised, never
@@ -173,7 +196,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.service = ServiceState(settings, metrics)
-    app.state.when_loaded = when_loaded
+    app.state.worker = worker
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
     app.state.keys = KeyStore(settings.api_keys_file, metrics, settings.shared_folder)
     app.state.tls = tls_files(settings, metrics)

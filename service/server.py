@@ -33,17 +33,18 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.errors import UserError
 from service.settings import ServiceSettings
 from service.telemetry.logs import configure_logging, uvicorn_log_config
+
+if TYPE_CHECKING:  # service.app imports the web stack: not for `gmlp --help`
+    from service.app import WorkerLink
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 # again: something in its start-up is broken, and the supervisor stops (exit status 1) instead of
 # looping. Deaths of workers that had loaded (a poison request, the OOM killer) are only restarted.
 EARLY_EXITS = 5
+# A loaded worker whose event loop has not turned for this long is taken to hang (it reports every
+# `service.app.BEAT_S`): killed and replaced.
+HUNG_S = 10.0
 # A worker's exit status when the settings cannot work (unreadable TLS or keys files): no restart.
 CONFIGURATION_ERROR = 2
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -124,14 +128,14 @@ def fit_connection_caps(settings: ServiceSettings) -> ServiceSettings:
 def _run_uvicorn(
     settings: ServiceSettings,
     sockets: list[socket.socket] | None,
-    when_loaded: Callable[[], None] | None = None,
+    worker: WorkerLink | None = None,
 ) -> bool:
     """The app on uvicorn until it is stopped; False when it never started."""
     import uvicorn
 
     from service.app import create_app
 
-    app = create_app(settings, when_loaded=when_loaded)
+    app = create_app(settings, worker=worker)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -231,9 +235,9 @@ def _end_with(supervisor: int) -> None:
         raise SystemExit(CONFIGURATION_ERROR)
 
 
-def _worker(settings: ServiceSettings, index: int, supervisor: int, loaded: Event) -> None:
+def _worker(settings: ServiceSettings, index: int, supervisor: int, link: WorkerLink) -> None:
     """A worker process's body: the whole service on its own socket of the port, listening once its
-    models are loaded (and setting `loaded` for the supervisor then). A connection the kernel gives a
+    models are loaded (and reporting through `link` from then on). A connection the kernel gives a
     worker stays there, so a worker still loading must not take any: it would answer not_ready while
     another could serve (the probes see the port closed until the first worker is ready, which the
     start-up probes of deploy/ allow for)."""
@@ -242,7 +246,7 @@ def _worker(settings: ServiceSettings, index: int, supervisor: int, loaded: Even
     sock = _socket(settings.host, settings.port)  # asyncio listens on it when uvicorn starts serving
     log.info("worker %d (pid %d) serving on port %d", index, os.getpid(), settings.port)
     try:
-        started = _run_uvicorn(settings, [sock], when_loaded=loaded.set)
+        started = _run_uvicorn(settings, [sock], worker=link)
     except UserError as exc:
         log.error("worker %d cannot start: %s", index, exc)
         raise SystemExit(CONFIGURATION_ERROR) from None
@@ -268,7 +272,7 @@ class Supervisor:
         self.settings = settings
         self.context = multiprocessing.get_context("spawn")
         self.workers: dict[int, BaseProcess] = {}
-        self.loaded: dict[int, Event] = {}  # set by each worker once its models are loaded
+        self.links: dict[int, WorkerLink] = {}  # what each worker reports (`service.app.WorkerLink`)
         self.early: dict[int, int] = {}  # each worker's exits in a row before it had loaded
         self.stopping = False
 
@@ -322,12 +326,14 @@ class Supervisor:
         # that a restarted worker finds where its series and the key buckets go.
         for folder in (self.metrics_dir.parent, self.metrics_dir):
             _private_folder(folder)
-        loaded = self.context.Event()
+        from service.app import WorkerLink
+
+        link = WorkerLink(self.context.Event(), self.context.Value("d", 0.0, lock=False))
         process = self.context.Process(
-            target=_worker, args=(self.child, index, os.getpid(), loaded), name=f"gmlp-worker-{index}"
+            target=_worker, args=(self.child, index, os.getpid(), link), name=f"gmlp-worker-{index}"
         )
         process.start()
-        self.workers[index], self.loaded[index] = process, loaded
+        self.workers[index], self.links[index] = process, link
 
     def _supervise(self) -> int:
         from prometheus_client.multiprocess import mark_process_dead
@@ -342,6 +348,8 @@ class Supervisor:
                 log.warning("workers still running after the drain: killed")
                 for process in self.workers.values():
                     process.kill()
+            if not self.stopping:
+                self._kill_hung()
             for index, process in list(self.workers.items()):
                 if process.is_alive():
                     continue
@@ -353,7 +361,7 @@ class Supervisor:
                     continue
                 if process.exitcode == CONFIGURATION_ERROR:
                     return 1
-                self.early[index] = 0 if self.loaded[index].is_set() else self.early.get(index, 0) + 1
+                self.early[index] = 0 if self.links[index].loaded.is_set() else self.early.get(index, 0) + 1
                 if self.early[index] >= EARLY_EXITS:
                     status = process.exitcode
                     log.error(
@@ -365,6 +373,19 @@ class Supervisor:
                 log.warning("worker %d ended with status %s: restarting", index, process.exitcode)
                 self._start(index)
         return 0
+
+    def _kill_hung(self) -> None:
+        """Kill each loaded worker whose event loop has not turned for `HUNG_S` (stopped, or stuck
+        in a deadlock or an endless call): it holds its socket of the port, so the kernel would go
+        on handing it new connections that nobody answers. Its exit is then a restart."""
+        now = time.monotonic()
+        for index, process in self.workers.items():
+            link = self.links[index]
+            if link.loaded.is_set() and process.is_alive() and now - link.beat.value > HUNG_S:
+                log.error(
+                    "worker %d (pid %s) showed no sign of life for %g s: killed", index, process.pid, HUNG_S
+                )
+                process.kill()
 
     def _signal(self, signum: int, frame: FrameType | None) -> None:
         if signum != signal.SIGHUP:

@@ -266,6 +266,35 @@ def test_the_private_folder_is_made_again_only_where_nothing_else_stands(tmp_pat
             _private_folder(refused)
 
 
+def test_a_stopped_worker_is_killed_and_replaced(two_workers, cifar_images, poll) -> None:
+    """SIGSTOP, as a hang would leave it: the worker's event loop stops reporting, so the
+    supervisor kills it (a stopped worker would go on being handed new connections that nobody
+    answers) and starts another, and every new connection is answered again."""
+    server, _ = two_workers
+    poll(lambda: sum(server.port in listening_ports(w) for w in workers_of(server.pid)) == 2, timeout=60)
+    stopped, other = workers_of(server.pid)
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        poll(
+            lambda: any(
+                w.pid not in (stopped.pid, other.pid) and server.port in listening_ports(w)
+                for w in workers_of(server.pid)
+            ),
+            timeout=90,
+        )
+        assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
+        assert "showed no sign of life" in server.log_tail(20000)
+        for _ in range(8):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            try:
+                classify(connection, cifar_images[0])
+            finally:
+                connection.close()
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            stopped.kill()
+
+
 def test_a_worker_that_cannot_start_stops_the_server(repository: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing.pem"
     argv = serve_argv(
