@@ -124,6 +124,17 @@ def classify(connection: http.client.HTTPConnection, image: bytes) -> dict:
     return json.loads(body)
 
 
+def classify_on_new_connections(port: int, image: bytes, count: int) -> None:
+    """`count` requests, each on a connection of its own (the kernel spreads new connections over
+    the workers), every one answered."""
+    for _ in range(count):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            classify(connection, image)
+        finally:
+            connection.close()
+
+
 def test_workers_listen_on_both_ports_and_share_the_connections(two_workers, cifar_images, poll) -> None:
     server, grpc_port = two_workers
     poll(
@@ -158,12 +169,7 @@ def test_a_dead_worker_is_replaced_and_sigterm_drains_every_worker(two_workers, 
     poll(lambda: {w.pid for w in workers_of(server.pid)} - {first.pid, second.pid} != set(), timeout=60)
     replacement = next(w for w in workers_of(server.pid) if w.pid not in (first.pid, second.pid))
     poll(lambda: server.port in listening_ports(replacement), timeout=60)
-    for _ in range(8):  # new connections reach both workers; every one is answered
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-        try:
-            classify(connection, cifar_images[1])
-        finally:
-            connection.close()
+    classify_on_new_connections(server.port, cifar_images[1], 8)
     assert server.proc is not None
     os.kill(server.pid, signal.SIGTERM)  # the supervisor alone: it forwards the signal
     assert server.proc.wait(timeout=90) == 0, server.log_tail()
@@ -237,12 +243,7 @@ def test_a_worker_restarts_after_a_cleaner_removed_the_shared_folder(two_workers
     )
     assert server.proc is not None and server.proc.poll() is None, server.log_tail()
     assert metrics_dir.is_dir() and stat.S_IMODE(metrics_dir.parent.stat().st_mode) == 0o700
-    for _ in range(4):
-        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-        try:
-            classify(connection, cifar_images[0])
-        finally:
-            connection.close()
+    classify_on_new_connections(server.port, cifar_images[0], 4)
 
 
 def test_the_private_folder_is_made_again_only_where_nothing_else_stands(tmp_path: Path) -> None:
@@ -284,12 +285,7 @@ def test_a_stopped_worker_is_killed_and_replaced(two_workers, cifar_images, poll
         )
         assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
         assert "showed no sign of life" in server.log_tail(20000)
-        for _ in range(8):
-            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-            try:
-                classify(connection, cifar_images[0])
-            finally:
-                connection.close()
+        classify_on_new_connections(server.port, cifar_images[0], 8)
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
             stopped.kill()
