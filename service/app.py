@@ -165,10 +165,11 @@ class WorkerLink:
     beat: Any  # a multiprocessing Value of type "d"
 
     async def report(self) -> None:
+        self.beat.value = time.monotonic()  # before `loaded`: the supervisor reads both together
         self.loaded.set()
         while True:
-            self.beat.value = time.monotonic()
             await asyncio.sleep(BEAT_S)
+            self.beat.value = time.monotonic()
 
 
 BEAT_S = 1.0
