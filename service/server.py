@@ -9,9 +9,10 @@ the kernel spreads connections among them; gRPC's port the same way. The parent 
 holds both ports bound but not listening (so that port 0 resolves once and no other program can take
 them, while no connection is queued to a socket nobody accepts on), restarts a worker that dies,
 forwards SIGTERM and SIGINT (every worker drains) and SIGHUP (keys and TLS re-read), and serves
-`metrics_port` from every worker's series; a worker whose supervisor ends, even by SIGKILL, is sent
-SIGTERM by the kernel and drains too (`_end_with`) (prometheus_client's multiprocess mode, in a folder the
-workers share, beside each API key's rate bucket).
+`metrics_port` from every worker's series (prometheus_client's multiprocess mode, in a folder the
+workers share, beside each API key's rate bucket). A worker whose supervisor ends, even by SIGKILL,
+is sent SIGTERM by the kernel and drains too (`_end_with`); one that stops reporting is killed and
+replaced (`Supervisor._kill_hung`).
 
 What a worker is given is its share: the CPUs, the connection caps and the queue size are divided
 among the workers (`worker_settings`), so that the server's limits stay what the settings say.

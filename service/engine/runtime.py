@@ -159,12 +159,6 @@ class Abandon:
             for runtime in self._runtimes:
                 runtime.abort()
 
-    def check(self, what: str) -> None:
-        """Raise once abandoned, between a load's steps (a step that is no session run, such as
-        opening a session, cannot be stopped inside)."""
-        if self.abandoned:
-            raise RuntimeError(f"abandoned before {what}")
-
 
 class Runtime:
     """One loaded graph of a served model, as the pipelines and the batcher use it: `run_on` (one

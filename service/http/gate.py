@@ -123,17 +123,17 @@ class RequestGate:
                 ErrorCode.HEADERS_TOO_LARGE,
                 f"the request line and headers are {size} bytes; at most {limit} are accepted",
             )
-        hosts = sum(1 for name, _ in scope["headers"] if name == b"host")
-        if scope.get("http_version") == "1.1" and hosts != 1:
+        hosts = [value for name, value in scope["headers"] if name == b"host"]
+        if scope.get("http_version") == "1.1" and len(hosts) != 1:
             raise MalformedRequest(
                 ErrorCode.BAD_REQUEST,
-                f"an HTTP/1.1 request needs exactly one Host header; this one has {hosts}",
+                f"an HTTP/1.1 request needs exactly one Host header; this one has {len(hosts)}",
             )
         if CONTROL_CHARACTERS.search(scope["path"]):
             raise RouteNotFound(
                 ErrorCode.NOT_FOUND, "no endpoint has this path: a path may not hold control characters"
             )
-        self.hosts.check(next((v for k, v in scope["headers"] if k == b"host"), None))
+        self.hosts.check(hosts[0] if hosts else None)
         if needed is not None and needed not in self.keys.open_scopes:
             presented = [
                 (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in KEY_HEADERS
