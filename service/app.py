@@ -42,6 +42,8 @@ from service.http.hosts import HostRule
 from service.http.observe import RequestObservationMiddleware
 from service.http.routing import RouteTable, error_namespaces, secure_openapi
 from service.lifecycle.state import ServiceState
+from service.processes.front import FrontState
+from service.processes.topology import Topology
 from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.recent import StatsHistory
@@ -175,10 +177,16 @@ class WorkerLink:
 BEAT_S = 1.0
 
 
-def create_app(settings: ServiceSettings | None = None, *, worker: WorkerLink | None = None) -> FastAPI:
+def create_app(
+    settings: ServiceSettings | None = None,
+    *,
+    worker: WorkerLink | None = None,
+    topology: Topology | None = None,
+) -> FastAPI:
     """A new, independent app (own metrics registry, own models) for `settings`; as a `worker`, the
     server starts listening once the models are loaded (not at once, answering not_ready) and
-    reports to its supervisor from then on."""
+    reports to its supervisor from then on; as a front-end of a `topology`, its models are its
+    engine process's (`service.processes.front`)."""
     settings = settings or ServiceSettings()
     # The per-image check in preprocessing applies this app's limit before decoding. Pillow's own
     # check is process-wide (shared by every app in the process), so it is only ever raised, never
@@ -196,7 +204,10 @@ def create_app(settings: ServiceSettings | None = None, *, worker: WorkerLink | 
         docs_url=None,
         redoc_url=None,
     )
-    app.state.service = ServiceState(settings, metrics)
+    if topology is None:
+        app.state.service = ServiceState(settings, metrics)
+    else:
+        app.state.service = FrontState(settings, metrics, topology)
     app.state.worker = worker
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
     app.state.keys = KeyStore(settings.api_keys_file, metrics, settings.shared_folder)

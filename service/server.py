@@ -28,10 +28,10 @@ import logging
 import multiprocessing
 import os
 import resource
+import secrets
 import shutil
 import signal
 import socket
-import stat
 import tempfile
 import time
 from multiprocessing.connection import wait
@@ -41,6 +41,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from contract.errors import UserError
+from service.processes.topology import Role, Topology, private_folder
 from service.settings import ServiceSettings
 from service.telemetry.logs import configure_logging, uvicorn_log_config
 
@@ -130,13 +131,14 @@ def _run_uvicorn(
     settings: ServiceSettings,
     sockets: list[socket.socket] | None,
     worker: WorkerLink | None = None,
+    topology: Topology | None = None,
 ) -> bool:
     """The app on uvicorn until it is stopped; False when it never started."""
     import uvicorn
 
     from service.app import create_app
 
-    app = create_app(settings, worker=worker)
+    app = create_app(settings, worker=worker, topology=topology)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -190,11 +192,9 @@ def _share(total: int, workers: int) -> int:
 
 
 def worker_settings(settings: ServiceSettings, port: int, shared_folder: Path) -> ServiceSettings:
-    """One worker's settings: the resolved `port`; its share of the CPUs (its instances and threads
-    are resolved from them: 1 single-threaded instance each with as many workers as CPUs), of the
-    HTTP and gRPC connection caps and of each model's queue; no metrics port (the supervisor serves
-    it). A lone request still runs on every CPU of the server (`ServiceSettings.resolved_lone_threads`),
-    and an API key's rate holds for the whole server (its bucket is a file in `shared_folder`)."""
+    """One front-end's settings: the resolved `port`; its share of the CPUs (its decoding threads)
+    and of the HTTP and gRPC connection caps; no metrics port (the supervisor serves it). An API
+    key's rate holds for the whole server (its bucket is a file in `shared_folder`)."""
     n = settings.workers
     return settings.model_copy(
         update={
@@ -202,10 +202,15 @@ def worker_settings(settings: ServiceSettings, port: int, shared_folder: Path) -
             "cpus": max(1, settings.usable_cpus() // n),
             "max_connections": _share(settings.max_connections, n),
             "grpc_max_connections": _share(settings.grpc_max_connections, n),
-            "max_queue_size": _share(settings.max_queue_size, n),
             "metrics_port": None,
         }
     ).for_worker(settings.usable_cpus(), shared_folder)
+
+
+def engine_settings(settings: ServiceSettings, shared_folder: Path) -> ServiceSettings:
+    """The engine's settings: every CPU of the server for the sessions, no port of its own."""
+    cpus = settings.usable_cpus()
+    return settings.model_copy(update={"metrics_port": None}).for_worker(cpus, shared_folder)
 
 
 def _socket(host: str, port: int) -> socket.socket:
@@ -236,49 +241,54 @@ def _end_with(supervisor: int) -> None:
         raise SystemExit(CONFIGURATION_ERROR)
 
 
-def _worker(settings: ServiceSettings, index: int, supervisor: int, link: WorkerLink) -> None:
-    """A worker process's body: the whole service on its own socket of the port, listening once its
-    models are loaded (and reporting through `link` from then on). A connection the kernel gives a
-    worker stays there, so a worker still loading must not take any: it would answer not_ready while
-    another could serve (the probes see the port closed until the first worker is ready, which the
-    start-up probes of deploy/ allow for)."""
+def _front(settings: ServiceSettings, topology: Topology, supervisor: int, link: WorkerLink) -> None:
+    """A front-end process's body: the whole service on its own socket of the port, its models the
+    engine's, listening once the engine's models are loaded (and reporting through `link` from then
+    on). A connection the kernel gives a front-end stays there, so one still waiting must not take
+    any: it would answer not_ready while another could serve (the probes see the port closed until
+    the first front-end is ready, which the start-up probes of deploy/ allow for)."""
     _end_with(supervisor)
     configure_logging(settings)
     sock = _socket(settings.host, settings.port)  # asyncio listens on it when uvicorn starts serving
-    log.info("worker %d (pid %d) serving on port %d", index, os.getpid(), settings.port)
+    log.info("%s (pid %d) serving on port %d", topology.name, os.getpid(), settings.port)
     try:
-        started = _run_uvicorn(settings, [sock], worker=link)
+        started = _run_uvicorn(settings, [sock], worker=link, topology=topology)
     except UserError as exc:
-        log.error("worker %d cannot start: %s", index, exc)
+        log.error("%s cannot start: %s", topology.name, exc)
         raise SystemExit(CONFIGURATION_ERROR) from None
     if not started:
         raise SystemExit(3)
 
 
-def _private_folder(path: Path) -> None:
-    """`path` as a folder of this process's user that nobody else may enter, made if missing;
-    UserError where something else stands there (another user's folder, a link someone put in the
-    place of one a cleaner removed)."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    found = os.lstat(path)
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
-        raise UserError(f"{path} is not this server's private folder any more: not restarting workers")
+def _engine(settings: ServiceSettings, topology: Topology, supervisor: int, link: WorkerLink) -> None:
+    """The engine process's body (`service.processes.engine`)."""
+    import asyncio
+
+    from service.lifecycle.state import ServiceState
+    from service.processes.engine import run_engine
+    from service.telemetry.metrics import ServiceMetrics
+
+    _end_with(supervisor)
+    configure_logging(settings)
+    log.info("engine (pid %d) for %d front-ends", os.getpid(), topology.fronts)
+    state = ServiceState(settings, ServiceMetrics(settings.max_batch_size))
+    asyncio.run(run_engine(state, topology, link.report))
 
 
 class Supervisor:
-    """The parent of the workers: starts them, restarts one that dies, stops them all on a signal."""
+    """The parent of the engine and the front-ends: starts them, restarts one that dies or hangs,
+    stops them all on a signal (the front-ends first, so that the engine finishes their rows)."""
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
         self.context = multiprocessing.get_context("spawn")
-        self.workers: dict[int, BaseProcess] = {}
-        self.links: dict[int, WorkerLink] = {}  # what each worker reports (`service.app.WorkerLink`)
-        self.early: dict[int, int] = {}  # each worker's exits in a row before it had loaded
+        self.children: dict[str, BaseProcess] = {}
+        self.links: dict[str, WorkerLink] = {}  # what each child reports (`service.app.WorkerLink`)
+        self.early: dict[str, int] = {}  # each child's exits in a row before it had loaded
         self.stopping = False
 
     def run(self) -> int:
-        """Serve until a signal stops every worker: 0, or 1 when workers kept failing at start."""
+        """Serve until a signal stops every child: 0, or 1 when a child kept failing at start."""
         settings = self.settings
         reserved: list[socket.socket] = []
         for wanted in (settings.port, settings.grpc_port) if settings.grpc_port else (settings.port,):
@@ -292,9 +302,13 @@ class Supervisor:
         shared = Path(tempfile.mkdtemp(prefix="gmlp-workers-"))  # private: mode 0700
         self.metrics_dir = metrics_dir = shared / "metrics"
         metrics_dir.mkdir(mode=0o700)
-        # Read by prometheus_client when a worker imports it: every worker's series go to files there.
+        # Read by prometheus_client when a child imports it: every child's series go to files there.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-        self.child = worker_settings(settings, port, shared)
+        self.topology = Topology(
+            Role.ENGINE, 0, settings.workers, shared, secrets.token_bytes(32), settings.usable_cpus()
+        )
+        self.front_settings = worker_settings(settings, port, shared)
+        self.engine_settings = engine_settings(settings, shared)
         signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         handlers = {sig: signal.signal(sig, self._signal) for sig in signals}
         metrics_server = None
@@ -304,15 +318,15 @@ class Supervisor:
                 from service.telemetry.metrics import server_registry
 
                 metrics_server = start_metrics_port(settings, server_registry())
-            log.info("starting %d workers on port %d", settings.workers, port)
-            for index in range(settings.workers):
+            log.info("starting an engine and %d front-ends on port %d", settings.workers, port)
+            for name in ("engine", *(f"front-end {i}" for i in range(settings.workers))):
                 if not self.stopping:  # a signal during the start reaches only those started
-                    self._start(index)
+                    self._start(name)
             return self._supervise()
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-            for process in self.workers.values():  # still alive only after an early failure
+            for process in self.children.values():  # still alive only after an early failure
                 process.kill()
                 process.join()
             if metrics_server is not None:
@@ -322,77 +336,90 @@ class Supervisor:
             shutil.rmtree(shared, ignore_errors=True)
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
-    def _start(self, index: int) -> None:
+    def _start(self, name: str) -> None:
         # A /tmp cleaner may have removed the shared folder since the last start: made again, so
-        # that a restarted worker finds where its series and the key buckets go.
+        # that a restarted child finds where its series, the key buckets and the engine's socket go.
         for folder in (self.metrics_dir.parent, self.metrics_dir):
-            _private_folder(folder)
+            private_folder(folder)
         from service.app import WorkerLink
 
         link = WorkerLink(self.context.Event(), self.context.Value("d", 0.0, lock=False))
+        if name == "engine":
+            target: Any = _engine
+            args: tuple[Any, ...] = (self.engine_settings, self.topology)
+        else:
+            target = _front
+            args = (self.front_settings, self.topology.as_front(int(name.rsplit(" ", 1)[1])))
         process = self.context.Process(
-            target=_worker, args=(self.child, index, os.getpid(), link), name=f"gmlp-worker-{index}"
+            target=target, args=(*args, os.getpid(), link), name=f"gmlp-{name.replace(' ', '-')}"
         )
         process.start()
-        self.workers[index], self.links[index] = process, link
+        self.children[name], self.links[name] = process, link
 
     def _supervise(self) -> int:
         from prometheus_client.multiprocess import mark_process_dead
 
         deadline: float | None = None
-        while self.workers:
+        while self.children:
             if self.stopping and deadline is None:
-                deadline = time.monotonic() + _graceful_s(self.settings) + 5
-            timeout = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            ended = wait([p.sentinel for p in self.workers.values()], timeout=timeout)
+                deadline = time.monotonic() + 2 * _graceful_s(self.settings) + 5
+            if self.stopping and list(self.children) == ["engine"]:
+                self._forward("engine", signal.SIGTERM)  # the front-ends have drained: the engine's turn
+            timeout = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+            ended = wait([p.sentinel for p in self.children.values()], timeout=timeout)
             if deadline is not None and not ended and time.monotonic() >= deadline:
-                log.warning("workers still running after the drain: killed")
-                for process in self.workers.values():
+                log.warning("processes still running after the drain: killed")
+                for process in self.children.values():
                     process.kill()
             if not self.stopping:
                 self._kill_hung()
-            for index, process in list(self.workers.items()):
+            for name, process in list(self.children.items()):
                 if process.is_alive():
                     continue
                 process.join()
-                del self.workers[index]
+                del self.children[name]
                 if process.pid is not None:  # its live gauges go (its counters still count)
                     mark_process_dead(process.pid)
                 if self.stopping:
                     continue
                 if process.exitcode == CONFIGURATION_ERROR:
                     return 1
-                self.early[index] = 0 if self.links[index].loaded.is_set() else self.early.get(index, 0) + 1
-                if self.early[index] >= EARLY_EXITS:
-                    status = process.exitcode
+                self.early[name] = 0 if self.links[name].loaded.is_set() else self.early.get(name, 0) + 1
+                if self.early[name] >= EARLY_EXITS:
                     log.error(
-                        "worker %d keeps ending before it has loaded (last exit status %s): stopping",
-                        index,
-                        status,
+                        "the %s keeps ending before it has loaded (last exit status %s): stopping",
+                        name,
+                        process.exitcode,
                     )
                     return 1
-                log.warning("worker %d ended with status %s: restarting", index, process.exitcode)
-                self._start(index)
+                log.warning("the %s ended with status %s: restarting", name, process.exitcode)
+                self._start(name)
         return 0
 
     def _kill_hung(self) -> None:
-        """Kill each loaded worker whose event loop has not turned for `HUNG_S` (stopped, or stuck
-        in a deadlock or an endless call): it holds its socket of the port, so the kernel would go
-        on handing it new connections that nobody answers. Its exit is then a restart."""
+        """Kill each loaded child whose event loop has not turned for `HUNG_S` (stopped, or stuck
+        in a deadlock or an endless call): a front-end holds its socket of the port, so the kernel
+        would go on handing it new connections that nobody answers; an engine would hold every
+        row. Its exit is then a restart."""
         now = time.monotonic()
-        for index, process in self.workers.items():
-            link = self.links[index]
+        for name, process in self.children.items():
+            link = self.links[name]
             if link.loaded.is_set() and process.is_alive() and now - link.beat.value > HUNG_S:
                 log.error(
-                    "worker %d (pid %s) showed no sign of life for %g s: killed", index, process.pid, HUNG_S
+                    "the %s (pid %s) showed no sign of life for %g s: killed", name, process.pid, HUNG_S
                 )
                 process.kill()
+
+    def _forward(self, name: str, signum: int) -> None:
+        process = self.children.get(name)
+        if process is not None and process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)
 
     def _signal(self, signum: int, frame: FrameType | None) -> None:
         if signum != signal.SIGHUP:
             self.stopping = True
         forwarded = signal.SIGHUP if signum == signal.SIGHUP else signal.SIGTERM
-        for process in self.workers.values():
-            if process.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, forwarded)
+        for name in self.children:
+            if name != "engine":  # the engine drains once the front-ends have (`_supervise`)
+                self._forward(name, forwarded)

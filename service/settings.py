@@ -95,11 +95,11 @@ class ServiceSettings(BaseSettings):
     models, batchers and limits); 0 disables it. Triton's 8001 is taken by compose's GPU service, so the
     default is KServe's"""
     workers: int = setting(Group.SERVER, 1, ge=1, le=64)
-    """processes serving both ports, each with its own event loop, batchers and sessions; the CPUs, the
-    connection caps and max_queue_size are shared out among them. More than one keeps every core busy when a
-    small model's requests cost the event loop more than the model does (docs/benchmarks.md, "Worker
-    processes"); an API key's rate still holds for the whole server (the workers share its bucket), and
-    model_control explicit is refused (a repository call would reach one worker only)"""
+    """front-end processes serving both ports: with more than one, an engine process holds the models (one
+    copy of the weights, one batcher per model for every client, the repository calls) and the front-ends
+    do each request's own work (parsing, access, decoding, answers) on event loops of their own, handing
+    rows to the engine through shared memory (docs/service.md, "Processes"). The connection caps are shared
+    out among the front-ends; an API key's rate holds for the whole server"""
     max_connections: int = setting(Group.SERVER, 1000, ge=1)
     """open HTTP connections, counted from accept (TLS handshakes included), or requests in flight: at the cap
     the oldest idle keep-alive connection is closed to make room; when none is idle a newcomer gets 503
@@ -287,15 +287,6 @@ class ServiceSettings(BaseSettings):
         if isinstance(data, dict):
             return {k: (None if v == "" else v) for k, v in data.items()}
         return data
-
-    @model_validator(mode="after")
-    def _workers_share_the_repository(self) -> ServiceSettings:
-        if self.workers > 1 and self.model_control == "explicit":
-            raise ValueError(
-                "workers > 1 needs model_control none or poll: a repository load or unload would reach "
-                "one worker only"
-            )
-        return self
 
     @field_validator("backend")
     @classmethod

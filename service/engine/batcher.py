@@ -32,9 +32,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from contract.errors import Closed, ErrorCode, Overloaded
 from service.engine import request_context
@@ -59,6 +59,29 @@ class BatchObserver:
 
     def batch_done(self, run: BatchRun) -> None:
         pass
+
+
+I_contra = TypeVar("I_contra", contravariant=True)
+
+
+class RowQueue(Protocol[I_contra, O]):
+    """What a model hands its rows to: its `DynamicBatcher` where its session runs, or in a
+    front-end process the link to the engine process that batches them
+    (`service.processes.front`). The batching settings are what a model's description shows."""
+
+    max_batch_size: int
+    max_queue_delay_s: float
+    max_queue_size: int
+    always_wait: bool
+    instances: int
+
+    def arriving(self) -> AbstractContextManager[None]: ...
+
+    async def submit(self, item: I_contra, deadline: Deadline | None = None) -> Batched[O]: ...
+
+    def start(self) -> None: ...
+
+    async def close(self, timeout: float | None = None) -> None: ...
 
 
 @dataclass(eq=False)

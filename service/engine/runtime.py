@@ -245,6 +245,41 @@ class Runtime:
         return [{name: out[i] for name, out in outputs.items()} for i in range(len(items))]
 
 
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What a process that does not run a graph knows of the runtime that does: the names, shapes
+    and settings its requests are checked and described against. A front-end process
+    (`service.processes`) serves the models of an engine process that holds their sessions; the
+    engine hands it these with each model, and they answer what `Runtime` would."""
+
+    path: Path
+    options: RuntimeOptions
+    provider: str
+    precision: str | None
+    input_names: list[str]
+    output_names: list[str]
+    row_independent: bool
+    lone_threads: int
+    static: dict[str, list[int | None]]
+
+    @classmethod
+    def of(cls, runtime: Runtime) -> RuntimeFacts:
+        return cls(
+            runtime.path,
+            runtime.options,
+            runtime.provider,
+            runtime.precision,
+            list(runtime.input_names),
+            list(runtime.output_names),
+            runtime.row_independent,
+            runtime.lone_threads,
+            {name: runtime.static_dims(name) for name in runtime.input_names},
+        )
+
+    def static_dims(self, name: str) -> list[int | None]:
+        return self.static[name]
+
+
 class OnnxModel(Runtime):
     """One ORT session over one variant of a served model."""
 

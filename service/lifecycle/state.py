@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import TypeVar
@@ -29,6 +29,7 @@ from contract.scan import ModelSource, VersionSource, require_sources, scan
 from contract.spec import SpecError
 from service.engine import request_context
 from service.engine.runtime import Abandon, resolve_device
+from service.lifecycle import mirror
 from service.lifecycle.poller import RepositoryPoller, ScanReport
 from service.lifecycle.versions import IndexEntry, VersionTable
 from service.settings import ServiceSettings
@@ -110,6 +111,18 @@ class ServiceState:
     def policy_of(self, name: str) -> VersionPolicy:
         """The version policy model `name` is served under (its own, else the service's)."""
         return self._table.policy_of(name)
+
+    def snapshot(self, describe: Callable[[Pipeline], mirror.Served]) -> mirror.Snapshot:
+        """The lifecycle as a value (`service.lifecycle.mirror`), each loaded model described by
+        `describe`: what an engine process tells its front-ends."""
+        return mirror.Snapshot(self.phase.value, self.error, mirror.take(self._table, describe))
+
+    def restore(self, snapshot: mirror.Snapshot, built: Callable[[mirror.Served], Pipeline | None]) -> None:
+        """Serve what `snapshot` says, each loaded model as `built` returns it: a front-end's copy
+        of its engine's lifecycle, which the engine changes, never this process."""
+        mirror.restore(self._table, snapshot.models, built)
+        self.phase, self.error = Phase(snapshot.phase), snapshot.error
+        self._versions_changed()
 
     def newest_ready(self) -> dict[str, Pipeline]:
         """The pipeline of the newest READY version of every model that has one."""

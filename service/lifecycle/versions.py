@@ -40,7 +40,7 @@ from contract.errors import ErrorCode, InvalidInput, ModelNotFound, NotReady
 from contract.messages import echo
 from contract.repository import VersionPolicy
 from contract.scan import Fingerprint, ModelSource, VersionSource
-from service.engine.batcher import DynamicBatcher
+from service.engine.batcher import RowQueue
 from service.engine.runtime import Abandon
 from service.telemetry.metrics import LifecycleMetrics
 
@@ -62,7 +62,7 @@ NOT_LOADED, UNLOADED = "not loaded", "unloaded"
 
 class Servable(Protocol):
     task: str
-    batcher: DynamicBatcher[Any, Any]
+    batcher: RowQueue[Any, Any]
 
 
 S = TypeVar("S", bound=Servable)

@@ -130,7 +130,7 @@ class FillMaskPipeline(Pipeline):
         static shapes), the recorded slots read back."""
         ids, positions = feeds["input_ids"], feeds["mask_positions"]
         rows = [{"input_ids": i, "mask_positions": p} for i, p in zip(ids, positions, strict=True)]
-        outputs = self.runtime.run(self.collate(rows))
+        outputs = self.session.run(self.collate(rows))
         return {name: out[:, : positions.shape[1]] for name, out in outputs.items()}
 
     def describe(self) -> dict[str, Any]:

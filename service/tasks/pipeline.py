@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from contract.check import run_check
 from contract.errors import ErrorCode, InvalidInput
@@ -26,10 +26,18 @@ from contract.tensors import BYTES, Tensor
 from contract.work import block_macs
 from service.engine import rows as batch_jobs
 from service.engine.backends import open_runtime, resolve_backend
-from service.engine.batcher import BatchObserver, DynamicBatcher
+from service.engine.batcher import BatchObserver, DynamicBatcher, RowQueue
 from service.engine.request_context import Deadline, Timed, Timings
 from service.engine.rows import Done, Job
-from service.engine.runtime import Abandon, Collate, Feeds, RuntimeOptions, choose_variant
+from service.engine.runtime import (
+    Abandon,
+    Collate,
+    Feeds,
+    Runtime,
+    RuntimeFacts,
+    RuntimeOptions,
+    choose_variant,
+)
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
 from service.tasks.forms import gather_or_cancel, graph_tensors, stacked, tensor_meta
@@ -39,6 +47,7 @@ from service.telemetry.metrics import ModelObserver, PredictionMetrics, ServiceM
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Graph = Runtime | RuntimeFacts
 
 
 @dataclass(frozen=True)
@@ -72,20 +81,47 @@ class Pipeline:
     labels: list[str] | None = None
     collate: Collate | None = None  # how a batch's rows are put together (None: stacked)
 
+    batcher: RowQueue[Job, Done]
+    predictions: PredictionMetrics  # where the session runs (`open`): a batch's quality metrics
+
     def __init__(
-        self,
+        self, spec: ModelSpec, settings: ServiceSettings, version: str, variant: str, runtime: Graph
+    ) -> None:
+        """The model as the transports see it, over `runtime`: the session itself where it runs
+        (`open`), or what an engine process tells a front-end of it (`RuntimeFacts`); the batcher
+        (`RowQueue`) is set by whoever built it."""
+        self.spec = spec
+        self.name = spec.name
+        self.settings = settings
+        self.variant = variant
+        self.runtime = runtime
+        # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
+        self.precision = runtime.precision or variant
+        self.graph_top_k = batch_jobs.graph_top_k(spec.config, runtime.output_names)
+        # Chosen once, at build: with tracing off (the common case) no request or batch of this
+        # model enters the tracing code at all.
+        self.traced = tracing.configured()
+        self.ready = False
+        self.version = version  # the repository version it was loaded from
+        self.card = card_summary(spec.path, variant)
+        self.prepare(spec, settings)
+
+    @classmethod
+    def open(
+        cls,
         spec: ModelSpec,
         settings: ServiceSettings,
         device: str,
         metrics: ServiceMetrics,
         version: str,
         abandon: Abandon | None = None,
-    ) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.settings = settings
+    ) -> Self:
+        """The model with its session open and its batcher in front of it (blocking: a thread's).
+
+        The settings decide its variant, execution instances, threads and batching; once `abandon`
+        is abandoned, the session's runs stop."""
         backend = resolve_backend(settings.backend, device)
-        self.variant = choose_variant(spec.variants, device, settings.variant, backend)
+        variant = choose_variant(spec.variants, device, settings.variant, backend)
         instances = settings.resolved_instances(device)
         options = RuntimeOptions(
             device=device,
@@ -95,20 +131,15 @@ class Pipeline:
             instances=instances,
             lone_threads=settings.lone_threads_for(device, block_macs(spec.model_config)),
         )
-        self.runtime = open_runtime(spec.variant_path(self.variant), options, name=spec.name)
+        runtime = open_runtime(spec.variant_path(variant), options, name=spec.name)
         if abandon is not None:  # a load that can be given up: its runs stop when it is
-            abandon.watch(self.runtime)
-        # What the arithmetic is done in: the runtime's choice (OpenVINO's bf16), else the file's.
-        self.precision = self.runtime.precision or self.variant
-        self.graph_top_k = batch_jobs.graph_top_k(spec.config, self.runtime.output_names)
-        # Chosen once, at build: with tracing off (the common case) no request or batch of this
-        # model enters the tracing code at all.
-        self.traced = tracing.configured()
+            abandon.watch(runtime)
+        model = cls(spec, settings, version, variant, runtime)
         observers: list[BatchObserver] = [ModelObserver(metrics, spec.name, version)]
-        if self.traced:
-            observers.append(tracing.BatchTracing(spec.name, self.batch_attributes))
-        self.batcher: DynamicBatcher[Job, Done] = DynamicBatcher(
-            self.run_batch,
+        if model.traced:
+            observers.append(tracing.BatchTracing(spec.name, model.batch_attributes))
+        model.batcher = DynamicBatcher(
+            model.run_batch,
             max_batch_size=settings.max_batch_size,
             max_queue_delay_s=settings.max_queue_delay_ms / 1000.0,
             max_queue_size=settings.max_queue_size,
@@ -117,13 +148,18 @@ class Pipeline:
             always_wait=settings.queue_delay_policy == "always",
             instances=instances,
         )
-        self.ready = False
-        self.version = version  # the repository version it was loaded from
-        self.card = card_summary(spec.path, self.variant)
-        self.prepare(spec, settings)
-        self.predictions = PredictionMetrics(metrics, spec.name, version, self.labels)
+        model.predictions = PredictionMetrics(metrics, spec.name, version, model.labels)
         metrics.queue_capacity.labels(spec.name, version).set(settings.max_queue_size)
         metrics.model_instances.labels(spec.name, version).set(instances)
+        return model
+
+    @property
+    def session(self) -> Runtime:
+        """The runtime that runs the graph: only where the session is (`open`), never a
+        front-end's `RuntimeFacts`."""
+        if not isinstance(self.runtime, Runtime):
+            raise TypeError(f"model {self.name}: its graph runs in another process")
+        return self.runtime
 
     def prepare(self, spec: ModelSpec, settings: ServiceSettings) -> None:
         """The task's own state (its transform or codec) and its `v2` adapter, once the session is open."""
@@ -154,7 +190,7 @@ class Pipeline:
 
     def run_rows(self, items: list[Feeds], names: list[str] | None = None) -> list[Feeds]:
         """The requests' feeds in one session run, the outputs `names` (default: all) per request."""
-        return self.runtime.run_batch(items, self.collate, names)
+        return self.session.run_batch(items, self.collate, names)
 
     def finish(self, jobs: list[Job], outputs: list[Feeds], top: list[bool]) -> list[Any]:
         """Each job's answer (None where it asks for the outputs alone), vectorised over the rows;
@@ -181,7 +217,7 @@ class Pipeline:
         """Run every shape at batch 1, the largest also as a full batch (blocking): the first runs of
         a shape allocate ORT's memory arenas, which should not happen on a client's request."""
         shapes = self.warmup_feeds()
-        with self.runtime.on_every_session():
+        with self.session.on_every_session():
             for feeds in shapes:
                 self.check_outputs(feeds, self.run_rows([feeds])[0])
             if self.settings.max_batch_size > 1:
@@ -203,7 +239,7 @@ class Pipeline:
 
     def check_run(self, feeds: Feeds) -> Feeds:
         """The graph on one recorded batch of the export's check, as the service runs a batch."""
-        return self.runtime.run(feeds)
+        return self.session.run(feeds)
 
     def describe(self) -> dict[str, Any]:
         return {

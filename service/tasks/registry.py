@@ -30,7 +30,7 @@ def load_pipeline(
 ) -> Pipeline:
     """Create the session, warm it up and check it against its recorded check (blocking; call from
     a thread); once `abandon` is abandoned, its runs fail and so does the load."""
-    model = PIPELINES[spec.task](spec, settings, device, metrics, version, abandon)
+    model = PIPELINES[spec.task].open(spec, settings, device, metrics, version, abandon)
     model.warm_up()
     model.verify()
     return model

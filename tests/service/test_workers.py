@@ -29,35 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from gmlp.server_process import ServerProcess, free_port, gmlp_serve, serve_argv
-from service.server import worker_settings
+from service.server import engine_settings, worker_settings
 from support.keys import bearer, write_keys
+from support.process_tree import children_of, engine_of, established_on, listening_ports, workers_of
 
 
-def workers_of(root: int) -> list[psutil.Process]:
-    """The supervisor's living worker processes (multiprocessing's resource tracker is not one)."""
-    found = []
-    for process in psutil.Process(root).children():
-        try:
-            if "spawn_main" in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.Error:  # ended (a zombie until the supervisor reaps it)
-            pass
-    return found
-
-
-def listening_ports(process: psutil.Process) -> set[int]:
-    return {c.laddr.port for c in process.connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-
-
-def established_on(process: psutil.Process, port: int) -> int:
-    return sum(
-        1
-        for c in process.connections(kind="tcp")
-        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
-    )
-
-
-def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> None:
+def test_a_front_end_gets_its_share_of_the_caps_and_the_engine_every_cpu(make_settings) -> None:
     settings = make_settings(
         workers=3,
         cpus=12,
@@ -71,41 +48,24 @@ def test_a_worker_gets_its_share_of_the_cpus_caps_and_queue(make_settings) -> No
     assert (child.port, child.metrics_port, child.workers) == (4321, None, 3)
     assert child.max_connections == math.ceil(1000 / 3)
     assert child.grpc_max_connections == math.ceil(10 / 3)
-    assert child.max_queue_size == math.ceil(256 / 3)
-    assert child.max_batch_size == settings.max_batch_size  # a batch is a worker's own
-    # A third of the CPUs: 2 instances of 2 threads; a lone request on all 12.
-    instances = child.resolved_instances("cpu")
-    assert (child.cpus, instances, child.resolved_threads(instances)) == (4, 2, 2)
-    assert child.resolved_lone_threads("cpu") == 12
-    assert child.lone_threads is None  # the service's choice: the rule of each model's shapes
-    # As many workers as CPUs: one single-threaded instance each; what is given explicitly stays.
-    small = worker_settings(make_settings(workers=2, cpus=2, intra_op_threads=None), 1, Path("/shared"))
-    assert (small.resolved_instances("cpu"), small.resolved_threads(1)) == (1, 1)
-    given = worker_settings(make_settings(workers=2, cpus=8, instances=2, lone_threads=0), 1, Path("/s"))
-    assert (given.instances, given.intra_op_threads, given.resolved_lone_threads("cpu")) == (2, 1, 0)
-
-
-@pytest.mark.parametrize(("cpus", "workers", "share"), [(3, 2, 1), (2, 4, 1), (7, 3, 2)])
-def test_a_lone_request_of_a_worker_runs_on_the_servers_cpus(make_settings, cpus, workers, share) -> None:
-    # The shares round down (3 CPUs, 2 workers: 1 each) and never fall below 1 (2 CPUs, 4 workers),
-    # so a product of share and workers would give 2 or 4; the count crosses to the process intact.
-    settings = make_settings(workers=workers, cpus=cpus)
-    child = pickle.loads(pickle.dumps(worker_settings(settings, 1, Path("/shared"))))
-    assert (child.cpus, child.resolved_lone_threads("cpu")) == (share, cpus)
-    assert (child.shared_folder, settings.shared_folder) == (Path("/shared"), None)
-    assert child.model_copy(update={"port": 1}).resolved_lone_threads("cpu") == cpus
+    assert child.cpus == 4  # its decoding threads
+    # The engine holds every model's one queue and runs every session: the whole of both.
+    engine = pickle.loads(pickle.dumps(engine_settings(settings, Path("/shared"))))
+    assert (engine.max_queue_size, engine.max_batch_size, engine.metrics_port) == (
+        256,
+        settings.max_batch_size,
+        None,
+    )
+    instances = engine.resolved_instances("cpu")
+    assert (engine.usable_cpus(), instances, engine.resolved_threads(instances)) == (12, 2, 6)
+    assert engine.resolved_lone_threads("cpu") == 12
+    assert engine.shared_folder == Path("/shared") and settings.shared_folder is None
 
 
 @pytest.mark.parametrize("bad", [0, 65, "2.5", "two", -1])
 def test_a_worker_count_outside_1_to_64_is_refused(make_settings, bad: object) -> None:
     with pytest.raises(ValidationError, match="workers"):
         make_settings(workers=bad)
-
-
-def test_explicit_model_control_is_refused_with_workers(make_settings) -> None:
-    with pytest.raises(ValidationError, match="workers > 1 needs model_control none or poll"):
-        make_settings(workers=2, model_control="explicit")
-    assert make_settings(workers=2, model_control="poll").workers == 2
 
 
 @pytest.fixture
@@ -184,8 +144,9 @@ def test_workers_end_when_their_supervisor_is_killed(repository: Path, tmp_path:
     flags = ["--workers", "2", "--grpc-port", "0", "--intra-op-threads", "1"]
     flags += ["--request-timeout-s", "5", "--drain-timeout-s", "2"]
     with gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags) as server:
-        poll(lambda: len(workers_of(server.pid)) == 2, timeout=60)
-        workers = workers_of(server.pid)
+        poll(lambda: len(workers_of(server.pid)) == 2 and engine_of(server.pid) is not None, timeout=60)
+        workers = children_of(server.pid)
+        assert len(workers) == 3
         try:
             os.kill(server.pid, signal.SIGKILL)
             poll(
@@ -250,7 +211,7 @@ def test_the_private_folder_is_made_again_only_where_nothing_else_stands(tmp_pat
     """Missing: made, mode 0700. A link someone put where a removed folder was, or a folder that
     others may enter, is refused rather than used for the workers' files."""
     from contract.errors import UserError
-    from service.server import _private_folder
+    from service.processes.topology import private_folder as _private_folder
 
     made = tmp_path / "made"
     _private_folder(made)
@@ -312,7 +273,7 @@ def test_a_taken_port_is_refused_before_any_worker_starts(repository: Path) -> N
         )
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
-    assert "starting 2 workers" not in done.stderr
+    assert "starting an engine" not in done.stderr
 
 
 def test_workers_need_no_more_than_the_interpreter(repository: Path) -> None:

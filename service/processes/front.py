@@ -1,0 +1,264 @@
+"""A front-end process's side of the engine: its copy of the lifecycle and the link its rows take.
+
+A front-end runs the whole HTTP and gRPC service (parsing, access, decoding, preprocessing,
+answers) over `FrontState`: the engine's lifecycle as the engine last sent it (`restore`), each
+loaded model built here without a session (`Pipeline` over the engine's `RuntimeFacts`), its rows
+handed to the engine by `EngineQueue`. Repository calls go to the engine, which answers once every
+front-end has the change.
+
+While the engine is away (it died and the supervisor is starting it again), requests are refused
+with 503 not_ready and Retry-After, and rows already sent fail the same way: none waits for an
+engine that is gone, and none is answered twice. The link connects again every `RETRY_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from contract.errors import ErrorCode, NotReady
+from service.engine.request_context import Batched, Deadline
+from service.engine.rows import Done, Job
+from service.lifecycle.mirror import Served, Snapshot
+from service.lifecycle.state import Phase, ServiceState
+from service.processes.topology import Topology
+from service.processes.wire import Arena, Mapped, Tensors, frame, read_frame, refused
+from service.settings import ServiceSettings
+from service.tasks.pipeline import Pipeline
+from service.tasks.registry import PIPELINES
+from service.telemetry.metrics import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.2
+ARENA_BYTES = 16 << 20  # this front-end's shared memory for its rows' inputs
+ENGINE_GONE = "the engine process is restarting"
+
+
+@dataclass(eq=False)
+class _Sent:
+    future: asyncio.Future[Batched[Done]]
+    tensors: Tensors  # the row's inputs in this process's arena, freed at the engine's final word
+
+
+class EngineLink:
+    """The connection to the engine: rows out and answers back, calls, and the lifecycle."""
+
+    def __init__(self, topology: Topology, state: FrontState) -> None:
+        self.topology = topology
+        self.state = state
+        self.arena = Arena(ARENA_BYTES)
+        self._ids = itertools.count()
+        self._sent: dict[int, _Sent] = {}
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._answers: Mapped | None = None
+        self._built: dict[int, Pipeline] = {}  # by load
+
+    async def run(self) -> None:
+        """Stay connected to the engine until cancelled."""
+        try:
+            while True:
+                with contextlib.suppress(OSError, EOFError, asyncio.IncompleteReadError):
+                    await self._connected()
+                self._lost()
+                await asyncio.sleep(RETRY_S)
+        finally:
+            self._lost()
+            self.arena.close()
+
+    async def _connected(self) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(self.topology.engine_socket))
+        try:
+            writer.write(self.topology.token + frame(("hello", self.topology.index, self.arena.name)))
+            kind, answers = await read_frame(reader)
+            self._answers, self._writer = Mapped(answers), writer
+            log.info("%s: connected to the engine", self.topology.name)
+            while True:
+                await self._take(await read_frame(reader))
+        finally:
+            writer.close()
+
+    def _lost(self) -> None:
+        """The engine is gone: every row and call still waiting fails (503), the service is not
+        ready until the engine's next lifecycle arrives."""
+        if self._writer is not None:
+            log.warning("%s: the engine connection is lost", self.topology.name)
+        self._writer = None
+        self.state.engine_lost()
+        for sent in self._sent.values():
+            if not sent.future.done():
+                sent.future.set_exception(NotReady(ErrorCode.NOT_READY, ENGINE_GONE))
+            self.arena.release(sent.tensors)
+        self._sent.clear()
+        for call in self._calls.values():
+            if not call.done():
+                call.set_exception(NotReady(ErrorCode.NOT_READY, ENGINE_GONE))
+        self._calls.clear()
+        if self._answers is not None:
+            self._answers.close()
+            self._answers = None
+
+    async def _take(self, message: tuple[Any, ...]) -> None:
+        kind, key = message[0], message[1]
+        if kind == "snapshot":
+            await self._restore(message[2])
+            self._send(("ack", key))
+        elif kind == "reply":
+            if (call := self._calls.pop(key, None)) is not None and not call.done():
+                call.set_result(message[2])
+        elif (sent := self._sent.pop(key, None)) is not None:
+            self.arena.release(sent.tensors)  # the engine's final word on the row: its block is free
+            if kind == "done":
+                _, _, placed, answer, finished, queue_s, run_s = message
+                assert self._answers is not None
+                outputs = self._answers.copy(placed)
+                if placed:
+                    self._send(("release", placed))
+                if not sent.future.done():
+                    sent.future.set_result(Batched(Done(outputs, answer, finished), queue_s, run_s))
+            elif kind == "refused" and not sent.future.done():
+                sent.future.set_exception(refused(message[2]))
+
+    async def _restore(self, snapshot: Snapshot) -> None:
+        """Take the engine's lifecycle in: the models of new loads built first (files read, off
+        the event loop), then the table replaced at once."""
+        fresh = [s for s in snapshot.served() if s.load not in self._built]
+        for served, built in zip(fresh, await asyncio.to_thread(self._build_all, fresh), strict=True):
+            if built is not None:
+                self._built[served.load] = built
+        loads = {s.load for s in snapshot.served()}
+        self._built = {load: model for load, model in self._built.items() if load in loads}
+
+        def known(served: Served) -> Pipeline | None:
+            model = self._built.get(served.load)
+            if model is not None:
+                model.ready = served.ready
+            return model
+
+        self.state.restore(snapshot, known)
+
+    def _build_all(self, fresh: list[Served]) -> list[Pipeline | None]:
+        return [self._build(served) for served in fresh]
+
+    def _build(self, served: Served) -> Pipeline | None:
+        try:
+            kind = PIPELINES[served.task]
+            model = kind(served.spec, self.state.settings, served.version, served.variant, served.runtime)
+        except Exception:
+            log.exception("%s: model %s cannot be prepared here", self.topology.name, served.spec.name)
+            return None
+        model.batcher = EngineQueue(self, served.spec.name, int(served.version), **served.batching.__dict__)
+        return model
+
+    def _send(self, message: Any) -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise NotReady(ErrorCode.NOT_READY, ENGINE_GONE)
+        self._writer.write(frame(message))
+
+    async def submit(self, name: str, version: int, job: Job, deadline: Deadline | None) -> Batched[Done]:
+        """One row to the engine and its result back (cancelled: the engine drops it too)."""
+        deadline = deadline or Deadline.after(self.state.settings.request_timeout_s)
+        job_id = next(self._ids)
+        tensors = self.arena.place(job.feeds)
+        future: asyncio.Future[Batched[Done]] = asyncio.get_running_loop().create_future()
+        try:
+            self._send(("job", job_id, name, version, tensors, job.answer, job.observed, job.reads,
+                        deadline.at, deadline.timeout_s))  # fmt: skip
+        except NotReady:
+            self.arena.release(tensors)
+            raise
+        self._sent[job_id] = _Sent(future, tensors)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with contextlib.suppress(NotReady):
+                self._send(("cancel", job_id))
+            raise
+
+    async def call(self, method: str, *args: Any) -> None:
+        """A repository call, made by the engine; its refusal raised here."""
+        call_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._send(("call", call_id, method, args))
+        self._calls[call_id] = future
+        result = await future
+        if result is not None:
+            raise refused(result)
+
+
+@dataclass(eq=False)
+class EngineQueue:
+    """A front-end model's `RowQueue`: its rows go to the engine's batcher for the model."""
+
+    link: EngineLink
+    name: str
+    version: int
+    max_batch_size: int
+    max_queue_delay_s: float
+    max_queue_size: int
+    always_wait: bool
+    instances: int
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        yield  # the engine batches what reaches it; a row on its way here is not waited for
+
+    async def submit(self, item: Job, deadline: Deadline | None = None) -> Batched[Done]:
+        return await self.link.submit(self.name, self.version, item, deadline)
+
+    def start(self) -> None:
+        pass
+
+    async def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+class FrontState(ServiceState):
+    """The lifecycle as a front-end serves it: the engine's, restored from what the engine sends;
+    loads and unloads are the engine's to make."""
+
+    def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics, topology: Topology) -> None:
+        super().__init__(settings, metrics)
+        self.link = EngineLink(topology, self)
+        self.lost = False
+        self._settled = asyncio.Event()
+        self._linking: asyncio.Task[None] | None = None
+
+    async def load(self) -> None:
+        """Connect to the engine and wait until its models are loaded (or failed to)."""
+        self._linking = asyncio.create_task(self.link.run(), name="engine-link")
+        await self._settled.wait()
+
+    def restore(self, snapshot: Snapshot, built: Callable[[Served], Pipeline | None]) -> None:
+        super().restore(snapshot, built)
+        self.lost = False
+        if self.phase in (Phase.READY, Phase.FAILED):
+            self._settled.set()
+
+    def engine_lost(self) -> None:
+        self.lost = True
+        if self.phase is Phase.READY:
+            self.phase = Phase.LOADING
+
+    def not_ready_error(self) -> NotReady:
+        if self.lost and self.phase is not Phase.DRAINING:
+            return NotReady(ErrorCode.NOT_READY, ENGINE_GONE)
+        return super().not_ready_error()
+
+    async def load_model(self, name: str, config: str | None = None) -> None:
+        await self.link.call("load_model", name, config)
+
+    async def unload_model(self, name: str) -> None:
+        await self.link.call("unload_model", name)
+
+    async def shutdown(self) -> None:
+        self.phase = Phase.DRAINING
+        if self._linking is not None:
+            self._linking.cancel()
+            await asyncio.gather(self._linking, return_exceptions=True)

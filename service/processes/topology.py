@@ -1,0 +1,60 @@
+"""Who a process is in a server of several, handed to it as an argument by the supervisor.
+
+A server of one process has no topology (None). With `workers` > 1 the supervisor
+(`service.server`) starts one engine process, which owns the models, their versions, batchers and
+sessions, and `workers` front-end processes, which own the sockets and every request's own work;
+each gets a `Topology` saying which it is and where the others are, and nothing else tells it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from contract.errors import UserError
+
+
+class Role(StrEnum):
+    ENGINE = "engine"
+    FRONT = "front-end"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A process's place in the server: its `role` (and a front-end's `index` among `fronts`), the
+    server's private folder (0700: the engine's socket, every process's metrics files, the API
+    keys' rate buckets), the token a front-end shows the engine, and the CPUs of the whole server
+    (a one-row run may use all of them, `ServiceSettings.resolved_lone_threads`)."""
+
+    role: Role
+    index: int
+    fronts: int
+    folder: Path
+    token: bytes
+    server_cpus: int
+
+    @property
+    def engine_socket(self) -> Path:
+        return self.folder / "engine.sock"
+
+    @property
+    def name(self) -> str:
+        return "engine" if self.role is Role.ENGINE else f"front-end {self.index}"
+
+    def as_front(self, index: int) -> Topology:
+        return Topology(Role.FRONT, index, self.fronts, self.folder, self.token, self.server_cpus)
+
+
+def private_folder(path: Path) -> None:
+    """`path` as a folder of this process's user that nobody else may enter, made if missing;
+    UserError where something else stands there (another user's folder, a link someone put in the
+    place of one a cleaner removed)."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        raise UserError(f"{path} is not this server's private folder any more: not restarting workers")
