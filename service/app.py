@@ -210,7 +210,7 @@ def create_app(
         app.state.service = FrontState(settings, metrics, topology)
     app.state.worker = worker
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
-    app.state.keys = KeyStore(settings.api_keys_file, metrics, settings.shared_folder)
+    app.state.keys = KeyStore(settings.api_keys_file, metrics, None if topology is None else topology.folder)
     app.state.tls = tls_files(settings, metrics)
     app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
     for router in ROUTERS:

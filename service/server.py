@@ -191,10 +191,9 @@ def _share(total: int, workers: int) -> int:
     return max(1, -(-total // workers))
 
 
-def worker_settings(settings: ServiceSettings, port: int, shared_folder: Path) -> ServiceSettings:
+def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
     """One front-end's settings: the resolved `port`; its share of the CPUs (its decoding threads)
-    and of the HTTP and gRPC connection caps; no metrics port (the supervisor serves it). An API
-    key's rate holds for the whole server (its bucket is a file in `shared_folder`)."""
+    and of the HTTP and gRPC connection caps; no metrics port (the supervisor serves it)."""
     n = settings.workers
     return settings.model_copy(
         update={
@@ -204,13 +203,12 @@ def worker_settings(settings: ServiceSettings, port: int, shared_folder: Path) -
             "grpc_max_connections": _share(settings.grpc_max_connections, n),
             "metrics_port": None,
         }
-    ).for_worker(settings.usable_cpus(), shared_folder)
+    )
 
 
-def engine_settings(settings: ServiceSettings, shared_folder: Path) -> ServiceSettings:
+def engine_settings(settings: ServiceSettings) -> ServiceSettings:
     """The engine's settings: every CPU of the server for the sessions, no port of its own."""
-    cpus = settings.usable_cpus()
-    return settings.model_copy(update={"metrics_port": None}).for_worker(cpus, shared_folder)
+    return settings.model_copy(update={"cpus": settings.usable_cpus(), "metrics_port": None})
 
 
 def _socket(host: str, port: int) -> socket.socket:
@@ -248,6 +246,7 @@ def _front(settings: ServiceSettings, topology: Topology, supervisor: int, link:
     any: it would answer not_ready while another could serve (the probes see the port closed until
     the first front-end is ready, which the start-up probes of deploy/ allow for)."""
     _end_with(supervisor)
+    topology.keep_metrics()
     configure_logging(settings)
     sock = _socket(settings.host, settings.port)  # asyncio listens on it when uvicorn starts serving
     log.info("%s (pid %d) serving on port %d", topology.name, os.getpid(), settings.port)
@@ -263,6 +262,8 @@ def _front(settings: ServiceSettings, topology: Topology, supervisor: int, link:
 def _engine(settings: ServiceSettings, topology: Topology, supervisor: int, link: WorkerLink) -> None:
     """The engine process's body (`service.processes.engine`)."""
     import asyncio
+
+    topology.keep_metrics()  # before prometheus_client is imported
 
     from service.lifecycle.state import ServiceState
     from service.processes.engine import run_engine
@@ -302,13 +303,17 @@ class Supervisor:
         shared = Path(tempfile.mkdtemp(prefix="gmlp-workers-"))  # private: mode 0700
         self.metrics_dir = metrics_dir = shared / "metrics"
         metrics_dir.mkdir(mode=0o700)
-        # Read by prometheus_client when a child imports it: every child's series go to files there.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         self.topology = Topology(
-            Role.ENGINE, 0, settings.workers, shared, secrets.token_bytes(32), settings.usable_cpus()
+            Role.ENGINE,
+            0,
+            settings.workers,
+            shared,
+            secrets.token_bytes(32),
+            settings.usable_cpus(),
+            f"gmlp-{secrets.token_hex(6)}",
         )
-        self.front_settings = worker_settings(settings, port, shared)
-        self.engine_settings = engine_settings(settings, shared)
+        self.front_settings = worker_settings(settings, port)
+        self.engine_settings = engine_settings(settings)
         signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         handlers = {sig: signal.signal(sig, self._signal) for sig in signals}
         metrics_server = None
@@ -317,7 +322,7 @@ class Supervisor:
                 from service.app import start_metrics_port
                 from service.telemetry.metrics import server_registry
 
-                metrics_server = start_metrics_port(settings, server_registry())
+                metrics_server = start_metrics_port(settings, server_registry(str(metrics_dir)))
             log.info("starting an engine and %d front-ends on port %d", settings.workers, port)
             for name in ("engine", *(f"front-end {i}" for i in range(settings.workers))):
                 if not self.stopping:  # a signal during the start reaches only those started
@@ -334,7 +339,6 @@ class Supervisor:
             for sock in reserved:
                 sock.close()
             shutil.rmtree(shared, ignore_errors=True)
-            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
     def _start(self, name: str) -> None:
         # A /tmp cleaner may have removed the shared folder since the last start: made again, so
@@ -379,7 +383,7 @@ class Supervisor:
                 process.join()
                 del self.children[name]
                 if process.pid is not None:  # its live gauges go (its counters still count)
-                    mark_process_dead(process.pid)
+                    mark_process_dead(process.pid, str(self.metrics_dir))
                 if self.stopping:
                     continue
                 if process.exitcode == CONFIGURATION_ERROR:

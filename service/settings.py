@@ -19,7 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -82,9 +82,6 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GMLP_", extra="ignore", validate_default=True, use_attribute_docstrings=True
     )
-    # What a worker process knows of its whole server (`for_worker`); None outside workers.
-    _server_cpus: int | None = PrivateAttr(None)
-    _shared_folder: Path | None = PrivateAttr(None)
 
     host: str = setting(Group.SERVER, "127.0.0.1")
     """interface to bind; 0.0.0.0 in a container"""
@@ -338,14 +335,13 @@ class ServiceSettings(BaseSettings):
 
     def resolved_lone_threads(self, device: str) -> int:
         """Intra-op threads of a lone batch where it has a session of its own: the explicit setting,
-        else every usable CPU of the server (0 on CUDA): the other workers are idle when a run is
-        lone. A worker's own `cpus` is its share rounded down, so in a worker the count is the
-        supervisor's (`for_worker`)."""
+        else every usable CPU (0 on CUDA): the other instances are idle when a run is lone. (With
+        front-ends, the sessions are the engine's, which has every CPU of the server.)"""
         if device != "cpu":
             return 0
         if self.lone_threads is not None:
             return self.lone_threads
-        return self._server_cpus or self.usable_cpus()
+        return self.usable_cpus()
 
     def lone_threads_for(self, device: str, block_macs: int | None) -> int:
         """Intra-op threads of a lone batch of a model whose blocks each take `block_macs` a row
@@ -359,19 +355,6 @@ class ServiceSettings(BaseSettings):
 
     def usable_cpus(self) -> int:
         return self.cpus or available_cpus()
-
-    def for_worker(self, server_cpus: int, shared_folder: Path) -> ServiceSettings:
-        """These settings in one worker process of a server that has `server_cpus` CPUs in all and
-        shares `shared_folder` with its workers (not settings: carried, pickled, to the process)."""
-        copy = self.model_copy()
-        copy._server_cpus, copy._shared_folder = server_cpus, shared_folder
-        return copy
-
-    @property
-    def shared_folder(self) -> Path | None:
-        """The folder the worker processes of one server share (each API key's rate bucket); None
-        in a server of one process."""
-        return self._shared_folder
 
 
 def available_cpus() -> int:

@@ -166,7 +166,9 @@ class EngineHost:
             writer.close()
             return
         try:
-            front = Front(index, writer, Mapped(arena), Arena(ARENA_BYTES))
+            front = Front(
+                index, writer, Mapped(arena), Arena(self.topology.arena("engine", index), ARENA_BYTES)
+            )
         except OSError as exc:
             log.error("front-end %d: its shared memory cannot be mapped: %s", index, exc)
             writer.close()

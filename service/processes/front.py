@@ -52,7 +52,7 @@ class EngineLink:
     def __init__(self, topology: Topology, state: FrontState) -> None:
         self.topology = topology
         self.state = state
-        self.arena = Arena(ARENA_BYTES)
+        self.arena = Arena(topology.arena("front-end", topology.index), ARENA_BYTES)
         self._ids = itertools.count()
         self._sent: dict[int, _Sent] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -27,8 +27,9 @@ class Role(StrEnum):
 class Topology:
     """A process's place in the server: its `role` (and a front-end's `index` among `fronts`), the
     server's private folder (0700: the engine's socket, every process's metrics files, the API
-    keys' rate buckets), the token a front-end shows the engine, and the CPUs of the whole server
-    (a one-row run may use all of them, `ServiceSettings.resolved_lone_threads`)."""
+    keys' rate buckets), the token a front-end shows the engine, the CPUs of the whole server (a
+    one-row run may use all of them, `ServiceSettings.resolved_lone_threads`) and the names of its
+    shared memory."""
 
     role: Role
     index: int
@@ -36,17 +37,33 @@ class Topology:
     folder: Path
     token: bytes
     server_cpus: int
+    shared_memory: str  # the prefix of the names of the server's shared-memory blocks
+
+    def arena(self, side: str, index: int) -> str:
+        """The name of the shared-memory block `side` ("front-end", "engine") writes for front-end
+        `index`: one per place, reused by a process that replaces another."""
+        return f"{self.shared_memory}-{side[0]}{index}"
 
     @property
     def engine_socket(self) -> Path:
         return self.folder / "engine.sock"
 
     @property
+    def metrics(self) -> Path:
+        return self.folder / "metrics"
+
+    def keep_metrics(self) -> None:
+        """Have prometheus_client keep this process's series in files of the server's folder
+        (its multiprocess mode, which it reads from the environment once, when imported: call
+        this first), where the supervisor and every front-end read every process's."""
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics)
+
+    @property
     def name(self) -> str:
         return "engine" if self.role is Role.ENGINE else f"front-end {self.index}"
 
     def as_front(self, index: int) -> Topology:
-        return Topology(Role.FRONT, index, self.fronts, self.folder, self.token, self.server_cpus)
+        return replace(self, role=Role.FRONT, index=index)
 
 
 def private_folder(path: Path) -> None:

@@ -15,13 +15,14 @@ on it. The socket is still read with a bound on a frame's size.
 
 from __future__ import annotations
 
+import _posixshmem  # type: ignore[import-not-found]  # the module SharedMemory itself uses
 import asyncio
 import contextlib
+import mmap
 import os
 import pickle
 import struct
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
@@ -70,8 +71,12 @@ class Arena:
     (`posix_fallocate`), so that a full /dev/shm (a container's is 64 MiB by default) is an arena
     of no size, whose arrays all travel inline, not a SIGBUS at the first write."""
 
-    def __init__(self, size: int) -> None:
-        self.memory = SharedMemory(create=True, size=size)
+    def __init__(self, name: str, size: int) -> None:
+        # One name per place in the server (a front-end's number, the engine's arena for it): a
+        # process that was killed and replaced leaves one block behind at most, replaced here.
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + name)
+        self.memory = SharedMemory(name, create=True, size=size)
         try:
             os.posix_fallocate(self.memory._fd, 0, size)  # type: ignore[attr-defined]
             self._free: list[tuple[int, int]] = [(0, size)]
@@ -128,13 +133,19 @@ class Arena:
 
 
 class Mapped:
-    """Another process's `Arena`, mapped for reading."""
+    """Another process's `Arena`, mapped for reading.
+
+    Mapped by hand rather than as a `SharedMemory`: Python 3.11 registers every mapping with the
+    resource tracker the server's processes share, and the reader's registration would be the
+    writer's, so that the block would be unlinked (or forgotten) with the wrong process."""
 
     def __init__(self, name: str) -> None:
-        self.memory = SharedMemory(name=name)
-        # The writer owns the block (it unlinks it); Python 3.11 registers every mapping with the
-        # resource tracker, which would unlink it when this process ends.
-        resource_tracker.unregister(self.memory._name, "shared_memory")  # type: ignore[attr-defined]
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._map)
 
     def view(self, tensors: Tensors) -> dict[str, np.ndarray]:
         """The arrays in place: valid until the writer is told it may reuse their blocks."""
@@ -147,11 +158,12 @@ class Mapped:
     def _one(self, value: Placed | np.ndarray) -> np.ndarray:
         if isinstance(value, np.ndarray):
             return value
-        return np.ndarray(value.shape, np.dtype(value.dtype), buffer=self.memory.buf, offset=value.offset)
+        return np.ndarray(value.shape, np.dtype(value.dtype), buffer=self.buf, offset=value.offset)
 
     def close(self) -> None:
         with contextlib.suppress(BufferError):  # a view still held: the mapping goes with the process
-            self.memory.close()
+            self.buf.release()
+            self._map.close()
 
 
 def refusal(exc: BaseException) -> tuple[str, str, str, int | None]:

@@ -31,7 +31,14 @@ from pydantic import ValidationError
 from gmlp.server_process import ServerProcess, free_port, gmlp_serve, serve_argv
 from service.server import engine_settings, worker_settings
 from support.keys import bearer, write_keys
-from support.process_tree import children_of, engine_of, established_on, listening_ports, workers_of
+from support.process_tree import (
+    children_of,
+    engine_of,
+    established_on,
+    listening_ports,
+    private_folder_of,
+    workers_of,
+)
 
 
 def test_a_front_end_gets_its_share_of_the_caps_and_the_engine_every_cpu(make_settings) -> None:
@@ -44,13 +51,13 @@ def test_a_front_end_gets_its_share_of_the_caps_and_the_engine_every_cpu(make_se
         max_queue_size=256,
         metrics_port=9100,
     )
-    child = worker_settings(settings, 4321, Path("/shared"))
+    child = worker_settings(settings, 4321)
     assert (child.port, child.metrics_port, child.workers) == (4321, None, 3)
     assert child.max_connections == math.ceil(1000 / 3)
     assert child.grpc_max_connections == math.ceil(10 / 3)
     assert child.cpus == 4  # its decoding threads
     # The engine holds every model's one queue and runs every session: the whole of both.
-    engine = pickle.loads(pickle.dumps(engine_settings(settings, Path("/shared"))))
+    engine = pickle.loads(pickle.dumps(engine_settings(settings)))
     assert (engine.max_queue_size, engine.max_batch_size, engine.metrics_port) == (
         256,
         settings.max_batch_size,
@@ -59,7 +66,6 @@ def test_a_front_end_gets_its_share_of_the_caps_and_the_engine_every_cpu(make_se
     instances = engine.resolved_instances("cpu")
     assert (engine.usable_cpus(), instances, engine.resolved_threads(instances)) == (12, 2, 6)
     assert engine.resolved_lone_threads("cpu") == 12
-    assert engine.shared_folder == Path("/shared") and settings.shared_folder is None
 
 
 @pytest.mark.parametrize("bad", [0, 65, "2.5", "two", -1])
@@ -123,7 +129,7 @@ def test_a_dead_worker_is_replaced_and_sigterm_drains_every_worker(two_workers, 
     server, _ = two_workers
     poll(lambda: len(workers_of(server.pid)) == 2, timeout=60)
     first, second = workers_of(server.pid)
-    metrics_dir = Path(first.environ()["PROMETHEUS_MULTIPROC_DIR"])
+    metrics_dir = private_folder_of(server.pid) / "metrics"
     assert metrics_dir.is_dir()
     first.send_signal(signal.SIGKILL)
     poll(lambda: {w.pid for w in workers_of(server.pid)} - {first.pid, second.pid} != set(), timeout=60)
@@ -192,7 +198,7 @@ def test_a_worker_restarts_after_a_cleaner_removed_the_shared_folder(two_workers
     server, _ = two_workers
     poll(lambda: len(workers_of(server.pid)) == 2, timeout=60)
     first, second = workers_of(server.pid)
-    metrics_dir = Path(first.environ()["PROMETHEUS_MULTIPROC_DIR"])
+    metrics_dir = private_folder_of(server.pid) / "metrics"
     shutil.rmtree(metrics_dir.parent)
     first.send_signal(signal.SIGKILL)
     poll(

@@ -3,6 +3,8 @@ sockets (psutil)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psutil
 
 
@@ -46,3 +48,13 @@ def established_on(process: psutil.Process, port: int) -> int:
         for c in process.connections(kind="tcp")
         if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
     )
+
+
+def private_folder_of(root: int) -> Path:
+    """The server's private folder: where the engine's socket is."""
+    engine = engine_of(root)
+    assert engine is not None
+    (socket,) = {
+        str(c.laddr) for c in engine.connections(kind="unix") if str(c.laddr).endswith("engine.sock")
+    }
+    return Path(socket).parent
