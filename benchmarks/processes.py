@@ -4,23 +4,36 @@ p50 and p99, and the cores the whole process tree kept busy (docs/benchmarks.md,
 
     python -m benchmarks.processes --model models/cifar10-gmlp --rounds 3 --seconds 8
 
+With `--memory MODEL_DIR`, what loading a model costs each layout instead: each server starts in
+explicit model control with nothing loaded, then loads the model through the repository API and
+answers 16 requests of 8 rows; the growth of the whole process tree's PSS (psutil, each process's
+proportional share of the pages it maps) against the size of the served file:
+
+    python -m benchmarks.processes --memory /path/to/gmlp-s16-224 --rounds 3
+
 Every server runs on ONNX Runtime with the defaults but for `--workers`; they run side by side and
 take turns (the order flips every round), idle while another is measured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import secrets
 import statistics
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+import numpy as np
+import psutil
+
 from benchmarks import wrk
 from benchmarks.harness import command_line, cpu_line
-from gmlp.server_process import gmlp_serve, link_repository, tree_cpu_seconds
+from gmlp.server_process import gmlp_serve, link_repository, tree_cpu_seconds, tree_pids
 
 IMAGE = Path("loadtests/data/cifar10-test-03000-cat.jpg")
 
@@ -81,12 +94,72 @@ def measure(
     ]
 
 
+def tree_pss(root: int) -> int:
+    """Bytes of PSS of `root` and its descendants."""
+    total = 0
+    for pid in tree_pids(root):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += psutil.Process(pid).memory_full_info().pss
+    return total
+
+
+def load_growth(
+    model_dir: Path, work: Path, layouts: dict[str, tuple[str, ...]], rounds: int
+) -> list[dict[str, object]]:
+    """Each layout's PSS growth from loading `model_dir` (module docstring), per round."""
+    repository = link_repository(work, model_dir)
+    key = secrets.token_urlsafe(24)
+    keys = work / "keys"
+    keys.write_text(f"{key} admin,infer\n")
+    keys.chmod(0o600)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    config = json.loads((model_dir / "config.json").read_text())
+    served = (
+        model_dir / config["variants"][next(iter(v for v in ("int8", "fp32") if v in config["variants"]))]
+    )
+    growth: dict[str, list[float]] = {name: [] for name in layouts}
+    for turn in range(rounds):
+        for name in list(layouts) if turn % 2 == 0 else list(layouts)[::-1]:
+            flags = ("--model-control", "explicit", "--api-keys-file", str(keys), *layouts[name])
+            with gmlp_serve(repository, log_path=work / f"{name}-memory.log", serve_args=flags,
+                            env={"GMLP_BACKEND": "onnxruntime"}, ready_timeout_s=300) as server:  # fmt: skip
+                time.sleep(2)
+                before = tree_pss(server.pid)
+                base = f"{server.base_url}/v2/repository/models/{model_dir.name}/load"
+                post(base, b"{}", headers, timeout=600)
+                meta = json.loads(post(f"{server.base_url}/v2/models/{model_dir.name}", None, headers))
+                (entry,) = meta["inputs"]
+                shape = [8, *entry["shape"][1:]]
+                data = np.zeros(shape, dtype=np.float32)
+                body = json.dumps({"inputs": [{"name": entry["name"], "shape": shape, "datatype": "FP32",
+                                               "data": data.ravel().tolist()}]}).encode()  # fmt: skip
+                for _ in range(16):
+                    post(f"{server.base_url}/v2/models/{model_dir.name}/infer", body, headers, timeout=120)
+                time.sleep(1)
+                growth[name].append((tree_pss(server.pid) - before) / served.stat().st_size)
+    return [
+        {"layout": name, "file_mib": round(served.stat().st_size / 2**20, 1),
+         "growth_x_file": round(statistics.median(rounds_), 2), "rounds": [round(g, 2) for g in rounds_]}
+        for name, rounds_ in growth.items()
+    ]  # fmt: skip
+
+
+def post(url: str, body: bytes | None, headers: dict[str, str], timeout: float = 30) -> bytes:
+    """A POST (GET without a body) answered 200; its body."""
+    request = urllib.request.Request(
+        url, data=body, headers=headers, method="POST" if body is not None else "GET"
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return answer.read()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = command_line(__doc__)
     parser.add_argument("--model", type=Path, default=Path("models/cifar10-gmlp"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--memory", type=Path, help="a served model directory: measure its load's memory")
     parser.add_argument(
         "--fronts", default="2", help="comma-separated front-end counts to compare with one process"
     )
@@ -95,7 +168,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     layouts |= {f"engine + {n} front-ends": ("--workers", n) for n in args.fronts.split(",")}
     print(cpu_line())
     with tempfile.TemporaryDirectory() as tmp:
-        for row in measure(args.model, Path(tmp), layouts, args.rounds, args.seconds, args.clients):
+        if args.memory is not None:
+            rows = load_growth(args.memory.resolve(), Path(tmp), layouts, args.rounds)
+        else:
+            rows = measure(args.model, Path(tmp), layouts, args.rounds, args.seconds, args.clients)
+        for row in rows:
             print(json.dumps(row))
 
 

@@ -16,11 +16,9 @@ import contextlib
 import logging
 import signal
 import ssl
-import time
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -43,7 +41,7 @@ from service.http.observe import RequestObservationMiddleware
 from service.http.routing import RouteTable, error_namespaces, secure_openapi
 from service.lifecycle.state import ServiceState
 from service.processes.front import FrontState
-from service.processes.topology import Topology
+from service.processes.topology import Topology, WorkerLink
 from service.settings import ServiceSettings
 from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.recent import StatsHistory
@@ -154,27 +152,6 @@ def cors(settings: ServiceSettings) -> list[Middleware]:
             ],
         )
     ]
-
-
-@dataclass(frozen=True)
-class WorkerLink:
-    """What a worker process tells its supervisor (`service.server`), through the shared objects
-    the supervisor handed it: that its models are loaded (it listens from then on), and, in `beat`,
-    the monotonic time of its event loop's latest turn, renewed every `BEAT_S`, so that a worker
-    stopped or stuck is seen, killed and replaced."""
-
-    loaded: Any  # a multiprocessing Event
-    beat: Any  # a multiprocessing Value of type "d"
-
-    async def report(self) -> None:
-        self.beat.value = time.monotonic()  # before `loaded`: the supervisor reads both together
-        self.loaded.set()
-        while True:
-            await asyncio.sleep(BEAT_S)
-            self.beat.value = time.monotonic()
-
-
-BEAT_S = 1.0
 
 
 def create_app(

@@ -38,15 +38,12 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from contract.errors import UserError
-from service.processes.topology import Role, Topology, private_folder
+from service.processes.topology import Role, Topology, WorkerLink, private_folder
 from service.settings import ServiceSettings
 from service.telemetry.logs import configure_logging, uvicorn_log_config
-
-if TYPE_CHECKING:  # service.app imports the web stack: not for `gmlp --help`
-    from service.app import WorkerLink
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +52,7 @@ log = logging.getLogger(__name__)
 # looping. Deaths of workers that had loaded (a poison request, the OOM killer) are only restarted.
 EARLY_EXITS = 5
 # A loaded worker whose event loop has not turned for this long is taken to hang (it reports every
-# `service.app.BEAT_S`): killed and replaced.
+# `service.processes.topology.BEAT_S`): killed and replaced.
 HUNG_S = 10.0
 # A worker's exit status when the settings cannot work (unreadable TLS or keys files): no restart.
 CONFIGURATION_ERROR = 2
@@ -284,7 +281,7 @@ class Supervisor:
         self.settings = settings
         self.context = multiprocessing.get_context("spawn")
         self.children: dict[str, BaseProcess] = {}
-        self.links: dict[str, WorkerLink] = {}  # what each child reports (`service.app.WorkerLink`)
+        self.links: dict[str, WorkerLink] = {}  # what each child reports
         self.early: dict[str, int] = {}  # each child's exits in a row before it had loaded
         self.stopping = False
 
@@ -345,8 +342,6 @@ class Supervisor:
         # that a restarted child finds where its series, the key buckets and the engine's socket go.
         for folder in (self.metrics_dir.parent, self.metrics_dir):
             private_folder(folder)
-        from service.app import WorkerLink
-
         link = WorkerLink(self.context.Event(), self.context.Value("d", 0.0, lock=False))
         if name == "engine":
             target: Any = _engine

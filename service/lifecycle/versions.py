@@ -58,6 +58,8 @@ class VersionState(StrEnum):
 
 READY, LOADING, UNLOADING, UNAVAILABLE = VersionState
 NOT_LOADED, UNLOADED = "not loaded", "unloaded"
+# How long shutdown waits for a load it abandoned to end its thread.
+ABANDONED_JOIN_S = 2.0
 
 
 class Servable(Protocol):
@@ -349,7 +351,8 @@ class VersionTable(Generic[S]):
             if not loop.is_closed():
                 loop.call_soon_threadsafe(settle, result, error)
 
-        threading.Thread(target=body, name=name, daemon=True).start()
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread.start()
         try:
             return await asyncio.wait_for(asyncio.shield(done), self.load_timeout_s)
         except TimeoutError:
@@ -361,6 +364,9 @@ class VersionTable(Generic[S]):
         except asyncio.CancelledError:
             abandon.abandon()
             done.cancel()
+            # Shutdown: the stopped run ends its thread at once, before the process does (bounded:
+            # a thread stuck outside any run stays the daemon that no exit waits for).
+            await asyncio.to_thread(thread.join, ABANDONED_JOIN_S)
             raise
 
     async def _retire(self, version: Version[S]) -> None:

@@ -175,11 +175,20 @@ class EngineLink:
             raise
         self._sent[job_id] = _Sent(future, tensors)
         try:
-            return await future
+            # The engine keeps the deadline too; this one holds where the engine hangs.
+            async with asyncio.timeout(max(0.0, deadline.remaining())):
+                return await future
+        except TimeoutError:
+            self._cancel(job_id)
+            raise deadline.exceeded() from None
         except asyncio.CancelledError:
-            with contextlib.suppress(NotReady):
-                self._send(("cancel", job_id))
+            self._cancel(job_id)
             raise
+
+    def _cancel(self, job_id: int) -> None:
+        """Tell the engine a row's request gave up; its block is freed at the engine's final word."""
+        with contextlib.suppress(NotReady):
+            self._send(("cancel", job_id))
 
     async def call(self, method: str, *args: Any) -> None:
         """A repository call, made by the engine; its refusal raised here."""

@@ -8,12 +8,15 @@ each gets a `Topology` saying which it is and where the others are, and nothing 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import stat
+import time
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from contract.errors import UserError
 
@@ -75,3 +78,25 @@ def private_folder(path: Path) -> None:
     found = os.lstat(path)
     if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
         raise UserError(f"{path} is not this server's private folder any more: not restarting workers")
+
+
+@dataclass(frozen=True)
+class WorkerLink:
+    """What a child process tells its supervisor (`service.server`), through the shared objects
+    the supervisor handed it: that its models are loaded (a front-end listens from then on), and,
+    in `beat`, the monotonic time of its event loop's latest turn, renewed every `BEAT_S`, so that
+    a child stopped or stuck is seen, killed and replaced. (Here, not beside the app: a child
+    unpickles it before it runs, and it must import nothing that reads the environment.)"""
+
+    loaded: Any  # a multiprocessing Event
+    beat: Any  # a multiprocessing Value of type "d"
+
+    async def report(self) -> None:
+        self.beat.value = time.monotonic()  # before `loaded`: the supervisor reads both together
+        self.loaded.set()
+        while True:
+            await asyncio.sleep(BEAT_S)
+            self.beat.value = time.monotonic()
+
+
+BEAT_S = 1.0

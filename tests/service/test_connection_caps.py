@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import resource
-from pathlib import Path
 
 import pytest
 
@@ -59,7 +58,7 @@ def test_caps_the_hard_limit_cannot_hold_are_lowered_in_proportion(monkeypatch, 
 def test_each_worker_is_fitted_for_its_share(monkeypatch) -> None:
     Limits(monkeypatch, soft=1024, hard=1024)
     fitted = fit_connection_caps(ServiceSettings(workers=4, max_connections=4000, grpc_max_connections=4000))
-    one = worker_settings(fitted, 8000, Path("/nonexistent"))
+    one = worker_settings(fitted, 8000)
     assert 2 * one.max_connections + one.grpc_max_connections + FD_RESERVE <= 1024
     assert one.max_connections == one.grpc_max_connections == 298
 

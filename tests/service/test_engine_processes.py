@@ -8,6 +8,7 @@ processes intact (compared with the model run directly in ONNX Runtime).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 import pytest
 
 from gmlp.server_process import ServerProcess, gmlp_serve
@@ -186,3 +188,35 @@ def test_sigterm_drains_the_front_ends_then_the_engine(
         log = server.log_tail(40000)
         assert log.count("Application shutdown complete") == 2
         assert log.rindex("Application shutdown complete") < log.index("drained and closed")
+
+
+def test_a_stopped_engine_is_replaced_and_its_rows_end_at_their_deadline(
+    repository: Path, tmp_path: Path, cifar_images, poll
+) -> None:
+    """SIGSTOP, as a hang would leave the engine: a request ends at its deadline (the front-end
+    keeps it too), the supervisor kills the engine that stopped reporting and starts another, and
+    requests are answered again."""
+    flags = ["--workers", "2", "--grpc-port", "0", "--request-timeout-s", "2"]
+    with gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags) as server:
+        ready_fronts(server, poll)
+        engine = engine_of(server.pid)
+        assert engine is not None
+        engine.send_signal(signal.SIGSTOP)
+        try:
+            status, _, body = request(
+                server.port, "POST", "/classify", cifar_images[0], {"Content-Type": "image/jpeg"}
+            )
+            assert json.loads(body)["error"]["code"] == "timeout", (status, body)
+            poll(lambda: (e := engine_of(server.pid)) is not None and e.pid != engine.pid, timeout=90)
+
+            def answered() -> bool:
+                headers = {"Content-Type": "image/jpeg"}
+                return request(server.port, "POST", "/classify", cifar_images[0], headers)[0] == 200
+
+            poll(answered, timeout=90)
+            assert "the engine (pid" in server.log_tail(
+                40000
+            ) and "showed no sign of life" in server.log_tail(40000)
+        finally:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                engine.kill()
