@@ -4,29 +4,32 @@ A served-model directory is any directory whose `config.json` has `"format": "gm
 (docs/formats.md); a model repository of them is read by `contract.scan`.
 
 A config is read from outside (whoever can write to the repository), so reading it is bounded and
-strict: at most `MAX_CONFIG_BYTES`, UTF-8 JSON, a printable `name`, and every file it names
-(variants, labels, tokenizer, recorded check; the defaults too) confined to the model's directory:
-a relative path without `..` whose real path, symlinks followed, stays inside the directory
-(`confined`). The accessors check again at use, so a link swapped after the scan reaches nothing.
+strict: at most `MAX_CONFIG_BYTES` of JSON read by the one strict parser of every JSON door
+(`contract.strict_json`), a printable `name`, and every file it names (variants, labels,
+tokenizer, recorded check; the defaults too) `confined` to the model's directory and read as a
+regular file only (`open_regular`; both in `contract.files`, re-exported here).
+`read_spec` checks the kind and size of every file the service will read
+(`ModelSpec.file_problems`), so a FIFO or an oversized file makes the version UNAVAILABLE in the
+scan before any load is tried.
 
-Every file of a model directory is read as a regular file only (`open_regular`): opened without
-blocking, then `fstat` on the descriptor decides. A FIFO, socket or device (or a symlink to one)
-would block the reading thread for good or stream without end, so it is refused with a reason,
-as is a file over its bound in `contract.limits`, before a byte of it is read. `read_spec` checks
-the same of every file the service will read (`ModelSpec.file_problems`), so such a version is
-listed UNAVAILABLE by the scan before any load is tried.
+An ONNX file may name further files itself: tensors whose bytes are external data, which the
+runtime opens on its own. `contract.external_data` holds each such location to the same rules and
+to two more a name cannot show (one link only, `offset` + `length` inside the file); the scan asks
+it of every variant, and so does `variant_path`, through which the runtimes, commands and checks
+reach a graph.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from pathlib import Path
+from typing import Any
 
-from contract.errors import UserError
+from contract import strict_json
+from contract.external_data import GraphFormatError, external_data_problems, refuse_external_data
+from contract.files import SpecError, confined, file_problem, read_regular
+from contract.files import open_regular as open_regular  # read from here by the service
 from contract.formats import (
     CARD_FILE,
     CHECKPOINT_FORMAT,
@@ -38,89 +41,8 @@ from contract.formats import (
 )
 from contract.limits import MAX_CARD_BYTES, MAX_CONFIG_BYTES, MAX_LABELS_BYTES, MAX_TOKENIZER_BYTES
 
-
-class SpecError(UserError):
-    """A directory or repository cannot be served as it is; the message says how to fix it."""
-
-
 MAX_NAME_CHARS = 200
 DEFAULT_LABELS, DEFAULT_TOKENIZER = "labels.json", "tokenizer.json"
-
-
-def confined(directory: Path, name: object, what: str = "file") -> Path:
-    """`directory / name`, refused (SpecError) unless `name` is a relative path without `..` whose
-    real path (symlinks followed) stays inside `directory`'s real path. Existence is not checked."""
-    if not isinstance(name, str) or not name or "\0" in name:
-        raise SpecError(f"{what} {name!r}: expected a file name relative to the model's directory")
-    relative = PurePosixPath(name)
-    if relative.is_absolute() or ".." in relative.parts:
-        raise SpecError(
-            f"{what} {name[:200]!r}: must be a path inside the model's directory (no '/...', no '..')"
-        )
-    try:
-        root = directory.resolve()
-        path = (root / relative).resolve()
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
-        raise SpecError(f"{what} {name[:200]!r}: cannot be resolved ({exc})") from None
-    if not path.is_relative_to(root):
-        raise SpecError(f"{what} {name[:200]!r}: resolves outside the model's directory (a symlink)")
-    return path
-
-
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISDIR, "a directory"),
-)
-
-
-def file_problem(path: Path, what: str, limit: int | None, status: os.stat_result) -> str | None:
-    """Why the file `status` describes cannot be read as `what` (not a regular file, or over
-    `limit` bytes), or None."""
-    if not stat.S_ISREG(status.st_mode):
-        kind = next((name for test, name in _KINDS if test(status.st_mode)), "a special file")
-        return f"{what} {path}: {kind}, not a regular file (reading one could block or never end)"
-    if limit is not None and status.st_size > limit:
-        return (
-            f"{what} {path}: {status.st_size:,} bytes, larger than its bound of {limit:,} bytes "
-            "(contract/limits.py)"
-        )
-    return None
-
-
-def open_regular(path: Path, what: str, limit: int | None) -> BinaryIO:
-    """`path` open for reading, refused (SpecError) unless it is a regular file of at most `limit`
-    bytes (any size: None). Opened with O_NONBLOCK, so that a FIFO swapped in after the `stat` that
-    refuses it beforehand still cannot block; `fstat` on the descriptor decides, so a regular file
-    is all that is ever read. A missing or unreadable file is a SpecError too."""
-    try:
-        problem = file_problem(path, what, limit, os.stat(path))  # a device is not even opened
-        if problem is not None:
-            raise SpecError(problem)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SpecError(f"{what} {path}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        problem = file_problem(path, what, limit, os.fstat(fd))  # what was opened, swapped or not
-        if problem is not None:
-            raise SpecError(problem)
-        os.set_blocking(fd, True)  # a regular file: plain reads from here on
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_regular(path: Path, what: str, limit: int) -> bytes:
-    """The bytes of `path`, read as `open_regular` opens it; at most `limit` (a file that grew past
-    its bound while it was read is refused too)."""
-    with open_regular(path, what, limit) as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise SpecError(f"{what} {path}: larger than its bound of {limit:,} bytes (it grew while read)")
-    return data
 
 
 def model_name_problem(name: object) -> str | None:
@@ -165,10 +87,11 @@ class ModelSpec:
         return self.config.get("seq_len")
 
     def variant_path(self, variant: str) -> Path:
-        """The ONNX file of `variant`, checked to be a regular file (the runtime opens it itself,
-        and would block on a FIFO)."""
+        """The ONNX file of `variant`, checked to be a regular file whose external data stays
+        inside its directory (`refuse_external_data`): the runtime opens both itself, and would
+        block on a FIFO or read whatever a location names."""
         path = confined(self.path, self.variants[variant], f"variant {variant}")
-        open_regular(path, f"variant {variant}", None).close()
+        refuse_external_data(path, f"variant {variant}")
         return path
 
     def labels(self) -> list[str]:
@@ -203,7 +126,9 @@ class ModelSpec:
     def file_problems(self) -> list[str]:
         """Why files the service will read from the directory cannot be read (`file_problem`: not
         regular files, or over their bounds), of those that are there: the variants, the check,
-        the task's labels or tokenizer, the card. A missing file is not a problem here."""
+        the task's labels or tokenizer, the card; and the variants' external data
+        (`external_data_problems`). A missing file is not a problem here, nor a variant that is
+        no ONNX file at all: its load says so."""
         named = self.named_files()
         read: dict[str, tuple[object, int | None]] = {
             what: (name, None) for what, name in named.items() if what.startswith("variant ")
@@ -226,6 +151,13 @@ class ModelSpec:
             problem = file_problem(path, what, limit, status)
             if problem is not None:
                 problems.append(problem)
+            elif what.startswith("variant "):
+                try:
+                    problems.extend(external_data_problems(confined(self.path, name, what), what))
+                except SpecError as exc:  # swapped since the stat, or resolving outside
+                    problems.append(str(exc))
+                except GraphFormatError:
+                    pass
         return problems
 
 
@@ -240,8 +172,9 @@ def is_checkpoint(directory: Path) -> bool:
 
 def read_json(path: Path, limit: int, what: str = "file") -> Any:
     """The JSON document in `path`, read without trusting it: a regular file of at most `limit`
-    bytes of UTF-8 (SpecError or another ValueError otherwise; RecursionError as parsing raises it)."""
-    return json.loads(read_regular(path, what, limit).decode("utf-8"))
+    bytes (SpecError otherwise), parsed by `strict_json.loads_written` (UTF-8, finite numbers,
+    nesting at most 64 deep; JSONError, a ValueError, otherwise)."""
+    return strict_json.loads_written(read_regular(path, what, limit))
 
 
 def read_spec(directory: Path) -> ModelSpec | None:

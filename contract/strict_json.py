@@ -1,6 +1,8 @@
 """The one JSON parser of every JSON door: request bodies (task routes, the Hugging Face API, v2
-REST inference and repository calls) and the JSON carried in a parameter (a v2 load's `config`,
-over REST and gRPC). One rule everywhere, RFC 8259 without its loopholes:
+REST inference and repository calls), the JSON carried in a parameter (a v2 load's `config`,
+over REST and gRPC), and the JSON files a model directory or a command brings (`config.json`, class
+names, `policy.json`, a command's `--config`: `loads_written`). One rule everywhere, RFC 8259
+without its loopholes:
 
 - numbers are finite: `NaN`, `Infinity` and `-Infinity` are not JSON and are refused, and so is a
   number that is finite in the text but not as a double (`1e400`), which parsers otherwise turn
@@ -54,6 +56,15 @@ def loads(data: bytes | str) -> Any:
     if fault is not None:
         raise _refusal(document, fault)
     return document
+
+
+def loads_written(data: bytes | str) -> Any:
+    """`loads` of a document read from a file (a config, class names, a policy): the same rules,
+    and a refusal that says what the file must hold rather than what to send."""
+    try:
+        return loads(data)
+    except JSONError as exc:
+        raise JSONError(exc.message.replace("; send ", "; expected "), exc.loc) from None
 
 
 _NUMBERS = frozenset({int, float})

@@ -33,6 +33,7 @@ from torch import nn
 from contract.check import CHECK_FILE, write_check
 from contract.cpu import OPENVINO_PRECISIONS
 from contract.errors import UserError
+from contract.external_data import refuse_external_data
 from contract.formats import TOP_K_IDS_OUTPUT, TOP_K_SCORES_OUTPUT
 from contract.scores import top_k_mismatch
 from contract.spec import SpecError, read_spec
@@ -78,7 +79,9 @@ class ParityReport:
 
 def session(path: str | Path, optimized_path: Path | None = None) -> ort.InferenceSession:
     """ONNX Runtime (CPU) on the graph at `path`; with `optimized_path`, the graph it runs
-    (ORT_ENABLE_ALL, its default) is written there."""
+    (ORT_ENABLE_ALL, its default) is written there. A graph whose external data reaches outside
+    its directory is refused first (SpecError), as the service refuses it."""
+    refuse_external_data(Path(path), "graph")
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if optimized_path is not None:
@@ -181,7 +184,9 @@ def check_top_k(
 
 def check_fused_graph(path: str | Path, config: GMLPConfig) -> None:
     """The fp32 graph contract: the checker passes, every block's SGU is one function node, and a
-    masked LM's length and prediction axes are dynamic."""
+    masked LM's length and prediction axes are dynamic. Its external data is checked before
+    `onnx.load` reads it (`refuse_external_data`)."""
+    refuse_external_data(Path(path), "graph")
     proto = onnx.load(str(path))
     try:
         onnx.checker.check_model(proto, full_check=True)
@@ -283,6 +288,7 @@ def check_openvino(model: GMLPModel, fp32_path: Path) -> tuple[ParityReport, dic
     import openvino as ov
 
     core = ov.Core()
+    refuse_external_data(fp32_path, "graph")
     proto = onnx.inliner.inline_local_functions(onnx.load(str(fp32_path)))
     compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU")
     hint = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.cpu import BF16_FLAGS, OPENVINO_PRECISIONS, cpu_flags
+from contract.external_data import refuse_external_data
 from service.engine.runtime import (
     ONNXRUNTIME,
     OPENVINO,
@@ -123,7 +124,10 @@ class OpenVinoModel(Runtime):
 
 
 def open_runtime(path: Path, options: RuntimeOptions, *, name: str = "") -> Runtime:
-    """`path` loaded on the options' (resolved) backend."""
+    """`path` loaded on the options' (resolved) backend. Its external data is checked first
+    (`refuse_external_data`, SpecError): both runtimes open the files a graph names themselves,
+    and ONNX Runtime reads a hard link, OpenVINO's reader whatever `onnx` lets through."""
+    refuse_external_data(path, "graph")
     if options.backend == OPENVINO:
         return OpenVinoModel(path, options, name=name)
     return OnnxModel(path, options, name=name)
