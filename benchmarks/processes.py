@@ -7,7 +7,8 @@ p50 and p99, and the cores the whole process tree kept busy (docs/benchmarks.md,
 With `--memory MODEL_DIR`, what loading a model costs each layout instead: each server starts in
 explicit model control with nothing loaded, then loads the model through the repository API and
 answers 16 requests of 8 rows; the growth of the whole process tree's PSS (psutil, each process's
-proportional share of the pages it maps) against the size of the served file:
+proportional share of the pages it maps) against the size of the served file, once loaded (its
+warm-up included) and after the requests:
 
     python -m benchmarks.processes --memory /path/to/gmlp-s16-224 --rounds 3
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 import statistics
 import tempfile
 import time
@@ -34,6 +34,7 @@ import psutil
 from benchmarks import wrk
 from benchmarks.harness import command_line, cpu_line
 from gmlp.server_process import gmlp_serve, link_repository, tree_cpu_seconds, tree_pids
+from service.access.keys import key_line, new_key
 
 IMAGE = Path("loadtests/data/cifar10-test-03000-cat.jpg")
 
@@ -108,16 +109,16 @@ def load_growth(
 ) -> list[dict[str, object]]:
     """Each layout's PSS growth from loading `model_dir` (module docstring), per round."""
     repository = link_repository(work, model_dir)
-    key = secrets.token_urlsafe(24)
+    key = new_key()
     keys = work / "keys"
-    keys.write_text(f"{key} admin,infer\n")
+    keys.write_text(key_line("operator", "admin,infer", key) + "\n")
     keys.chmod(0o600)
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     config = json.loads((model_dir / "config.json").read_text())
     served = (
         model_dir / config["variants"][next(iter(v for v in ("int8", "fp32") if v in config["variants"]))]
     )
-    growth: dict[str, list[float]] = {name: [] for name in layouts}
+    growth: dict[str, dict[str, list[float]]] = {name: {"loaded": [], "served": []} for name in layouts}
     for turn in range(rounds):
         for name in list(layouts) if turn % 2 == 0 else list(layouts)[::-1]:
             flags = ("--model-control", "explicit", "--api-keys-file", str(keys), *layouts[name])
@@ -127,6 +128,8 @@ def load_growth(
                 before = tree_pss(server.pid)
                 base = f"{server.base_url}/v2/repository/models/{model_dir.name}/load"
                 post(base, b"{}", headers, timeout=600)
+                time.sleep(1)
+                growth[name]["loaded"].append((tree_pss(server.pid) - before) / served.stat().st_size)
                 meta = json.loads(post(f"{server.base_url}/v2/models/{model_dir.name}", None, headers))
                 (entry,) = meta["inputs"]
                 shape = [8, *entry["shape"][1:]]
@@ -136,11 +139,11 @@ def load_growth(
                 for _ in range(16):
                     post(f"{server.base_url}/v2/models/{model_dir.name}/infer", body, headers, timeout=120)
                 time.sleep(1)
-                growth[name].append((tree_pss(server.pid) - before) / served.stat().st_size)
+                growth[name]["served"].append((tree_pss(server.pid) - before) / served.stat().st_size)
     return [
         {"layout": name, "file_mib": round(served.stat().st_size / 2**20, 1),
-         "growth_x_file": round(statistics.median(rounds_), 2), "rounds": [round(g, 2) for g in rounds_]}
-        for name, rounds_ in growth.items()
+         **{f"{when}_x_file": round(statistics.median(v), 2) for when, v in seen.items()}, "rounds": seen}
+        for name, seen in growth.items()
     ]  # fmt: skip
 
 

@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contract.spec import read_spec
 from service.engine.batcher import DynamicBatcher
 from service.engine.runtime import Feeds, OnnxModel, RuntimeOptions
+from service.tasks.vision import VisionPipeline
+from service.telemetry.metrics import ServiceMetrics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -133,3 +136,23 @@ def test_the_warm_up_runs_every_session(tiny_vision_served: Path) -> None:
     assert sorted(log) == ["instance", "lone"]
     model.run({k: v[None] for k, v in row(model).items()})
     assert log[-1] == "lone"
+
+
+def test_the_warm_up_gives_the_lone_session_one_row_only(tiny_vision_served: Path, make_settings) -> None:
+    """A lone session only ever runs one row: the warm-up's full batch goes to the instances'
+    session alone, so that the lone session's arena does not keep a batch's memory for nothing."""
+    settings = make_settings(lone_threads=2, intra_op_threads=1, max_batch_size=4, variant="fp32")
+    spec = read_spec(tiny_vision_served)
+    assert spec is not None
+    model = VisionPipeline.open(spec, settings, "cpu", ServiceMetrics(4), "1")
+    rows: list[tuple[str, int]] = []
+    for label in ("session", "lone_session"):
+        real = getattr(model.session, label)
+        spy = Spy(real, label, [])
+        spy.run = lambda names, feeds, options=None, real=real, label=label: (  # type: ignore[method-assign]
+            rows.append((label, len(next(iter(feeds.values()))))) or real.run(names, feeds, options)
+        )
+        setattr(model.session, label, spy)
+    model.warm_up()
+    assert ("session", 4) in rows and ("lone_session", 1) in rows
+    assert {n for label, n in rows if label == "lone_session"} == {1}
