@@ -1,23 +1,26 @@
-"""Running the service: uvicorn in this process, or a supervisor and `workers` worker processes.
+"""Running the service: uvicorn in this process, or a supervisor, an engine and `workers` front-ends.
 
-One process has one event loop, and with a small model that loop, not the model, is the ceiling:
-HTTP parsing, routing and the JSON answer cost it about as much CPU as the model's share of a batch,
-so one process keeps about 1.65 of 2 cores busy (docs/benchmarks.md, "Worker processes"). With
-`workers` > 1 each worker is the whole service (`service.app`) in a process of its own, spawned
-fresh (no state forked), listening on its own socket of the same port with SO_REUSEPORT, so that
-the kernel spreads connections among them; gRPC's port the same way. The parent serves nothing. It
-holds both ports bound but not listening (so that port 0 resolves once and no other program can take
-them, while no connection is queued to a socket nobody accepts on), restarts a worker that dies,
-forwards SIGTERM and SIGINT (every worker drains) and SIGHUP (keys and TLS re-read), and serves
-`metrics_port` from every worker's series (prometheus_client's multiprocess mode, in a folder the
-workers share, beside each API key's rate bucket). A worker whose supervisor ends, even by SIGKILL,
-is sent SIGTERM by the kernel and drains too (`_end_with`); one that stops reporting is killed and
-replaced (`Supervisor._kill_hung`).
+One process has one event loop, and with a small model that loop (HTTP parsing, routing, the JSON
+answer) costs about as much CPU as the model's share of a batch. With `workers` > 1 the supervisor
+(`Supervisor`, the process started) spawns, fresh (no state forked), one engine process
+(`service.processes.engine`: every model, its batcher and sessions) and `workers` front-end
+processes, each the whole HTTP and gRPC service (`service.app`) over the engine's models
+(`service.processes.front`), listening on its own socket of the same ports with SO_REUSEPORT, so
+that the kernel spreads connections among them. Each child is handed its place as a `Topology`.
+The supervisor serves nothing. It holds both ports bound but not listening (so that port 0
+resolves once and no other program can take them, while no connection is queued to a socket nobody
+accepts on), restarts a child that dies, has the front-ends and then the engine drain on SIGTERM
+and SIGINT, forwards SIGHUP (keys and TLS re-read) to the front-ends, and serves `metrics_port`
+from every child's series (prometheus_client's multiprocess mode, in the server's private folder,
+beside each API key's rate bucket and the engine's socket). A child whose supervisor ends, even by
+SIGKILL, is sent SIGTERM by the kernel and drains too (`_end_with`); one that stops reporting is
+killed and replaced (`Supervisor._kill_hung`).
 
-What a worker is given is its share: the CPUs, the connection caps and the queue size are divided
-among the workers (`worker_settings`), so that the server's limits stay what the settings say.
-Before either starts, the connection caps are fitted to the process's file descriptor limit
-(`fit_connection_caps`), so that a cap is always reached before the descriptors run out.
+A front-end is given its share of the connection caps (`worker_settings`), so that the server's
+limits stay what the settings say; the engine every CPU (`engine_settings`). Before anything
+starts, the caps are fitted to the process's file descriptor limit
+(`service.descriptors.fit_connection_caps`), so that a cap is reached before the descriptors run
+out.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import ctypes
 import logging
 import multiprocessing
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -41,6 +43,7 @@ from types import FrameType
 from typing import Any
 
 from contract.errors import UserError
+from service.descriptors import fit_connection_caps, share
 from service.processes.topology import Role, Topology, WorkerLink, private_folder
 from service.settings import ServiceSettings
 from service.telemetry.logs import configure_logging, uvicorn_log_config
@@ -57,9 +60,6 @@ HUNG_S = 10.0
 # A worker's exit status when the settings cannot work (unreadable TLS or keys files): no restart.
 CONFIGURATION_ERROR = 2
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# File descriptors a serving process keeps besides its connections: the listening sockets, model
-# files and ONNX Runtime sessions, log and metrics files, gRPC core's and the event loop's own.
-FD_RESERVE = 128
 
 
 def serve(settings: ServiceSettings) -> None:
@@ -69,59 +69,6 @@ def serve(settings: ServiceSettings) -> None:
         _run_uvicorn(settings, sockets=None)
     elif (status := Supervisor(settings).run()) != 0:
         raise SystemExit(status)
-
-
-def fit_connection_caps(settings: ServiceSettings) -> ServiceSettings:
-    """`settings` with connection caps that this process's file descriptor limit can hold.
-
-    Each serving process (the one process, or each worker, with its share of the caps) holds up
-    to two descriptors per HTTP connection at its cap (the refused newcomers linger up to as many
-    again), one per gRPC connection, and `FD_RESERVE` besides. The default caps (1000 + 1000) need
-    3,128 there, above the soft limit of 1024 that many systems start a process with; at that limit
-    descriptors run out before either cap is reached, and idle gRPC connections would starve HTTP's
-    accept (EMFILE) with nothing counted or reported. So the soft RLIMIT_NOFILE is first raised
-    toward the hard limit, as far as the caps need; where they still do not fit, both caps are
-    lowered in proportion, with one warning naming the numbers; where not even one connection of
-    each fits, the service refuses to start (UserError) rather than fail at its first connections.
-    """
-    workers, grpc_on = settings.workers, bool(settings.grpc_port)
-    http = _share(settings.max_connections, workers)
-    grpc = _share(settings.grpc_max_connections, workers) if grpc_on else 0
-    need = 2 * http + grpc + FD_RESERVE
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if need > soft:
-        wanted = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-            soft = wanted
-        except (ValueError, OSError) as exc:  # a hard limit the kernel caps lower (macOS's OPEN_MAX)
-            log.debug("the soft descriptor limit stays %d: %s", soft, exc)
-    if need <= soft:
-        return settings
-    room = soft - FD_RESERVE
-    if room < 2 + int(grpc_on):
-        raise UserError(
-            f"this process may open {soft} file descriptors (ulimit -n), too few for one HTTP "
-            f"{'and one gRPC connection ' if grpc_on else 'connection '}besides the {FD_RESERVE} the "
-            f"service keeps for model files, sessions, logs and metrics; raise ulimit -n"
-        )
-    scale = room / (2 * http + grpc)
-    fitted_http = max(1, int(http * scale))
-    fitted_grpc = max(1, min(int(grpc * scale), room - 2 * fitted_http)) if grpc_on else 0
-    update = {"max_connections": fitted_http * workers}
-    if grpc_on:
-        update["grpc_max_connections"] = fitted_grpc * workers
-    log.warning(
-        "the descriptor limit (ulimit -n) is %d (hard limit %s), too few for max_connections=%d and "
-        "grpc_max_connections=%d (%d needed%s: 2 per HTTP connection, 1 per gRPC connection, %d in "
-        "reserve); serving with max_connections=%d and grpc_max_connections=%s; raise ulimit -n to "
-        "keep the settings' caps",
-        soft, "unlimited" if hard == resource.RLIM_INFINITY else hard,
-        settings.max_connections, settings.grpc_max_connections, need,
-        f" in each of {workers} workers" if workers > 1 else "", FD_RESERVE,
-        update["max_connections"], update.get("grpc_max_connections", "(gRPC off)"),
-    )  # fmt: skip
-    return settings.model_copy(update=update)
 
 
 def _run_uvicorn(
@@ -184,10 +131,6 @@ def _graceful_s(settings: ServiceSettings) -> int:
     return int(settings.request_timeout_s + settings.drain_timeout_s) + 1
 
 
-def _share(total: int, workers: int) -> int:
-    return max(1, -(-total // workers))
-
-
 def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
     """One front-end's settings: the resolved `port`; its share of the CPUs (its decoding threads)
     and of the HTTP and gRPC connection caps; no metrics port (the supervisor serves it)."""
@@ -196,8 +139,8 @@ def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
         update={
             "port": port,
             "cpus": max(1, settings.usable_cpus() // n),
-            "max_connections": _share(settings.max_connections, n),
-            "grpc_max_connections": _share(settings.grpc_max_connections, n),
+            "max_connections": share(settings.max_connections, n),
+            "grpc_max_connections": share(settings.grpc_max_connections, n),
             "metrics_port": None,
         }
     )

@@ -30,7 +30,14 @@ ALLOWED = {
 # Inside `service/` the same rule, by wing. A module's wing is the first entry its name falls
 # under (the name itself or below it); the composition root is named module by module, so that a
 # new module at the top of `service/` has to be placed in a wing.
-SERVICE_ROOT = ("service", "service.app", "service.cli", "service.healthcheck", "service.server")
+SERVICE_ROOT = (
+    "service",
+    "service.app",
+    "service.cli",
+    "service.descriptors",
+    "service.healthcheck",
+    "service.server",
+)
 SERVICE_LAYER_OF = (
     ("settings", "service.settings"),
     ("engine", "service.engine"),
@@ -38,18 +45,21 @@ SERVICE_LAYER_OF = (
     ("access", "service.access"),
     ("tasks", "service.tasks"),
     ("lifecycle", "service.lifecycle"),
+    ("processes", "service.processes"),
     ("http", "service.http"),
     ("v2 rest", "service.v2.rest"),
     ("v2 rest", "service.v2.schemas"),
     ("v2 grpc", "service.v2.grpc_server"),
+    ("v2 grpc", "service.v2.grpc_limits"),
     ("v2 grpc", "service.v2.proto"),
     ("v2 semantics", "service.v2"),  # inference, tensors: anything else of v2
 )
 # The wings each wing may import (besides itself). The engine runs rows through sessions and knows
 # nothing else; telemetry observes the engine; access reports to telemetry; a task is a pipeline on
-# the engine; the lifecycle loads tasks. The transports may use every wing but not each other (the
+# the engine; the lifecycle loads tasks; the processes of a server of several run the lifecycle (the
+# engine) or a copy of it (a front-end). The transports may use every wing but not each other (the
 # v2 REST routes sit on the HTTP plumbing), and nothing below the composition root imports it.
-WINGS = {"settings", "engine", "telemetry", "access", "tasks", "lifecycle"}
+WINGS = {"settings", "engine", "telemetry", "access", "tasks", "lifecycle", "processes"}
 SERVICE_ALLOWED = {
     "settings": set(),
     "engine": set(),
@@ -57,6 +67,7 @@ SERVICE_ALLOWED = {
     "access": {"settings", "telemetry"},
     "tasks": {"settings", "engine", "telemetry"},
     "lifecycle": {"settings", "engine", "telemetry", "tasks"},
+    "processes": {"settings", "engine", "telemetry", "tasks", "lifecycle"},
     "http": WINGS,
     "v2 semantics": WINGS,
     "v2 rest": WINGS | {"http", "v2 semantics"},

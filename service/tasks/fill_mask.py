@@ -28,14 +28,16 @@ from service.settings import ServiceSettings
 from service.tasks.forms import (
     PREDICTIONS_OUTPUT,
     TEXT_INPUT,
+    Forms,
     gather_or_cancel,
     predictions,
     stacked,
     tensor_meta,
+    timed,
     top_k_parameter,
     utf8,
 )
-from service.tasks.pipeline import Forms, HFOptions, Pipeline, timed
+from service.tasks.pipeline import HFOptions, Pipeline
 
 # Texts this short are tokenised on the event loop: handing them to a thread costs more (thread
 # wake-ups, a GIL hand-over each way) than tokenising them. Anything longer is tokenised in a

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Self, TypeVar
 
 from contract.check import run_check
-from contract.errors import ErrorCode, InvalidInput
 from contract.scores import ScoreFunction
 from contract.spec import ModelSpec, SpecError
-from contract.tensors import BYTES, Tensor
 from contract.work import block_macs
 from service.engine import rows as batch_jobs
 from service.engine.backends import open_runtime, resolve_backend
 from service.engine.batcher import BatchObserver, DynamicBatcher, RowQueue
-from service.engine.request_context import Deadline, Timed, Timings
+from service.engine.request_context import Deadline, Timed
 from service.engine.rows import Done, Job
 from service.engine.runtime import (
     Abandon,
@@ -40,7 +37,7 @@ from service.engine.runtime import (
 )
 from service.settings import ServiceSettings
 from service.tasks.card import card_summary
-from service.tasks.forms import gather_or_cancel, graph_tensors, stacked, tensor_meta
+from service.tasks.forms import Forms
 from service.telemetry import tracing
 from service.telemetry.metrics import ModelObserver, PredictionMetrics, ServiceMetrics
 
@@ -282,132 +279,3 @@ class Pipeline:
         """One row through the batcher, with the queue wait and batch run it came back with."""
         batched = await self.batcher.submit(job, deadline)
         return replace(batched.output, timings=batched.timings)
-
-
-class Forms:
-    """A task's Open Inference Protocol forms: the graph's own tensors, and the encoded input
-    (`encoded_input`: one image file or text per row) that runs the task's own preprocessing.
-
-    `inputs` is the metadata of one form's inputs, `outputs` that of every output (each form
-    produces all of them); `run` answers a request of either form, told apart by its input names.
-    Metadata entries are `{"name", "datatype", "shape"}` with the batch axis first (-1: any size).
-    The graph-tensor form is here; a task's subclass adds its encoded input (`run_encoded`),
-    outputs beyond the graph's (`extra_outputs`: a masked LM's decoded `predictions`) and checks
-    of the graph tensors' values (`check_tensors`)."""
-
-    encoded_input = ""
-    extra_outputs: Sequence[dict[str, Any]] = ()  # outputs the task adds to the graph's (both forms)
-
-    def __init__(self, served: Pipeline) -> None:
-        self.served = served
-
-    def inputs(self, encoded: bool) -> list[dict[str, Any]]:
-        if encoded:
-            return [tensor_meta(self.encoded_input, BYTES, [-1, 1])]
-        return graph_tensors(self.served.spec.inputs)
-
-    def outputs(self) -> list[dict[str, Any]]:
-        return [*graph_tensors(self.served.spec.outputs), *self.extra_outputs]
-
-    def output_names(self) -> list[str]:
-        """Every output the model lists; each input form produces all of them."""
-        return [*self.served.runtime.output_names, *(t["name"] for t in self.extra_outputs)]
-
-    def graph_outputs(self, requested: list[str], default: Sequence[str]) -> list[str]:
-        """The graph outputs a request asks for, in the graph's order (`default` when it names none)."""
-        names = self.served.runtime.output_names
-        return [n for n in names if n in requested] if requested else [n for n in names if n in default]
-
-    def rows(self, count: int) -> int:
-        limit = self.served.batcher.max_batch_size
-        if not 1 <= count <= limit:
-            raise InvalidInput(
-                ErrorCode.INVALID_BATCH, f"a request has between 1 and {limit} rows, got {count}"
-            )
-        return count
-
-    def encoded_items(self, tensor: Tensor) -> list[bytes]:
-        """The elements of the encoded input: shape [rows] or [rows, 1], datatype BYTES."""
-        if tensor.datatype != BYTES or not (
-            len(tensor.shape) == 1 or (len(tensor.shape) == 2 and tensor.shape[1] == 1)
-        ):
-            raise InvalidInput(
-                ErrorCode.INVALID_INPUTS,
-                f"input {tensor.name} must be BYTES with shape [rows] or [rows, 1], one element per "
-                f"row; got {tensor.datatype} {tensor.shape}",
-            )
-        self.rows(tensor.shape[0])
-        return list(tensor.array.ravel())
-
-    def check_tensors(self, given: dict[str, Tensor]) -> None:
-        """Refuse values the graph cannot take (the shapes and datatypes are checked already)."""
-
-    def tensor_rows(self, inputs: list[Tensor]) -> list[Feeds]:
-        """Validate raw tensors against the graph's inputs and split them into per-request rows."""
-        expected = {e["name"]: e for e in self.inputs(encoded=False)}
-        given = {t.name: t for t in inputs}
-        for name, tensor in given.items():
-            meta = expected[name]
-            if tensor.datatype != meta["datatype"]:
-                raise InvalidInput(
-                    ErrorCode.INVALID_INPUTS,
-                    f"input {name} must have datatype {meta['datatype']}, got {tensor.datatype}",
-                )
-            dims = meta["shape"]
-            if len(tensor.shape) != len(dims) or any(
-                d not in (-1, t) or t < 1 for t, d in zip(tensor.shape[1:], dims[1:], strict=True)
-            ):
-                raise InvalidInput(
-                    ErrorCode.INVALID_INPUTS,
-                    f"input {name} must have shape {meta['shape']} (-1: any size), got {tensor.shape}",
-                )
-        batch = {t.shape[0] for t in inputs}
-        if len(batch) != 1:
-            raise InvalidInput(ErrorCode.INVALID_INPUTS, "all inputs need the same number of rows")
-        count = self.rows(batch.pop())
-        self.check_tensors(given)
-        return [{name: t.array[i] for name, t in given.items()} for i in range(count)]
-
-    async def run(
-        self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> Timed[dict[str, Tensor]]:
-        """A request of either form, told apart by its input names: its outputs by name."""
-        names = sorted(t.name for t in inputs)
-        graph_inputs = sorted(self.served.runtime.input_names)
-        if len(set(names)) != len(names):
-            raise InvalidInput(ErrorCode.INVALID_INPUTS, f"an input is given twice: {names}")
-        if names not in (graph_inputs, [self.encoded_input]):
-            raise InvalidInput(
-                ErrorCode.INVALID_INPUTS,
-                f"model {self.served.name} takes the inputs {graph_inputs} or {[self.encoded_input]}, "
-                f"got {names}",
-            )
-        missing = [n for n in outputs if n not in self.output_names()]
-        if missing:  # refused before anything is queued
-            raise InvalidInput(
-                ErrorCode.INVALID_OUTPUTS,
-                f"outputs {missing} are not produced for these inputs; available: {self.output_names()}",
-            )
-        if names == graph_inputs:
-            return await self.run_tensors(inputs, outputs, parameters, deadline)
-        return await self.run_encoded(inputs[0], outputs, parameters, deadline)
-
-    async def run_tensors(
-        self, inputs: list[Tensor], outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> Timed[dict[str, Tensor]]:
-        """The graph's tensors in, the graph outputs asked for (default: all) out."""
-        rows = self.tensor_rows(inputs)
-        graph = self.graph_outputs(outputs, self.served.runtime.output_names)
-        reads = frozenset(graph)
-        done = await gather_or_cancel([self.served.queued(Job(row, reads=reads), deadline) for row in rows])
-        return timed({name: stacked(name, [d.outputs[name] for d in done]) for name in graph}, done)
-
-    async def run_encoded(
-        self, tensor: Tensor, outputs: list[str], parameters: dict[str, Any], deadline: Deadline
-    ) -> Timed[dict[str, Tensor]]:
-        raise NotImplementedError
-
-
-def timed(value: T, done: Sequence[Done]) -> Timed[T]:
-    """`value`, made of the rows `done`, with the longest queue wait and batch run among them."""
-    return Timed(value, Timings.longest(d.timings for d in done))

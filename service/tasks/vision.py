@@ -39,8 +39,8 @@ from service.engine.request_context import Deadline, Timed, before
 from service.engine.rows import NOTHING, Done, Job, Reads
 from service.engine.runtime import Feeds
 from service.settings import ServiceSettings
-from service.tasks.forms import IMAGE_INPUT, gather_or_cancel, stacked
-from service.tasks.pipeline import Forms, HFOptions, Pipeline, timed
+from service.tasks.forms import IMAGE_INPUT, Forms, gather_or_cancel, stacked, timed
+from service.tasks.pipeline import HFOptions, Pipeline
 
 # Images this small, decoded and resized, are prepared on the event loop: handing them to a thread
 # costs more (thread wake-ups, a GIL hand-over each way) than preparing them, which stays short

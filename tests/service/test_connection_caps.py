@@ -9,7 +9,8 @@ import resource
 import pytest
 
 from contract.errors import UserError
-from service.server import FD_RESERVE, fit_connection_caps, worker_settings
+from service.descriptors import FD_RESERVE, fit_connection_caps
+from service.server import worker_settings
 from service.settings import ServiceSettings
 
 

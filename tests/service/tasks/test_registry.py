@@ -11,7 +11,8 @@ import pytest
 from contract.formats import TASKS
 from contract.spec import read_spec
 from service.settings import ServiceSettings
-from service.tasks.pipeline import Forms, Pipeline
+from service.tasks.forms import Forms
+from service.tasks.pipeline import Pipeline
 from service.tasks.registry import PIPELINES, load_pipeline
 from service.telemetry.metrics import ServiceMetrics
 

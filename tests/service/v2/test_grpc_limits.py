@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import tritonclient.grpc as grpcclient
 
-from service.v2.grpc_server import connection_options
+from service.v2.grpc_limits import connection_options
 
 pytestmark = pytest.mark.timeout(120)
 
