@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault(key, []).append(figure)
     given = " ".join(sys.argv[1:] if argv is None else argv)
     layout = (
-        f"gmlp-serve {args.instances} workers of 1 instance, PyTriton {args.instances} instances, "
+        f"gmlp-serve {args.instances} instances and as many front-ends, PyTriton {args.instances} instances, "
         "max batch 16, 2 ms delay, int8; "
         if args.against
         else ""

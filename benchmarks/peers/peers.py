@@ -60,13 +60,13 @@ class Peer:
 
 
 def gmlp_layout(workers: bool = True) -> list[str]:
-    """`gmlp serve` flags of the layout every peer is given: the int8 file, the run's instances as
-    worker processes of one instance each (as BentoML's and LitServe's workers are), sharing the
-    CPUs, the peers' batch limits. `workers=False`: the same instances in one process, whose one
-    event loop then carries every request (what the profile reads)."""
-    processes, each = (instances(), 1) if workers else (1, instances())
+    """`gmlp serve` flags of the layout every peer is given: the int8 file, the run's instances in
+    the engine process with as many front-end processes (as BentoML's and LitServe's workers are
+    processes), the peers' batch limits. `workers=False`: the same instances in one process, whose
+    one event loop then carries every request (what the profile reads)."""
+    processes = instances() if workers else 1
     return [
-        *("--variant", "int8", "--workers", str(processes), "--instances", str(each)),
+        *("--variant", "int8", "--workers", str(processes), "--instances", str(instances())),
         *("--intra-op-threads", str(intra_op_threads()), "--max-batch-size", str(MAX_BATCH)),
         *("--max-queue-delay-ms", f"{MAX_WAIT_S * 1000:g}"),
     ]
