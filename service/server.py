@@ -301,6 +301,8 @@ class Supervisor:
     def _supervise(self) -> int:
         from prometheus_client.multiprocess import mark_process_dead
 
+        from service.telemetry.metrics import fold_dead_process
+
         deadline: float | None = None
         while self.children:
             if self.stopping and deadline is None:
@@ -320,8 +322,9 @@ class Supervisor:
                     continue
                 process.join()
                 del self.children[name]
-                if process.pid is not None:  # its live gauges go (its counters still count)
+                if process.pid is not None:  # its live gauges go, its counts are folded in
                     mark_process_dead(process.pid, str(self.metrics_dir))
+                    fold_dead_process(self.metrics_dir, process.pid)
                 if self.stopping:
                     continue
                 if process.exitcode == CONFIGURATION_ERROR:

@@ -13,15 +13,19 @@ worker answers for the whole server; each gauge says how its workers' values mer
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from service.engine.batcher import BatchObserver
@@ -45,6 +49,36 @@ def server_registry(path: str | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path)
     return registry
+
+
+# The kinds of series files a dead process leaves whose values still count: they are folded into
+# one archive file per kind (`fold_dead_process`). Live gauges' files go with their process.
+FOLDED_KINDS = ("counter", "histogram", "summary", "gauge_min", "gauge_max", "gauge_sum")
+
+
+def fold_dead_process(folder: Path, pid: int) -> None:
+    """Fold the series files of dead process `pid` into `folder`'s archive files, one per kind, so
+    that a server whose children die and are replaced again and again keeps a bounded number of
+    files (each at least a page, each read at every scrape) while every count still counts."""
+    for kind in FOLDED_KINDS:
+        dead = folder / f"{kind}_{pid}.db"
+        if not dead.exists():
+            continue
+        archive = folder / f"{kind}_archive.db"
+        sources = [str(dead), *([str(archive)] if archive.exists() else [])]
+        fresh = folder / f"{kind}_archive.folding"  # not *.db: no scrape reads it half-written
+        store = MmapedDict(str(fresh))
+        try:
+            for metric in MultiProcessCollector.merge(sources, accumulate=False):
+                for sample in metric.samples:
+                    key = json.dumps(
+                        [metric.name, sample.name, sample.labels, metric.documentation], sort_keys=True
+                    )
+                    store.write_value(key, sample.value, 0.0)
+        finally:
+            store.close()
+        os.replace(fresh, archive)
+        dead.unlink()
 
 
 class ServiceMetrics:

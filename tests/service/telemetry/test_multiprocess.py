@@ -25,6 +25,7 @@ from service.telemetry.metrics import (
     LifecycleMetrics,
     ModelObserver,
     ServiceMetrics,
+    fold_dead_process,
     server_registry,
 )
 from service.telemetry.recent import take_snapshot
@@ -233,3 +234,20 @@ if __name__ == "__main__":  # one worker process of the test above
     if spec := json.loads(sys.argv[1]):
         record(metrics, spec)
     print(json.dumps({"pid": os.getpid(), "multiprocess": MULTIPROCESS, **readout(metrics)}))
+
+
+def test_dead_workers_counts_are_folded_into_one_archive_per_kind(tmp_path: Path) -> None:
+    """Children that die and are replaced leave a bounded number of files: each dead one's counts
+    are folded into one archive per kind, and the server reads what it read before."""
+    pids = [worker(tmp_path, spec)["pid"] for spec in WORKERS]
+    for pid in pids:
+        mark_process_dead(pid, str(tmp_path))
+    before = parse(generate_latest(server_registry(str(tmp_path))).decode())
+    for pid in pids:
+        fold_dead_process(tmp_path, pid)
+    assert parse(generate_latest(server_registry(str(tmp_path))).decode()) == before
+    left = sorted(f.name for f in tmp_path.glob("*.db"))
+    assert left and all(name.endswith("_archive.db") for name in left), left
+    assert not list(tmp_path.glob("*.folding"))
+    # A live worker's readout still counts every dead one's traffic, from the archives.
+    check_traffic(worker(tmp_path), WORKERS)
