@@ -43,6 +43,7 @@ from service.lifecycle.state import ServiceState
 from service.processes.front import FrontState
 from service.processes.topology import Topology, WorkerLink
 from service.settings import ServiceSettings
+from service.telemetry.logs import CLIENT_LINES
 from service.telemetry.metrics import ServiceMetrics
 from service.telemetry.recent import StatsHistory
 from service.telemetry.tracing import Tracing
@@ -172,6 +173,7 @@ def create_app(
         Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
     warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     metrics = ServiceMetrics(settings.max_batch_size)
+    CLIENT_LINES.observe = metrics.log_lines_suppressed.inc  # the process's log, this app's count
     app = FastAPI(
         title="gmlp-serve",
         summary="gMLP image classification and fill-mask inference with dynamic batching",

@@ -153,6 +153,7 @@ class Deadlines:
             buffered,
             self.send_timeout_s,
             peer[0] if isinstance(peer, tuple) else "unknown",
+            extra={"client_caused": True},
         )
         self.transport.abort()
         observe(self.app_state, REFUSAL_OBSERVER, "http", SEND_TIMEOUT)

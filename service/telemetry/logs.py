@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
@@ -175,6 +176,54 @@ class NativeOutput:
         self._threads.clear()
 
 
+# Client-caused log lines: at most this many a second, in bursts of at most the second figure.
+CLIENT_LINES_PER_S, CLIENT_LINES_BURST = 10.0, 50.0
+# uvicorn's own lines about a request it could not read: a client's doing, one per request.
+_CLIENT_MESSAGES = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+
+
+class ClientLines(logging.Filter):
+    """Lets through at most `CLIENT_LINES_PER_S` client-caused log lines a second (bursts of
+    `CLIENT_LINES_BURST`): a record its logger marks with `extra={"client_caused": True}`, or
+    uvicorn's line about a malformed request. Every other line passes. So a client that sends
+    malformed requests or leaves answers unread as fast as it can cannot fill the disk through the
+    log; what is held back is counted (`observe`: `gmlp_log_lines_suppressed_total`), and the
+    first line held back after some passed says so, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._tokens, self._at = CLIENT_LINES_BURST, time.monotonic()
+        self._holding = False
+        self.observe: Any = None  # called once per line held back (the app's counter)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (getattr(record, "client_caused", False) or record.msg in _CLIENT_MESSAGES):
+            return True
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(CLIENT_LINES_BURST, self._tokens + (now - self._at) * CLIENT_LINES_PER_S)
+            self._at = now
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                self._holding = False
+                return True
+            first, self._holding = not self._holding, True
+        if self.observe is not None:
+            self.observe()
+        if first:  # this one line instead of the record: the filter is where the flood stops
+            record.msg, record.args = (
+                "client-caused log lines over %g a second: the rest are held back and counted in "
+                "gmlp_log_lines_suppressed_total",
+                (CLIENT_LINES_PER_S,),
+            )
+            return True
+        return False
+
+
+CLIENT_LINES = ClientLines()
+
+
 def configure_logging(settings: ServiceSettings) -> None:
     """Route every logger through one handler on stderr in the configured format, at the
     service's level; for JSON, also the native output (`NativeOutput`) and Python's warnings."""
@@ -186,6 +235,7 @@ def configure_logging(settings: ServiceSettings) -> None:
     if json_lines or plain or not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+        handler.addFilter(CLIENT_LINES)
         root.handlers[:] = [h for h in root.handlers if h not in plain] + [handler]
         if root.level > logging.INFO:  # the other libraries' INFO lines, as uvicorn's own setup shows them
             root.setLevel(logging.INFO)

@@ -102,6 +102,9 @@ class ServiceMetrics:
         histogram = partial(Histogram, registry=self.registry)
         timing = partial(Histogram, registry=self.registry, buckets=LATENCY_BUCKETS)
         self.requests = counter("gmlp_http_requests", "HTTP requests by route, method and status", ROUTE)
+        self.log_lines_suppressed = counter(
+            "gmlp_log_lines_suppressed", "client-caused log lines held back over the log's rate limit"
+        )
         self.latency = timing(
             "gmlp_http_request_duration_seconds", "HTTP request latency by route, method and status", ROUTE
         )

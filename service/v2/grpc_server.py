@@ -323,7 +323,12 @@ class CallHandling:
             # The status could not be sent: the call had ended (its client left) before the abort,
             # which is no error of ours. One line, and the call ends as a cancelled one, which gRPC
             # logs at debug level instead of a traceback.
-            log.info("gRPC call ended before its status %s could be sent: %s", status.name, message)
+            log.info(
+                "gRPC call ended before its status %s could be sent: %s",
+                status.name,
+                message,
+                extra={"client_caused": True},
+            )
             raise asyncio.CancelledError from None
         raise AssertionError("abort returns only by raising")  # pragma: no cover
 
