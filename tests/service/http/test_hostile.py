@@ -196,3 +196,27 @@ def test_nul_characters_in_text_are_just_text(server: RunningServer) -> None:
     with server.client() as client:
         response = client.post("/fill-mask", json={"text": "a\u0000b [MASK] \u0000"})
     assert response.status_code == 200 and len(response.json()["predictions"]) == 1
+
+
+PATHOLOGICAL_TEXTS = {
+    "a 100k-character word": "a" * 100_000 + " [MASK].",
+    "a million combining marks": "e" + "\u0301" * 1_000_000 + " [MASK].",
+    "fullwidth [MASK] look-alikes only": "the \uff3b\uff2d\uff21\uff33\uff2b\uff3d sat.",
+    "fullwidth look-alikes beside a mask": "\uff3b\uff2d\uff21\uff33\uff2b\uff3d " * 1000 + "the [MASK] sat.",
+    "control characters": "\x1b[31m\x07\x08 the [MASK] \x7f\x85 sat \x1b]0;x\x07.",
+    "a word of 50k mask look-alikes": "\uff3bMASK\uff3d" * 50_000 + " [MASK]",
+}
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL_TEXTS.values(), ids=PATHOLOGICAL_TEXTS)
+def test_pathological_texts_cost_a_bounded_time(server: RunningServer, text: str) -> None:
+    """Texts built to make a tokenizer or a regex work without bound are answered (or refused with
+    a 4xx that says why) within the request's deadline, and the server stays ready."""
+    with server.client() as client:
+        response = client.post(
+            "/fill-mask", json={"text": text}, timeout=server.settings.request_timeout_s + 5
+        )
+        assert client.get("/health/ready").status_code == 200
+    assert response.status_code in (200, 413, 422), response.text[:300]
+    if response.status_code != 200:
+        assert len(response.json()["error"]["message"]) > 10
