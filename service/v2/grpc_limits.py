@@ -13,8 +13,10 @@ from service.settings import ServiceSettings
 GRPC_MAX_STREAMS = 100
 # Calls not yet taken by the loop, per method: over the first a growing share of new calls of the
 # method is refused at once (CANCELLED), over the second all are. A rapid reset without the stream
-# limit fills it with its cancelled calls, and every client's calls of the method fail.
-GRPC_PENDING_CALLS = (1000, 3000)
+# limit fills it with its cancelled calls, and every client's calls of the method fail. With the
+# limit a connection holds at most GRPC_MAX_STREAMS of them, so the first is set for 40 connections
+# of reset streams (gRPC core's 1,000 let 16 of them, on a loaded machine, refuse others' calls).
+GRPC_PENDING_CALLS = (40 * GRPC_MAX_STREAMS, 80 * GRPC_MAX_STREAMS)
 
 
 def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
@@ -29,7 +31,7 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
         ("grpc.max_send_message_length", -1),
         ("grpc.max_concurrent_streams", GRPC_MAX_STREAMS),
         ("grpc.http.overload_protection", 1),  # gRPC core's default, and what makes the limit hold
-        ("grpc.server.max_pending_requests", GRPC_PENDING_CALLS[0]),  # gRPC core's defaults
+        ("grpc.server.max_pending_requests", GRPC_PENDING_CALLS[0]),
         ("grpc.server.max_pending_requests_hard_limit", GRPC_PENDING_CALLS[1]),
         # Metadata as HTTP's request head, one limit (soft = hard: none under it is refused at
         # random). A header block over it is decoded and dropped as it arrives, never kept, and
