@@ -73,6 +73,7 @@ class EngineHost:
         self._server: asyncio.Server | None = None
         self._pusher: asyncio.Task[None] | None = None
         self._bound = 0  # the inode of the socket listened on
+        self._calls: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await self._listen()
@@ -184,6 +185,7 @@ class EngineHost:
             pass
         finally:
             self.fronts.discard(front)
+            front.took.set()  # a repository call waiting for its ack waits for it no more
             for task in front.running.values():
                 task.cancel()
             await asyncio.gather(*front.running.values(), return_exceptions=True)
@@ -206,7 +208,9 @@ class EngineHost:
             front.acked = max(front.acked, message[1])
             front.took.set()
         elif kind == "call":
-            asyncio.create_task(self._call(front, *message[1:]))
+            call = asyncio.create_task(self._call(front, *message[1:]))
+            self._calls.add(call)  # held until done: the loop keeps only a weak reference
+            call.add_done_callback(self._calls.discard)
 
     async def _row(
         self,
@@ -241,6 +245,20 @@ class EngineHost:
         finally:
             front.running.pop(job_id, None)
 
+    async def _taken(self, serial: int) -> None:
+        """Wait (at most `ACK_S`) until every connected front-end has acked lifecycle `serial`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ACK_S):
+                while waiting := [f for f in self.fronts if f.acked < serial]:
+                    for f in waiting:
+                        f.took.clear()
+                    acks = [asyncio.create_task(f.took.wait()) for f in waiting]
+                    try:
+                        await asyncio.wait(acks, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for ack in acks:
+                            ack.cancel()
+
     async def _call(self, front: Front, call_id: int, method: str, args: tuple[Any, ...]) -> None:
         """A repository call (load, unload) made on one front-end: answered once every front-end
         has the lifecycle it left."""
@@ -256,15 +274,7 @@ class EngineHost:
             if not isinstance(exc, RequestError):
                 log.exception("the repository call %s failed", method)
             result = refusal(exc)
-        finally:
-            serial = self.push()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(ACK_S):
-                    while any(f.acked < serial for f in self.fronts):
-                        waiting = [f for f in self.fronts if f.acked < serial]
-                        for f in waiting:
-                            f.took.clear()
-                        await asyncio.wait([asyncio.create_task(f.took.wait()) for f in waiting])
+        await self._taken(self.push())
         front.send(("reply", call_id, result))
 
 
