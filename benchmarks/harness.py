@@ -17,8 +17,11 @@ import re
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
+
+from gmlp.server_process import ServerProcess, gmlp_serve
 
 REPO = Path(__file__).resolve().parents[1]
 # The lscpu flags that decide int8 and bf16 speed (AVX2, AVX-512, VNNI, BF16, AMX, FMA, F16C).
@@ -86,3 +89,21 @@ def command_line(doc: str | None) -> argparse.ArgumentParser:
     """A benchmark's command line; `--help` shows its whole docstring (what it measures, the command)
     and the options' defaults."""
     return argparse.ArgumentParser(description=doc, formatter_class=_Help)
+
+
+def onnxruntime_servers(
+    stack: ExitStack, repository: Path, layouts: Mapping[str, Sequence[str]], log_dir: Path, prefix: str = ""
+) -> dict[str, ServerProcess]:
+    """One `gmlp serve` per layout (its flags), all on `repository` and ONNX Runtime, side by side
+    until `stack` closes: what a benchmark that compares layouts in interleaved rounds measures."""
+    return {
+        name: stack.enter_context(
+            gmlp_serve(
+                repository,
+                log_path=log_dir / f"{prefix}{name}.log",
+                serve_args=flags,
+                env={"GMLP_BACKEND": "onnxruntime"},
+            )
+        )
+        for name, flags in layouts.items()
+    }

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from benchmarks.harness import command_line, cpu_line
-from gmlp.server_process import get_json, gmlp_serve, link_repository
+from benchmarks.harness import command_line, cpu_line, onnxruntime_servers
+from gmlp.server_process import get_json, link_repository
 from loadtests.engine import run_closed_loop, task_requests
 
 LAYOUTS = {"rule": (), "off": ("--lone-threads", "0")}
@@ -31,17 +31,7 @@ def measure(model_dir: Path, work: Path, rounds: int, seconds: float) -> list[di
     """Each layout's `lone_threads` and per-round p50 on `model_dir`."""
     repository = link_repository(work / model_dir.name, model_dir)
     with ExitStack() as stack:
-        servers = {
-            name: stack.enter_context(
-                gmlp_serve(
-                    repository,
-                    log_path=work / f"{model_dir.name}-{name}.log",
-                    serve_args=flags,
-                    env={"GMLP_BACKEND": "onnxruntime"},
-                )
-            )
-            for name, flags in LAYOUTS.items()
-        }
+        servers = onnxruntime_servers(stack, repository, LAYOUTS, work, prefix=f"{model_dir.name}-")
         served = {name: get_json(f"{s.base_url}/models")["models"][0] for name, s in servers.items()}
         first = served["rule"]
         requests = task_requests(first["task"], first["name"], first.get("n"))

@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 
 from benchmarks import wrk
-from benchmarks.harness import command_line, cpu_line
+from benchmarks.harness import command_line, cpu_line, onnxruntime_servers
 from gmlp.server_process import gmlp_serve, link_repository, tree_cpu_seconds, tree_pids
 from service.access.keys import key_line, new_key
 
@@ -60,17 +60,7 @@ def measure(
     script.write_text(wrk.lua_script(body, f"multipart/form-data; boundary={boundary}"))
     figures: dict[str, dict[str, list[float]]] = {n: {} for n in layouts}
     with ExitStack() as stack:
-        servers = {
-            name: stack.enter_context(
-                gmlp_serve(
-                    repository,
-                    log_path=work / f"{name}.log",
-                    serve_args=flags,
-                    env={"GMLP_BACKEND": "onnxruntime"},
-                )
-            )  # fmt: skip
-            for name, flags in layouts.items()
-        }
+        servers = onnxruntime_servers(stack, repository, layouts, work)
         for turn in range(rounds):
             for name in list(servers) if turn % 2 == 0 else list(servers)[::-1]:
                 server = servers[name]
