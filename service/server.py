@@ -304,11 +304,13 @@ class Supervisor:
         from service.telemetry.metrics import fold_dead_process
 
         deadline: float | None = None
+        engine_told = False
         while self.children:
             if self.stopping and deadline is None:
                 deadline = time.monotonic() + 2 * _graceful_s(self.settings) + 5
-            if self.stopping and list(self.children) == ["engine"]:
+            if self.stopping and not engine_told and list(self.children) == ["engine"]:
                 self._forward("engine", signal.SIGTERM)  # the front-ends have drained: the engine's turn
+                engine_told = True
             timeout = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
             ended = wait([p.sentinel for p in self.children.values()], timeout=timeout)
             if deadline is not None and not ended and time.monotonic() >= deadline:

@@ -14,6 +14,7 @@ worker answers for the whole server; each gauge says how its workers' values mer
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -31,6 +32,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from service.engine.batcher import BatchObserver
 from service.engine.request_context import BatchRun
 from service.telemetry.statistics import StatisticsSeries
+
+log = logging.getLogger(__name__)
 
 MV = ["model", "version"]
 ROUTE, CALL = ["route", "method", "status"], ["method", "code"]
@@ -59,7 +62,9 @@ FOLDED_KINDS = ("counter", "histogram", "summary", "gauge_min", "gauge_max", "ga
 def fold_dead_process(folder: Path, pid: int) -> None:
     """Fold the series files of dead process `pid` into `folder`'s archive files, one per kind, so
     that a server whose children die and are replaced again and again keeps a bounded number of
-    files (each at least a page, each read at every scrape) while every count still counts."""
+    files (each at least a page, each read at every scrape) while every count still counts. Best
+    effort: a file it cannot fold (damaged, or its folder removed) is left as it is and logged, and
+    the supervisor that calls it goes on."""
     for kind in FOLDED_KINDS:
         dead = folder / f"{kind}_{pid}.db"
         if not dead.exists():
@@ -67,18 +72,22 @@ def fold_dead_process(folder: Path, pid: int) -> None:
         archive = folder / f"{kind}_archive.db"
         sources = [str(dead), *([str(archive)] if archive.exists() else [])]
         fresh = folder / f"{kind}_archive.folding"  # not *.db: no scrape reads it half-written
-        store = MmapedDict(str(fresh))
         try:
-            for metric in MultiProcessCollector.merge(sources, accumulate=False):
-                for sample in metric.samples:
-                    key = json.dumps(
-                        [metric.name, sample.name, sample.labels, metric.documentation], sort_keys=True
-                    )
-                    store.write_value(key, sample.value, 0.0)
-        finally:
-            store.close()
-        os.replace(fresh, archive)
-        dead.unlink()
+            fresh.unlink(missing_ok=True)  # what a fold cut short left: started anew
+            store = MmapedDict(str(fresh))
+            try:
+                for metric in MultiProcessCollector.merge(sources, accumulate=False):
+                    for sample in metric.samples:
+                        key = [metric.name, sample.name, sample.labels, metric.documentation]
+                        store.write_value(json.dumps(key, sort_keys=True), sample.value, 0.0)
+            finally:
+                store.close()
+            os.replace(fresh, archive)
+            dead.unlink()
+        except Exception as exc:  # housekeeping: it must not end the supervisor
+            log.warning("series file %s not folded into %s, left as it is: %r", dead, archive.name, exc)
+            with suppress(OSError):
+                fresh.unlink(missing_ok=True)
 
 
 class ServiceMetrics:

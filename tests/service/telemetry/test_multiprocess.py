@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 from prometheus_client import generate_latest
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -251,3 +252,15 @@ def test_dead_workers_counts_are_folded_into_one_archive_per_kind(tmp_path: Path
     assert not list(tmp_path.glob("*.folding"))
     # A live worker's readout still counts every dead one's traffic, from the archives.
     check_traffic(worker(tmp_path), WORKERS)
+
+
+def test_a_damaged_series_file_is_left_as_it_is(tmp_path: Path) -> None:
+    """Folding is housekeeping: a dead process's file it cannot read stays, and nothing raises."""
+    damaged = tmp_path / "counter_4242.db"
+    store = MmapedDict(str(damaged))
+    store.write_value("not the JSON key of a series", 1.0, 0.0)
+    store.close()
+    written = damaged.read_bytes()
+    fold_dead_process(tmp_path, 4242)
+    assert damaged.read_bytes() == written
+    assert not list(tmp_path.glob("*.folding")) and not list(tmp_path.glob("*_archive.db"))
