@@ -198,7 +198,8 @@ class ClientLines(logging.Filter):
         self.observe: Any = None  # called once per line held back (the app's counter)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not (getattr(record, "client_caused", False) or record.msg in _CLIENT_MESSAGES):
+        uvicorns = isinstance(record.msg, str) and record.msg in _CLIENT_MESSAGES  # a msg may be any object
+        if not (getattr(record, "client_caused", False) or uvicorns):
             return True
         with self._lock:
             now = time.monotonic()

@@ -3,6 +3,7 @@ writes a bounded number of lines about them and counts the rest."""
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import time
@@ -10,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from gmlp.server_process import gmlp_serve
-from service.telemetry.logs import CLIENT_LINES_BURST, CLIENT_LINES_PER_S
+from service.telemetry.logs import CLIENT_LINES_BURST, CLIENT_LINES_PER_S, ClientLines
 
 SENT = 400
 
@@ -39,3 +40,10 @@ def test_a_flood_of_malformed_requests_writes_a_bounded_log(repository: Path, tm
     assert written <= allowed < SENT, (written, allowed)
     assert written + float(suppressed) == SENT
     assert "client-caused log lines over 10 a second" in server.log_tail(10_000_000)
+
+
+def test_a_message_of_any_type_passes_the_filter() -> None:
+    """logging takes any object as a message (a dict, a list): the filter lets it through."""
+    for message in ({"a": 1}, ["a"], 3):
+        record = logging.LogRecord("service", logging.INFO, __file__, 1, message, None, None)
+        assert ClientLines().filter(record)
