@@ -128,12 +128,12 @@ class EngineLink:
     async def _restore(self, snapshot: Snapshot) -> None:
         """Take the engine's lifecycle in: the models of new loads built first (files read, off
         the event loop), then the table replaced at once."""
-        fresh = [s for s in snapshot.served() if s.load not in self._built]
-        for served, built in zip(fresh, await asyncio.to_thread(self._build_all, fresh), strict=True):
-            if built is not None:
-                self._built[served.load] = built
-        loads = {s.load for s in snapshot.served()}
-        self._built = {load: model for load, model in self._built.items() if load in loads}
+        loaded = snapshot.served()
+        fresh = [s for s in loaded if s.load not in self._built]
+        built = await asyncio.to_thread(lambda: [self._build(served) for served in fresh])
+        kept = {s.load for s in loaded}
+        self._built = {load: model for load, model in self._built.items() if load in kept}
+        self._built |= {s.load: model for s, model in zip(fresh, built, strict=True) if model is not None}
 
         def known(served: Served) -> Pipeline | None:
             model = self._built.get(served.load)
@@ -142,9 +142,6 @@ class EngineLink:
             return model
 
         self.state.restore(snapshot, known)
-
-    def _build_all(self, fresh: list[Served]) -> list[Pipeline | None]:
-        return [self._build(served) for served in fresh]
 
     def _build(self, served: Served) -> Pipeline | None:
         try:
