@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contract.errors import RequestError, UserError
+from service.engine.batcher import DynamicBatcher
 from service.engine.request_context import Deadline
 from service.engine.rows import Job
 from service.engine.runtime import RuntimeFacts
@@ -51,12 +52,37 @@ class Front:
     rows: Mapped
     answers: Arena
     running: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    # Its requests being decoded, by model and version: the batcher told, and its count here.
+    arriving: dict[tuple[str, int], tuple[DynamicBatcher[Any, Any], int]] = field(default_factory=dict)
     acked: int = -1
     took: asyncio.Event = field(default_factory=asyncio.Event)
 
     def send(self, message: Any) -> None:
         if not self.writer.is_closing():
             self.writer.write(frame(message))
+
+    def arrive(self, key: tuple[str, int], batcher: DynamicBatcher[Any, Any] | None, count: int) -> None:
+        """`count` more (fewer) of this front-end's requests for model `key` on their way to
+        `batcher` (None: the one told before); a count never goes below what was told."""
+        told, held = self.arriving.get(key, (None, 0))
+        if batcher is not None and batcher is not told:
+            self.forget(key)  # a new load of the version: the old batcher hears of none of these
+            told, held = batcher, 0
+        if told is None:
+            return
+        count = max(count, -held)
+        told.arrive(count)
+        if held + count:
+            self.arriving[key] = (told, held + count)
+        else:
+            self.arriving.pop(key, None)
+
+    def forget(self, key: tuple[str, int] | None = None) -> None:
+        """Take back what was told of requests on their way (`key`'s, else every model's)."""
+        for k in [key] if key is not None else list(self.arriving):
+            told, held = self.arriving.pop(k, (None, 0))
+            if told is not None:
+                told.arrive(-held)
 
 
 class EngineHost:
@@ -186,6 +212,7 @@ class EngineHost:
         finally:
             self.fronts.discard(front)
             front.took.set()  # a repository call waiting for its ack waits for it no more
+            front.forget()
             for task in front.running.values():
                 task.cancel()
             await asyncio.gather(*front.running.values(), return_exceptions=True)
@@ -199,6 +226,14 @@ class EngineHost:
         if kind == "job":
             job_id = message[1]
             front.running[job_id] = asyncio.create_task(self._row(front, *message[1:]))
+        elif kind == "arriving":
+            _, name, version, count = message
+            batcher = None
+            if count > 0:
+                with contextlib.suppress(RequestError):
+                    found = self.state.loaded(name, version).batcher
+                    batcher = found if isinstance(found, DynamicBatcher) else None
+            front.arrive((name, version), batcher, count)
         elif kind == "cancel":
             if (task := front.running.get(message[1])) is not None:
                 task.cancel()
@@ -224,11 +259,14 @@ class EngineHost:
         reads: frozenset[str] | None,
         at: float,
         timeout_s: float,
+        arrived: bool,
     ) -> None:
         """One row through its model's batcher; exactly one final message, so that the front-end
         knows when its arena's block is free again."""
         try:
             job = Job(front.rows.view(tensors), answer, observed, reads)
+            if arrived:  # right before its submit, as a request leaves `arriving` in one process
+                front.arrive((name, version), None, -1)
             with self.state.lease(name, version, kind=Pipeline) as model:
                 batched = await model.batcher.submit(job, Deadline(at, timeout_s))
             done = batched.output

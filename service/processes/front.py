@@ -158,15 +158,23 @@ class EngineLink:
             raise NotReady(ErrorCode.NOT_READY, ENGINE_GONE)
         self._writer.write(frame(message))
 
-    async def submit(self, name: str, version: int, job: Job, deadline: Deadline | None) -> Batched[Done]:
-        """One row to the engine and its result back (cancelled: the engine drops it too)."""
+    def arriving(self, name: str, version: int, count: int) -> None:
+        """`count` more (or fewer) of this model's requests on their way (`EngineQueue.arriving`)."""
+        with contextlib.suppress(NotReady):
+            self._send(("arriving", name, version, count))
+
+    async def submit(
+        self, name: str, version: int, job: Job, deadline: Deadline | None, arrived: bool = False
+    ) -> Batched[Done]:
+        """One row to the engine and its result back (cancelled: the engine drops it too);
+        `arrived`: the row of a request the engine was told is on its way."""
         deadline = deadline or Deadline.after(self.state.settings.request_timeout_s)
         job_id = next(self._ids)
         tensors = self.arena.place(job.feeds)
         future: asyncio.Future[Batched[Done]] = asyncio.get_running_loop().create_future()
         try:
             self._send(("job", job_id, name, version, tensors, job.answer, job.observed, job.reads,
-                        deadline.at, deadline.timeout_s))  # fmt: skip
+                        deadline.at, deadline.timeout_s, arrived))  # fmt: skip
         except NotReady:
             self.arena.release(tensors)
             raise
@@ -211,12 +219,31 @@ class EngineQueue:
     always_wait: bool
     instances: int
 
+    owed: int = 0  # requests that left `arriving` without failing, whose rows are sent next
+
     @contextlib.contextmanager
     def arriving(self) -> Iterator[None]:
-        yield  # the engine batches what reaches it; a row on its way here is not waited for
+        """Tell the engine's batcher of a request being decoded here, so that a forming batch may
+        wait for it as in one process. Its row's message says it arrived; a request that fails on
+        the way, or that leaves without sending a row, is taken back in a message of its own."""
+        self.link.arriving(self.name, self.version, 1)
+        try:
+            yield
+        except BaseException:
+            self.link.arriving(self.name, self.version, -1)
+            raise
+        self.owed += 1
+        asyncio.get_running_loop().call_soon(self._settle)  # after the row's own `submit`
+
+    def _settle(self) -> None:
+        if self.owed:
+            self.link.arriving(self.name, self.version, -self.owed)
+            self.owed = 0
 
     async def submit(self, item: Job, deadline: Deadline | None = None) -> Batched[Done]:
-        return await self.link.submit(self.name, self.version, item, deadline)
+        arrived = self.owed > 0
+        self.owed -= arrived
+        return await self.link.submit(self.name, self.version, item, deadline, arrived)
 
     def start(self) -> None:
         pass
