@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import itertools
 import logging
@@ -224,8 +225,11 @@ class EngineHost:
     def _take(self, front: Front, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "job":
-            job_id = message[1]
-            front.running[job_id] = asyncio.create_task(self._row(front, *message[1:]))
+            job_id, name, version, arrived = message[1], message[2], message[3], message[-1]
+            row = front.running[job_id] = asyncio.create_task(self._row(front, *message[1:-1]))
+            row.add_done_callback(functools.partial(self._ended, front, job_id))
+            if arrived:  # after the row's task is made: it is queued before the batcher looks again
+                front.arrive((name, version), None, -1)
         elif kind == "arriving":
             _, name, version, count = message
             batcher = None
@@ -259,14 +263,11 @@ class EngineHost:
         reads: frozenset[str] | None,
         at: float,
         timeout_s: float,
-        arrived: bool,
     ) -> None:
         """One row through its model's batcher; exactly one final message, so that the front-end
         knows when its arena's block is free again."""
         try:
             job = Job(front.rows.view(tensors), answer, observed, reads)
-            if arrived:  # right before its submit, as a request leaves `arriving` in one process
-                front.arrive((name, version), None, -1)
             with self.state.lease(name, version, kind=Pipeline) as model:
                 batched = await model.batcher.submit(job, Deadline(at, timeout_s))
             done = batched.output
@@ -280,8 +281,14 @@ class EngineHost:
         except Exception as exc:
             log.exception("model %s version %s: a row failed", name, version)
             front.send(("refused", job_id, refusal(exc)))
-        finally:
-            front.running.pop(job_id, None)
+
+    @staticmethod
+    def _ended(front: Front, job_id: int, row: asyncio.Task[None]) -> None:
+        """A row's task is over; one cancelled before it ran (its cancel read with its job) never
+        sent its final word, which is sent here."""
+        front.running.pop(job_id, None)
+        if row.cancelled():
+            front.send(("dropped", job_id))
 
     async def _taken(self, serial: int) -> None:
         """Wait (at most `ACK_S`) until every connected front-end has acked lifecycle `serial`."""

@@ -60,6 +60,11 @@ class EngineLink:
         self._answers: Mapped | None = None
         self._built: dict[int, Pipeline] = {}  # by load
 
+    @property
+    def waiting(self) -> int:
+        """Rows sent whose final word has not come back: their blocks of the arena are held."""
+        return len(self._sent)
+
     async def run(self) -> None:
         """Stay connected to the engine until cancelled."""
         try:

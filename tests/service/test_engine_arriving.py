@@ -150,3 +150,22 @@ def test_every_count_told_is_taken_back(
             await until(lambda: pair.batcher.arriving_now == 0)
 
     asyncio.run(scenario())
+
+
+def test_a_row_cancelled_as_it_is_sent_gets_its_final_word(
+    settings: ServiceSettings, folder: Path, cifar_images: list[bytes]
+) -> None:
+    """A request that gives up right after sending its row: the engine may read the cancel with
+    the job, before the row's task ever ran; the front-end still hears that the row is over (its
+    arena block freed) and the engine forgets that the request was on its way."""
+
+    async def scenario() -> None:
+        async with engine_and_front(settings, folder) as pair:
+            for image in cifar_images[:40]:
+                row = asyncio.create_task(pair.served.submit_image(image, Deadline.after(30), None))
+                await asyncio.sleep(0)  # the row is sent
+                row.cancel()
+            await until(lambda: pair.front.link.waiting == 0)
+            await until(lambda: pair.batcher.arriving_now == 0)
+
+    asyncio.run(scenario())
