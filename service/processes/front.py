@@ -164,22 +164,23 @@ class EngineLink:
         self._writer.write(frame(message))
 
     def arriving(self, name: str, version: int, count: int) -> None:
-        """`count` more (or fewer) of this model's requests on their way (`EngineQueue.arriving`)."""
+        """Tell the engine that `count` of this model's requests are on their way here now
+        (`EngineQueue.arriving`)."""
         with contextlib.suppress(NotReady):
             self._send(("arriving", name, version, count))
 
     async def submit(
-        self, name: str, version: int, job: Job, deadline: Deadline | None, arrived: bool = False
+        self, name: str, version: int, job: Job, deadline: Deadline | None, arriving: int = 0
     ) -> Batched[Done]:
-        """One row to the engine and its result back (cancelled: the engine drops it too);
-        `arrived`: the row of a request the engine was told is on its way."""
+        """One row to the engine and its result back (cancelled: the engine drops it too), with how
+        many more of the model's requests are on their way here (`EngineQueue.arriving`)."""
         deadline = deadline or Deadline.after(self.state.settings.request_timeout_s)
         job_id = next(self._ids)
         tensors = self.arena.place(job.feeds)
         future: asyncio.Future[Batched[Done]] = asyncio.get_running_loop().create_future()
         try:
             self._send(("job", job_id, name, version, tensors, job.answer, job.observed, job.reads,
-                        deadline.at, deadline.timeout_s, arrived))  # fmt: skip
+                        deadline.at, deadline.timeout_s, arriving))  # fmt: skip
         except NotReady:
             self.arena.release(tensors)
             raise
@@ -224,31 +225,32 @@ class EngineQueue:
     always_wait: bool
     instances: int
 
-    owed: int = 0  # requests that left `arriving` without failing, whose rows are sent next
+    decoding: int = 0  # this model's requests inside `arriving` now
+    told: int = 0  # ... as the engine last heard
 
     @contextlib.contextmanager
     def arriving(self) -> Iterator[None]:
-        """Tell the engine's batcher of a request being decoded here, so that a forming batch may
-        wait for it as in one process. Its row's message says it arrived; a request that fails on
-        the way, or that leaves without sending a row, is taken back in a message of its own."""
-        self.link.arriving(self.name, self.version, 1)
+        """Count a request being decoded here, so that the engine's batcher may wait for it as in
+        one process. The engine hears the count with each row sent (no message of its own while
+        rows flow), and at once where it fell with no row sent (requests failed on the way): a
+        batch never waits for a request that will not come. A request that began arriving since
+        the last row is not waited for: the cost of telling each would be a message a request."""
+        self.decoding += 1
         try:
             yield
-        except BaseException:
-            self.link.arriving(self.name, self.version, -1)
-            raise
-        self.owed += 1
-        asyncio.get_running_loop().call_soon(self._settle)  # after the row's own `submit`
+        finally:
+            self.decoding -= 1
+            if self.told > self.decoding:
+                asyncio.get_running_loop().call_soon(self._settle)  # after the row's own `submit`
 
     def _settle(self) -> None:
-        if self.owed:
-            self.link.arriving(self.name, self.version, -self.owed)
-            self.owed = 0
+        if self.told > self.decoding:
+            self.told = self.decoding
+            self.link.arriving(self.name, self.version, self.decoding)
 
     async def submit(self, item: Job, deadline: Deadline | None = None) -> Batched[Done]:
-        arrived = self.owed > 0
-        self.owed -= arrived
-        return await self.link.submit(self.name, self.version, item, deadline, arrived)
+        self.told = self.decoding
+        return await self.link.submit(self.name, self.version, item, deadline, self.decoding)
 
     def start(self) -> None:
         pass
