@@ -161,18 +161,12 @@ class DynamicBatcher(Generic[I, O]):
         """Mark a request on its way to `submit` (being decoded): a forming batch may wait for it.
 
         Leave the block right before `submit` (no await in between), or on failure."""
-        self.arrive(1)
+        self.arriving_now += 1
         try:
             yield
         finally:
-            self.arrive(-1)
-
-    def arrive(self, count: int) -> None:
-        """`count` more requests on their way (fewer where negative): `arriving` for requests
-        decoded elsewhere, which an engine process hears of from its front-ends."""
-        self.arriving_now = max(0, self.arriving_now + count)
-        if count < 0:
-            self._wakeup.set()  # a batch waiting for these requests re-checks at once
+            self.arriving_now -= 1
+            self._wakeup.set()  # a batch waiting for this request re-checks at once
 
     async def submit(self, item: I, deadline: Deadline | None = None) -> Batched[O]:
         """Queue `item` and wait for its result (with its queue wait and model run) until `deadline`.

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contract.errors import RequestError, UserError
-from service.engine.batcher import DynamicBatcher
 from service.engine.request_context import Deadline
 from service.engine.rows import Job
 from service.engine.runtime import RuntimeFacts
@@ -53,32 +52,12 @@ class Front:
     rows: Mapped
     answers: Arena
     running: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    # Its requests being decoded, by model and version: the batcher told, and their number.
-    arriving: dict[tuple[str, int], tuple[DynamicBatcher[Any, Any], int]] = field(default_factory=dict)
     acked: int = -1
     took: asyncio.Event = field(default_factory=asyncio.Event)
 
     def send(self, message: Any) -> None:
         if not self.writer.is_closing():
             self.writer.write(frame(message))
-
-    def expect(self, key: tuple[str, int], batcher: DynamicBatcher[Any, Any] | None, count: int) -> None:
-        """`count` of this front-end's requests for model `key` are on their way to `batcher`
-        (None: no such model, or none loaded)."""
-        told, held = self.arriving.pop(key, (None, 0))
-        if told is not None and told is not batcher:
-            told.arrive(-held)  # the version was loaded again: its old batcher waits for none
-            held = 0
-        if batcher is not None:
-            batcher.arrive(count - held)
-            if count:
-                self.arriving[key] = (batcher, count)
-
-    def forget(self) -> None:
-        """Take back what was told of requests on their way: the front-end is gone."""
-        for told, held in self.arriving.values():
-            told.arrive(-held)
-        self.arriving.clear()
 
 
 class EngineHost:
@@ -208,7 +187,6 @@ class EngineHost:
         finally:
             self.fronts.discard(front)
             front.took.set()  # a repository call waiting for its ack waits for it no more
-            front.forget()
             for task in front.running.values():
                 task.cancel()
             await asyncio.gather(*front.running.values(), return_exceptions=True)
@@ -220,13 +198,9 @@ class EngineHost:
     def _take(self, front: Front, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "job":
-            job_id, name, version, arriving = message[1], message[2], message[3], message[-1]
-            row = front.running[job_id] = asyncio.create_task(self._row(front, *message[1:-1]))
+            job_id = message[1]
+            row = front.running[job_id] = asyncio.create_task(self._row(front, *message[1:]))
             row.add_done_callback(functools.partial(self._ended, front, job_id))
-            # After the row's task is made: it is queued before the batcher looks again.
-            self._expect(front, name, version, arriving)
-        elif kind == "arriving":
-            self._expect(front, *message[1:])
         elif kind == "cancel":
             if (task := front.running.get(message[1])) is not None:
                 task.cancel()
@@ -239,16 +213,6 @@ class EngineHost:
             call = asyncio.create_task(self._call(front, *message[1:]))
             self._calls.add(call)  # held until done: the loop keeps only a weak reference
             call.add_done_callback(self._calls.discard)
-
-    def _expect(self, front: Front, name: str, version: int, count: int) -> None:
-        """What `front` says of the requests on their way to a model (`Front.expect`)."""
-        if not count and (name, version) not in front.arriving:
-            return  # the usual case where requests come one by one: nothing told, nothing to find
-        batcher = None
-        with contextlib.suppress(RequestError):
-            found = self.state.loaded(name, version).batcher
-            batcher = found if isinstance(found, DynamicBatcher) else None
-        front.expect((name, version), batcher, count)
 
     async def _row(
         self,

@@ -163,24 +163,15 @@ class EngineLink:
             raise NotReady(ErrorCode.NOT_READY, ENGINE_GONE)
         self._writer.write(frame(message))
 
-    def arriving(self, name: str, version: int, count: int) -> None:
-        """Tell the engine that `count` of this model's requests are on their way here now
-        (`EngineQueue.arriving`)."""
-        with contextlib.suppress(NotReady):
-            self._send(("arriving", name, version, count))
-
-    async def submit(
-        self, name: str, version: int, job: Job, deadline: Deadline | None, arriving: int = 0
-    ) -> Batched[Done]:
-        """One row to the engine and its result back (cancelled: the engine drops it too), with how
-        many more of the model's requests are on their way here (`EngineQueue.arriving`)."""
+    async def submit(self, name: str, version: int, job: Job, deadline: Deadline | None) -> Batched[Done]:
+        """One row to the engine and its result back (cancelled: the engine drops it too)."""
         deadline = deadline or Deadline.after(self.state.settings.request_timeout_s)
         job_id = next(self._ids)
         tensors = self.arena.place(job.feeds)
         future: asyncio.Future[Batched[Done]] = asyncio.get_running_loop().create_future()
         try:
             self._send(("job", job_id, name, version, tensors, job.answer, job.observed, job.reads,
-                        deadline.at, deadline.timeout_s, arriving))  # fmt: skip
+                        deadline.at, deadline.timeout_s))  # fmt: skip
         except NotReady:
             self.arena.release(tensors)
             raise
@@ -225,32 +216,12 @@ class EngineQueue:
     always_wait: bool
     instances: int
 
-    decoding: int = 0  # this model's requests inside `arriving` now
-    told: int = 0  # ... as the engine last heard
-
     @contextlib.contextmanager
     def arriving(self) -> Iterator[None]:
-        """Count a request being decoded here, so that the engine's batcher may wait for it as in
-        one process. The engine hears the count with each row sent (no message of its own while
-        rows flow), and at once where it fell with no row sent (requests failed on the way): a
-        batch never waits for a request that will not come. A request that began arriving since
-        the last row is not waited for: the cost of telling each would be a message a request."""
-        self.decoding += 1
-        try:
-            yield
-        finally:
-            self.decoding -= 1
-            if self.told > self.decoding:
-                asyncio.get_running_loop().call_soon(self._settle)  # after the row's own `submit`
-
-    def _settle(self) -> None:
-        if self.told > self.decoding:
-            self.told = self.decoding
-            self.link.arriving(self.name, self.version, self.decoding)
+        yield  # the engine batches what reaches it; a row on its way here is not waited for
 
     async def submit(self, item: Job, deadline: Deadline | None = None) -> Batched[Done]:
-        self.told = self.decoding
-        return await self.link.submit(self.name, self.version, item, deadline, self.decoding)
+        return await self.link.submit(self.name, self.version, item, deadline)
 
     def start(self) -> None:
         pass
