@@ -185,11 +185,13 @@ def create_app(
     )
     if topology is None:
         app.state.service = ServiceState(settings, metrics)
+        rates = None  # the keys' buckets are this process's
     else:
-        app.state.service = FrontState(settings, metrics, topology)
+        app.state.service = front = FrontState(settings, metrics, topology)
+        rates = front.link  # ... the engine's, for the whole server
     app.state.worker = worker
     app.state.stats = StatsHistory(metrics, settings.stats_window_s, settings.stats_interval_s)
-    app.state.keys = KeyStore(settings.api_keys_file, metrics, None if topology is None else topology.folder)
+    app.state.keys = KeyStore(settings.api_keys_file, metrics, rates)
     app.state.tls = tls_files(settings, metrics)
     app.state.tracing = Tracing.from_environment()  # None unless the OTEL_* variables ask for it
     for router in ROUTERS:

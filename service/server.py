@@ -12,7 +12,7 @@ resolves once and no other program can take them, while no connection is queued 
 accepts on), restarts a child that dies, has the front-ends and then the engine drain on SIGTERM
 and SIGINT, forwards SIGHUP (keys and TLS re-read) to the front-ends, and serves `metrics_port`
 from every child's series (prometheus_client's multiprocess mode, in the server's private folder,
-beside each API key's rate bucket and the engine's socket). A child whose supervisor ends, even by
+beside the engine's socket). A child whose supervisor ends, even by
 SIGKILL, is sent SIGTERM by the kernel and drains too (`_end_with`); one that stops reporting is
 killed and replaced (`Supervisor._kill_hung`).
 
@@ -282,7 +282,7 @@ class Supervisor:
 
     def _start(self, name: str) -> None:
         # A /tmp cleaner may have removed the shared folder since the last start: made again, so
-        # that a restarted child finds where its series, the key buckets and the engine's socket go.
+        # that a restarted child finds where its series and the engine's socket go.
         for folder in (self.metrics_dir.parent, self.metrics_dir):
             private_folder(folder)
         link = WorkerLink(self.context.Event(), self.context.Value("d", 0.0, lock=False))

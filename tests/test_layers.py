@@ -57,8 +57,9 @@ SERVICE_LAYER_OF = (
 # The wings each wing may import (besides itself). The engine runs rows through sessions and knows
 # nothing else; telemetry observes the engine; access reports to telemetry; a task is a pipeline on
 # the engine; the lifecycle loads tasks; the processes of a server of several run the lifecycle (the
-# engine) or a copy of it (a front-end). The transports may use every wing but not each other (the
-# v2 REST routes sit on the HTTP plumbing), and nothing below the composition root imports it.
+# engine) or a copy of it (a front-end), the engine holding the keys' buckets. The transports may
+# use every wing but not each other (the v2 REST routes sit on the HTTP plumbing), and nothing below
+# the composition root imports it.
 WINGS = {"settings", "engine", "telemetry", "access", "tasks", "lifecycle", "processes"}
 SERVICE_ALLOWED = {
     "settings": set(),
@@ -67,7 +68,7 @@ SERVICE_ALLOWED = {
     "access": {"settings", "telemetry"},
     "tasks": {"settings", "engine", "telemetry"},
     "lifecycle": {"settings", "engine", "telemetry", "tasks"},
-    "processes": {"settings", "engine", "telemetry", "tasks", "lifecycle"},
+    "processes": {"settings", "engine", "telemetry", "access", "tasks", "lifecycle"},
     "http": WINGS,
     "v2 semantics": WINGS,
     "v2 rest": WINGS | {"http", "v2 semantics"},

@@ -20,19 +20,17 @@ complete), except that rule.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import logging
 import math
-import os
 import re
 import secrets
-import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from contract.errors import ErrorCode, PermissionDenied, RateLimited, Unauthenticated, UserError
 from service.access.scope import Scope
@@ -99,44 +97,41 @@ class TokenBucket:
         return (1 - self.tokens) / self.rate
 
 
-# A shared bucket's state in its file: tokens, and when they were counted (time.monotonic, which
-# is the same clock in every process of the machine).
-_STATE = struct.Struct("=dd")
+class Rates(Protocol):
+    """Where the keys' token buckets live: this process (`LocalRates`), or, in a server of several
+    processes, the engine process, which every front-end asks (`service.processes.front`), so that
+    a key's rate holds for the server."""
+
+    async def take(self, name: str, rate: float, burst: int) -> float:
+        """0 when a request of key `name` may pass (counted), else the seconds until one may."""
+        ...
 
 
-@dataclass
-class SharedTokenBucket(TokenBucket):
-    """A `TokenBucket` that every worker process of one server draws from, so that a key's rate
-    holds for the server rather than for each worker: its state lives in `path` (in the folder the
-    supervisor shares with its workers) and is read and written under an exclusive lock."""
+class LocalRates:
+    """The buckets of this process, one per key and its limits (a changed rate or burst starts
+    full). A full bucket is the same as a new one, so full ones are dropped once `LIMIT` are held."""
 
-    path: Path = field(kw_only=True)
-    # Set once the file failed (its folder removed under the server): the bucket is then this
-    # worker's own, and requests are still decided rather than failed.
-    alone: bool = field(default=False, init=False)
+    LIMIT = 1024
 
-    def take(self, now: float) -> float:
-        if self.alone:
-            return super().take(now)
-        try:
-            return self._take_shared(now)
-        except OSError as exc:
-            log.error("rate bucket %s failed (%s): this worker now limits the key on its own", self.path, exc)
-            self.alone = True
-            return super().take(now)
+    def __init__(self) -> None:
+        self.buckets: dict[tuple[str, float, int], TokenBucket] = {}
 
-    def _take_shared(self, now: float) -> float:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            state = os.pread(fd, _STATE.size, 0)
-            if len(state) == _STATE.size:  # else the first take of any worker: a full bucket
-                self.tokens, self.at = _STATE.unpack(state)
-            wait = super().take(max(now, self.at))  # `now` was read before the lock was held
-            os.pwrite(fd, _STATE.pack(self.tokens, self.at), 0)
-            return wait
-        finally:
-            os.close(fd)  # and the lock with it
+    def take_now(self, name: str, rate: float, burst: int) -> float:
+        now = time.monotonic()
+        bucket = self.buckets.get((name, rate, burst))
+        if bucket is None:
+            if len(self.buckets) >= self.LIMIT:
+                self._drop_full(now)
+            bucket = self.buckets[(name, rate, burst)] = TokenBucket(rate, burst, at=now)
+        return bucket.take(now)
+
+    async def take(self, name: str, rate: float, burst: int) -> float:
+        return self.take_now(name, rate, burst)
+
+    def _drop_full(self, now: float) -> None:
+        for limits, bucket in list(self.buckets.items()):
+            if bucket.tokens + (now - bucket.at) * bucket.rate >= bucket.burst:
+                del self.buckets[limits]
 
 
 @dataclass(frozen=True)
@@ -213,15 +208,14 @@ class KeyStore(Reloadable):
 
     kind = "api_keys"
 
-    def __init__(self, path: Path | None, metrics: ServiceMetrics, shared: Path | None = None) -> None:
+    def __init__(self, path: Path | None, metrics: ServiceMetrics, rates: Rates | None = None) -> None:
         self.path = path
         self.metrics = metrics
-        self.shared = shared  # the workers' shared folder: rates hold for the whole server
+        self.rates = rates or LocalRates()
         # The scopes a request uses without a key, which the transports need not ask about: every
         # scope but admin when no keys file is configured, none otherwise.
         self.open_scopes = frozenset(Scope) - {Scope.ADMIN} if path is None else frozenset()
         self.keys: list[ApiKey] = []
-        self.buckets: dict[str, TokenBucket] = {}
         self.pending: tuple[str, float] | None = None  # a change read in place, since when
         self.vetted: tuple[Signature, str] | None = None  # what `changed` found ready to apply
         if path is not None and not self.reload():
@@ -285,32 +279,15 @@ class KeyStore(Reloadable):
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             log.error("API keys not re-read, the %d in force stay: %s", len(self.keys), exc)
             return self._observe(ok=False)
-        old = {k.name: k for k in self.keys}
-        self.buckets = {
-            k.name: self.buckets[k.name]
-            if k.name in self.buckets and (old[k.name].rate, old[k.name].burst) == (k.rate, k.burst)
-            else self._bucket(k)
-            for k in keys
-            if k.rate is not None
-        }
         self.keys = keys
         log.info("API keys loaded from %s: %s", self.path, ", ".join(k.name for k in keys) or "none")
         return self._observe(ok=True)
-
-    def _bucket(self, key: ApiKey) -> TokenBucket:
-        """A new bucket of the key's rate: one of this process's, or the server's shared one (named
-        by the key and its limits, so that changed limits start full, as here)."""
-        assert key.rate is not None
-        if self.shared is None:
-            return TokenBucket(key.rate, key.burst)
-        name = hashlib.sha256(f"{key.name}\0{key.rate!r}\0{key.burst}".encode()).hexdigest()[:32]
-        return SharedTokenBucket(key.rate, key.burst, path=self.shared / f"rate-{name}")
 
     def _observe(self, ok: bool) -> bool:
         self.metrics.api_keys.set(len(self.keys))
         return self.counted(ok)
 
-    def authorize(self, credential: str | None, scope: Scope, transport: str) -> str:
+    async def authorize(self, credential: str | None, scope: Scope, transport: str) -> str:
         """The name of the key that may make this request (`anonymous` when none is needed);
         Unauthenticated, PermissionDenied or RateLimited otherwise. Counted by name and outcome."""
         name = ANONYMOUS
@@ -340,12 +317,10 @@ class KeyStore(Reloadable):
                 raise PermissionDenied(
                     ErrorCode.FORBIDDEN, f"the key {name!r} has scope {held}; this route needs {scope}"
                 )
-            bucket = self.buckets.get(name)
-            wait = bucket.take(time.monotonic()) if bucket is not None else 0.0
-            if bucket is not None and wait > 0:
+            if key.rate is not None and (wait := await self.rates.take(name, key.rate, key.burst)) > 0:
                 raise RateLimited(
                     ErrorCode.RATE_LIMITED,
-                    f"the key {name!r} is limited to {bucket.rate:g} requests/s (burst {bucket.burst}); "
+                    f"the key {name!r} is limited to {key.rate:g} requests/s (burst {key.burst}); "
                     "retry after the Retry-After delay",
                     retry_after_s=max(1, math.ceil(wait)),
                 )

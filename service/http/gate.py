@@ -92,7 +92,7 @@ class RequestGate:
             return
         route, needed, child = self.table.route(scope["method"], get_route_path(scope))
         try:
-            self.admit(scope, needed)
+            await self.admit(scope, needed)
         except RequestError as refusal:
             await self.errors.response(scope, refusal, route=route)(scope, receive, send)
             return
@@ -111,7 +111,7 @@ class RequestGate:
                 return
             await self.errors.exception(scope, exc, route)(scope, receive, send)
 
-    def admit(self, scope: Scope, needed: KeyScope | None) -> None:
+    async def admit(self, scope: Scope, needed: KeyScope | None) -> None:
         """Raises the refusal of the request's head or of its key, if any."""
         # The size of the request line (path, `?` and query string) and the headers, as sent.
         query = scope.get("query_string") or b""
@@ -138,7 +138,7 @@ class RequestGate:
             presented = [
                 (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k in KEY_HEADERS
             ]
-            self.keys.authorize(presented_key(presented), needed, "http")
+            await self.keys.authorize(presented_key(presented), needed, "http")
 
     def limited(self, scope: Scope, receive: Receive) -> Receive:
         """`receive`, counting the body against the limit (413 at once when Content-Length is over

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contract.errors import RequestError, UserError
+from service.access.keys import LocalRates
 from service.engine.request_context import Deadline
 from service.engine.rows import Job
 from service.engine.runtime import RuntimeFacts
@@ -75,6 +76,7 @@ class EngineHost:
         self._pusher: asyncio.Task[None] | None = None
         self._bound = 0  # the inode of the socket listened on
         self._calls: set[asyncio.Task[None]] = set()
+        self.rates = LocalRates()  # the API keys' buckets of every front-end
 
     async def start(self) -> None:
         await self._listen()
@@ -209,6 +211,8 @@ class EngineHost:
         elif kind == "ack":
             front.acked = max(front.acked, message[1])
             front.took.set()
+        elif kind == "take":  # a token of an API key's bucket: the server's one
+            front.send(("reply", message[1], self.rates.take_now(*message[2:])))
         elif kind == "call":
             call = asyncio.create_task(self._call(front, *message[1:]))
             self._calls.add(call)  # held until done: the loop keeps only a weak reference

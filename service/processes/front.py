@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.errors import ErrorCode, NotReady
+from service.access.keys import LocalRates
 from service.engine.request_context import Batched, Deadline
 from service.engine.rows import Done, Job
 from service.lifecycle.mirror import Served, Snapshot
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.2
 ARENA_BYTES = 16 << 20  # this front-end's shared memory for its rows' inputs
 ENGINE_GONE = "the engine process is restarting"
+RATE_S = 0.5  # how long a key's token is asked of the engine before this front-end decides alone
 
 
 @dataclass(eq=False)
@@ -59,6 +61,7 @@ class EngineLink:
         self._writer: asyncio.StreamWriter | None = None
         self._answers: Mapped | None = None
         self._built: dict[int, Pipeline] = {}  # by load
+        self.own_rates = LocalRates()
 
     @property
     def waiting(self) -> int:
@@ -194,13 +197,30 @@ class EngineLink:
 
     async def call(self, method: str, *args: Any) -> None:
         """A repository call, made by the engine; its refusal raised here."""
-        call_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._send(("call", call_id, method, args))
-        self._calls[call_id] = future
-        result = await future
+        result = await self._ask("call", method, args)
         if result is not None:
             raise refused(result)
+
+    async def take(self, name: str, rate: float, burst: int) -> float:
+        """A token of key `name`'s bucket, which the engine holds for the server (`Rates`); this
+        front-end's own bucket while the engine is away or does not answer within `RATE_S`."""
+        try:
+            async with asyncio.timeout(RATE_S):
+                wait: float = await self._ask("take", name, rate, burst)
+                return wait
+        except (NotReady, TimeoutError):
+            return self.own_rates.take_now(name, rate, burst)
+
+    async def _ask(self, kind: str, *args: Any) -> Any:
+        """The engine's reply to a message of `kind`."""
+        call_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._send((kind, call_id, *args))
+        self._calls[call_id] = future
+        try:
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
 
 
 @dataclass(eq=False)

@@ -29,10 +29,9 @@ class Role(StrEnum):
 @dataclass(frozen=True)
 class Topology:
     """A process's place in the server: its `role` (and a front-end's `index` among `fronts`), the
-    server's private folder (0700: the engine's socket, every process's metrics files, the API
-    keys' rate buckets), the token a front-end shows the engine, the CPUs of the whole server (a
-    one-row run may use all of them, `ServiceSettings.resolved_lone_threads`) and the names of its
-    shared memory."""
+    server's private folder (0700: the engine's socket, every process's metrics files), the token
+    a front-end shows the engine, the CPUs of the whole server (a one-row run may use all of them,
+    `ServiceSettings.resolved_lone_threads`) and the names of its shared memory."""
 
     role: Role
     index: int

@@ -278,7 +278,7 @@ class CallHandling:
                     try:
                         if keys is not None and scope is not None:
                             text = [(k, v) for k, v in metadata if isinstance(v, str)]  # binary is no key
-                            keys.authorize(presented_key(text), scope, "grpc")
+                            await keys.authorize(presented_key(text), scope, "grpc")
                         if isinstance(request, Malformed):
                             raise InvalidInput(ErrorCode.INVALID_REQUEST, request.reason)
                         return await call(request, context)

@@ -1,5 +1,6 @@
 """An engine host and a front-end's lifecycle in one event loop, over the real socket, shared
-memory and tiny classifier: what the two say of a row at the edges of its life."""
+memory and tiny classifier: what the two say of a row at the edges of its life, and of a key's
+rate."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ MODEL = "tiny-vision"
 @dataclass
 class Pair:
     engine: ServiceState
+    host: EngineHost
     front: FrontState
 
     @property
@@ -56,7 +58,7 @@ async def engine_and_front(settings: ServiceSettings, folder: Path) -> AsyncIter
     front = FrontState(settings, ServiceMetrics(settings.max_batch_size), topology.as_front(0))
     try:
         await asyncio.wait_for(front.load(), 20)
-        yield Pair(engine, front)
+        yield Pair(engine, host, front)
     finally:
         await front.shutdown()
         await host.close()
@@ -89,5 +91,21 @@ def test_a_row_cancelled_as_it_is_sent_gets_its_final_word(
                 await asyncio.sleep(0)  # the row is sent
                 row.cancel()
             await until(lambda: pair.front.link.waiting == 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_keys_bucket_is_the_engines_and_the_front_end_decides_alone_while_it_is_away(
+    settings: ServiceSettings, folder: Path
+) -> None:
+    async def scenario() -> None:
+        async with engine_and_front(settings, folder) as pair:
+            link = pair.front.link
+            takes = [await link.take("k", 1e-6, 2) for _ in range(3)]
+            assert takes[:2] == [0.0, 0.0] and takes[2] > 0
+            assert pair.host.rates.buckets[("k", 1e-6, 2)].tokens < 1  # taken from the engine's
+            assert not link.own_rates.buckets
+            await pair.front.shutdown()  # the engine gone: this front-end's own bucket, full
+            assert await link.take("k", 1e-6, 2) == 0.0
 
     asyncio.run(scenario())

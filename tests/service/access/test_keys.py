@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from contract.errors import PermissionDenied, RateLimited, Unauthenticated, UserError
 from gmlp.cli import main
-from service.access.keys import KeyStore, SharedTokenBucket, TokenBucket, digest, new_key, parse_keys
+from service.access.keys import KeyStore, LocalRates, TokenBucket, digest, new_key, parse_keys
 from service.access.scope import Scope, grpc_scope
 from service.telemetry.metrics import ServiceMetrics
+
+
+def decide(store: KeyStore, credential: str | None, scope: Scope, transport: str) -> str:
+    """The store's decision, made outside an event loop."""
+    return asyncio.run(store.authorize(credential, scope, transport))
 
 
 def test_a_line_holds_name_scopes_digest_and_options() -> None:
@@ -65,23 +69,23 @@ def test_the_decision(tmp_path: Path) -> None:
     path.write_text(f"user infer {digest(keys['user'])}\nboss admin {digest(keys['boss'])}\n")
     metrics = ServiceMetrics(8)
     store = KeyStore(path, metrics)
-    assert store.authorize(keys["user"], Scope.INFER, "http") == "user"
+    assert decide(store, keys["user"], Scope.INFER, "http") == "user"
     with pytest.raises(Unauthenticated, match="needs an API key"):
-        store.authorize(None, Scope.INFER, "http")
+        decide(store, None, Scope.INFER, "http")
     with pytest.raises(Unauthenticated, match="not valid"):
-        store.authorize(new_key(), Scope.INFER, "http")
+        decide(store, new_key(), Scope.INFER, "http")
     with pytest.raises(PermissionDenied, match="needs admin"):
-        store.authorize(keys["user"], Scope.ADMIN, "http")
-    assert store.authorize(keys["boss"], Scope.ADMIN, "grpc") == "boss"
+        decide(store, keys["user"], Scope.ADMIN, "http")
+    assert decide(store, keys["boss"], Scope.ADMIN, "grpc") == "boss"
     # An empty file locks everything rather than opening it; no file opens all but admin.
     path.write_text("# nobody\n")
     assert store.reload()
     with pytest.raises(Unauthenticated):
-        store.authorize(keys["user"], Scope.INFER, "http")
+        decide(store, keys["user"], Scope.INFER, "http")
     open_store = KeyStore(None, ServiceMetrics(1))
-    assert open_store.authorize(None, Scope.METRICS, "http") == "anonymous"
+    assert decide(open_store, None, Scope.METRICS, "http") == "anonymous"
     with pytest.raises(PermissionDenied, match="admin routes are closed"):
-        open_store.authorize(None, Scope.ADMIN, "http")
+        decide(open_store, None, Scope.ADMIN, "http")
 
 
 def test_a_broken_file_keeps_the_keys_in_force_and_an_unusable_one_stops_the_start(tmp_path: Path) -> None:
@@ -91,7 +95,7 @@ def test_a_broken_file_keeps_the_keys_in_force_and_an_unusable_one_stops_the_sta
     store = KeyStore(path, ServiceMetrics(8))
     path.write_text("user infer not-a-digest\n")
     assert store.changed() and not store.reload() and not store.changed()
-    assert store.authorize(key, Scope.INFER, "http") == "user"
+    assert decide(store, key, Scope.INFER, "http") == "user"
     with pytest.raises(UserError, match="cannot be used"):
         KeyStore(tmp_path / "missing", ServiceMetrics(1))
 
@@ -104,37 +108,15 @@ def test_the_rate_limit_refills_with_time() -> None:
     assert bucket.take(start + 0.5) == 0  # one token back after 1/rate seconds
 
 
-def test_a_shared_bucket_is_one_bucket_for_every_process(tmp_path: Path) -> None:
-    """Worker processes draw from one bucket, kept in a file: two processes taking as fast as they
-    can get the burst between them, not each; and a bucket object reads what another took."""
-    code = (
-        "import sys, time; from pathlib import Path; from service.access.keys import SharedTokenBucket; "
-        "b = SharedTokenBucket(1e-6, 5, path=Path(sys.argv[1])); "
-        "print(sum(b.take(time.monotonic()) == 0 for _ in range(3000)))"
-    )
-    path = tmp_path / "bucket"
-    takers = [
-        subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    assert sum(int(taker.communicate(timeout=120)[0]) for taker in takers) == 5
-    first, second = (SharedTokenBucket(2.0, 2, path=tmp_path / "other") for _ in range(2))
-    start = first.at
-    assert first.take(start) == 0 and second.take(start) == 0
-    assert first.take(start) == pytest.approx(0.5) and second.take(start) == pytest.approx(0.5)
-    assert second.take(start + 0.5) == 0 and first.take(start + 0.5) > 0
-
-
-def test_a_shared_bucket_whose_file_fails_goes_on_alone(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A bucket file that cannot be opened (its folder removed under the server) fails no request:
-    the worker limits the key on its own, and says so once."""
-    bucket = SharedTokenBucket(2.0, 2, path=tmp_path / "gone" / "bucket")
-    start = bucket.at
-    assert bucket.take(start) == 0 and bucket.take(start) == 0
-    assert bucket.take(start) == pytest.approx(0.5)
-    assert bucket.alone and caplog.text.count("limits the key on its own") == 1
+def test_a_changed_limit_starts_full_and_full_buckets_are_dropped_when_many() -> None:
+    rates = LocalRates()
+    rates.LIMIT = 3
+    assert rates.take_now("k", 1e-6, 1) == 0 and rates.take_now("k", 1e-6, 1) > 0
+    assert rates.take_now("k", 1e-6, 2) == 0  # new limits, a new bucket, full
+    assert rates.take_now("quick", 1e9, 1) == 0  # full again a nanosecond later
+    rates.take_now("fourth", 1.0, 1)  # over the limit: the full bucket goes, those in use stay
+    assert set(rates.buckets) == {("k", 1e-6, 1), ("k", 1e-6, 2), ("fourth", 1.0, 1)}
+    assert rates.take_now("k", 1e-6, 1) > 0
 
 
 def test_rate_limited_keys_answer_with_the_wait(tmp_path: Path) -> None:
@@ -142,9 +124,9 @@ def test_rate_limited_keys_answer_with_the_wait(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text(f"slow infer {digest(key)} rate=0.001 burst=1\n")
     store = KeyStore(path, ServiceMetrics(1))
-    store.authorize(key, Scope.INFER, "http")
+    decide(store, key, Scope.INFER, "http")
     with pytest.raises(RateLimited) as caught:
-        store.authorize(key, Scope.INFER, "http")
+        decide(store, key, Scope.INFER, "http")
     assert caught.value.retry_after_s >= 900
 
 
