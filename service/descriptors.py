@@ -28,7 +28,7 @@ def fit_connection_caps(settings: ServiceSettings) -> ServiceSettings:
     lowered in proportion, with one warning naming the numbers; where not even one connection of
     each fits, the service refuses to start (UserError) rather than fail at its first connections.
     """
-    workers, grpc_on = settings.workers, bool(settings.grpc_port)
+    workers, grpc_on = settings.resolved_workers(), bool(settings.grpc_port)
     http = share(settings.max_connections, workers)
     grpc = share(settings.grpc_max_connections, workers) if grpc_on else 0
     need = 2 * http + grpc + FD_RESERVE

@@ -64,8 +64,9 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def serve(settings: ServiceSettings) -> None:
     """Serve until SIGINT/SIGTERM (then drain and exit): in this process, or with workers."""
-    settings = fit_connection_caps(settings)
-    if settings.workers == 1:
+    # The number of front-ends fixed here, from this process's CPUs: a child's are its share.
+    settings = fit_connection_caps(settings.model_copy(update={"workers": settings.resolved_workers()}))
+    if settings.resolved_workers() == 1:
         _run_uvicorn(settings, sockets=None)
     elif (status := Supervisor(settings).run()) != 0:
         raise SystemExit(status)
@@ -134,7 +135,7 @@ def _graceful_s(settings: ServiceSettings) -> int:
 def worker_settings(settings: ServiceSettings, port: int) -> ServiceSettings:
     """One front-end's settings: the resolved `port`; its share of the CPUs (its decoding threads)
     and of the HTTP and gRPC connection caps; no metrics port (the supervisor serves it)."""
-    n = settings.workers
+    n = settings.resolved_workers()
     return settings.model_copy(
         update={
             "port": port,
@@ -246,7 +247,7 @@ class Supervisor:
         self.topology = Topology(
             Role.ENGINE,
             0,
-            settings.workers,
+            settings.resolved_workers(),
             shared,
             secrets.token_bytes(32),
             settings.usable_cpus(),
@@ -263,8 +264,8 @@ class Supervisor:
                 from service.telemetry.metrics import server_registry
 
                 metrics_server = start_metrics_port(settings, server_registry(str(metrics_dir)))
-            log.info("starting an engine and %d front-ends on port %d", settings.workers, port)
-            for name in ("engine", *(f"front-end {i}" for i in range(settings.workers))):
+            log.info("starting an engine and %d front-ends on port %d", settings.resolved_workers(), port)
+            for name in ("engine", *(f"front-end {i}" for i in range(settings.resolved_workers()))):
                 if not self.stopping:  # a signal during the start reaches only those started
                     self._start(name)
             return self._supervise()

@@ -74,6 +74,9 @@ def group_of(field: FieldInfo) -> Group:
 # machine). The threshold keeps a margin of more than twice the break-even on the fastest core
 # measured (docs/benchmarks.md, "A real-size model").
 LONE_MIN_BLOCK_MACS = 32_000_000
+# Unset `workers`: one process up to this many usable CPUs, else a front-end for every this many
+# (`ServiceSettings.resolved_workers`).
+CPUS_PER_FRONT_END = 4
 
 
 class ServiceSettings(BaseSettings):
@@ -91,12 +94,13 @@ class ServiceSettings(BaseSettings):
     """TCP port of the Open Inference Protocol v2 gRPC service, on the same host, in the same process (same
     models, batchers and limits); 0 disables it. Triton's 8001 is taken by compose's GPU service, so the
     default is KServe's"""
-    workers: int = setting(Group.SERVER, 1, ge=1, le=64)
+    workers: int | None = setting(Group.SERVER, None, ge=1, le=64)
     """front-end processes serving both ports: with more than one, an engine process holds the models (one
     copy of the weights, one batcher per model for every client, the repository calls) and the front-ends
     do each request's own work (parsing, access, decoding, answers) on event loops of their own, handing
     rows to the engine through shared memory (docs/service.md, "Processes"). The connection caps are shared
-    out among the front-ends; an API key's rate holds for the whole server"""
+    out among the front-ends; an API key's rate holds for the whole server. Unset: one process up to 4
+    usable CPUs, else a front-end for every 4 (rounded up)"""
     max_connections: int = setting(Group.SERVER, 1000, ge=1)
     """open HTTP connections, counted from accept (TLS handshakes included), or requests in flight: at the cap
     the oldest idle keep-alive connection is closed to make room; when none is idle a newcomer gets 503
@@ -352,6 +356,20 @@ class ServiceSettings(BaseSettings):
         if self.lone_threads is None and (block_macs or 0) < LONE_MIN_BLOCK_MACS:
             return 0
         return self.resolved_lone_threads(device)
+
+    def resolved_workers(self) -> int:
+        """Front-end processes: the explicit setting, else a fixed rule from the usable CPUs.
+
+        A front-end's share of a request (parsing, access, decoding, the answer) is about a fifth
+        of the CPU time of the demo classifier's request, its batched inference the rest
+        (docs/benchmarks.md, "Processes"), and a bigger model's share is smaller. So one event loop
+        keeps up with the inference of up to about 4 CPUs, where the engine's extra hop costs more
+        than it frees; above that, a front-end for every 4 CPUs leaves the request work a quarter
+        of the machine."""
+        if self.workers is not None:
+            return self.workers
+        cpus = self.usable_cpus()
+        return 1 if cpus <= CPUS_PER_FRONT_END else -(-cpus // CPUS_PER_FRONT_END)
 
     def usable_cpus(self) -> int:
         return self.cpus or available_cpus()

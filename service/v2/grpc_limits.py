@@ -49,5 +49,5 @@ def connection_options(settings: ServiceSettings) -> list[tuple[str, Any]]:
         ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * ms)),
         ("grpc.max_allowed_incoming_connections", settings.grpc_max_connections),
         # Workers share the port (service.server); a lone server refuses a port another one holds.
-        ("grpc.so_reuseport", int(settings.workers > 1)),
+        ("grpc.so_reuseport", int(settings.resolved_workers() > 1)),
     ]

@@ -153,6 +153,14 @@ def test_instances_share_out_the_cpus() -> None:
     assert ServiceSettings(instances=64).resolved_threads(64) == 1
 
 
+def test_front_ends_come_from_the_cpus_unless_set() -> None:
+    """One process up to 4 CPUs, then a front-end for every 4 (rounded up); given, as given."""
+    cpus = {1: 1, 2: 1, 4: 1, 5: 2, 8: 2, 9: 3, 16: 4, 64: 16}
+    assert {n: ServiceSettings(cpus=n).resolved_workers() for n in cpus} == cpus
+    assert ServiceSettings(cpus=16, workers=1).resolved_workers() == 1
+    assert ServiceSettings(cpus=2, workers=3).resolved_workers() == 3
+
+
 def test_a_lone_batch_gets_every_cpu_unless_set() -> None:
     assert ServiceSettings().resolved_lone_threads("cpu") == available_cpus()
     assert ServiceSettings(cpus=3).resolved_lone_threads("cpu") == 3

@@ -133,8 +133,9 @@ def test_an_engine_killed_under_load_costs_503s_then_serves_again(
 
 def test_rows_and_outputs_cross_intact(repository: Path, tmp_path: Path, poll) -> None:
     """v2 tensors in, every output back: as the graph gives them when run directly (ONNX Runtime
-    on the served file), for batches of several rows."""
-    flags = ["--workers", "2", "--grpc-port", "0", "--variant", "fp32"]
+    on the served file), for batches of several rows. The layout is the default one of a server of
+    5 CPUs: an engine and two front-ends."""
+    flags = ["--cpus", "5", "--grpc-port", "0", "--variant", "fp32"]
     with gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags) as server:
         ready_fronts(server, poll)
         _, _, meta = request(server.port, "GET", "/v2/models/tiny-vision")
