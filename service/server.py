@@ -152,6 +152,24 @@ def engine_settings(settings: ServiceSettings) -> ServiceSettings:
     return settings.model_copy(update={"cpus": settings.usable_cpus(), "metrics_port": None})
 
 
+def _unclaimed(host: str, port: int) -> None:
+    """OSError (EADDRINUSE) where a socket of another process listens on (host, port) already.
+
+    The front-ends' sockets share the port with SO_REUSEPORT, which would as well let them join a
+    group that another process of the same user made with it (a server left running, an orphan of
+    one that was killed): the kernel would then hand that process part of the new server's
+    connections. A socket without SO_REUSEPORT cannot join any group, so binding one first, and
+    closing it again, tells whether the port is free."""
+    if port == 0:
+        return
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a connection in TIME_WAIT is no owner
+        probe.bind((host, port))
+    finally:
+        probe.close()
+
+
 def _socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to (host, port) in the port's SO_REUSEPORT group."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -235,6 +253,7 @@ class Supervisor:
         reserved: list[socket.socket] = []
         for wanted in (settings.port, settings.grpc_port) if settings.grpc_port else (settings.port,):
             try:
+                _unclaimed(settings.host, wanted)
                 reserved.append(_socket(settings.host, wanted))
             except OSError as exc:
                 for sock in reserved:

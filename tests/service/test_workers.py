@@ -269,13 +269,26 @@ def test_a_worker_that_cannot_start_stops_the_server(repository: Path, tmp_path:
     assert done.stderr.count("Traceback") == 0
 
 
-def test_a_taken_port_is_refused_before_any_worker_starts(repository: Path) -> None:
+@pytest.mark.parametrize(
+    ("which", "group"),
+    [("http", False), ("http", True), ("grpc", True)],
+    ids=["http", "http-reuseport-group", "grpc-reuseport-group"],
+)
+def test_a_taken_port_is_refused_before_any_worker_starts(repository: Path, which: str, group: bool) -> None:
+    """Also where the socket holding it is in an SO_REUSEPORT group of this user's, which the
+    front-ends' sockets could otherwise join and then share the connections with."""
     with socket.socket() as taken:
+        if group:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
+        http_port, flags = (port, []) if which == "http" else (free_port(), ["--grpc-port", str(port)])
         done = subprocess.run(
-            serve_argv(repository, port, "--workers", "2"), capture_output=True, text=True, timeout=60
+            serve_argv(repository, http_port, "--workers", "2", *flags),
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
