@@ -211,16 +211,17 @@ class Pipeline:
         """Raise if the graph's outputs do not fit the metadata (caught at start-up, not per request)."""
 
     def warm_up(self) -> None:
-        """Run every shape at batch 1, the largest also as a full batch (blocking): the first runs of
-        a shape allocate ORT's memory arenas, which should not happen on a client's request."""
+        """Run every shape at batch 1, the largest also as a full batch (blocking), each output
+        checked: a graph that cannot answer is refused here, not on a client's request. The memory
+        these runs take is given back (`Runtime.warming`)."""
         shapes = self.warmup_feeds()
-        with self.session.on_every_session():
-            for feeds in shapes:
-                self.check_outputs(feeds, self.run_rows([feeds])[0])
-        # The full batch on the instances' session only: a lone session runs one row, and a batch's
-        # memory there would be kept by its arena for nothing.
-        if self.settings.max_batch_size > 1:
-            self.check_outputs(shapes[-1], self.run_rows([shapes[-1]] * self.settings.max_batch_size)[0])
+        with self.session.warming():
+            with self.session.on_every_session():
+                for feeds in shapes:
+                    self.check_outputs(feeds, self.run_rows([feeds])[0])
+            # The full batch on the instances' session only: a lone session runs one row.
+            if self.settings.max_batch_size > 1:
+                self.check_outputs(shapes[-1], self.run_rows([shapes[-1]] * self.settings.max_batch_size)[0])
 
     def verify(self) -> None:
         """Raise SpecError unless the chosen variant answers the export's recorded check as the export
