@@ -13,7 +13,7 @@ Each flood runs in rounds until the test closes the process's stdin, `--seconds`
 `--rounds` are sent, whichever comes first; it prints `flooding` once `--warmup` rounds went out on
 all its connections, and a JSON summary (what was sent, what the server answered) when it stops.
 
-    python -m support.h2_floods KIND PORT [--connections N] [--per-round M] [--warmup W]
+    python -m support.h2_floods KIND PORT [--connections N] [--per-round M] [--warmup W] [--message HEX]
 """
 
 from __future__ import annotations
@@ -35,7 +35,14 @@ from typing import Any
 import h2.config
 import h2.connection
 from hpack import Encoder, NeverIndexedHeaderTuple
-from hyperframe.frame import ContinuationFrame, HeadersFrame, PingFrame, RstStreamFrame, SettingsFrame
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    HeadersFrame,
+    PingFrame,
+    RstStreamFrame,
+    SettingsFrame,
+)
 
 CANCEL = 0x8
 RST_STREAM, SETTINGS, PING, ACK = 0x3, 0x4, 0x6, 0x1
@@ -89,6 +96,7 @@ class Connection:
         self.ended = 0  # streams the server reset
         self.endless_block: int | None = None  # the stream of `continuation`'s header block
         self.buffer = b""
+        self.message = b""  # a whole call's gRPC message, for the floods that send one
         self.open = True
         self.send(self.h2.data_to_send())
         tally.connections += 1
@@ -195,18 +203,43 @@ def many_streams(conn: Connection, count: int) -> list[bytes]:
     ]
 
 
+def zero_window(conn: Connection, count: int) -> list[bytes]:
+    """Whole calls (the flood's `--message`) whose answers can never be sent: the connection's
+    first round sets the client's receive window of every stream to 0
+    (SETTINGS_INITIAL_WINDOW_SIZE), and the calls are kept open up to MANY_STREAMS (one opened
+    again for each the server ends)."""
+    opening = []
+    if conn.next_stream == 3:
+        opening.append(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0}).serialize())
+    count = min(count, MANY_STREAMS - ((conn.next_stream - 3) // 2 - conn.ended))
+    frames = []
+    for stream in conn.new_streams(count):
+        frames.append(HeadersFrame(stream, data=conn.block, flags=["END_HEADERS"]).serialize())
+        frames.append(DataFrame(stream, data=conn.message, flags=["END_STREAM"]).serialize())
+    return opening + frames
+
+
 ROUNDS: dict[str, Round] = {
+    "zero_window": zero_window,
     "rapid_reset": rapid_reset,
     "continuation": continuation,
     "settings": settings,
     "ping": ping,
     "many_streams": many_streams,
 }
-OPEN_STREAMS = {"rapid_reset", "continuation", "many_streams"}
+OPEN_STREAMS = {"rapid_reset", "continuation", "many_streams", "zero_window"}
 
 
 def flood(
-    kind: str, port: int, connections: int, per_round: int, *, warmup: int, seconds: float, rounds: int
+    kind: str,
+    port: int,
+    connections: int,
+    per_round: int,
+    *,
+    warmup: int,
+    seconds: float,
+    rounds: int,
+    message: bytes = b"",
 ) -> Tally:
     """Send `kind`'s rounds over `connections` connections until stdin closes (or the bounds),
     saying `flooding` once `warmup` rounds went out on all of them."""
@@ -229,6 +262,7 @@ def flood(
         while len(conns) < connections:
             try:
                 conns.append(Connection(port, tally, requests=kind in OPEN_STREAMS))
+                conns[-1].message = message
             except OSError:
                 tally.refused_at_connect += 1
                 time.sleep(0.05)
@@ -257,11 +291,20 @@ class Flood:
 
     @classmethod
     def start(
-        cls, kind: str, port: int, *, connections: int = 1, per_round: int = 100, warmup: int = 2
+        cls,
+        kind: str,
+        port: int,
+        *,
+        connections: int = 1,
+        per_round: int = 100,
+        warmup: int = 2,
+        message: bytes = b"",
     ) -> Flood:
-        """`kind` flooding 127.0.0.1:`port` (see the module's usage), once it is under way."""
+        """`kind` flooding 127.0.0.1:`port` (see the module's usage), once it is under way;
+        `message`: a serialised request, for the floods that send whole calls."""
         tests = Path(__file__).resolve().parents[1]
         options = {"--connections": connections, "--per-round": per_round, "--warmup": warmup}
+        options |= {"--message": message.hex()} if message else {}
         command = [sys.executable, "-m", "support.h2_floods", kind, str(port)]
         command += [str(part) for pair in options.items() for part in pair]
         process = subprocess.Popen(
@@ -300,8 +343,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="rounds before `flooding`")
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--rounds", type=int, default=1_000_000)
+    parser.add_argument("--message", default="", help="a serialised request (hex), for whole calls")
     args = parser.parse_args()
-    options = {"warmup": args.warmup, "seconds": args.seconds, "rounds": args.rounds}
+    body = bytes.fromhex(args.message)
+    message = b"\0" + len(body).to_bytes(4, "big") + body  # framed as gRPC sends it
+    options = {"warmup": args.warmup, "seconds": args.seconds, "rounds": args.rounds, "message": message}
     tally = flood(args.kind, args.port, args.connections, args.per_round, **options)
     summary = {**vars(tally), "received": dict(tally.received)}
     print(json.dumps(summary), flush=True)

@@ -102,6 +102,17 @@ def test_many_streams_on_a_connection_leave_other_clients_served(server: Running
     assert summary["streams_opened"] > summary["received"].get("rst_stream", 0) > 0
 
 
+def test_calls_whose_answers_cannot_be_sent_leave_other_clients_served(server: RunningServer) -> None:
+    """A client whose receive window is 0 on every stream (it reads nothing), on 4 connections:
+    its whole ModelInfer calls are run, but their answers can never go out, so each call stays
+    open; those beyond each connection's stream limit are refused, and another client's calls are
+    answered as ever."""
+    message = infer_request().SerializeToString()
+    summary = check_served(server, "zero_window", connections=4, per_round=200, message=message)
+    assert summary["streams_opened"] > summary["received"].get("rst_stream", 0) > 0
+    assert summary["received"].get("data", 0) == 0  # no answer got through the closed window
+
+
 def test_a_continuation_flood_leaves_other_clients_served(server: RunningServer) -> None:
     """A header block that never ends (HEADERS without END_HEADERS, then CONTINUATION frames) on
     4 connections: what is over the metadata limit is dropped as it arrives."""
