@@ -92,10 +92,16 @@ def command_line(doc: str | None) -> argparse.ArgumentParser:
 
 
 def onnxruntime_servers(
-    stack: ExitStack, repository: Path, layouts: Mapping[str, Sequence[str]], log_dir: Path, prefix: str = ""
+    stack: ExitStack,
+    repository: Path,
+    layouts: Mapping[str, Sequence[str]],
+    log_dir: Path,
+    prefix: str = "",
+    checkouts: Mapping[str, Path] | None = None,
 ) -> dict[str, ServerProcess]:
     """One `gmlp serve` per layout (its flags), all on `repository` and ONNX Runtime, side by side
-    until `stack` closes: what a benchmark that compares layouts in interleaved rounds measures."""
+    until `stack` closes: what a benchmark that compares layouts in interleaved rounds measures. A
+    layout named in `checkouts` runs the code of that checkout (a baseline: an earlier commit)."""
     return {
         name: stack.enter_context(
             gmlp_serve(
@@ -103,6 +109,7 @@ def onnxruntime_servers(
                 log_path=log_dir / f"{prefix}{name}.log",
                 serve_args=flags,
                 env={"GMLP_BACKEND": "onnxruntime"},
+                cwd=(checkouts or {}).get(name),
             )
         )
         for name, flags in layouts.items()

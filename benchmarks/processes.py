@@ -13,7 +13,11 @@ warm-up included) and after the requests:
     python -m benchmarks.processes --memory /path/to/gmlp-s16-224 --rounds 3
 
 Every server runs on ONNX Runtime with the defaults but for `--workers`; they run side by side and
-take turns (the order flips every round), idle while another is measured.
+take turns (the order flips every round), idle while another is measured. `--baseline DIR` adds
+one process of another checkout's code (an earlier commit, `git worktree add DIR REV`), run with
+this environment's packages: a before/after in the same rounds.
+
+    python -m benchmarks.processes --fronts "" --baseline /tmp/before --rounds 5 --seconds 6
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def measure(
     rounds: int,
     seconds: float,
     clients: int,
+    checkouts: dict[str, Path] | None = None,
 ) -> list[dict[str, object]]:
     repository = link_repository(work / model_dir.name, model_dir)
     body = work / "body"
@@ -60,7 +65,7 @@ def measure(
     script.write_text(wrk.lua_script(body, f"multipart/form-data; boundary={boundary}"))
     figures: dict[str, dict[str, list[float]]] = {n: {} for n in layouts}
     with ExitStack() as stack:
-        servers = onnxruntime_servers(stack, repository, layouts, work)
+        servers = onnxruntime_servers(stack, repository, layouts, work, checkouts=checkouts)
         for turn in range(rounds):
             for name in list(servers) if turn % 2 == 0 else list(servers)[::-1]:
                 server = servers[name]
@@ -95,7 +100,11 @@ def tree_pss(root: int) -> int:
 
 
 def load_growth(
-    model_dir: Path, work: Path, layouts: dict[str, tuple[str, ...]], rounds: int
+    model_dir: Path,
+    work: Path,
+    layouts: dict[str, tuple[str, ...]],
+    rounds: int,
+    checkouts: dict[str, Path] | None = None,
 ) -> list[dict[str, object]]:
     """Each layout's PSS growth from loading `model_dir` (module docstring), per round."""
     repository = link_repository(work, model_dir)
@@ -113,7 +122,8 @@ def load_growth(
         for name in list(layouts) if turn % 2 == 0 else list(layouts)[::-1]:
             flags = ("--model-control", "explicit", "--api-keys-file", str(keys), *layouts[name])
             with gmlp_serve(repository, log_path=work / f"{name}-memory.log", serve_args=flags,
-                            env={"GMLP_BACKEND": "onnxruntime"}, ready_timeout_s=300) as server:  # fmt: skip
+                            env={"GMLP_BACKEND": "onnxruntime"}, ready_timeout_s=300,
+                            cwd=(checkouts or {}).get(name)) as server:  # fmt: skip
                 time.sleep(2)
                 before = tree_pss(server.pid)
                 base = f"{server.base_url}/v2/repository/models/{model_dir.name}/load"
@@ -154,17 +164,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--memory", type=Path, help="a served model directory: measure its load's memory")
     parser.add_argument(
-        "--fronts", default="2", help="comma-separated front-end counts to compare with one process"
+        "--fronts",
+        default="2",
+        help="comma-separated front-end counts to compare with one process ('': none)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (git worktree add DIR REV): its one process joins the rounds",
     )
     args = parser.parse_args(argv)
     layouts: dict[str, tuple[str, ...]] = {"one process": ("--workers", "1")}
-    layouts |= {f"engine + {n} front-ends": ("--workers", n) for n in args.fronts.split(",")}
+    layouts |= {f"engine + {n} front-ends": ("--workers", n) for n in args.fronts.split(",") if n}
+    checkouts = {}
+    if args.baseline is not None:
+        layouts["baseline: one process"] = ("--workers", "1")
+        checkouts["baseline: one process"] = args.baseline.resolve()
     print(cpu_line())
     with tempfile.TemporaryDirectory() as tmp:
         if args.memory is not None:
-            rows = load_growth(args.memory.resolve(), Path(tmp), layouts, args.rounds)
+            rows = load_growth(args.memory.resolve(), Path(tmp), layouts, args.rounds, checkouts)
         else:
-            rows = measure(args.model, Path(tmp), layouts, args.rounds, args.seconds, args.clients)
+            rows = measure(args.model, Path(tmp), layouts, args.rounds, args.seconds, args.clients, checkouts)
         for row in rows:
             print(json.dumps(row))
 

@@ -235,10 +235,12 @@ def gmlp_serve(
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 90.0,
     path: str = "",
+    cwd: Path | None = None,
 ) -> ServerProcess:
-    """A `ServerProcess` of `gmlp serve` on a free port (not started yet), its `url` ending in `path`."""
+    """A `ServerProcess` of `gmlp serve` on a free port (not started yet), its `url` ending in `path`;
+    `cwd`: another checkout of the project, whose code it then runs (`python -m` imports from there)."""
     port = free_port()
     argv = serve_argv(repository, port, *serve_args)
     return ServerProcess(
-        argv, port=port, log_path=log_path, path=path, env=env, ready_timeout_s=ready_timeout_s
+        argv, port=port, log_path=log_path, path=path, env=env, ready_timeout_s=ready_timeout_s, cwd=cwd
     )
