@@ -17,11 +17,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from contract.errors import ErrorCode, NotReady
+from contract.errors import ErrorCode, NotReady, UserError
 from service.access.keys import LocalRates
 from service.engine.request_context import Batched, Deadline
 from service.engine.rows import Done, Job
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.2
 ARENA_BYTES = 16 << 20  # this front-end's shared memory for its rows' inputs
 ENGINE_GONE = "the engine process is restarting"
+PARENT_CHECK_S = 0.5  # how often a front-end that waits for the engine's models looks for its parent
 RATE_S = 0.5  # how long a key's token is asked of the engine before this front-end decides alone
 
 
@@ -262,9 +264,17 @@ class FrontState(ServiceState):
         self._linking: asyncio.Task[None] | None = None
 
     async def load(self) -> None:
-        """Connect to the engine and wait until its models are loaded (or failed to)."""
+        """Connect to the engine and wait until its models are loaded (or failed to). A supervisor
+        that ends meanwhile takes its engine with it, and the signal it leaves this process comes
+        while uvicorn still waits for this start, which it does not interrupt: so the wait also
+        ends (UserError) once this process's parent is another, as the kernel makes it then."""
+        parent = os.getppid()
         self._linking = asyncio.create_task(self.link.run(), name="engine-link")
-        await self._settled.wait()
+        while not self._settled.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), PARENT_CHECK_S)
+            if os.getppid() != parent:
+                raise UserError(f"{self.link.topology.name}: the supervisor is gone before the models loaded")
 
     def restore(self, snapshot: Snapshot, built: Callable[[Served], Pipeline | None]) -> None:
         super().restore(snapshot, built)

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from gmlp.server_process import ServerProcess, free_port, gmlp_serve, serve_argv
 from service.server import engine_settings, worker_settings
+from support.endless_graph import endless_warm_up
 from support.keys import bearer, write_keys
 from support.process_tree import (
     children_of,
@@ -165,6 +166,35 @@ def test_workers_end_when_their_supervisor_is_killed(repository: Path, tmp_path:
             for worker in workers:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     worker.kill()
+
+
+def test_front_ends_still_starting_end_when_their_supervisor_is_killed(
+    tiny_vision_served: Path, tmp_path: Path, poll
+) -> None:
+    """The supervisor killed while the front-ends still wait for the engine's models (a load whose
+    warm-up never ends holds them): the kernel's SIGTERM comes while uvicorn waits for the app's
+    start, which it does not interrupt, and the front-ends end anyway."""
+    repository = tmp_path / "repository"
+    endless_warm_up(tiny_vision_served, repository / "endless")
+    flags = ["--workers", "2", "--grpc-port", "0", "--intra-op-threads", "1"]
+    server = gmlp_serve(repository, log_path=tmp_path / "serve.log", serve_args=flags)
+    server.start()  # never ready: its log says when the front-ends wait
+    children: list[psutil.Process] = []
+    try:
+        poll(lambda: server.log_tail(20000).count("Waiting for application startup") == 2, timeout=60)
+        children = children_of(server.pid)
+        fronts = workers_of(server.pid)
+        assert len(fronts) == 2
+        os.kill(server.pid, signal.SIGKILL)
+        poll(
+            lambda: not any(f.is_running() and f.status() != psutil.STATUS_ZOMBIE for f in fronts),
+            timeout=60,
+        )
+    finally:
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        server.stop()
 
 
 def test_loaded_workers_that_die_are_restarted_however_often(two_workers, cifar_images, poll) -> None:
